@@ -1,0 +1,31 @@
+# One-command entry points. `make test` creates .venv, installs the CPU torch wheel and the
+# project with its dev extras, then runs ruff and the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test lint quickstart bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+quickstart: install
+	$(BIN)/python -m neuralblock.quickstart
+
+bench: install
+	$(BIN)/python benchmarks/gibbs_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

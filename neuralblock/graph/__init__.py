@@ -1,0 +1,6 @@
+"""Factor graphs: networkx structure with vectorized factor groups."""
+
+from neuralblock.graph.factor_graph import BlockScaffold, FactorGraph
+from neuralblock.graph.groups import CallableGroup, FactorGroup, LinearGaussianGroup, TableGroup
+
+__all__ = ["BlockScaffold", "CallableGroup", "FactorGraph", "FactorGroup", "LinearGaussianGroup", "TableGroup"]

@@ -1,0 +1,472 @@
+"""The factor graph: networkx structure plus vectorized numeric factor groups.
+
+Structure (Markov blankets, scaffolds, colouring, motif matching) lives in a
+networkx bipartite graph whose nodes are ``("v", i)`` for variable ``i`` and
+``("f", j)`` for factor ``j``. Numbers live in :mod:`neuralblock.graph.groups`.
+A state is one flat tensor ``[..., n]`` indexed by variable id (discrete values
+are stored as whole numbers in the default float dtype).
+
+Example:
+    >>> import torch
+    >>> fg = FactorGraph()
+    >>> a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+    >>> fg.add_table_factor([a, b], torch.log(torch.tensor([[1.0, 2.0], [3.0, 4.0]])))
+    0
+    >>> float(fg.log_joint(torch.tensor([1.0, 0.0])).exp())
+    3.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+from torch import Tensor
+from torch.distributions import constraints
+
+from neuralblock.graph.groups import CallableGroup, FactorGroup, LinearGaussianGroup, TableGroup
+
+__all__ = ["BlockScaffold", "FactorGraph"]
+
+
+@dataclass
+class BlockScaffold:
+    """Precomputed block -> scaffold-factor index for many blocks at once.
+
+    ``local_log_density(state)`` returns, for every block, the sum of the log values
+    of the factors in its scaffold (the factors touching the block): one subset
+    evaluation per factor group and one segment-sum, whatever the number of blocks.
+
+    Attributes:
+        blocks: ``LongTensor [nb, b]`` variable ids of each block, ``-1`` padded.
+        group_index: per group, the scaffold factors (one entry per (block, factor) pair).
+        group_segment: per group, the block each entry belongs to.
+    """
+
+    blocks: Tensor
+    group_index: list[Tensor]
+    group_segment: list[Tensor]
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks."""
+        return int(self.blocks.shape[0])
+
+    @property
+    def variables(self) -> Tensor:
+        """All block variables, flattened (padding removed)."""
+        return self.blocks[self.blocks >= 0]
+
+    def local_log_density(self, fg: FactorGraph, state: Tensor) -> Tensor:
+        """Sum of scaffold log-factors per block, ``[..., nb]``."""
+        out = state.new_zeros(state.shape[:-1] + (self.num_blocks,))
+        for group, index, segment in zip(fg.groups, self.group_index, self.group_segment):
+            if index.numel() == 0:
+                continue
+            values = group.log_factors(state, index).to(out.dtype)
+            out = out.index_add(-1, segment, values)
+        return out
+
+
+class FactorGraph:
+    """A factor graph over discrete (k-ary) and continuous variables.
+
+    Factors are added one by one or in bulk and stored in vectorized groups of the
+    same kind (table, linear-Gaussian, batched callable). ``log_joint`` is one
+    gather + evaluate + sum per group.
+
+    Example:
+        >>> fg = FactorGraph()
+        >>> x = fg.add_variable("x")            # continuous, real support
+        >>> y = fg.add_variable("y")
+        >>> fg.add_linear_gaussian(y, [x], [1.0], 0.0, 1.0)
+        0
+        >>> fg.markov_blanket(x)
+        [1]
+    """
+
+    def __init__(self) -> None:
+        self.graph = nx.Graph()
+        self.names: list[str] = []
+        self._name_to_id: dict[str, int] = {}
+        self._cards: list[int] = []
+        self._supports: list[constraints.Constraint] = []
+        self.evidence: dict[int, float] = {}
+        self._pending_tables: dict[tuple[int, ...], tuple[list[Tensor], list[Tensor]]] = {}
+        self._pending_gauss: dict[int, list[tuple[int, list[int], list[float], float, float]]] = {}
+        self._extra_groups: list[FactorGroup] = []
+        self._groups: list[FactorGroup] = []
+        self._group_offsets: list[int] = []
+        self._factor_scopes: list[list[int]] = []  # by global factor id, in insertion order
+        self._factor_location: list[tuple[str, object, int]] = []
+        self._compiled = False
+
+    # ------------------------------------------------------------------ variables
+    def add_variable(
+        self,
+        name: str | None = None,
+        cardinality: int | None = None,
+        support: constraints.Constraint | None = None,
+    ) -> int:
+        """Add a variable; ``cardinality=None`` makes it continuous.
+
+        Args:
+            name: unique name (default ``x<id>``).
+            cardinality: number of states ``k >= 1`` for a discrete variable.
+            support: support of a continuous variable (default ``constraints.real``).
+
+        Returns:
+            The variable id.
+        """
+        vid = len(self.names)
+        name = f"x{vid}" if name is None else str(name)
+        if name in self._name_to_id:
+            raise ValueError(f"duplicate variable name {name!r}")
+        if cardinality is not None:
+            if int(cardinality) != cardinality or cardinality < 1:
+                raise ValueError(f"cardinality of {name!r} must be a positive integer, got {cardinality!r}")
+            if support is not None:
+                raise ValueError(f"discrete variable {name!r} takes no support argument")
+            card, support = int(cardinality), constraints.integer_interval(0, int(cardinality) - 1)
+        else:
+            card, support = 0, (constraints.real if support is None else support)
+            if not isinstance(support, constraints.Constraint):
+                raise TypeError(f"support of {name!r} must be a torch Constraint, got {type(support).__name__}")
+        self.names.append(name)
+        self._name_to_id[name] = vid
+        self._cards.append(card)
+        self._supports.append(support)
+        self.graph.add_node(("v", vid), bipartite=0, name=name)
+        self._compiled = False
+        return vid
+
+    def add_variables(self, count: int, cardinality: int | None = None, prefix: str = "x") -> list[int]:
+        """Add ``count`` variables named ``<prefix><i>``; returns their ids."""
+        start = len(self.names)
+        return [self.add_variable(f"{prefix}{start + i}", cardinality) for i in range(count)]
+
+    def variable_id(self, name: str | int) -> int:
+        """Id of a variable given its name (ids pass through)."""
+        if isinstance(name, int):
+            if not 0 <= name < self.num_variables:
+                raise ValueError(f"variable id {name} out of range [0, {self.num_variables})")
+            return name
+        if name not in self._name_to_id:
+            raise ValueError(f"unknown variable {name!r}")
+        return self._name_to_id[name]
+
+    @property
+    def num_variables(self) -> int:
+        """Number of variables."""
+        return len(self.names)
+
+    @property
+    def num_factors(self) -> int:
+        """Number of factors."""
+        return len(self._factor_scopes)
+
+    @property
+    def cardinalities(self) -> Tensor:
+        """``LongTensor [n]``: k for discrete variables, 0 for continuous ones."""
+        return torch.tensor(self._cards, dtype=torch.long)
+
+    @property
+    def is_discrete(self) -> Tensor:
+        """``BoolTensor [n]``."""
+        return self.cardinalities > 0
+
+    def support(self, var: int) -> constraints.Constraint:
+        """Support constraint of a variable."""
+        return self._supports[var]
+
+    @property
+    def latent(self) -> Tensor:
+        """Ids of the variables without evidence."""
+        return torch.tensor([v for v in range(self.num_variables) if v not in self.evidence], dtype=torch.long)
+
+    def set_evidence(self, evidence: Mapping[int | str, float]) -> None:
+        """Clamp variables to observed values (replaces earlier evidence for those variables)."""
+        for key, value in evidence.items():
+            vid = self.variable_id(key)
+            value = float(value)
+            card = self._cards[vid]
+            if card > 0 and (value != int(value) or not 0 <= value < card):
+                raise ValueError(f"evidence {value} for {self.names[vid]!r} is not in 0..{card - 1}")
+            if card == 0 and not math.isfinite(value):
+                raise ValueError(f"evidence for {self.names[vid]!r} must be finite, got {value}")
+            self.evidence[vid] = value
+
+    # ------------------------------------------------------------------ factors
+    def _register(self, scope: Sequence[int], kind: str, key: object, row: int) -> int:
+        fid = len(self._factor_scopes)
+        scope = [int(v) for v in scope]
+        for v in scope:
+            if not 0 <= v < self.num_variables:
+                raise ValueError(f"factor scope refers to unknown variable id {v}")
+        if len(set(scope)) != len(scope):
+            raise ValueError(f"factor scope {scope} repeats a variable")
+        self._factor_scopes.append(scope)
+        self._factor_location.append((kind, key, row))
+        self.graph.add_node(("f", fid), bipartite=1, kind=kind)
+        self.graph.add_edges_from((("v", v), ("f", fid)) for v in scope)
+        self._compiled = False
+        return fid
+
+    def add_table_factor(self, scope: Sequence[int], log_table: Tensor) -> int:
+        """Add a discrete factor with a log-potential table over ``scope`` (axis order).
+
+        Returns:
+            The factor id.
+        """
+        return self.add_table_factors(torch.tensor([list(scope)], dtype=torch.long), log_table.unsqueeze(0))[0]
+
+    def add_table_factors(self, scopes: Tensor, log_tables: Tensor) -> list[int]:
+        """Add ``F`` table factors at once: ``scopes [F, a]``, ``log_tables [F, k_1..k_a]``."""
+        scopes = torch.as_tensor(scopes, dtype=torch.long)
+        log_tables = torch.as_tensor(log_tables, dtype=torch.get_default_dtype())
+        if scopes.dim() != 2 or log_tables.dim() != scopes.shape[1] + 1 or log_tables.shape[0] != scopes.shape[0]:
+            raise ValueError(
+                f"log_tables {tuple(log_tables.shape)} do not match scopes {tuple(scopes.shape)} ([F, a] and [F, k_1..k_a])"
+            )
+        if torch.isnan(log_tables).any() or (log_tables == math.inf).any():
+            raise ValueError("log_tables contain NaN or +inf")
+        shape = tuple(int(k) for k in log_tables.shape[1:])
+        ids = []
+        for scope, table in zip(scopes.tolist(), log_tables):
+            for axis, v in enumerate(scope):
+                if not 0 <= v < self.num_variables:
+                    raise ValueError(f"factor scope refers to unknown variable id {v}")
+                if self._cards[v] != shape[axis]:
+                    raise ValueError(
+                        f"table axis {axis} has size {shape[axis]} but variable {self.names[v]!r} "
+                        f"has cardinality {self._cards[v]}"
+                    )
+            bucket = self._pending_tables.setdefault(shape, ([], []))
+            ids.append(self._register(scope, "table", shape, len(bucket[0])))
+            bucket[0].append(torch.tensor(scope, dtype=torch.long))
+            bucket[1].append(table)
+        return ids
+
+    def add_linear_gaussian(
+        self, child: int, parents: Sequence[int], weights: Sequence[float], bias: float, scale: float
+    ) -> int:
+        """Add a linear-Gaussian CPD ``child ~ N(bias + sum(w * parents), scale)``."""
+        parents = [int(p) for p in parents]
+        weights = [float(w) for w in weights]
+        if len(parents) != len(weights):
+            raise ValueError(f"{len(parents)} parents but {len(weights)} weights")
+        if not 0 <= child < self.num_variables or self._cards[child] != 0:
+            raise ValueError(f"linear-Gaussian child {child} must be a continuous variable")
+        if not scale > 0 or not math.isfinite(scale):
+            raise ValueError(f"linear-Gaussian scale must be finite and positive, got {scale}")
+        bucket = self._pending_gauss.setdefault(len(parents), [])
+        fid = self._register([child, *parents], "gauss", len(parents), len(bucket))
+        bucket.append((child, parents, weights, float(bias), float(scale)))
+        return fid
+
+    def add_callable_factors(
+        self,
+        scopes: Tensor,
+        fn: Callable[[Tensor, Tensor | None], Tensor],
+        params: Tensor | None = None,
+    ) -> list[int]:
+        """Add a group of factors evaluated by one batched function (see :class:`CallableGroup`)."""
+        return self.add_group(CallableGroup(scopes, fn, params))
+
+    def add_group(self, group: FactorGroup) -> list[int]:
+        """Add a prebuilt factor group (any :class:`FactorGroup`) as is."""
+        if not isinstance(group, FactorGroup):
+            raise TypeError(f"expected a FactorGroup, got {type(group).__name__}")
+        key = len(self._extra_groups)
+        ids = [self._register(group.scope_list(i), "group", key, i) for i in range(group.num_factors)]
+        self._extra_groups.append(group)
+        return ids
+
+    # ------------------------------------------------------------------ compile
+    def _compile(self) -> None:
+        if self._compiled:
+            return
+        groups: list[FactorGroup] = []
+        location: dict[tuple[str, object], int] = {}
+        for shape, (scopes, tables) in self._pending_tables.items():
+            location[("table", shape)] = len(groups)
+            groups.append(TableGroup(torch.stack(scopes), torch.stack(tables)))
+        for arity, rows in self._pending_gauss.items():
+            location[("gauss", arity)] = len(groups)
+            child = torch.tensor([r[0] for r in rows], dtype=torch.long)
+            parents = torch.tensor([r[1] for r in rows], dtype=torch.long).reshape(len(rows), arity)
+            weights = torch.tensor([r[2] for r in rows]).reshape(len(rows), arity)
+            groups.append(
+                LinearGaussianGroup(
+                    child, parents, weights, torch.tensor([r[3] for r in rows]), torch.tensor([r[4] for r in rows])
+                )
+            )
+        for key, group in enumerate(self._extra_groups):
+            location[("group", key)] = len(groups)
+            groups.append(group)
+        # global factor id -> (group, row); group-local ids in global order
+        self._factor_group = torch.tensor(
+            [location[(kind, key)] for kind, key, _ in self._factor_location], dtype=torch.long
+        )
+        self._factor_row = torch.tensor([row for _, _, row in self._factor_location], dtype=torch.long)
+        self._groups = groups
+        self._compiled = True
+
+    @property
+    def groups(self) -> list[FactorGroup]:
+        """The vectorized factor groups."""
+        self._compile()
+        return self._groups
+
+    def factor_location(self, factors: Tensor) -> tuple[Tensor, Tensor]:
+        """Group index and row of global factor ids."""
+        self._compile()
+        return self._factor_group[factors], self._factor_row[factors]
+
+    def factor_scope(self, factor: int) -> list[int]:
+        """Variables of a factor."""
+        return list(self._factor_scopes[factor])
+
+    # ------------------------------------------------------------------ evaluation
+    def check_state(self, state: Tensor) -> Tensor:
+        """Validate a state batch ``[..., n]`` and return it in the default float dtype."""
+        if not isinstance(state, Tensor):
+            raise TypeError(f"state must be a torch.Tensor, got {type(state).__name__}")
+        if state.dim() == 0 or state.shape[-1] != self.num_variables:
+            raise ValueError(f"state must have shape [..., {self.num_variables}], got {tuple(state.shape)}")
+        if not state.is_floating_point():
+            state = state.to(torch.get_default_dtype())
+        if not torch.isfinite(state).all():
+            raise ValueError("state contains NaN or inf")
+        return state
+
+    def log_factors(self, state: Tensor) -> list[Tensor]:
+        """Log value of every factor, per group: a list of ``[..., F_g]`` tensors."""
+        state = self.check_state(state)
+        return [g.log_factors(state) for g in self.groups]
+
+    def log_joint(self, state: Tensor) -> Tensor:
+        """Unnormalized log density of a batch of states ``[..., n]`` -> ``[...]``."""
+        state = self.check_state(state)
+        total = state.new_zeros(state.shape[:-1])
+        for group in self.groups:
+            total = total + group.log_factors(state).sum(-1)
+        return total
+
+    # ------------------------------------------------------------------ structure
+    def neighbors(self, var: int) -> list[int]:
+        """Factor ids touching a variable."""
+        return sorted(f for _, f in self.graph.neighbors(("v", var)))
+
+    def markov_blanket(self, var: int | Iterable[int]) -> list[int]:
+        """Variables sharing a factor with ``var`` (or with any variable of a block), excluding it."""
+        block = {var} if isinstance(var, int) else {int(v) for v in var}
+        blanket: set[int] = set()
+        for v in block:
+            for f in self.neighbors(v):
+                blanket.update(self._factor_scopes[f])
+        return sorted(blanket - block)
+
+    def scaffold_factors(self, block: Iterable[int]) -> list[int]:
+        """The scaffold of a block: the factors whose value changes when the block changes."""
+        return sorted({f for v in block for f in self.neighbors(int(v))})
+
+    def variable_graph(self) -> nx.Graph:
+        """The Markov network: variables joined when they share a factor."""
+        mrf = nx.Graph()
+        mrf.add_nodes_from(range(self.num_variables))
+        for scope in self._factor_scopes:
+            mrf.add_edges_from((a, b) for i, a in enumerate(scope) for b in scope[i + 1 :])
+        return mrf
+
+    def scaffold(self, blocks: Sequence[Sequence[int]] | Tensor) -> BlockScaffold:
+        """Precompute the block -> scaffold-factor index of many blocks.
+
+        Args:
+            blocks: list of variable-id lists, or ``LongTensor [nb, b]`` padded with ``-1``.
+        """
+        padded = _pad_blocks(blocks)
+        self._compile()
+        pair_block, pair_factor = [], []
+        for b, row in enumerate(padded.tolist()):
+            for f in self.scaffold_factors(v for v in row if v >= 0):
+                pair_block.append(b)
+                pair_factor.append(f)
+        pair_block_t = torch.tensor(pair_block, dtype=torch.long)
+        pair_factor_t = torch.tensor(pair_factor, dtype=torch.long)
+        group_of = self._factor_group[pair_factor_t] if pair_factor else pair_factor_t
+        index, segment = [], []
+        for g in range(len(self._groups)):
+            mask = group_of == g
+            index.append(self._factor_row[pair_factor_t[mask]] if pair_factor else pair_factor_t)
+            segment.append(pair_block_t[mask])
+        return BlockScaffold(padded, index, segment)
+
+    def conflict_graph(self, blocks: Sequence[Sequence[int]] | Tensor) -> nx.Graph:
+        """Blocks joined when they cannot be updated in parallel.
+
+        Two blocks conflict when one intersects the other's block or Markov blanket
+        (equivalently: they share a scaffold factor). Non-conflicting blocks read only
+        variables the others do not write, so updating them together is exact.
+        """
+        padded = _pad_blocks(blocks)
+        owner: dict[int, list[int]] = {}
+        rows = [[v for v in row if v >= 0] for row in padded.tolist()]
+        for b, row in enumerate(rows):
+            for f in self.scaffold_factors(row):
+                owner.setdefault(f, []).append(b)
+        conflict = nx.Graph()
+        conflict.add_nodes_from(range(len(rows)))
+        for members in owner.values():
+            conflict.add_edges_from((a, c) for i, a in enumerate(members) for c in members[i + 1 :])
+        return conflict
+
+    def color_blocks(self, blocks: Sequence[Sequence[int]] | Tensor) -> list[Tensor]:
+        """Partition blocks into colour classes of mutually non-conflicting blocks.
+
+        Returns:
+            A list of ``LongTensor`` of block indices, one per colour.
+        """
+        conflict = self.conflict_graph(blocks)
+        if conflict.number_of_nodes() == 0:
+            return []
+        coloring = nx.coloring.greedy_color(conflict, strategy="DSATUR")
+        classes: dict[int, list[int]] = {}
+        for block, color in sorted(coloring.items()):
+            classes.setdefault(color, []).append(block)
+        return [torch.tensor(classes[c], dtype=torch.long) for c in sorted(classes)]
+
+    # ------------------------------------------------------------------ states
+    def initial_state(self, generator: torch.Generator | None = None) -> Tensor:
+        """A random state ``[n]``: uniform discrete values, continuous values near 0 mapped to their support."""
+        cards = self.cardinalities
+        u = torch.rand(self.num_variables, generator=generator)
+        state = torch.where(cards > 0, (u * cards).floor().clamp(max=(cards - 1).clamp(min=0)), torch.zeros(()))
+        state = state.to(torch.get_default_dtype())
+        for v in range(self.num_variables):
+            if cards[v] == 0:
+                y = (torch.rand((), generator=generator) * 4 - 2).to(state.dtype)
+                state[v] = torch.distributions.transform_to(self._supports[v])(y)
+        for v, value in self.evidence.items():
+            state[v] = value
+        return state
+
+    def __repr__(self) -> str:
+        n_disc = int(self.is_discrete.sum())
+        return (
+            f"FactorGraph({self.num_variables} variables ({n_disc} discrete), "
+            f"{self.num_factors} factors, {len(self.evidence)} observed)"
+        )
+
+
+def _pad_blocks(blocks: Sequence[Sequence[int]] | Tensor) -> Tensor:
+    if isinstance(blocks, Tensor):
+        if blocks.dim() != 2:
+            raise ValueError(f"blocks tensor must be [nb, b], got {tuple(blocks.shape)}")
+        return blocks.long()
+    rows = [list(map(int, b)) for b in blocks]
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
