@@ -4,6 +4,9 @@ import pyro
 import pytest
 import torch
 
+# Kernels work on small tensors, where intra-op threads only add contention.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed_everything():

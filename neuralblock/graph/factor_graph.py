@@ -215,6 +215,19 @@ class FactorGraph:
         self._compiled = False
         return fid
 
+    def _register_many(self, scopes: list[list[int]], kind: str, key: object, first_row: int) -> list[int]:
+        start = len(self._factor_scopes)
+        for scope in scopes:
+            if len(set(scope)) != len(scope):
+                raise ValueError(f"factor scope {scope} repeats a variable")
+        ids = list(range(start, start + len(scopes)))
+        self._factor_scopes.extend(scopes)
+        self._factor_location.extend((kind, key, first_row + i) for i in range(len(scopes)))
+        self.graph.add_nodes_from((("f", f) for f in ids), bipartite=1, kind=kind)
+        self.graph.add_edges_from((("v", v), ("f", f)) for f, scope in zip(ids, scopes) for v in scope)
+        self._compiled = False
+        return ids
+
     def add_table_factor(self, scope: Sequence[int], log_table: Tensor) -> int:
         """Add a discrete factor with a log-potential table over ``scope`` (axis order).
 
@@ -229,25 +242,27 @@ class FactorGraph:
         log_tables = torch.as_tensor(log_tables, dtype=torch.get_default_dtype())
         if scopes.dim() != 2 or log_tables.dim() != scopes.shape[1] + 1 or log_tables.shape[0] != scopes.shape[0]:
             raise ValueError(
-                f"log_tables {tuple(log_tables.shape)} do not match scopes {tuple(scopes.shape)} ([F, a] and [F, k_1..k_a])"
+                f"log_tables {tuple(log_tables.shape)} do not match scopes {tuple(scopes.shape)} "
+                "(expected [F, a] and [F, k_1..k_a])"
             )
         if torch.isnan(log_tables).any() or (log_tables == math.inf).any():
             raise ValueError("log_tables contain NaN or +inf")
+        if scopes.numel() and (scopes.min() < 0 or scopes.max() >= self.num_variables):
+            raise ValueError(f"factor scopes refer to unknown variable ids (graph has {self.num_variables})")
         shape = tuple(int(k) for k in log_tables.shape[1:])
-        ids = []
-        for scope, table in zip(scopes.tolist(), log_tables):
-            for axis, v in enumerate(scope):
-                if not 0 <= v < self.num_variables:
-                    raise ValueError(f"factor scope refers to unknown variable id {v}")
-                if self._cards[v] != shape[axis]:
-                    raise ValueError(
-                        f"table axis {axis} has size {shape[axis]} but variable {self.names[v]!r} "
-                        f"has cardinality {self._cards[v]}"
-                    )
-            bucket = self._pending_tables.setdefault(shape, ([], []))
-            ids.append(self._register(scope, "table", shape, len(bucket[0])))
-            bucket[0].append(torch.tensor(scope, dtype=torch.long))
-            bucket[1].append(table)
+        cards = self.cardinalities[scopes]
+        mismatch = (cards != torch.tensor(shape, dtype=torch.long)).nonzero()
+        if len(mismatch):
+            f, axis = (int(i) for i in mismatch[0])
+            v = int(scopes[f, axis])
+            raise ValueError(
+                f"table axis {axis} has size {shape[axis]} but variable {self.names[v]!r} "
+                f"has cardinality {self._cards[v]}"
+            )
+        bucket = self._pending_tables.setdefault(shape, ([], []))
+        ids = self._register_many(scopes.tolist(), "table", shape, len(bucket[0]))
+        bucket[0].extend(scopes.unbind(0))
+        bucket[1].extend(log_tables.unbind(0))
         return ids
 
     def add_linear_gaussian(

@@ -1,0 +1,92 @@
+"""Turn parsed table factors into a :class:`FactorGraph` in a few bulk calls."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from neuralblock.graph import FactorGraph
+
+__all__ = ["ParsedTables", "build_graph", "table_size"]
+
+CPT_TOLERANCE = 1e-3
+
+
+@dataclass
+class ParsedTables:
+    """Table factors as read from a file, before any graph is built.
+
+    Attributes:
+        scopes: per factor, its variable ids (table axis order).
+        values: per factor, its flat table (last scope variable fastest).
+        lines: per factor, the line of its table (for error messages).
+    """
+
+    scopes: list[list[int]] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+
+def build_graph(
+    names: Sequence[str],
+    cards: Sequence[int],
+    tables: ParsedTables,
+    source: str,
+    conditional: bool = False,
+) -> FactorGraph:
+    """Build a graph of discrete variables and log-table factors.
+
+    Factors keep their file order (factor id ``f`` is the ``f``-th table of the file):
+    each maximal run of consecutive factors with the same table shape is added with
+    one :meth:`FactorGraph.add_table_factors` call.
+
+    Args:
+        names: variable names.
+        cards: variable cardinalities.
+        tables: the parsed factors (already checked against ``cards``).
+        source: file name for error messages.
+        conditional: the tables are CPTs (child = last scope variable): every row over
+            the child must sum to 1 within ``1e-3``.
+
+    Raises:
+        ValueError: a CPT row does not sum to 1.
+    """
+    runs: list[tuple[tuple[int, ...], int, int]] = []  # (shape, start, stop)
+    for f, scope in enumerate(tables.scopes):
+        shape = tuple(cards[v] for v in scope)
+        if runs and runs[-1][0] == shape:
+            runs[-1] = (shape, runs[-1][1], f + 1)
+        else:
+            runs.append((shape, f, f + 1))
+    batches = []
+    for shape, start, stop in runs:
+        count = stop - start
+        flat = [x for row in tables.values[start:stop] for x in row]
+        table = torch.tensor(flat, dtype=torch.float64).reshape((count, *shape))
+        if conditional:
+            sums = table.reshape(count, -1, shape[-1]).sum(-1)
+            bad = ((sums - 1.0).abs() > CPT_TOLERANCE).nonzero()
+            if bad.numel():
+                f, row = int(bad[0, 0]), int(bad[0, 1])
+                raise ValueError(
+                    f"{source} line {tables.lines[start + f]}: CPT of factor {start + f} "
+                    f"(child {names[tables.scopes[start + f][-1]]!r}) row {row} sums to "
+                    f"{float(sums[f, row]):.6g}, expected 1"
+                )
+        scopes = torch.tensor(tables.scopes[start:stop], dtype=torch.long).reshape(count, len(shape))
+        batches.append((scopes, table.log().to(torch.get_default_dtype())))
+
+    fg = FactorGraph()
+    for name, card in zip(names, cards):
+        fg.add_variable(name, card)
+    for scopes, log_tables in batches:
+        fg.add_table_factors(scopes, log_tables)
+    return fg
+
+
+def table_size(cards: Sequence[int], scope: Sequence[int]) -> int:
+    """Number of entries of a table over ``scope``."""
+    return math.prod(cards[v] for v in scope)

@@ -1,0 +1,20 @@
+"""Pyro ``MCMCKernel``s over factor graphs and Pyro models."""
+
+from neuralblock.kernels.adaptation import StepSizeAdapter
+from neuralblock.kernels.base import GraphKernel, sequential_init
+from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
+from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.random_walk import RandomWalkMH
+
+__all__ = [
+    "GibbsInfo",
+    "GibbsKernel",
+    "GraphKernel",
+    "MHInfo",
+    "RandomWalkMH",
+    "StepSizeAdapter",
+    "gibbs_sample",
+    "mh_accept",
+    "random_walk_propose",
+    "sequential_init",
+]

@@ -1,0 +1,197 @@
+"""The thin stateful shell shared by our factor-graph kernels.
+
+A :class:`GraphKernel` turns a FactorGraph (or a Pyro model, through the bridge)
+into a :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel`:
+
+* a kernel built from a **FactorGraph** carries one sample site ``"x"`` holding the
+  whole state vector, so ``mcmc.get_samples()["x"][s, i]`` is the value of variable
+  ``i`` (``fg.names[i]``) in draw ``s`` (observed variables stay at their evidence);
+* a kernel built from a **Pyro model** carries one scalar sample site per latent site
+  of the model, under the model's own site names.
+
+Values are returned as floats (discrete values are whole numbers). Kernels work in
+the constrained space, so ``transforms`` is empty.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Callable
+
+import torch
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+from torch import Tensor
+
+from neuralblock.graph import FactorGraph
+
+__all__ = ["GraphKernel", "sequential_init"]
+
+STATE_SITE = "x"
+
+
+class GraphKernel(MCMCKernel):
+    """Base class: state bookkeeping, warmup counting and the params <-> state map.
+
+    Args:
+        model: a :class:`FactorGraph`, or a Pyro model callable (converted with
+            :func:`neuralblock.pyro.from_pyro_model` at ``setup`` with the run's args).
+    """
+
+    def __init__(self, model: FactorGraph | Callable) -> None:
+        if not isinstance(model, FactorGraph) and not callable(model):
+            raise TypeError(f"model must be a FactorGraph or a Pyro model callable, got {type(model).__name__}")
+        self._source = model
+        self.fg: FactorGraph | None = model if isinstance(model, FactorGraph) else None
+        self._pending_init: dict[str, Tensor] | None = None
+        self._state: Tensor | None = None
+        self._warmup_steps = 0
+        self._t = 0
+        self._elapsed = 0.0
+        self.transforms: dict = {}
+
+    # -- the Pyro-facing surface ------------------------------------------------------
+    @property
+    def model(self) -> Callable:
+        """The Pyro model this kernel samples (the bridge's model for a FactorGraph)."""
+        if not isinstance(self._source, FactorGraph):
+            return self._source
+        from neuralblock.pyro import to_pyro_model
+
+        return to_pyro_model(self._source)
+
+    @property
+    def from_pyro(self) -> bool:
+        """Whether samples are keyed by Pyro site names (else by the single ``"x"`` site)."""
+        return not isinstance(self._source, FactorGraph)
+
+    def setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        """Build the graph (for Pyro models), the blocks and the initial state."""
+        if self.fg is None or (self.from_pyro and (args or kwargs)):
+            from neuralblock.pyro import from_pyro_model
+
+            self.fg = from_pyro_model(self._source, *args, **kwargs)
+        self._warmup_steps = int(warmup_steps)
+        self._t = 0
+        self._elapsed = 0.0
+        self._reset_stats()
+        self._prepare(self.fg)
+        self._state = None
+        if self._pending_init is not None:
+            state = self._params_to_state(self._pending_init)
+            self._pending_init = None
+        elif self.from_pyro:
+            state = self._prior_state(*args, **kwargs)
+        else:
+            state = sequential_init(self.fg)
+        self._state = state
+
+    def _prior_state(self, *args, **kwargs) -> Tensor:
+        """Ancestral draw of a Pyro model's latent sites from its prior."""
+        import pyro.poutine as poutine
+
+        fg = self.fg
+        assert fg is not None
+        trace = poutine.trace(self._source).get_trace(*args, **kwargs)
+        state = fg.initial_state()
+        for v in fg.latent.tolist():
+            state[v] = float(trace.nodes[fg.names[v]]["value"])
+        return state
+
+    @property
+    def initial_params(self) -> dict[str, Tensor]:
+        """Initial values (the state drawn at ``setup``, or those set by the user)."""
+        if self._state is None:
+            raise RuntimeError("call setup() before reading initial_params")
+        return self._state_to_params(self._state)
+
+    @initial_params.setter
+    def initial_params(self, params: dict[str, Tensor]) -> None:
+        self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
+
+    def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        """One transition (a full sweep of this kernel's variables)."""
+        state = self._params_to_state(params)
+        start = time.perf_counter()
+        state = self._transition(state, warmup=self._t < self._warmup_steps)
+        if self._t >= self._warmup_steps:
+            self._elapsed += time.perf_counter() - start
+        self._t += 1
+        if self._t == self._warmup_steps:
+            self.end_warmup()
+        self._state = state
+        return self._state_to_params(state)
+
+    # -- params <-> state -------------------------------------------------------------
+    def _params_to_state(self, params: dict[str, Tensor]) -> Tensor:
+        fg = self.fg
+        assert fg is not None
+        if not self.from_pyro:
+            if STATE_SITE not in params:
+                raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
+            return fg.check_state(params[STATE_SITE].reshape(-1)).clone()
+        state = self._state.clone() if self._state is not None else fg.initial_state()
+        latent = fg.latent.tolist()
+        missing = [fg.names[v] for v in latent if fg.names[v] not in params]
+        if missing:
+            raise ValueError(f"params lack latent sites {missing[:5]}")
+        values = torch.stack([torch.as_tensor(params[fg.names[v]]).reshape(()).to(state.dtype) for v in latent])
+        state[latent] = values
+        return fg.check_state(state)
+
+    def _state_to_params(self, state: Tensor) -> dict[str, Tensor]:
+        fg = self.fg
+        assert fg is not None
+        if not self.from_pyro:
+            return {STATE_SITE: state}
+        latent = fg.latent.tolist()
+        return {fg.names[v]: state[v] for v in latent}
+
+    # -- what subclasses provide ------------------------------------------------------
+    def _reset_stats(self) -> None:  # noqa: B027 - optional hook
+        """Reset running statistics at setup."""
+
+    @abstractmethod
+    def _prepare(self, fg: FactorGraph) -> None:
+        """Precompute blocks, colours and scaffolds for ``fg``."""
+
+    @abstractmethod
+    def _transition(self, state: Tensor, warmup: bool) -> Tensor:
+        """Return the next state."""
+
+
+def sequential_init(fg: FactorGraph, generator: torch.Generator | None = None) -> Tensor:
+    """A starting state of positive density where one is easy to find.
+
+    Visits the discrete latent variables in id order and samples each from the product
+    of the factors whose scope is already fully assigned (ancestral sampling for a
+    Bayesian network listed in topological order, a greedy start for an MRF).
+    Continuous variables start from :meth:`FactorGraph.initial_state`. This runs once,
+    at setup, so the loop over variables is off the hot path.
+
+    Example:
+        >>> fg = FactorGraph()
+        >>> a = fg.add_variable("a", 2)
+        >>> _ = fg.add_table_factor([a], torch.tensor([0.0, -float("inf")]))
+        >>> sequential_init(fg).tolist()
+        [0.0]
+    """
+    state = fg.initial_state(generator)
+    cards = fg.cardinalities.tolist()
+    assigned = [v in fg.evidence or cards[v] == 0 for v in range(fg.num_variables)]
+    for v in fg.latent.tolist():
+        if cards[v] == 0:
+            continue
+        ready = [f for f in fg.neighbors(v) if all(assigned[u] or u == v for u in fg.factor_scope(f))]
+        if ready:
+            candidates = state.expand(cards[v], -1).clone()
+            candidates[:, v] = torch.arange(cards[v], dtype=state.dtype)
+            groups, rows = fg.factor_location(torch.tensor(ready))
+            logits = torch.zeros(cards[v])
+            for g in groups.unique().tolist():
+                logits = logits + fg.groups[g].log_factors(candidates, rows[groups == g]).sum(-1)
+            if torch.isfinite(logits).any():
+                probs = torch.softmax(logits, -1)
+                state[v] = float(torch.multinomial(probs, 1, generator=generator))
+        assigned[v] = True
+    return state

@@ -1,0 +1,119 @@
+"""The functional core of our kernels: pure proposal and acceptance functions.
+
+Each function takes tensors and returns tensors plus a NamedTuple ``Info``
+record, and draws randomness from torch's global RNG (so ``pyro.set_rng_seed``
+reproduces a run). The stateful :mod:`pyro` kernels are thin shells around them.
+
+Example:
+    >>> import torch
+    >>> info = mh_accept(torch.tensor([0.0, -float("inf"), float("nan")]))
+    >>> info.accepted.tolist(), info.num_nonfinite
+    ([True, False, False], 1)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from torch.distributions import Transform
+
+__all__ = ["GibbsInfo", "MHInfo", "gibbs_sample", "mh_accept", "random_walk_propose"]
+
+
+class MHInfo(NamedTuple):
+    """Outcome of a batch of Metropolis-Hastings tests.
+
+    Attributes:
+        accepted: ``BoolTensor``, one entry per proposal.
+        accept_prob: ``min(1, exp(log_alpha))`` (0 where ``log_alpha`` is NaN).
+        num_nonfinite: proposals rejected because ``log_alpha`` was NaN or ``+inf``.
+    """
+
+    accepted: Tensor
+    accept_prob: Tensor
+    num_nonfinite: int
+
+
+class GibbsInfo(NamedTuple):
+    """Outcome of a batch of Gibbs draws.
+
+    Attributes:
+        values: the drawn values.
+        num_stuck: conditionals with no finite mass (the value was kept).
+    """
+
+    values: Tensor
+    num_stuck: int
+
+
+def mh_accept(log_alpha: Tensor) -> MHInfo:
+    """Vectorized MH accept test; a non-finite ratio is a counted rejection.
+
+    ``-inf`` is an ordinary certain rejection; ``NaN`` and ``+inf`` (which arise
+    from a current state of zero density or a broken density) are rejected and
+    counted in ``num_nonfinite``.
+
+    Args:
+        log_alpha: log acceptance ratios, any shape.
+
+    Returns:
+        An :class:`MHInfo`.
+    """
+    bad = torch.isnan(log_alpha) | (log_alpha == float("inf"))
+    safe = torch.where(bad, torch.full_like(log_alpha, -float("inf")), log_alpha)
+    log_u = torch.rand_like(log_alpha).log()
+    accepted = log_u < safe
+    return MHInfo(accepted, safe.clamp(max=0.0).exp(), int(bad.sum()))
+
+
+def gibbs_sample(logits: Tensor, current: Tensor) -> GibbsInfo:
+    """Draw one value per row of ``logits [..., k]`` by the Gumbel-max trick.
+
+    Rows with no finite logit keep ``current`` and are counted.
+
+    Args:
+        logits: unnormalized log conditionals ``[..., k]`` (``-inf`` marks impossible values).
+        current: the current values ``[...]``, kept where a row has no mass.
+
+    Example:
+        >>> gibbs_sample(torch.tensor([[0.0, -float("inf")]]), torch.tensor([1.0])).values
+        tensor([0.])
+    """
+    uniform = torch.rand_like(logits).clamp(min=torch.finfo(logits.dtype).tiny)
+    scores = torch.where(torch.isnan(logits), torch.full_like(logits, -float("inf")), logits)
+    best, draw = (scores - (-uniform.log()).log()).max(-1)
+    stuck = ~torch.isfinite(best)
+    values = torch.where(stuck, current, draw.to(current.dtype))
+    return GibbsInfo(values, int(stuck.sum()))
+
+
+def random_walk_propose(
+    value: Tensor, step_size: Tensor, transform: Transform
+) -> tuple[Tensor, Tensor]:
+    """Gaussian random walk in the unconstrained space of ``transform``.
+
+    The walk is symmetric in the unconstrained coordinates, so the proposal
+    correction is the log-Jacobian change of ``transform`` only.
+
+    Args:
+        value: current constrained values.
+        step_size: standard deviation of the unconstrained step (broadcasts with ``value``).
+        transform: bijection from unconstrained reals onto the support.
+
+    Returns:
+        ``(proposed, log_q_correction)`` with ``log_q_correction = log q(x | x') - log q(x' | x)``
+        expressed as densities on the constrained space.
+
+    Example:
+        >>> from torch.distributions import transforms
+        >>> x, corr = random_walk_propose(torch.ones(3), torch.tensor(0.1), transforms.ExpTransform())
+        >>> bool((x > 0).all())
+        True
+    """
+    y = transform.inv(value)
+    y_new = y + step_size * torch.randn_like(y)
+    proposed = transform(y_new)
+    correction = transform.log_abs_det_jacobian(y_new, proposed) - transform.log_abs_det_jacobian(y, value)
+    return proposed, correction

@@ -1,0 +1,134 @@
+"""Chromatic, vectorized single-site Gibbs for discrete variables.
+
+Example:
+    >>> import torch, pyro
+    >>> from pyro.infer import MCMC
+    >>> from neuralblock import FactorGraph
+    >>> fg = FactorGraph()
+    >>> a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+    >>> _ = fg.add_table_factor([a, b], torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    >>> mcmc = MCMC(GibbsKernel(fg), num_samples=20, warmup_steps=5, disable_progbar=True)
+    >>> mcmc.run()
+    >>> mcmc.get_samples()["x"].shape
+    torch.Size([20, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from neuralblock.graph import BlockScaffold, FactorGraph
+from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.functional import gibbs_sample
+
+__all__ = ["GibbsKernel", "GibbsPlan"]
+
+
+class GibbsPlan:
+    """Precomputed colour classes of single-variable blocks with their scaffolds.
+
+    Variables of one class share no factor, so their full conditionals are computed
+    together: for each candidate value ``j`` the whole class is set to ``j`` and one
+    scaffold evaluation gives every variable's conditional log-density at ``j``.
+
+    Args:
+        fg: the graph.
+        variables: the discrete latent variables to update.
+    """
+
+    def __init__(self, fg: FactorGraph, variables: list[int]) -> None:
+        cards = fg.cardinalities
+        self.classes: list[Tensor] = []
+        self.scaffolds: list[BlockScaffold] = []
+        self.cards: list[Tensor] = []
+        self.values: list[Tensor] = []
+        blocks = [[v] for v in variables]
+        for members in fg.color_blocks(blocks):
+            vars_ = torch.tensor([variables[int(i)] for i in members], dtype=torch.long)
+            card = cards[vars_]
+            kmax = int(card.max())
+            grid = torch.arange(kmax)[:, None].expand(kmax, len(vars_))
+            self.classes.append(vars_)
+            self.scaffolds.append(fg.scaffold(vars_[:, None]))
+            self.cards.append(card)
+            self.values.append(torch.minimum(grid, card - 1).to(torch.get_default_dtype()))
+
+    def sweep(self, fg: FactorGraph, state: Tensor) -> tuple[Tensor, int]:
+        """One chromatic sweep; returns the new state and the number of stuck conditionals."""
+        stuck = 0
+        state = state.clone()
+        for vars_, scaffold, card, values in zip(self.classes, self.scaffolds, self.cards, self.values):
+            kmax = values.shape[0]
+            candidates = state.expand(kmax, -1).clone()
+            candidates[:, vars_] = values.to(state.dtype)
+            logits = scaffold.local_log_density(fg, candidates).T  # [m, kmax]
+            if kmax > int(card.min()):
+                invalid = torch.arange(kmax) >= card[:, None]
+                logits = logits.masked_fill(invalid, -float("inf"))
+            info = gibbs_sample(logits, state[vars_])
+            state[vars_] = info.values
+            stuck += info.num_stuck
+        return state, stuck
+
+
+class GibbsKernel(GraphKernel):
+    """Single-site Gibbs over the discrete latent variables, chromatic and vectorized.
+
+    Variables are coloured so that no two variables of a colour share a factor; a
+    sweep visits the colours in turn and redraws a whole colour from its exact full
+    conditionals with one batched scaffold evaluation per candidate value. This is
+    an exact (target-invariant) kernel.
+
+    Args:
+        model: a :class:`FactorGraph` or a Pyro model with scalar discrete sites.
+        variables: the variables (ids or names) to update; default all discrete latent ones.
+
+    Samples: see :mod:`neuralblock.kernels.base` for the site layout.
+    """
+
+    def __init__(self, model: FactorGraph | Callable, variables: list[int | str] | None = None) -> None:
+        super().__init__(model)
+        self._variables_arg = variables
+        self.plan: GibbsPlan | None = None
+
+    def _prepare(self, fg: FactorGraph) -> None:
+        latent = set(fg.latent.tolist())
+        if self._variables_arg is None:
+            variables = [v for v in sorted(latent) if fg.cardinalities[v] > 0]
+        else:
+            variables = [fg.variable_id(v) for v in self._variables_arg]
+            bad = [fg.names[v] for v in variables if fg.cardinalities[v] == 0 or v not in latent]
+            if bad:
+                raise ValueError(f"GibbsKernel updates discrete latent variables only; got {bad[:5]}")
+        if not variables:
+            raise ValueError("GibbsKernel found no discrete latent variable to update")
+        self.variables = variables
+        self.plan = GibbsPlan(fg, variables)
+
+    def _reset_stats(self) -> None:
+        self._sweeps = 0
+        self._stuck = 0
+
+    def _transition(self, state: Tensor, warmup: bool) -> Tensor:
+        assert self.plan is not None and self.fg is not None
+        state, stuck = self.plan.sweep(self.fg, state)
+        if not warmup:
+            self._sweeps += 1
+            self._stuck += stuck
+        return state
+
+    def logging(self) -> dict[str, float]:
+        """Cheap progress-bar fields."""
+        return {"colors": float(len(self.plan.classes)) if self.plan else 0.0}
+
+    def diagnostics(self) -> dict[str, float]:
+        """Post-warmup sweeps, single-site updates per second and stuck conditionals."""
+        updates = self._sweeps * len(getattr(self, "variables", []))
+        return {
+            "sweeps": float(self._sweeps),
+            "updates_per_second": updates / self._elapsed if self._elapsed > 0 else 0.0,
+            "stuck_conditionals": float(self._stuck),
+        }

@@ -1,0 +1,42 @@
+"""The Pyro bridge: factor graphs to Pyro models and back.
+
+* :func:`to_pyro_model` turns a :class:`~neuralblock.FactorGraph` into a Pyro model with
+  the same log density (one scalar sample site per latent variable, named like the
+  variable), so Pyro's tools (NUTS, ``Predictive``, enumeration) run on it.
+* :func:`from_pyro_model` turns a Pyro model with scalar latent sites into a
+  :class:`~neuralblock.FactorGraph` (one variable per latent site, named like the site;
+  one factor per sample site, with the site's true dependency structure as scope).
+* :func:`state_to_samples` and :func:`samples_to_state` convert between flat states
+  ``[..., n]`` and ``{site name: values}`` dicts, e.g. ``MCMC.get_samples()``.
+
+Example:
+    >>> import torch
+    >>> from pyro import poutine
+    >>> from neuralblock import FactorGraph
+    >>> fg = FactorGraph()
+    >>> a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+    >>> fg.add_table_factor([a, b], torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+    0
+    >>> model = to_pyro_model(fg)
+    >>> trace = poutine.trace(poutine.condition(model, {"a": torch.tensor(1), "b": torch.tensor(0)})).get_trace()
+    >>> float(trace.log_prob_sum())
+    2.0
+"""
+
+from neuralblock.pyro.bridge import (
+    FactorGraphModel,
+    PyroModelGroup,
+    from_pyro_model,
+    samples_to_state,
+    state_to_samples,
+    to_pyro_model,
+)
+
+__all__ = [
+    "FactorGraphModel",
+    "PyroModelGroup",
+    "from_pyro_model",
+    "samples_to_state",
+    "state_to_samples",
+    "to_pyro_model",
+]

@@ -1,0 +1,548 @@
+"""Both directions of the Pyro bridge (see :mod:`neuralblock.pyro`).
+
+Variables and sites map one to one by name: the latent site of a Pyro model built by
+:func:`to_pyro_model` is named ``fg.names[v]``, and the variable ``v`` of a graph built by
+:func:`from_pyro_model` has ``fg.names[v] == <site name>`` (``fg.variable_id(name)`` goes
+back). Variable ids follow the order of the latent sites in the model trace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.distributions.util import scale_and_mask
+from pyro.infer.inspect import TrackProvenance, get_dependencies
+from pyro.ops.provenance import get_provenance
+from pyro.poutine.util import site_is_subsample
+from torch import Tensor
+from torch.distributions import constraints, transform_to
+
+from neuralblock.graph.factor_graph import FactorGraph
+from neuralblock.graph.groups import FactorGroup
+
+__all__ = [
+    "FactorGraphModel",
+    "PyroModelGroup",
+    "from_pyro_model",
+    "samples_to_state",
+    "state_to_samples",
+    "to_pyro_model",
+]
+
+
+# ====================================================================== graph -> Pyro
+class _Flat(dist.ImproperUniform):
+    """Flat (log density 0) scalar distribution over a support that can draw reference points.
+
+    ``sample`` returns ``transform_to(support)(u)`` with ``u ~ Uniform(-2, 2)``: a point in
+    the support, so that Pyro's initialisation strategies (``init_to_uniform``, ...) work.
+    It is *not* a draw from the graph's distribution.
+    """
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:  # noqa: B008
+        shape = self.shape(sample_shape)
+        with torch.no_grad():
+            return transform_to(self.support)(torch.rand(shape) * 4 - 2)
+
+
+class FactorGraphModel:
+    """A Pyro model whose log density is ``fg.log_joint`` (no extra constants).
+
+    Calling it (no arguments) samples one scalar site per latent variable, named
+    ``fg.names[v]``: discrete variables from ``Categorical(logits=0).mask(False)`` (log
+    density 0, enumerable), continuous ones from a flat ``ImproperUniform`` over their
+    support. Evidence variables take their fixed values and are not sites. Then each
+    factor group ``g`` adds ``pyro.factor(f"group_{g}", ...)``. The site values are
+    broadcast together, so parallel enumeration and vectorized ``Predictive`` work.
+
+    Prior draws of this model (``Predictive`` without ``posterior_samples``) are only
+    reference points (uniform discrete values, uniform-in-unconstrained-space continuous
+    values), not samples of the graph: the graph has no generative prior.
+
+    Args:
+        fg: the factor graph; evidence set on it later is honoured at each call.
+
+    Example:
+        >>> import torch
+        >>> from pyro import poutine
+        >>> fg = FactorGraph()
+        >>> x, y = fg.add_variable("x"), fg.add_variable("y")
+        >>> fg.add_linear_gaussian(y, [x], [1.0], 0.0, 1.0)
+        0
+        >>> model = FactorGraphModel(fg)
+        >>> data = {"x": torch.tensor(0.5), "y": torch.tensor(1.0)}
+        >>> trace = poutine.trace(poutine.condition(model, data)).get_trace()
+        >>> bool(torch.isclose(trace.log_prob_sum(), fg.log_joint(torch.tensor([0.5, 1.0]))))
+        True
+    """
+
+    def __init__(self, fg: FactorGraph) -> None:
+        if not isinstance(fg, FactorGraph):
+            raise TypeError(f"expected a FactorGraph, got {type(fg).__name__}")
+        self.fg = fg
+
+    def __call__(self) -> None:
+        fg = self.fg
+        cards = fg.cardinalities.tolist()
+        evidence = fg.evidence
+        dtype = torch.get_default_dtype()
+        values: list[Tensor] = []
+        for v, name in enumerate(fg.names):
+            if v in evidence:
+                values.append(torch.tensor(evidence[v]))
+            elif cards[v] > 0:
+                values.append(pyro.sample(name, dist.Categorical(logits=torch.zeros(cards[v])).mask(False)))
+            else:
+                value = pyro.sample(name, _Flat(fg.support(v), torch.Size(), torch.Size()))
+                if value.is_floating_point():
+                    dtype = torch.promote_types(dtype, value.dtype)
+                values.append(value)
+        if not values:
+            return
+        state = torch.stack(torch.broadcast_tensors(*[x.to(dtype) for x in values]), dim=-1)
+        for g, group in enumerate(fg.groups):
+            pyro.factor(f"group_{g}", group.log_factors(state).sum(-1))
+
+    def __repr__(self) -> str:
+        return f"FactorGraphModel({self.fg!r})"
+
+
+def to_pyro_model(fg: FactorGraph) -> FactorGraphModel:
+    """Turn a factor graph into a Pyro model with the identical log density.
+
+    For any state, the trace of the model conditioned on the state's latent values has
+    ``log_prob_sum() == fg.log_joint(state)``. The model is a picklable
+    :class:`FactorGraphModel`; see it for the site layout. Discrete sites are enumerable
+    (wrap with ``pyro.infer.config_enumerate`` for ``TraceEnum_ELBO``/``infer_discrete``);
+    continuous sites work with ``NUTS``/``HMC``. Use :func:`samples_to_state` to map
+    ``MCMC.get_samples()`` back to graph states.
+
+    Args:
+        fg: the factor graph.
+
+    Returns:
+        A callable Pyro model taking no arguments.
+
+    Example:
+        >>> import torch
+        >>> fg = FactorGraph()
+        >>> a = fg.add_variable("a", 3)
+        >>> fg.add_table_factor([a], torch.tensor([0.0, 1.0, 2.0]))
+        0
+        >>> from pyro.infer import Predictive
+        >>> Predictive(to_pyro_model(fg), num_samples=4)()["a"].shape
+        torch.Size([4])
+    """
+    return FactorGraphModel(fg)
+
+
+# ====================================================================== state <-> samples
+def state_to_samples(fg: FactorGraph, state: Tensor) -> dict[str, Tensor]:
+    """Split states ``[..., n]`` into ``{name: values [...]}`` for the latent variables.
+
+    Discrete values come back as ``long`` (like Pyro's ``Categorical`` samples),
+    continuous ones in the state's dtype; for a graph from :func:`from_pyro_model`, each
+    value takes the dtype of its site (e.g. float for ``Bernoulli``), ready for
+    ``poutine.condition``. Evidence variables are left out.
+
+    Example:
+        >>> fg = FactorGraph()
+        >>> _ = fg.add_variable("a", 2), fg.add_variable("b")
+        >>> state_to_samples(fg, torch.tensor([1.0, 0.5]))
+        {'a': tensor(1), 'b': tensor(0.5000)}
+    """
+    state = fg.check_state(state)
+    cards = fg.cardinalities.tolist()
+    site_dtypes: dict[str, torch.dtype] = {}
+    for group in fg.groups:
+        if isinstance(group, PyroModelGroup):
+            site_dtypes.update(zip(group.latent_names, group.latent_dtypes))
+    out: dict[str, Tensor] = {}
+    for v, name in enumerate(fg.names):
+        if v in fg.evidence:
+            continue
+        value = state[..., v].round().long() if cards[v] > 0 else state[..., v]
+        out[name] = value.to(site_dtypes[name]) if name in site_dtypes else value
+    return out
+
+
+def samples_to_state(fg: FactorGraph, samples: Mapping[str, Tensor]) -> Tensor:
+    """Stack ``{name: values [...]}`` (e.g. ``MCMC.get_samples()``) into states ``[..., n]``.
+
+    Every latent variable must have an entry; evidence variables take their fixed
+    values; entries that name no variable (e.g. deterministic sites) are ignored.
+    Shapes are broadcast together.
+
+    Example:
+        >>> fg = FactorGraph()
+        >>> _ = fg.add_variable("a", 2), fg.add_variable("b")
+        >>> samples_to_state(fg, {"a": torch.tensor([0, 1]), "b": torch.tensor([0.5, 1.5])})
+        tensor([[0.0000, 0.5000],
+                [1.0000, 1.5000]])
+    """
+    if not isinstance(samples, Mapping):
+        raise TypeError(f"samples must be a mapping from site names to tensors, got {type(samples).__name__}")
+    missing = [name for v, name in enumerate(fg.names) if v not in fg.evidence and name not in samples]
+    if missing:
+        raise ValueError(f"samples lack the latent variables {missing}")
+    dtype = torch.get_default_dtype()
+    values = []
+    for v, name in enumerate(fg.names):
+        value = torch.tensor(fg.evidence[v]) if v in fg.evidence else torch.as_tensor(samples[name])
+        if value.is_floating_point():
+            dtype = torch.promote_types(dtype, value.dtype)
+        values.append(value)
+    if not values:
+        return torch.zeros(0)
+    return torch.stack(torch.broadcast_tensors(*[x.to(dtype) for x in values]), dim=-1)
+
+
+# ====================================================================== Pyro -> graph
+def _model_name(model: Callable[..., Any]) -> str:
+    return getattr(model, "__qualname__", None) or type(model).__name__
+
+
+def _trace(model: Callable[..., Any], args: tuple, kwargs: dict) -> poutine.Trace:
+    try:
+        return poutine.trace(model).get_trace(*args, **kwargs)
+    except Exception as err:
+        raise ValueError(f"model {_model_name(model)!r} failed to trace: {_error_text(err)}") from err
+
+
+def _error_text(err: Exception) -> str:
+    """``Type: first line`` of an exception (Pyro appends multi-line trace shapes)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _contributes_nothing(site: dict) -> bool:
+    """Observed sites whose log density is identically 0 (masked, or ``pyro.deterministic``)."""
+    if site["mask"] is False or site["infer"].get("_deterministic", False):
+        return True
+    return isinstance(site["fn"], dist.MaskedDistribution) and site["fn"]._mask is False
+
+
+def _base_fn(fn: Any) -> Any:
+    while hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    return fn
+
+
+def _check_plates(name: str, site: dict, latent: bool) -> int:
+    """Validate the plates of a site; returns the number of vectorized dims it needs."""
+    nesting = 0
+    for frame in site["cond_indep_stack"]:
+        if frame.full_size is not None and frame.size != frame.full_size:
+            raise ValueError(
+                f"site {name!r} is in the subsampled plate {frame.name!r} ({frame.size} of {frame.full_size}); "
+                "subsampling makes the log density random and is not supported"
+            )
+        if frame.vectorized:
+            if latent and frame.size != 1:
+                raise ValueError(
+                    f"latent site {name!r} is inside the vectorized plate {frame.name!r} of size {frame.size}; "
+                    "only scalar latent sites are supported (write the plate as a Python loop)"
+                )
+            nesting = max(nesting, -int(frame.dim))
+    return nesting
+
+
+def _latent_cardinality(name: str, site: dict) -> int:
+    """0 for a continuous site, k for a discrete site with support 0..k-1."""
+    fn = site["fn"]
+    if type(_base_fn(fn)).__name__ == "Delta":
+        raise ValueError(f"latent site {name!r} has a Delta distribution; use pyro.deterministic for derived values")
+    support = fn.support
+    if not support.is_discrete:
+        return 0
+    if not getattr(fn, "has_enumerate_support", False):
+        raise ValueError(
+            f"discrete latent site {name!r} ({type(_base_fn(fn)).__name__}) has no finite enumerable support; "
+            "only supports 0..k-1 are supported"
+        )
+    values = fn.enumerate_support(expand=False).reshape(-1)
+    k = int(values.numel())
+    if k < 1 or not bool((values == torch.arange(k)).all()):
+        raise ValueError(
+            f"discrete latent site {name!r} has support {values.tolist()}; only supports 0..k-1 are supported"
+        )
+    return k
+
+
+def _support_dependencies(model: Callable[..., Any], args: tuple, kwargs: dict, names: list[str]) -> dict[str, set]:
+    """Latent sites that the support of each named site depends on (e.g. ``Uniform(0, x)``)."""
+    with torch.random.fork_rng(), torch.no_grad(), pyro.validation_enabled(False), TrackProvenance():
+        trace = poutine.trace(model).get_trace(*args, **kwargs)
+    out: dict[str, set] = {}
+    for name in names:
+        support = trace.nodes[name]["fn"].support
+        found: set = set()
+        for value in vars(support).values():
+            if isinstance(value, Tensor):
+                found |= set(get_provenance(value))
+        out[name] = found
+    return out
+
+
+class PyroModelGroup(FactorGroup):
+    """Factors of a Pyro model: one per sample site, evaluated by re-running the model.
+
+    Factor ``j`` is the (scaled, masked) log density of sample site ``factor_names[j]``;
+    its scope is the site's variable (for a latent site) and its latent parents.
+    ``log_factors`` conditions the model on all latent sites at once, with a whole batch
+    of states (values of shape ``[B, 1, ..., 1]``, with ``plate_nesting`` trailing 1s),
+    and runs it once, whatever ``index`` asks for. Observed sites inside vectorized plates
+    (or with batch dims of their own) are summed over those dims.
+
+    Args:
+        model: the Pyro model (a module-level function, for pickling).
+        args: positional arguments for the model.
+        kwargs: keyword arguments for the model.
+        latent_names: the latent site of each variable id.
+        latent_dtypes: the dtype of each latent site's values (``long`` for ``Categorical``...).
+        factor_names: the sample site of each factor.
+        scopes: ``LongTensor [F, a]`` of variable ids, ``-1`` padded.
+        plate_nesting: number of dims to keep to the right of the batch dim (vectorized plates
+            and batch dims of observed sites); they are summed out of each site's log density.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> def model():
+        ...     x = pyro.sample("x", dist.Normal(0.0, 1.0))
+        ...     pyro.sample("y", dist.Normal(x, 1.0), obs=torch.tensor(0.5))
+        >>> group = from_pyro_model(model).groups[0]
+        >>> group.log_factors(torch.zeros(4, 1)).shape
+        torch.Size([4, 2])
+    """
+
+    def __init__(
+        self,
+        model: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        latent_names: list[str],
+        latent_dtypes: list[torch.dtype],
+        factor_names: list[str],
+        scopes: Tensor,
+        plate_nesting: int = 0,
+    ) -> None:
+        scopes = torch.as_tensor(scopes, dtype=torch.long)
+        if scopes.dim() != 2 or scopes.shape[0] != len(factor_names):
+            raise ValueError(f"scopes must be [{len(factor_names)}, a], got {tuple(scopes.shape)}")
+        if len(latent_dtypes) != len(latent_names):
+            raise ValueError(f"{len(latent_names)} latent names but {len(latent_dtypes)} dtypes")
+        self.model, self.args, self.kwargs = model, tuple(args), dict(kwargs)
+        self.latent_names = list(latent_names)
+        self.latent_dtypes = list(latent_dtypes)
+        self.factor_names = list(factor_names)
+        self.scopes = scopes
+        self.plate_nesting = int(plate_nesting)
+
+    def _run(self, flat: Tensor) -> poutine.Trace:
+        batch = flat.shape[0]
+        shape = (batch,) + (1,) * self.plate_nesting
+        data = {}
+        for v, (name, dtype) in enumerate(zip(self.latent_names, self.latent_dtypes)):
+            value = flat[:, v]
+            if not dtype.is_floating_point:
+                value = value.round()
+            data[name] = value.to(dtype).reshape(shape)
+        name = _model_name(self.model)
+        try:
+            trace = poutine.trace(poutine.condition(self.model, data=data)).get_trace(*self.args, **self.kwargs)
+        except Exception as err:
+            raise ValueError(
+                f"model {name!r} cannot be evaluated on a batch of states: {_error_text(err)}; "
+                "write it with tensor ops (e.g. torch.where instead of Python if on sample values)"
+            ) from err
+        for site_name, site in trace.nodes.items():
+            if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site):
+                raise ValueError(
+                    f"model {name!r} sampled site {site_name!r} that is not a variable of the graph; "
+                    "models whose set of latent sites changes (dynamic structure) are not supported"
+                )
+        return trace
+
+    def _site_log_prob(self, trace: poutine.Trace, name: str, batch: int) -> Tensor:
+        site = trace.nodes.get(name)
+        if site is None or site["type"] != "sample":
+            raise ValueError(f"sample site {name!r} is missing when the model is re-run on a batch of states")
+        try:
+            log_p = site["fn"].log_prob(site["value"])
+        except Exception as err:
+            raise ValueError(
+                f"site {name!r} of model {_model_name(self.model)!r} cannot be evaluated on a batch of states: "
+                f"{_error_text(err)}; its shapes must broadcast over a leading batch dimension"
+            ) from err
+        log_p = torch.as_tensor(scale_and_mask(log_p, site["scale"], site["mask"]))
+        keep = self.plate_nesting + 1
+        if log_p.dim() > keep:
+            raise ValueError(
+                f"site {name!r} has log_prob of shape {tuple(log_p.shape)} on a batch of {batch} states; "
+                f"expected [{batch}] (plus plate dims): a site's shape must not depend on the batch"
+            )
+        log_p = log_p.reshape((1,) * (keep - log_p.dim()) + tuple(log_p.shape))
+        if self.plate_nesting:
+            log_p = log_p.sum(tuple(range(1, keep)))
+        if log_p.shape[0] not in (1, batch):
+            raise ValueError(
+                f"site {name!r} has log_prob of shape {tuple(log_p.shape)} on a batch of {batch} states; "
+                f"expected [{batch}]"
+            )
+        return log_p.expand(batch)
+
+    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
+        batch_shape = state.shape[:-1]
+        flat = state.reshape(math.prod(batch_shape), state.shape[-1])
+        batch = flat.shape[0]
+        trace = self._run(flat)
+        names = self.factor_names if index is None else [self.factor_names[int(i)] for i in index.reshape(-1)]
+        if not names:
+            return state.new_zeros(batch_shape + (0,))
+        out = torch.stack([self._site_log_prob(trace, name, batch) for name in names], dim=-1)
+        return out.to(state.dtype).reshape(batch_shape + (len(names),))
+
+
+def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> FactorGraph:
+    """Build a factor graph from a Pyro model with scalar latent sites.
+
+    The model is traced once. Each latent sample site (not observed, not a plate's
+    subsample site, not deterministic) becomes a variable named like the site, in trace
+    order: discrete if its support is ``0..k-1`` (``Categorical``, ``Bernoulli``,
+    ``Binomial`` with fixed ``total_count``...), continuous with the site's support
+    otherwise. Each sample site (latent, observed, or ``pyro.factor``) becomes one factor
+    whose scope is the site's variable (if latent) plus its latent parents, taken from
+    ``pyro.infer.inspect.get_dependencies`` — so Markov blankets, scaffolds and colourings
+    of the graph are the model's true ones. Observed sites without latent parents become
+    scope-less constant factors, so ``fg.log_joint(state)`` equals the model's
+    ``trace.log_prob_sum()`` exactly. All factors live in one :class:`PyroModelGroup`,
+    which re-runs the model once per evaluation, on the whole batch of states.
+
+    Mapping: ``fg.names[v]`` is the site of variable ``v``, ``fg.variable_id(site)`` the
+    way back; :func:`state_to_samples` / :func:`samples_to_state` convert whole states.
+
+    The model must evaluate on a batch of states: sample values of shape ``[B]`` (or
+    ``[B, 1, ..., 1]`` with vectorized plates) must flow through it with tensor ops.
+    Observed sites may be non-scalar or sit in vectorized plates (their log densities are
+    summed); latent sites may not (write such plates as Python loops).
+
+    Args:
+        model: a Pyro model; a module-level function if the graph must pickle.
+        *args: positional arguments for the model.
+        **kwargs: keyword arguments for the model.
+
+    Returns:
+        The factor graph (no evidence: observations are part of the factors).
+
+    Raises:
+        TypeError: if ``model`` is not callable.
+        ValueError: if the model fails to trace, has a latent site that is not scalar,
+            sits in a vectorized plate of size > 1, has a discrete support other than
+            ``0..k-1`` or a support that depends on other latent sites, uses subsampling,
+            or cannot be evaluated on a batch of states.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> def chain():
+        ...     x = pyro.sample("x0", dist.Categorical(torch.tensor([0.5, 0.5])))
+        ...     for t in range(1, 3):
+        ...         x = pyro.sample(f"x{t}", dist.Categorical(torch.tensor([[0.9, 0.1], [0.2, 0.8]])[x]))
+        >>> fg = from_pyro_model(chain)
+        >>> fg.names, fg.markov_blanket(fg.variable_id("x1"))
+        (['x0', 'x1', 'x2'], [0, 2])
+    """
+    if not callable(model):
+        raise TypeError(f"model must be callable, got {type(model).__name__}")
+    trace = _trace(model, args, kwargs)
+
+    latent: list[str] = []
+    cards: list[int] = []
+    dtypes: list[torch.dtype] = []
+    supports: list[constraints.Constraint] = []
+    factor_names: list[str] = []
+    nesting = 0
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or site_is_subsample(site):
+            continue
+        is_latent = not site["is_observed"]
+        nesting = max(nesting, _check_plates(name, site, is_latent))
+        if not is_latent:
+            if _contributes_nothing(site):
+                continue
+            # an observed site with batch dims outside plates (e.g. obs of shape [N]) needs them kept too
+            try:
+                log_p = site["fn"].log_prob(site["value"])
+            except Exception as err:
+                raise ValueError(f"log_prob of observed site {name!r} failed: {_error_text(err)}") from err
+            nesting = max(nesting, torch.as_tensor(log_p).dim())
+            factor_names.append(name)
+            continue
+        fn, value = site["fn"], site["value"]
+        shape = tuple(value.shape) if isinstance(value, Tensor) else None
+        if shape != () or tuple(fn.batch_shape) != () or tuple(fn.event_shape) != ():
+            raise ValueError(
+                f"latent site {name!r} has value shape {shape}, batch shape {tuple(fn.batch_shape)} and event "
+                f"shape {tuple(fn.event_shape)}; only scalar latent sites (all shapes ()) are supported"
+            )
+        cards.append(_latent_cardinality(name, site))
+        supports.append(fn.support)
+        dtypes.append(value.dtype)
+        latent.append(name)
+        factor_names.append(name)
+
+    try:
+        deps = get_dependencies(model, args, kwargs)["prior_dependencies"]
+        support_deps = _support_dependencies(model, args, kwargs, latent)
+    except Exception as err:
+        raise ValueError(f"dependency analysis of model {_model_name(model)!r} failed: {_error_text(err)}") from err
+    var_id = {name: v for v, name in enumerate(latent)}
+    for name in latent:
+        bad = sorted(support_deps[name] & var_id.keys())
+        if bad:
+            raise ValueError(
+                f"the support of latent site {name!r} depends on the latent sites {bad}; "
+                "supports must be fixed (e.g. not Uniform(0, x) or Binomial(total_count=x))"
+            )
+
+    scopes: list[list[int]] = []
+    for f, name in enumerate(factor_names):
+        if name in deps:
+            parents = {var_id[u] for u in deps[name] if u in var_id and u != name}
+        else:  # a site get_dependencies skips (e.g. an observed Delta): all earlier latents, conservatively
+            parents = {var_id[u] for u in factor_names[:f] if u in var_id}
+        own = [var_id[name]] if name in var_id else []
+        scopes.append(own + sorted(parents))
+    width = max((len(s) for s in scopes), default=0)
+    scope_tensor = torch.tensor([s + [-1] * (width - len(s)) for s in scopes], dtype=torch.long)
+    scope_tensor = scope_tensor.reshape(len(scopes), width)
+
+    fg = FactorGraph()
+    for name, card, support in zip(latent, cards, supports):
+        if card > 0:
+            fg.add_variable(name, card)
+        else:
+            fg.add_variable(name, support=support)
+    group = PyroModelGroup(model, args, kwargs, latent, dtypes, factor_names, scope_tensor, nesting)
+
+    # Check once that the model evaluates on a batch of states and agrees with the trace.
+    dtype = torch.get_default_dtype()
+    state = torch.tensor([float(trace.nodes[name]["value"]) for name in latent], dtype=dtype)
+    expected = trace.log_prob_sum().detach()
+    if torch.isnan(expected):
+        raise ValueError(f"model {_model_name(model)!r} has a NaN log density at its traced values")
+    got = group.log_factors(state.expand(3, len(latent))).sum(-1).detach().to(expected.dtype)
+    close = torch.isclose(got, expected.expand_as(got), rtol=1e-4, atol=1e-4) | (got == expected)
+    if not bool(close.all()):
+        raise ValueError(
+            f"model {_model_name(model)!r} gives a different log density on a batch of states "
+            f"({got.tolist()}) than on one state ({float(expected)}); its sites must broadcast over a "
+            "leading batch dimension"
+        )
+    fg.add_group(group)
+    return fg

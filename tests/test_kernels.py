@@ -1,0 +1,201 @@
+"""Invariance and contract tests for GibbsKernel and RandomWalkMH.
+
+Statistical tests compare batch-means z-scores (4 chains x 20 batches) of visit
+frequencies or moments with exact values. Each test tolerates
+``|z| <= t_{79}^{-1}(1 - alpha / (2 m))`` for m compared quantities (Bonferroni),
+so its false-failure rate over random seeds is at most ``alpha = 1e-3``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+
+import pytest
+import torch
+from pyro.infer import MCMC
+from scipy import stats
+from torch.distributions import constraints
+
+from neuralblock import FactorGraph, GibbsKernel, RandomWalkMH
+from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels import gibbs_sample, mh_accept, random_walk_propose
+
+ALPHA = 1e-3
+CHAINS = 4
+BATCHES = 20
+
+
+def z_limit(num_tests: int) -> float:
+    """Bonferroni-corrected two-sided t threshold for the pooled batch means."""
+    return float(stats.t.ppf(1 - ALPHA / (2 * num_tests), df=CHAINS * BATCHES - 1))
+
+
+def run_chains(kernel, num_samples: int, warmup: int = 200) -> torch.Tensor:
+    draws = []
+    for _ in range(CHAINS):
+        mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True)
+        mcmc.run()
+        draws.append(mcmc.get_samples()["x"])
+    return torch.stack(draws)  # [chains, samples, n]
+
+
+def random_discrete_graph(seed: int, evidence: bool) -> FactorGraph:
+    g = torch.Generator().manual_seed(seed)
+    fg = FactorGraph()
+    cards = [2, 3, 2, 3, 2]
+    for i, k in enumerate(cards):
+        fg.add_variable(f"v{i}", k)
+    scopes = [[0, 1], [1, 2], [2, 3], [3, 4], [0, 4], [1, 3, 4], [2]]
+    for scope in scopes:
+        shape = [cards[v] for v in scope]
+        fg.add_table_factor(scope, 1.5 * torch.randn(shape, generator=g))
+    if evidence:
+        fg.set_evidence({"v4": 1})
+    return fg
+
+
+def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
+    cards = fg.cardinalities.tolist()
+    ranges = [[int(fg.evidence[v])] if v in fg.evidence else range(k) for v, k in enumerate(cards)]
+    states = torch.tensor(list(itertools.product(*ranges)), dtype=torch.float32)
+    logp = fg.log_joint(states)
+    return states, torch.softmax(logp.double(), 0)
+
+
+@pytest.mark.parametrize("evidence", [False, True])
+def test_gibbs_leaves_enumerated_joint_invariant(evidence: bool) -> None:
+    fg = random_discrete_graph(seed=3 if evidence else 1, evidence=evidence)
+    states, probs = enumerate_joint(fg)
+    draws = run_chains(GibbsKernel(fg), num_samples=3000)
+    hits = (draws[:, :, None, :] == states[None, None]).all(-1).double()  # [c, s, K]
+    mean, mcse = batch_means_mcse(hits, BATCHES)
+    iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
+    z = (mean - probs) / torch.maximum(mcse, iid)
+    assert z.abs().max() <= z_limit(len(probs)), f"max |z| = {z.abs().max():.2f}"
+    if evidence:
+        assert (draws[..., 4] == 1).all()
+
+
+def test_gibbs_colours_are_conflict_free_and_cover_all_variables() -> None:
+    fg = random_discrete_graph(seed=0, evidence=False)
+    kernel = GibbsKernel(fg)
+    kernel.setup(0)
+    seen = []
+    for vars_ in kernel.plan.classes:
+        members = set(vars_.tolist())
+        for v in members:
+            assert not members & set(fg.markov_blanket(v))
+        seen.extend(members)
+    assert sorted(seen) == list(range(fg.num_variables))
+
+
+def gaussian_chain() -> tuple[FactorGraph, torch.Tensor, torch.Tensor]:
+    fg = FactorGraph()
+    x = [fg.add_variable(f"x{i}") for i in range(4)]
+    fg.add_linear_gaussian(x[0], [], [], 0.5, 1.0)
+    fg.add_linear_gaussian(x[1], [x[0]], [0.8], 0.0, 0.7)
+    fg.add_linear_gaussian(x[2], [x[1], x[0]], [0.6, -0.3], 0.2, 0.5)
+    fg.add_linear_gaussian(x[3], [x[2]], [1.0], 0.0, 0.4)
+    fg.set_evidence({"x3": 1.2})
+    # exact posterior of x0..x2 from the joint Gaussian: x = A x + b + D eps
+    a = torch.zeros(4, 4, dtype=torch.float64)
+    a[1, 0], a[2, 1], a[2, 0], a[3, 2] = 0.8, 0.6, -0.3, 1.0
+    b = torch.tensor([0.5, 0.0, 0.2, 0.0], dtype=torch.float64)
+    d = torch.diag(torch.tensor([1.0, 0.7, 0.5, 0.4], dtype=torch.float64))
+    inv = torch.linalg.inv(torch.eye(4, dtype=torch.float64) - a)
+    mean, cov = inv @ b, inv @ d @ d @ inv.T
+    k = cov[:3, 3] / cov[3, 3]
+    post_mean = mean[:3] + k * (1.2 - mean[3])
+    post_var = torch.diag(cov[:3, :3]) - k * cov[3, :3]
+    return fg, post_mean, post_var
+
+
+def test_random_walk_matches_gaussian_posterior() -> None:
+    fg, post_mean, post_var = gaussian_chain()
+    draws = run_chains(RandomWalkMH(fg), num_samples=4000, warmup=400)[..., :3].double()
+    stats_ = torch.cat([draws, (draws - post_mean) ** 2], -1)
+    target = torch.cat([post_mean, post_var])
+    mean, mcse = batch_means_mcse(stats_, BATCHES)
+    z = (mean - target) / mcse
+    assert z.abs().max() <= z_limit(len(target)), f"z = {z}"
+
+
+def _gamma_log_density(values: torch.Tensor, params: torch.Tensor | None) -> torch.Tensor:
+    x = values[..., 0]
+    return torch.distributions.Gamma(3.0, 2.0).log_prob(x)
+
+
+def test_random_walk_on_positive_support_matches_gamma() -> None:
+    fg = FactorGraph()
+    fg.add_variable("rate", support=constraints.positive)
+    fg.add_callable_factors(torch.tensor([[0]]), _gamma_log_density)
+    draws = run_chains(RandomWalkMH(fg), num_samples=4000, warmup=400)[..., 0].double()
+    assert (draws > 0).all()
+    stats_ = torch.stack([draws, draws.log()], -1)
+    target = torch.tensor([1.5, torch.digamma(torch.tensor(3.0)).item() - math.log(2.0)], dtype=torch.float64)
+    mean, mcse = batch_means_mcse(stats_, BATCHES)
+    z = (mean - target) / mcse
+    assert z.abs().max() <= z_limit(2), f"z = {z}"
+
+
+def test_num_chains_two_and_diagnostics() -> None:
+    fg = random_discrete_graph(seed=2, evidence=False)
+    mcmc = MCMC(GibbsKernel(fg), num_samples=100, warmup_steps=10, num_chains=2, disable_progbar=True)
+    mcmc.run()
+    samples = mcmc.get_samples(group_by_chain=True)["x"]
+    assert samples.shape == (2, 100, 5)
+    assert not torch.equal(samples[0], samples[1])
+    diag = mcmc.diagnostics()
+    assert "r_hat" in diag["x"] and diag["sweeps"]["chain 0"] == 100.0
+    mcmc.summary()
+
+
+def test_kernels_pickle_and_resume_from_initial_params() -> None:
+    fg, _, _ = gaussian_chain()
+    kernel = RandomWalkMH(fg)
+    clone = pickle.loads(pickle.dumps(kernel))
+    start = torch.tensor([0.1, 0.2, 0.3, 1.2])
+    mcmc = MCMC(clone, num_samples=5, warmup_steps=0, initial_params={"x": start}, disable_progbar=True)
+    mcmc.run()
+    assert mcmc.get_samples()["x"].shape == (5, 4)
+    assert (mcmc.get_samples()["x"][:, 3] == 1.2).all()
+
+
+def test_warmup_is_counted_by_the_kernel() -> None:
+    fg, _, _ = gaussian_chain()
+    kernel = RandomWalkMH(fg, step_size=5.0)
+    mcmc = MCMC(kernel, num_samples=50, warmup_steps=300, disable_progbar=True)
+    mcmc.run()
+    assert kernel.diagnostics()["mean_step_size"] < 5.0
+    assert kernel._t == 350
+
+
+def test_kernel_rejects_bad_inputs() -> None:
+    fg, _, _ = gaussian_chain()
+    with pytest.raises(ValueError, match="no discrete latent variable"):
+        GibbsKernel(fg).setup(0)
+    with pytest.raises(ValueError, match="continuous latent variables only"):
+        RandomWalkMH(fg, variables=["x3"]).setup(0)
+    with pytest.raises(ValueError, match="step_size"):
+        RandomWalkMH(fg, step_size=0.0)
+    with pytest.raises(TypeError, match="FactorGraph or a Pyro model"):
+        GibbsKernel(42)
+    kernel = RandomWalkMH(fg)
+    kernel.setup(0)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kernel.sample({"x": torch.tensor([0.0, float("nan"), 0.0, 1.2])})
+    with pytest.raises(ValueError, match=r"shape \[\.\.\., 4\]"):
+        kernel.sample({"x": torch.zeros(3)})
+
+
+def test_functional_core() -> None:
+    info = mh_accept(torch.tensor([0.0, -float("inf"), float("nan"), float("inf")]))
+    assert info.accepted.tolist() == [True, False, False, False] and info.num_nonfinite == 2
+    draw = gibbs_sample(torch.tensor([[-float("inf"), -float("inf")], [0.0, -float("inf")]]), torch.tensor([1.0, 1.0]))
+    assert draw.values.tolist() == [1.0, 0.0] and draw.num_stuck == 1
+    from torch.distributions import transforms
+
+    x, corr = random_walk_propose(torch.full((1000,), 2.0), torch.tensor(0.3), transforms.ExpTransform())
+    assert torch.allclose(corr, x.log() - math.log(2.0), atol=1e-5)
