@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 
 import torch
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
@@ -30,6 +31,7 @@ __all__ = [
     "marginal_error",
     "samples_to_states",
     "split_gelman_rubin",
+    "trace_marginal_error",
 ]
 
 
@@ -149,6 +151,48 @@ class MarginalErrorTrace:
     def as_dict(self) -> dict[str, list]:
         """The recorded trace as JSON-ready lists."""
         return {"sweeps": self.sweeps, "seconds": self.seconds, "errors": self.errors}
+
+
+def trace_marginal_error(
+    kernel: MCMCKernel,
+    fg: FactorGraph,
+    exact: Tensor,
+    num_samples: int,
+    warmup_steps: int = 0,
+    progress: bool = True,
+    num_points: int = 40,
+) -> dict[str, list]:
+    """Run ``kernel`` in ``pyro.infer.MCMC`` and record marginal error vs sweeps and time.
+
+    Args:
+        kernel: any of our kernels built on ``fg`` (or on a Pyro model whose graph is ``fg``).
+        fg: the graph.
+        exact: exact marginals ``[n, k]``.
+        num_samples: post-warmup draws (sweeps).
+        warmup_steps: warmup draws, not counted.
+        progress: show Pyro's progress bar.
+        num_points: about how many checkpoints to record.
+
+    Returns:
+        ``{"sweeps", "seconds", "errors"}`` lists plus the kernel's ``diagnostics``.
+
+    Example:
+        >>> from neuralblock import FactorGraph, GibbsKernel
+        >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+        >>> out = trace_marginal_error(GibbsKernel(fg), fg, torch.full((2, 2), 0.5), 50, progress=False)
+        >>> out["sweeps"][-1]
+        50
+    """
+    from pyro.infer import MCMC
+
+    trace = MarginalErrorTrace(fg, exact, num_points=num_points, total=num_samples)
+    mcmc = MCMC(
+        kernel, num_samples=num_samples, warmup_steps=warmup_steps, hook_fn=trace, disable_progbar=not progress
+    )
+    mcmc.run()
+    out: dict[str, list] = trace.as_dict()
+    out["diagnostics"] = kernel.diagnostics()
+    return out
 
 
 def batch_means_mcse(draws: Tensor, num_batches: int = 20) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,100 @@
+"""Study: single-site Gibbs on the shipped UAI grids, marginal error vs sweeps and time.
+
+The baseline the neural block kernel must beat. For each grid and seed, runs
+``GibbsKernel`` inside ``pyro.infer.MCMC`` and records the mean absolute marginal
+error against the shipped exact marginals at geometric checkpoints.
+
+Outputs (under ``--out``, in a folder named by a hash of the config):
+``gibbs_grids.json`` (every trace), ``gibbs_grids.md`` (table) and one PNG per grid.
+
+Usage::
+
+    python experiments/gibbs_grids.py --quick          # CI scale, seconds
+    python experiments/gibbs_grids.py                  # full run (about 10 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pyro
+import torch
+
+from neuralblock import GibbsKernel
+from neuralblock.diagnostics import trace_marginal_error
+from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.io import read_mar, read_uai, uai_grid
+
+ALL_GRIDS = [f"Grids_{i}" for i in range(11, 19)]
+DEFAULT_GRIDS = ["Grids_15", "Grids_11"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grids", nargs="+", default=DEFAULT_GRIDS, choices=ALL_GRIDS)
+    parser.add_argument("--sweeps", type=int, default=100_000)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=2, help="independent chains per grid")
+    parser.add_argument("--seed", type=int, default=0, help="base seed")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="CI scale: 200 sweeps, one seed")
+    parser.add_argument("--out", default="experiments/results/gibbs_grids")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sweeps, args.seeds, args.warmup = 200, 1, 10
+    return args
+
+
+def config_hash(args: argparse.Namespace) -> str:
+    keys = {k: v for k, v in sorted(vars(args).items()) if k not in {"out", "no_progress"}}
+    return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out) / config_hash(args)
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict = {"config": vars(args), "grids": {}}
+    for grid in args.grids:
+        fg = read_uai(uai_grid(grid))
+        exact = read_mar(uai_grid(grid, "MAR"))
+        runs = []
+        for s in range(args.seeds):
+            pyro.set_rng_seed(args.seed + s)
+            start = time.perf_counter()
+            trace = trace_marginal_error(
+                GibbsKernel(fg), fg, exact, args.sweeps, args.warmup, progress=not args.no_progress
+            )
+            trace["seed"] = args.seed + s
+            trace["total_seconds"] = time.perf_counter() - start
+            runs.append(trace)
+        record["grids"][grid] = {"num_variables": fg.num_variables, "runs": runs}
+        plot_error_traces({"Gibbs": runs}, out / f"{grid}.png", title=f"{grid}: Gibbs", reference=0.03)
+    (out / "gibbs_grids.json").write_text(json.dumps(record, indent=1))
+    lines = [
+        "| grid | vars | seed | sweeps | sampling s | error @10% sweeps | final error | updates/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for grid, entry in record["grids"].items():
+        for run in entry["runs"]:
+            tenth = next(e for s, e in zip(run["sweeps"], run["errors"]) if s >= run["sweeps"][-1] / 10)
+            lines.append(
+                f"| {grid} | {entry['num_variables']} | {run['seed']} | {run['sweeps'][-1]} | "
+                f"{run['seconds'][-1]:.1f} | {tenth:.4f} | {run['errors'][-1]:.4f} | "
+                f"{run['diagnostics']['updates_per_second']:,.0f} |"
+            )
+    table = "\n".join(lines)
+    (out / "gibbs_grids.md").write_text(f"# Gibbs on UAI grids\n\nConfig: `{json.dumps(vars(args))}`\n\n{table}\n")
+    print(table)
+    print(f"wrote {out}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
