@@ -2,6 +2,22 @@
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels import GibbsKernel, RandomWalkMH
+from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, get_motif, motif_names, register_motif
+from neuralblock.proposals import NeuralBlockProposal, list_pretrained, load_pretrained
 
-__all__ = ["FactorGraph", "GibbsKernel", "RandomWalkMH"]
+__all__ = [
+    "BlockSpec",
+    "FactorGraph",
+    "GibbsKernel",
+    "Motif",
+    "MotifInstances",
+    "NeuralBlockProposal",
+    "RandomWalkMH",
+    "TrainingBatch",
+    "get_motif",
+    "list_pretrained",
+    "load_pretrained",
+    "motif_names",
+    "register_motif",
+]
 __version__ = "0.1.0"

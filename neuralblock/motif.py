@@ -1,0 +1,221 @@
+"""The abstract motif protocol the engine uses to reach concrete motifs.
+
+A *structural motif* names a block ``B`` of variables, its conditioning set ``C``
+(usually the Markov blanket) and its local parameters ``Psi`` (the numbers of the
+scaffold factors). A motif
+
+* finds its instances in any :class:`~neuralblock.graph.FactorGraph`
+  (:meth:`Motif.find_instances`), whatever the graph's size;
+* encodes ``(C values, Psi)`` of many instances into network inputs with one gather
+  (:meth:`Motif.encode`);
+* samples random instantiations with ``(B, C)`` from the local joint, for
+  meta-training (:meth:`Motif.sample_training_batch`).
+
+Concrete motifs live in the top-level ``motifs`` package. The engine never imports
+it: motifs register themselves with :func:`register_motif`, and
+:func:`get_motif` falls back to the ``neuralblock.motifs`` entry-point group.
+
+Example:
+    >>> spec = BlockSpec([2, 2, 0])
+    >>> spec.discrete, spec.continuous
+    ([0, 1], [2])
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from neuralblock.graph import FactorGraph
+
+__all__ = [
+    "BlockSpec",
+    "Motif",
+    "MotifInstances",
+    "TrainingBatch",
+    "get_motif",
+    "motif_names",
+    "register_motif",
+]
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """Domains of the block variables, in block order: ``k`` for k-ary discrete, ``0`` for continuous."""
+
+    cardinalities: list[int]
+
+    def __post_init__(self) -> None:
+        if not self.cardinalities:
+            raise ValueError("a block needs at least one variable")
+        if any(int(k) != k or k < 0 or k == 1 for k in self.cardinalities):
+            raise ValueError(f"block cardinalities must be 0 (continuous) or >= 2, got {self.cardinalities}")
+
+    @property
+    def size(self) -> int:
+        """Number of block variables."""
+        return len(self.cardinalities)
+
+    @property
+    def discrete(self) -> list[int]:
+        """Positions of the discrete block variables."""
+        return [i for i, k in enumerate(self.cardinalities) if k > 0]
+
+    @property
+    def continuous(self) -> list[int]:
+        """Positions of the continuous block variables."""
+        return [i for i, k in enumerate(self.cardinalities) if k == 0]
+
+    def enumerate(self) -> Tensor:
+        """All joint values of an all-discrete block, ``[K, b]`` (first variable slowest)."""
+        if self.continuous:
+            raise ValueError("cannot enumerate a block with continuous variables")
+        grids = torch.meshgrid(*[torch.arange(k) for k in self.cardinalities], indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], -1).to(torch.get_default_dtype())
+
+
+@dataclass
+class MotifInstances:
+    """Instances of a motif found in one graph.
+
+    Attributes:
+        blocks: ``LongTensor [I, b]`` block variable ids, in block order.
+        context: ``LongTensor [I, c]`` conditioning variable ids, ``-1`` where absent.
+        params: ``Tensor [I, p]`` encoded local parameters ``Psi`` (static for a graph).
+        extra: motif-specific precomputed tensors.
+    """
+
+    blocks: Tensor
+    context: Tensor
+    params: Tensor
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.blocks.shape[0])
+
+    def select(self, index: Tensor) -> MotifInstances:
+        """The instances at ``index``."""
+        return MotifInstances(
+            self.blocks[index],
+            self.context[index],
+            self.params[index],
+            {k: v[index] for k, v in self.extra.items()},
+        )
+
+
+@dataclass
+class TrainingBatch:
+    """Random instantiations for meta-training.
+
+    Attributes:
+        features: ``[B, feature_dim]`` network inputs (encoded ``C`` values and ``Psi``).
+        block: ``[B, b]`` block values drawn from the exact conditional ``p(B | C, Psi)``.
+        log_p: optional ``[B, K]`` exact conditional log-probabilities of the ``K``
+            enumerated block values (:meth:`BlockSpec.enumerate` order), for blocks small
+            enough to enumerate. Trainers then use the exact expectation of ``-log q``.
+        log_p_fn: optional callable ``values [S, B, b] -> [S, B]`` giving the exact (or
+            unnormalized) conditional log-density of arbitrary block values, used to
+            estimate MH acceptance of non-enumerable blocks.
+    """
+
+    features: Tensor
+    block: Tensor
+    log_p: Tensor | None = None
+    log_p_fn: Callable[[Tensor], Tensor] | None = None
+
+
+class Motif(ABC):
+    """A structural motif: block, conditioning set, local parameters, instantiations.
+
+    Subclasses set ``name`` and ``version`` and implement the abstract methods.
+    ``spec()`` must be JSON-serializable and determine the network's input and
+    output shapes; proposal files are checked against it on load.
+    """
+
+    name: str = ""
+    version: int = 1
+
+    @property
+    @abstractmethod
+    def block_spec(self) -> BlockSpec:
+        """Domains of the block variables."""
+
+    @property
+    @abstractmethod
+    def feature_dim(self) -> int:
+        """Width of the encoded ``(C, Psi)`` network input."""
+
+    @abstractmethod
+    def options(self) -> dict[str, Any]:
+        """The motif's constructor options (JSON-serializable)."""
+
+    @abstractmethod
+    def find_instances(self, fg: FactorGraph) -> MotifInstances:
+        """Every instance of the motif in ``fg`` (blocks exclude observed variables)."""
+
+    @abstractmethod
+    def encode(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> Tensor:
+        """Network inputs ``[..., I, feature_dim]`` for states ``[..., n]``."""
+
+    @abstractmethod
+    def sample_training_batch(self, batch_size: int, generator: torch.Generator) -> TrainingBatch:
+        """``batch_size`` random instantiations with ``(B, C)`` from the local joint."""
+
+    def spec(self) -> dict[str, Any]:
+        """JSON description checked against proposal files."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "options": self.options(),
+            "block_cardinalities": list(self.block_spec.cardinalities),
+            "feature_dim": self.feature_dim,
+        }
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{type(self).__name__}({opts})"
+
+
+_REGISTRY: dict[str, Callable[..., Motif]] = {}
+ENTRY_POINT_GROUP = "neuralblock.motifs"
+
+
+def register_motif(name: str, factory: Callable[..., Motif]) -> None:
+    """Register a motif factory under ``name`` (called by motif packages on import)."""
+    if not name or not callable(factory):
+        raise ValueError(f"cannot register motif {name!r}: need a name and a callable factory")
+    _REGISTRY[name] = factory
+
+
+def _load_entry_points() -> None:
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name not in _REGISTRY:
+            _REGISTRY[entry.name] = entry.load()
+
+
+def motif_names() -> list[str]:
+    """Names of all known motifs (registered or installed as entry points)."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get_motif(name: str, **options: Any) -> Motif:
+    """Build the motif ``name`` with its options.
+
+    Raises:
+        ValueError: for an unknown name (the message lists the valid ones) or bad options.
+    """
+    if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown motif {name!r}; valid motifs: {', '.join(sorted(_REGISTRY)) or '(none)'}")
+    try:
+        return _REGISTRY[name](**options)
+    except TypeError as err:
+        raise ValueError(f"bad options {options} for motif {name!r}: {err}") from err

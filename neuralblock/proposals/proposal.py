@@ -1,0 +1,208 @@
+"""Neural block proposals and their files (safetensors weights + JSON sidecar).
+
+A proposal file ``NAME.safetensors`` holds only tensors; its sidecar ``NAME.json``
+holds the format version, the motif spec, the network hyper-parameters, the
+training config and validation metrics, the code commit and the SHA-256 of the
+weights. Loading checks all of it against the motif and the network, so a file
+for another motif, a truncated file or a tampered sidecar fails with a clear
+``ValueError``. Nothing a user loads is executed.
+
+Example:
+    >>> import tempfile, pathlib, torch
+    >>> from neuralblock.motif import BlockSpec, Motif
+    >>> class Coin(Motif):
+    ...     name = "coin"
+    ...     block_spec = BlockSpec([2])
+    ...     feature_dim = 1
+    ...     def options(self): return {}
+    ...     def find_instances(self, fg): raise NotImplementedError
+    ...     def encode(self, fg, instances, state): raise NotImplementedError
+    ...     def sample_training_batch(self, batch_size, generator): raise NotImplementedError
+    >>> proposal = NeuralBlockProposal(Coin(), components=2, hidden=(8,))
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "coin"
+    >>> proposal.save(path)
+    >>> loaded = NeuralBlockProposal.load(path, motif=Coin())
+    >>> x = torch.tensor([[1.0]])
+    >>> bool(torch.equal(loaded(torch.zeros(1, 1)).log_prob(x), proposal(torch.zeros(1, 1)).log_prob(x)))
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import Tensor, nn
+
+from neuralblock.motif import Motif, get_motif
+from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
+
+__all__ = ["FORMAT_VERSION", "NeuralBlockProposal", "atomic_write_bytes", "code_commit"]
+
+FORMAT_VERSION = 1
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file in the same folder + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def code_commit() -> str:
+    """The git commit of the code, or ``"unknown"`` outside a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
+    base = Path(path)
+    if base.suffix in {".safetensors", ".json"}:
+        base = base.with_suffix("")
+    return base.with_suffix(".safetensors"), base.with_suffix(".json")
+
+
+class NeuralBlockProposal(nn.Module):
+    """A motif plus the MDN that proposes its block given ``(C, Psi)``.
+
+    Args:
+        motif: the motif whose block this proposal covers.
+        components: MDN mixture components.
+        hidden: MDN hidden widths.
+        metadata: training config, metrics and the like, stored in the sidecar.
+
+    ``forward(features)`` returns the proposal distribution (a :class:`BlockMixture`).
+    """
+
+    def __init__(
+        self,
+        motif: Motif,
+        components: int = 8,
+        hidden: Sequence[int] = (128, 128),
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(motif, Motif):
+            raise TypeError(f"motif must be a neuralblock Motif, got {type(motif).__name__}")
+        self.motif = motif
+        self.mdn = MixtureDensityNetwork(motif.feature_dim, motif.block_spec.cardinalities, components, hidden)
+        self.metadata: dict[str, Any] = dict(metadata or {})
+
+    def forward(self, features: Tensor) -> BlockMixture:
+        """Proposal distribution for encoded contexts ``[..., feature_dim]``."""
+        return self.mdn(features)
+
+    # ------------------------------------------------------------------ files
+    def sidecar(self, weights_sha256: str) -> dict[str, Any]:
+        """The JSON sidecar describing this proposal."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "motif": self.motif.spec(),
+            "network": {"type": "MixtureDensityNetwork", **self.mdn.config()},
+            "metadata": self.metadata,
+            "commit": self.metadata.get("commit", code_commit()),
+            "weights_sha256": weights_sha256,
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``path.safetensors`` and ``path.json`` (each atomically)."""
+        weights_path, sidecar_path = _paths(path)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.mdn.state_dict().items()}
+        blob = save_safetensors(tensors, metadata={"format_version": str(FORMAT_VERSION)})
+        digest = hashlib.sha256(blob).hexdigest()
+        atomic_write_bytes(weights_path, blob)
+        atomic_write_bytes(sidecar_path, json.dumps(self.sidecar(digest), indent=2).encode())
+
+    @classmethod
+    def read_sidecar(cls, path: str | os.PathLike) -> dict[str, Any]:
+        """Parse and check the structure of a sidecar file."""
+        _, sidecar_path = _paths(path)
+        if not sidecar_path.exists():
+            raise FileNotFoundError(f"proposal sidecar {sidecar_path} not found")
+        try:
+            meta = json.loads(sidecar_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"proposal sidecar {sidecar_path} is not valid JSON: {err}") from err
+        required = {"format_version", "motif", "network", "weights_sha256"}
+        if not isinstance(meta, dict) or not required <= set(meta):
+            raise ValueError(f"proposal sidecar {sidecar_path} lacks fields {sorted(required - set(meta or {}))}")
+        if meta["format_version"] != FORMAT_VERSION:
+            raise ValueError(
+                f"proposal sidecar {sidecar_path} has format version {meta['format_version']}, "
+                f"this neuralblock reads version {FORMAT_VERSION}"
+            )
+        return meta
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, motif: Motif | None = None) -> NeuralBlockProposal:
+        """Load a proposal file, checking it against ``motif`` (default: the motif its sidecar names).
+
+        Raises:
+            ValueError: mismatched motif or network, truncated or tampered files.
+            FileNotFoundError: missing weights or sidecar.
+        """
+        weights_path, sidecar_path = _paths(path)
+        meta = cls.read_sidecar(path)
+        spec = meta["motif"]
+        if motif is None:
+            motif = get_motif(spec["name"], **spec.get("options", {}))
+        if motif.spec() != spec:
+            raise ValueError(
+                f"proposal {sidecar_path.name} was trained for motif {spec} but was given {motif.spec()}"
+            )
+        net = meta["network"]
+        if net.get("in_features") != motif.feature_dim or net.get("block_cardinalities") != list(
+            motif.block_spec.cardinalities
+        ):
+            raise ValueError(f"proposal {sidecar_path.name}: network shape {net} does not match motif {motif.spec()}")
+        if not weights_path.exists():
+            raise FileNotFoundError(f"proposal weights {weights_path} not found")
+        blob = weights_path.read_bytes()
+        digest = hashlib.sha256(blob).hexdigest()
+        if digest != meta["weights_sha256"]:
+            raise ValueError(
+                f"proposal weights {weights_path.name} do not match their sidecar (sha256 {digest[:12]}... "
+                f"!= {str(meta['weights_sha256'])[:12]}...): the file is truncated, corrupted or was replaced"
+            )
+        try:
+            tensors = load_safetensors(blob)
+        except (SafetensorError, ValueError) as err:
+            raise ValueError(f"proposal weights {weights_path.name} are not a valid safetensors file: {err}") from err
+        proposal = cls(motif, components=int(net["components"]), hidden=net["hidden"], metadata=meta.get("metadata"))
+        expected = {k: tuple(v.shape) for k, v in proposal.mdn.state_dict().items()}
+        found = {k: tuple(v.shape) for k, v in tensors.items()}
+        if expected != found:
+            raise ValueError(f"proposal weights {weights_path.name} have tensors {found}, expected {expected}")
+        proposal.mdn.load_state_dict(tensors)
+        proposal.eval()
+        return proposal
+
+    def __repr__(self) -> str:
+        return f"NeuralBlockProposal({self.motif!r}, components={self.mdn.components}, hidden={self.mdn.hidden})"
