@@ -420,16 +420,25 @@ class FactorGraph:
             segment.append(pair_block_t[mask])
         return BlockScaffold(padded, index, segment)
 
-    def conflict_graph(self, blocks: Sequence[Sequence[int]] | Tensor) -> nx.Graph:
+    def conflict_graph(
+        self,
+        blocks: Sequence[Sequence[int]] | Tensor,
+        reads: Sequence[Sequence[int]] | Tensor | None = None,
+    ) -> nx.Graph:
         """Blocks joined when they cannot be updated in parallel.
 
         Two blocks conflict when one intersects the other's block or Markov blanket
-        (equivalently: they share a scaffold factor). Non-conflicting blocks read only
-        variables the others do not write, so updating them together is exact.
+        (equivalently: they share a scaffold factor), or, when ``reads`` is given, the
+        extra variables the other's proposal conditions on. Non-conflicting blocks read
+        only variables the others do not write, so updating them together is exact.
+
+        Args:
+            blocks: variable-id lists (or ``[nb, b]`` padded with ``-1``).
+            reads: optional extra variables each block's update reads (``-1`` padding allowed).
         """
         padded = _pad_blocks(blocks)
-        owner: dict[int, list[int]] = {}
         rows = [[v for v in row if v >= 0] for row in padded.tolist()]
+        owner: dict[int, list[int]] = {}
         for b, row in enumerate(rows):
             for f in self.scaffold_factors(row):
                 owner.setdefault(f, []).append(b)
@@ -437,15 +446,29 @@ class FactorGraph:
         conflict.add_nodes_from(range(len(rows)))
         for members in owner.values():
             conflict.add_edges_from((a, c) for i, a in enumerate(members) for c in members[i + 1 :])
+        if reads is not None:
+            read_rows = [[v for v in row if v >= 0] for row in _pad_blocks(reads).tolist()]
+            if len(read_rows) != len(rows):
+                raise ValueError(f"reads has {len(read_rows)} rows for {len(rows)} blocks")
+            writers: dict[int, list[int]] = {}
+            for b, row in enumerate(rows):
+                for v in row:
+                    writers.setdefault(v, []).append(b)
+            for b, row in enumerate(read_rows):
+                conflict.add_edges_from((b, w) for v in row for w in writers.get(v, []) if w != b)
         return conflict
 
-    def color_blocks(self, blocks: Sequence[Sequence[int]] | Tensor) -> list[Tensor]:
-        """Partition blocks into colour classes of mutually non-conflicting blocks.
+    def color_blocks(
+        self,
+        blocks: Sequence[Sequence[int]] | Tensor,
+        reads: Sequence[Sequence[int]] | Tensor | None = None,
+    ) -> list[Tensor]:
+        """Partition blocks into colour classes of mutually non-conflicting blocks (DSATUR).
 
         Returns:
             A list of ``LongTensor`` of block indices, one per colour.
         """
-        conflict = self.conflict_graph(blocks)
+        conflict = self.conflict_graph(blocks, reads)
         if conflict.number_of_nodes() == 0:
             return []
         coloring = nx.coloring.greedy_color(conflict, strategy="DSATUR")

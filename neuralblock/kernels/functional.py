@@ -41,7 +41,7 @@ class GibbsInfo(NamedTuple):
 
     Attributes:
         values: the drawn values.
-        num_stuck: conditionals with no finite mass (the value was kept).
+        num_stuck: conditionals with no finite mass (the value was kept), a 0-dim tensor.
     """
 
     values: Tensor
@@ -81,12 +81,12 @@ def gibbs_sample(logits: Tensor, current: Tensor) -> GibbsInfo:
         >>> gibbs_sample(torch.tensor([[0.0, -float("inf")]]), torch.tensor([1.0])).values
         tensor([0.])
     """
-    uniform = torch.rand_like(logits).clamp(min=torch.finfo(logits.dtype).tiny)
-    scores = torch.where(torch.isnan(logits), torch.full_like(logits, -float("inf")), logits)
-    best, draw = (scores - (-uniform.log()).log()).max(-1)
+    scores = logits.nan_to_num(nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
+    gumbel = torch.empty_like(scores).exponential_().log_()  # -Gumbel(0, 1) noise
+    best, draw = (scores - gumbel).max(-1)
     stuck = ~torch.isfinite(best)
     values = torch.where(stuck, current, draw.to(current.dtype))
-    return GibbsInfo(values, int(stuck.sum()))
+    return GibbsInfo(values, stuck.sum())
 
 
 def random_walk_propose(

@@ -20,11 +20,46 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from neuralblock.graph import BlockScaffold, FactorGraph
+from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import gibbs_sample
 
 __all__ = ["GibbsKernel", "GibbsPlan"]
+
+
+class _TableSlices:
+    """Conditional log-potentials of one colour class read straight from table factors.
+
+    For each (variable, scaffold factor) pair, the factor's table is sliced along the
+    variable's axis at the current values of the other scope variables: one gather of
+    the state and one gather of ``k_max`` table entries per pair, then a segment-sum
+    into ``[m, k_max]`` conditionals. No candidate states are materialized.
+    """
+
+    def __init__(self, fg: FactorGraph, vars_: Tensor, scaffold: BlockScaffold, kmax: int) -> None:
+        self.num_vars, self.kmax = len(vars_), kmax
+        self.parts: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]] = []
+        for group, rows, segment in zip(fg.groups, scaffold.group_index, scaffold.group_segment):
+            if rows.numel() == 0:
+                continue
+            assert isinstance(group, TableGroup)
+            scopes = group.scopes[rows]  # [m, a]
+            var = vars_[segment]
+            is_var = scopes == var[:, None]
+            strides = group._strides.expand_as(scopes)
+            var_stride = (strides * is_var).sum(-1)
+            masked = torch.where(is_var, torch.zeros_like(strides), strides)
+            card = fg.cardinalities[var]
+            steps = torch.minimum(torch.arange(kmax)[None, :], card[:, None] - 1) * var_stride[:, None]
+            base = rows * group._size
+            self.parts.append((group._flat.reshape(-1), scopes, masked, base, steps, segment))
+
+    def __call__(self, state: Tensor) -> Tensor:
+        logits = torch.zeros(self.num_vars, self.kmax, dtype=state.dtype)
+        for flat, scopes, masked, base, steps, segment in self.parts:
+            offsets = base + (state[scopes].long() * masked).sum(-1)
+            logits.index_add_(0, segment, flat[offsets[:, None] + steps].to(state.dtype))
+        return logits
 
 
 class GibbsPlan:
@@ -45,26 +80,35 @@ class GibbsPlan:
         self.scaffolds: list[BlockScaffold] = []
         self.cards: list[Tensor] = []
         self.values: list[Tensor] = []
+        self.slices: list[_TableSlices | None] = []
+        tables_only = all(isinstance(g, TableGroup) for g in fg.groups)
         blocks = [[v] for v in variables]
         for members in fg.color_blocks(blocks):
             vars_ = torch.tensor([variables[int(i)] for i in members], dtype=torch.long)
             card = cards[vars_]
             kmax = int(card.max())
             grid = torch.arange(kmax)[:, None].expand(kmax, len(vars_))
+            scaffold = fg.scaffold(vars_[:, None])
             self.classes.append(vars_)
-            self.scaffolds.append(fg.scaffold(vars_[:, None]))
+            self.scaffolds.append(scaffold)
+            self.slices.append(_TableSlices(fg, vars_, scaffold, kmax) if tables_only else None)
             self.cards.append(card)
             self.values.append(torch.minimum(grid, card - 1).to(torch.get_default_dtype()))
 
-    def sweep(self, fg: FactorGraph, state: Tensor) -> tuple[Tensor, int]:
+    def sweep(self, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor]:
         """One chromatic sweep; returns the new state and the number of stuck conditionals."""
-        stuck = 0
+        stuck = torch.zeros((), dtype=torch.long)
         state = state.clone()
-        for vars_, scaffold, card, values in zip(self.classes, self.scaffolds, self.cards, self.values):
+        for vars_, scaffold, slices, card, values in zip(
+            self.classes, self.scaffolds, self.slices, self.cards, self.values
+        ):
             kmax = values.shape[0]
-            candidates = state.expand(kmax, -1).clone()
-            candidates[:, vars_] = values.to(state.dtype)
-            logits = scaffold.local_log_density(fg, candidates).T  # [m, kmax]
+            if slices is not None:
+                logits = slices(state)
+            else:
+                candidates = state.expand(kmax, -1).clone()
+                candidates[:, vars_] = values.to(state.dtype)
+                logits = scaffold.local_log_density(fg, candidates).T  # [m, kmax]
             if kmax > int(card.min()):
                 invalid = torch.arange(kmax) >= card[:, None]
                 logits = logits.masked_fill(invalid, -float("inf"))

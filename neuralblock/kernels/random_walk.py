@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -27,7 +28,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import mh_accept, random_walk_propose
 
-__all__ = ["RandomWalkMH"]
+__all__ = ["RandomWalkMH", "RandomWalkPlan", "SweepStats"]
 
 
 class _ColorClass:
@@ -42,6 +43,68 @@ class _ColorClass:
             support = fg.support(v)
             parts.setdefault(repr(support), (biject_to(support), []))[1].append(i)
         self.parts = [(t, torch.tensor(idx, dtype=torch.long)) for t, idx in parts.values()]
+
+
+class SweepStats(NamedTuple):
+    """Counts from one sweep of MH updates."""
+
+    proposed: int
+    accepted: int
+    nonfinite: int
+
+
+class RandomWalkPlan:
+    """Colour classes of single continuous variables with their scaffolds and step sizes.
+
+    Args:
+        fg: the graph.
+        variables: continuous latent variables to update.
+        step_size: initial unconstrained step size.
+        target_accept: warmup adaptation target.
+    """
+
+    def __init__(self, fg: FactorGraph, variables: list[int], step_size: float, target_accept: float) -> None:
+        self.variables = variables
+        self.adapter = StepSizeAdapter(len(variables), step_size, target_accept)
+        self.classes = []
+        for members in fg.color_blocks([[v] for v in variables]):
+            vars_ = torch.tensor([variables[int(i)] for i in members], dtype=torch.long)
+            self.classes.append(_ColorClass(fg, vars_, members))
+
+    def sweep(self, fg: FactorGraph, state: Tensor, adapt: bool) -> tuple[Tensor, SweepStats]:
+        """One chromatic sweep of single-site random-walk MH (adapting step sizes if ``adapt``)."""
+        state = state.clone()
+        accepted_total, proposed_total, nonfinite = 0, 0, 0
+        for cls in self.classes:
+            current = state[cls.vars]
+            proposal = current.clone()
+            correction = torch.zeros_like(current)
+            steps = self.adapter.step_size[cls.positions].to(state.dtype)
+            for transform, idx in cls.parts:
+                proposal[idx], correction[idx] = random_walk_propose(current[idx], steps[idx], transform)
+            pair = torch.stack([state, state])
+            pair[1, cls.vars] = proposal
+            local = cls.scaffold.local_log_density(fg, pair)  # [2, m]
+            info = mh_accept(local[1] - local[0] + correction)
+            state[cls.vars] = torch.where(info.accepted, proposal, current)
+            if adapt:
+                self.adapter.update(cls.positions, info.accept_prob.to(self.adapter.log_step.dtype))
+            accepted_total += int(info.accepted.sum())
+            proposed_total += int(info.accepted.numel())
+            nonfinite += info.num_nonfinite
+        return state, SweepStats(proposed_total, accepted_total, nonfinite)
+
+
+def continuous_latent(fg: FactorGraph, requested: list[int | str] | None, kernel: str) -> list[int]:
+    """The continuous latent variables a kernel updates (all, or the requested ones, checked)."""
+    latent = set(fg.latent.tolist())
+    if requested is None:
+        return [v for v in sorted(latent) if fg.cardinalities[v] == 0]
+    variables = [fg.variable_id(v) for v in requested]
+    bad = [fg.names[v] for v in variables if fg.cardinalities[v] > 0 or v not in latent]
+    if bad:
+        raise ValueError(f"{kernel} updates continuous latent variables only; got {bad[:5]}")
+    return variables
 
 
 class RandomWalkMH(GraphKernel):
@@ -78,22 +141,16 @@ class RandomWalkMH(GraphKernel):
         self.adapt_step_size = adapt_step_size
 
     def _prepare(self, fg: FactorGraph) -> None:
-        latent = set(fg.latent.tolist())
-        if self._variables_arg is None:
-            variables = [v for v in sorted(latent) if fg.cardinalities[v] == 0]
-        else:
-            variables = [fg.variable_id(v) for v in self._variables_arg]
-            bad = [fg.names[v] for v in variables if fg.cardinalities[v] > 0 or v not in latent]
-            if bad:
-                raise ValueError(f"RandomWalkMH updates continuous latent variables only; got {bad[:5]}")
+        variables = continuous_latent(fg, self._variables_arg, "RandomWalkMH")
         if not variables:
             raise ValueError("RandomWalkMH found no continuous latent variable to update")
         self.variables = variables
-        self.adapter = StepSizeAdapter(len(variables), self.initial_step_size, self.target_accept)
-        self.classes = []
-        for members in fg.color_blocks([[v] for v in variables]):
-            vars_ = torch.tensor([variables[int(i)] for i in members], dtype=torch.long)
-            self.classes.append(_ColorClass(fg, vars_, members))
+        self.plan = RandomWalkPlan(fg, variables, self.initial_step_size, self.target_accept)
+
+    @property
+    def adapter(self) -> StepSizeAdapter:
+        """The step-size adapter (per variable)."""
+        return self.plan.adapter
 
     def _reset_stats(self) -> None:
         self._proposed = 0
@@ -102,32 +159,13 @@ class RandomWalkMH(GraphKernel):
         self._recent_accept = 0.0
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
-        fg = self.fg
-        assert fg is not None
-        state = state.clone()
-        accepted_total, proposed_total = 0, 0
-        for cls in self.classes:
-            current = state[cls.vars]
-            proposal = current.clone()
-            correction = torch.zeros_like(current)
-            steps = self.adapter.step_size[cls.positions].to(state.dtype)
-            for transform, idx in cls.parts:
-                proposal[idx], correction[idx] = random_walk_propose(current[idx], steps[idx], transform)
-            pair = torch.stack([state, state])
-            pair[1, cls.vars] = proposal
-            local = cls.scaffold.local_log_density(fg, pair)  # [2, m]
-            info = mh_accept(local[1] - local[0] + correction)
-            state[cls.vars] = torch.where(info.accepted, proposal, current)
-            if warmup and self.adapt_step_size:
-                self.adapter.update(cls.positions, info.accept_prob.to(self.adapter.log_step.dtype))
-            accepted_total += int(info.accepted.sum())
-            proposed_total += int(info.accepted.numel())
-            if not warmup:
-                self._nonfinite += info.num_nonfinite
-        self._recent_accept = accepted_total / max(proposed_total, 1)
+        assert self.fg is not None
+        state, stats = self.plan.sweep(self.fg, state, adapt=warmup and self.adapt_step_size)
+        self._recent_accept = stats.accepted / max(stats.proposed, 1)
         if not warmup:
-            self._accepted += accepted_total
-            self._proposed += proposed_total
+            self._accepted += stats.accepted
+            self._proposed += stats.proposed
+            self._nonfinite += stats.nonfinite
         return state
 
     def logging(self) -> dict[str, float]:
