@@ -1,7 +1,7 @@
 """neuralblock: fast MCMC with learned neural block proposals, inside Pyro."""
 
 from neuralblock.graph import FactorGraph
-from neuralblock.kernels import GibbsKernel, RandomWalkMH
+from neuralblock.kernels import GibbsKernel, NeuralBlockKernel, RandomWalkMH
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, get_motif, motif_names, register_motif
 from neuralblock.proposals import NeuralBlockProposal, list_pretrained, load_pretrained
 
@@ -11,6 +11,7 @@ __all__ = [
     "GibbsKernel",
     "Motif",
     "MotifInstances",
+    "NeuralBlockKernel",
     "NeuralBlockProposal",
     "RandomWalkMH",
     "TrainingBatch",

@@ -4,6 +4,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
 from neuralblock.kernels.random_walk import RandomWalkMH
 
 __all__ = [
@@ -11,10 +12,12 @@ __all__ = [
     "GibbsKernel",
     "GraphKernel",
     "MHInfo",
+    "NeuralBlockKernel",
     "RandomWalkMH",
     "StepSizeAdapter",
     "gibbs_sample",
     "mh_accept",
+    "neural_block_step",
     "random_walk_propose",
     "sequential_init",
 ]

@@ -106,7 +106,7 @@ class BlockMixture(Distribution):
         shape = torch.Size(sample_shape) + self.batch_shape
         weights = self.mixture_log_weights.expand(shape + (self.num_components,))
         comp = torch.distributions.Categorical(logits=weights).sample()  # shape
-        out = torch.zeros(shape + (len(self.cardinalities),), dtype=self.mixture_log_weights.dtype)
+        out = self.mixture_log_weights.new_zeros(shape + (len(self.cardinalities),))
         if self.discrete_log_probs is not None:
             logp = self.discrete_log_probs.expand(shape + self.discrete_log_probs.shape[-3:])
             idx = comp[..., None, None, None].expand(shape + (1,) + logp.shape[-2:])

@@ -1,0 +1,257 @@
+"""Tests of the meta-training loop, its metrics, checkpoints, CLI and DDP launch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import toy_motif  # noqa: F401  (registers the "toy" motif; tests/ is on sys.path under pytest)
+
+from neuralblock import NeuralBlockProposal
+from neuralblock.proposals import MixtureDensityNetwork
+from trainers import ConfigError, TrainConfig, load_checkpoint, train
+from trainers.metrics import enumerated_log_q, exact_kl, expected_acceptance, mc_acceptance
+from trainers.train_motif import main, parse_option_value
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(tmp_path: Path, **overrides) -> TrainConfig:
+    base = dict(
+        motif="toy",
+        steps=40,
+        batch_size=32,
+        lr=3e-3,
+        components=3,
+        hidden=[16],
+        seed=3,
+        val_size=128,
+        val_every=20,
+        checkpoint_every=20,
+        log_every=5,
+        out=str(tmp_path / "toy"),
+        logdir=None,
+        progress=False,
+    )
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+# ------------------------------------------------------------------------------------- metrics
+def test_exact_metrics_match_brute_force():
+    gen = torch.Generator().manual_seed(0)
+    log_p = torch.log_softmax(torch.randn(3, 5, generator=gen), -1)
+    log_q = torch.log_softmax(torch.randn(3, 5, generator=gen), -1)
+    p, q = log_p.exp(), log_q.exp()
+    kl = (p * (log_p - log_q)).sum(-1)
+    acc = torch.zeros(3)
+    for x, y in itertools.product(range(5), range(5)):  # x ~ p current, y ~ q proposed
+        ratio = (p[:, y] * q[:, x]) / (p[:, x] * q[:, y])
+        acc += p[:, x] * q[:, y] * ratio.clamp(max=1.0)
+    assert torch.allclose(exact_kl(log_p, log_q), kl, atol=1e-6)
+    assert torch.allclose(expected_acceptance(log_p, log_q), acc, atol=1e-6)
+    assert torch.allclose(expected_acceptance(log_p, log_p), torch.ones(3), atol=1e-6)
+
+
+def test_zero_probability_values_are_handled():
+    log_p = torch.tensor([[0.0, -float("inf")]])
+    log_q = torch.tensor([[-float("inf"), 0.0]])
+    assert float(expected_acceptance(log_p, log_q)) == 0.0
+    assert float(exact_kl(log_p, torch.tensor([[-0.5, -1.0]]))) == pytest.approx(0.5)
+
+
+def test_monte_carlo_acceptance_agrees_with_exact():
+    motif = toy_motif.ToyMotif()
+    batch = motif.sample_training_batch(400, torch.Generator().manual_seed(1))
+    mdn = MixtureDensityNetwork(3, [2, 2], components=2, hidden=(8,))
+    with torch.no_grad():
+        q = mdn(batch.features)
+        exact = expected_acceptance(batch.log_p, enumerated_log_q(q, motif.block_spec.enumerate())).mean()
+        estimate = mc_acceptance(q, batch.block, batch.log_p_fn, num_samples=64).mean()
+    # 400 instances x 64 draws of a [0, 1] variable: standard error < 0.025, so 0.08 is > 3 sigma.
+    assert abs(float(exact) - float(estimate)) < 0.08
+
+
+# ------------------------------------------------------------------------------------- training
+def test_training_lowers_kl_and_raises_acceptance(tmp_path):
+    proposal, metrics = train(_config(tmp_path, steps=150, val_every=150, batch_size=64))
+    untrained, final = metrics["history"][0], metrics["history"][-1]
+    assert untrained["step"] == 0 and final["step"] == 150
+    assert final["val/kl"] < 0.25 * untrained["val/kl"]
+    assert final["val/acceptance"] > untrained["val/acceptance"] + 0.2
+    assert metrics["examples_seen"] == 150 * 64 and metrics["finished"]
+
+
+def test_non_enumerable_batches_use_sample_nll_and_mc_acceptance(tmp_path):
+    _, metrics = train(_config(tmp_path, motif_options={"enumerable": False}, steps=20, out=None))
+    assert "val/kl" not in metrics
+    assert 0.0 < metrics["val/acceptance"] <= 1.0 and metrics["val/nll"] > 0
+
+
+def _assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def test_interrupted_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
+    full, full_metrics = train(_config(tmp_path / "full"))
+    part, part_metrics = train(_config(tmp_path / "part"), stop_after=20)
+    assert not part_metrics["finished"] and part_metrics["steps"] == 20
+    assert not (tmp_path / "part" / "toy.json").exists()  # preempted: no output yet
+    calls = []
+    original = toy_motif.ToyMotif.sample_training_batch
+    monkeypatch.setattr(
+        toy_motif.ToyMotif, "sample_training_batch", lambda self, n, g: calls.append(n) or original(self, n, g)
+    )
+    resumed, resumed_metrics = train(_config(tmp_path / "part", resume=True))
+    assert calls == [128] + [32] * 20  # the validation set, then only the 20 remaining steps
+    _assert_same_parameters(full.mdn, resumed.mdn)
+    assert resumed_metrics["history"] == full_metrics["history"]
+    a, b = load_checkpoint(tmp_path / "full" / "toy.ckpt"), load_checkpoint(tmp_path / "part" / "toy.ckpt")
+    assert torch.equal(a["generators"], b["generators"])
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_resume_can_extend_steps(tmp_path):
+    schedule = dict(lr_schedule="step", lr_step_size=15, lr_gamma=0.5)
+    full, _ = train(_config(tmp_path / "full", steps=40, **schedule))
+    short, short_metrics = train(_config(tmp_path / "ext", steps=20, **schedule))
+    assert short_metrics["finished"] and (tmp_path / "ext" / "toy.json").exists()
+    extended, metrics = train(_config(tmp_path / "ext", steps=40, resume=True, **schedule))
+    _assert_same_parameters(full.mdn, extended.mdn)
+    assert metrics["steps"] == 40 and metrics["examples_seen"] == 40 * 32
+
+
+def test_resume_with_changed_config_names_the_keys(tmp_path):
+    train(_config(tmp_path, steps=10))
+    with pytest.raises(ConfigError, match=r"lr.*seed|seed.*lr") as info:
+        train(_config(tmp_path, steps=20, lr=1e-2, seed=4, resume=True))
+    assert "hidden" not in str(info.value)
+    with pytest.raises(ConfigError, match="already at step 10"):
+        train(_config(tmp_path, steps=5, resume=True))
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        train(_config(tmp_path / "empty", resume=True))
+
+
+def test_tensorboard_scalars_written(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(_config(tmp_path, steps=10, val_every=5, logdir=str(tmp_path / "runs")))
+    events = list((tmp_path / "runs").glob("events.out.tfevents.*"))
+    assert events
+    acc = EventAccumulator(str(tmp_path / "runs"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    expected = {"train/loss", "val/nll", "val/kl", "val/acceptance", "lr", "grad_norm", "examples_per_second"}
+    assert expected <= tags
+    assert [e.step for e in acc.Scalars("val/kl")] == [0, 5, 10]
+
+
+def test_output_proposal_loads_with_metrics_in_sidecar(tmp_path):
+    proposal, metrics = train(_config(tmp_path, steps=10))
+    loaded = NeuralBlockProposal.load(tmp_path / "toy")
+    _assert_same_parameters(proposal.mdn, loaded.mdn)
+    meta = json.loads((tmp_path / "toy.json").read_text())["metadata"]
+    assert meta["validation"]["kl"] == pytest.approx(metrics["val/kl"])
+    assert set(meta["validation"]) == {"nll", "kl", "acceptance"}
+    assert meta["steps"] == 10 and meta["examples_seen"] == 10 * 32
+    assert meta["training_seconds"] > 0 and meta["world_size"] == 1 and meta["device"] == "cpu"
+    assert meta["training_config"]["hidden"] == [16] and "commit" in meta
+    assert TrainConfig.from_dict(meta["training_config"]) == _config(tmp_path, steps=10)
+
+
+def test_bad_config_values_raise():
+    with pytest.raises(ConfigError, match="steps"):
+        TrainConfig(motif="toy", steps=0).validate()
+    with pytest.raises(ConfigError, match="lr"):
+        TrainConfig(motif="toy", lr=-1.0).validate()
+    with pytest.raises(ConfigError, match="unknown motif"):
+        train(TrainConfig(motif="no-such-motif", steps=1, progress=False))
+    with pytest.raises(ConfigError, match="bad options"):
+        train(TrainConfig(motif="toy", motif_options={"colour": 1}, steps=1, progress=False))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_cuda_requested_without_cuda_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        train(_config(tmp_path, device="cuda"))
+
+
+# ------------------------------------------------------------------------------------- CLI
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--motif" in out and "examples:" in out and "torchrun" in out and "--resume" in out
+
+
+def test_cli_bad_motif_lists_choices(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--motif", "no-such-motif"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'no-such-motif'" in err and "toy" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "positive integer"),
+        (["--lr", "0"], "positive finite number"),
+        (["--option", "colour=red"], "bad options"),
+        (["--hidden", "12,x"], "comma-separated widths"),
+        (["--option", "scale=1", "--option", "scale=2"], "given twice"),
+    ],
+)
+def test_cli_bad_values_error(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--motif", "toy", *args])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_trains_and_maps_options(tmp_path, capsys):
+    out = tmp_path / "toy-cli"
+    code = main(
+        ["--motif", "toy", "--option", "scale=1.5", "--option", "enumerable=true", "--steps", "4"]
+        + ["--batch-size", "8", "--hidden", "8,8", "--val-size", "16", "--out", str(out), "--no-progress"]
+        + ["--logdir", str(tmp_path / "runs"), "--lr-schedule", "constant"]
+    )
+    assert code == 0
+    sidecar = json.loads(out.with_suffix(".json").read_text())
+    assert sidecar["motif"]["options"] == {"scale": 1.5, "seed": 0, "enumerable": True}
+    assert sidecar["network"]["hidden"] == [8, 8]
+    assert (tmp_path / "toy-cli.ckpt").exists()
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_parse_option_value():
+    assert parse_option_value("3") == 3 and parse_option_value("-2.5") == -2.5
+    assert parse_option_value("False") is False and parse_option_value("2x2") == "2x2"
+
+
+def test_torchrun_ddp_smoke(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(REPO / "trainers" / "train_motif.py"), "--plugin", str(REPO / "tests" / "toy_motif.py")]
+    cmd += ["--motif", "toy", "--steps", "6", "--batch-size", "16", "--hidden", "8", "--components", "2"]
+    cmd += ["--val-size", "32", "--val-every", "3", "--out", str(out), "--logdir", str(tmp_path / "runs")]
+    cmd += ["--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    meta = json.loads(out.with_suffix(".json").read_text())["metadata"]
+    assert meta["world_size"] == 2 and meta["examples_seen"] == 6 * 16 * 2
+    ckpt = load_checkpoint(tmp_path / "ddp.ckpt")
+    assert ckpt["generators"].shape[0] == 2 and not torch.equal(ckpt["generators"][0], ckpt["generators"][1])
+    assert len(list((tmp_path / "runs").glob("events.out.tfevents.*"))) == 1  # rank 0 only
