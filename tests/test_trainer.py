@@ -255,3 +255,21 @@ def test_torchrun_ddp_smoke(tmp_path):
     ckpt = load_checkpoint(tmp_path / "ddp.ckpt")
     assert ckpt["generators"].shape[0] == 2 and not torch.equal(ckpt["generators"][0], ckpt["generators"][1])
     assert len(list((tmp_path / "runs").glob("events.out.tfevents.*"))) == 1  # rank 0 only
+
+
+def test_register_proposal_updates_index(tmp_path) -> None:
+    import json
+
+    from trainers.library import register_proposal
+
+    stem = tmp_path / "lib" / "toy-a"
+    stem.parent.mkdir()
+    stem.with_suffix(".json").write_text(
+        json.dumps({"motif": {"name": "toy"}, "metadata": {"validation": {"kl": 0.01}, "training_seconds": 3.0}})
+    )
+    index = tmp_path / "lib" / "index.json"
+    register_proposal(stem, "toy-a", index_path=index)
+    entry = json.loads(index.read_text())["proposals"]["toy-a"]
+    assert entry["file"] == "toy-a" and entry["metrics"] == {"kl": 0.01}
+    with pytest.raises(ValueError, match="not inside the library folder"):
+        register_proposal(stem, "toy-a", index_path=tmp_path / "elsewhere" / "index.json")

@@ -26,6 +26,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainers.library import DEFAULT_INDEX, register_proposal  # noqa: E402
 from trainers.trainer import ConfigError, TrainConfig, train  # noqa: E402
 
 __all__ = ["build_parser", "import_plugin", "main", "parse_option_value"]
@@ -276,6 +277,12 @@ def build_parser(motif_choices: Sequence[str] | None = None) -> argparse.Argumen
     val.add_argument("--checkpoint", default=None, help="checkpoint file (default <out>.ckpt)")
     val.add_argument("--resume", action="store_true", help="continue from --checkpoint (same config; --steps may grow)")
     val.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    val.add_argument(
+        "--register",
+        metavar="NAME",
+        default=None,
+        help="add the trained proposal to pretrained/index.json under NAME (its --out must be inside pretrained/)",
+    )
     return parser
 
 
@@ -363,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.get("RANK", "0") == "0":
         summary = {k: v for k, v in metrics.items() if k != "history"}
         print(f"wrote {config.out}.safetensors and {config.out}.json")
+        if args.register and metrics.get("finished"):
+            register_proposal(config.out, args.register)
+            print(f"registered {args.register!r} in {DEFAULT_INDEX}")
         print(json.dumps(summary, indent=2, default=str))
     return 0
 
