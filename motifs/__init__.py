@@ -29,3 +29,4 @@ def names() -> list[str]:
 
 
 # Each motif module registers itself on import (one line per motif below).
+from motifs import crf_tags, grid  # noqa: E402, F401
