@@ -15,7 +15,7 @@ install: $(BIN)/python
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q
 
 lint: install
 	$(BIN)/ruff check .

@@ -68,7 +68,7 @@ def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
 def test_gibbs_leaves_enumerated_joint_invariant(evidence: bool) -> None:
     fg = random_discrete_graph(seed=3 if evidence else 1, evidence=evidence)
     states, probs = enumerate_joint(fg)
-    draws = run_chains(GibbsKernel(fg), num_samples=3000)
+    draws = run_chains(GibbsKernel(fg), num_samples=2000)
     hits = (draws[:, :, None, :] == states[None, None]).all(-1).double()  # [c, s, K]
     mean, mcse = batch_means_mcse(hits, BATCHES)
     iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
@@ -114,7 +114,7 @@ def gaussian_chain() -> tuple[FactorGraph, torch.Tensor, torch.Tensor]:
 
 def test_random_walk_matches_gaussian_posterior() -> None:
     fg, post_mean, post_var = gaussian_chain()
-    draws = run_chains(RandomWalkMH(fg), num_samples=4000, warmup=400)[..., :3].double()
+    draws = run_chains(RandomWalkMH(fg), num_samples=3000, warmup=300)[..., :3].double()
     stats_ = torch.cat([draws, (draws - post_mean) ** 2], -1)
     target = torch.cat([post_mean, post_var])
     mean, mcse = batch_means_mcse(stats_, BATCHES)

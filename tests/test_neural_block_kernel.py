@@ -78,7 +78,7 @@ def test_neural_block_kernel_leaves_joint_invariant(gibbs_prob: float, evidence:
     chains = []
     for _ in range(4):
         kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=gibbs_prob)
-        mcmc = MCMC(kernel, num_samples=2500, warmup_steps=100, disable_progbar=True)
+        mcmc = MCMC(kernel, num_samples=1500, warmup_steps=100, disable_progbar=True)
         mcmc.run()
         chains.append(mcmc.get_samples()["x"])
     draws = torch.stack(chains)
@@ -141,3 +141,50 @@ def test_rejects_bad_configuration() -> None:
     single.add_table_factor([0], torch.zeros(3))
     with pytest.raises(ValueError, match="no instance"):
         NeuralBlockKernel(single, proposals=[proposal]).setup(0)
+
+
+def grid_bn(height: int, width: int, seed: int) -> FactorGraph:
+    """A directed grid BN like the UAI 2008 ones: node (r, c) has parents (r, c-1) and (r-1, c)."""
+    g = torch.Generator().manual_seed(seed)
+    fg = FactorGraph()
+    fg.add_variables(height * width, cardinality=2)
+    for r in range(height):
+        for c in range(width):
+            parents = ([r * width + c - 1] if c else []) + ([(r - 1) * width + c] if r else [])
+            cpt = torch.rand((2,) * len(parents) + (2,), generator=g).add(0.05)
+            cpt = cpt / cpt.sum(-1, keepdim=True)
+            fg.add_table_factor([*parents, r * width + c], cpt.log())
+    return fg
+
+
+def test_grid_motif_blocks_leave_a_3x4_grid_bn_invariant() -> None:
+    import motifs
+
+    fg = grid_bn(3, 4, seed=2)
+    states = torch.tensor(list(itertools.product([0.0, 1.0], repeat=12)))
+    probs = torch.softmax(fg.log_joint(states).double(), 0)
+    torch.manual_seed(5)
+    proposal = NeuralBlockProposal(motifs.get("grid", family="bn", size=2), components=4, hidden=(32,))
+    chains = []
+    for _ in range(4):
+        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.2)
+        mcmc = MCMC(kernel, num_samples=1500, warmup_steps=100, disable_progbar=True)
+        mcmc.run()
+        chains.append(mcmc.get_samples()["x"])
+    assert kernel.diagnostics()["instances"] == {"grid": 6}
+    draws = torch.stack(chains)
+    # marginals of every variable and of every 2x2 window's joint value: 12 + 6 * 16 statistics
+    windows = kernel.block_classes[0]
+    blocks = torch.cat([cls.instances.blocks for cls in windows])
+    codes = (draws[..., blocks] * torch.tensor([8.0, 4.0, 2.0, 1.0])).sum(-1)  # [c, s, 6]
+    hits = torch.cat([draws, torch.nn.functional.one_hot(codes.long(), 16).flatten(-2).to(draws.dtype)], -1).double()
+    state_codes = (states[:, blocks] * torch.tensor([8.0, 4.0, 2.0, 1.0])).sum(-1).long()  # [K, 6]
+    window_probs = torch.zeros(6, 16, dtype=torch.float64).index_put_(
+        (torch.arange(6).expand_as(state_codes), state_codes), probs[:, None].expand_as(state_codes), accumulate=True
+    )
+    exact = torch.cat([(probs[:, None] * states.double()).sum(0), window_probs.flatten()])
+    mean, mcse = batch_means_mcse(hits, 20)
+    iid = (exact * (1 - exact) / hits[..., 0].numel()).sqrt()
+    z = (mean - exact) / torch.maximum(mcse, iid).clamp(min=1e-12)
+    limit = stats.t.ppf(1 - 1e-3 / (2 * len(exact)), df=79)
+    assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f}"

@@ -273,3 +273,18 @@ def test_register_proposal_updates_index(tmp_path) -> None:
     assert entry["file"] == "toy-a" and entry["metrics"] == {"kl": 0.01}
     with pytest.raises(ValueError, match="not inside the library folder"):
         register_proposal(stem, "toy-a", index_path=tmp_path / "elsewhere" / "index.json")
+
+
+def test_expected_acceptance_matches_pairwise_sum() -> None:
+    from trainers.metrics import expected_acceptance
+
+    gen = torch.Generator().manual_seed(3)
+    log_p = torch.log_softmax(2 * torch.randn(4, 40, generator=gen), -1)
+    log_q = torch.log_softmax(2 * torch.randn(4, 40, generator=gen), -1)
+    log_p[0, :5] = -float("inf")  # impossible values, and a proposal that misses support
+    log_q[1, :5] = -float("inf")
+    log_p, log_q = log_p.log_softmax(-1), log_q.log_softmax(-1)
+    pairs = log_p.unsqueeze(-1) + log_q.unsqueeze(-2)
+    brute = torch.logsumexp(torch.minimum(pairs, pairs.transpose(-1, -2)).flatten(-2), -1).exp()
+    assert torch.allclose(expected_acceptance(log_p, log_q), brute, atol=1e-6)
+    assert torch.allclose(expected_acceptance(log_p, log_p), torch.ones(4), atol=1e-6)

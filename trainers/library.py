@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,11 @@ def register_proposal(stem: str | Path, name: str, index_path: str | Path = DEFA
         "training_seconds": metadata.get("training_seconds"),
         "steps": metadata.get("steps"),
     }
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"format_version": 1, "proposals": {}}
-    index.setdefault("proposals", {})[name] = entry
-    index["proposals"] = dict(sorted(index["proposals"].items()))
-    atomic_write_bytes(index_path, (json.dumps(index, indent=2) + "\n").encode())
+    index_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(index_path.with_suffix(".lock"), "w") as lock:  # serialize concurrent registrations
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        index = json.loads(index_path.read_text()) if index_path.exists() else {"format_version": 1, "proposals": {}}
+        index.setdefault("proposals", {})[name] = entry
+        index["proposals"] = dict(sorted(index["proposals"].items()))
+        atomic_write_bytes(index_path, (json.dumps(index, indent=2) + "\n").encode())
     return entry

@@ -105,6 +105,9 @@ class TrainConfig:
             through a fixed salt, the held-out validation set.
         val_size: held-out instantiations (0 disables validation).
         val_every: validate every this many steps (0: only at the start and the end).
+        exact_loss_max_states: use the exact expectation ``E_p[-log q]`` when the block has at most
+            this many values, else the NLL of the batch's exact draw ``block`` (same objective,
+            unbiased, far cheaper for large blocks such as 4 tags of 13).
         val_mc_samples: proposals per instance for the Monte Carlo acceptance estimate
             of blocks that cannot be enumerated.
         checkpoint_every: checkpoint every this many steps (0: only at the end).
@@ -134,6 +137,7 @@ class TrainConfig:
     val_size: int = 1024
     val_every: int = 250
     val_mc_samples: int = 16
+    exact_loss_max_states: int = 512
     checkpoint_every: int = 500
     log_every: int = 10
     out: str | None = None
@@ -288,14 +292,15 @@ class _Dist:
 class _Objective(nn.Module):
     """``E[-log q]`` of a batch; a module so that DDP wraps one forward that returns the loss."""
 
-    def __init__(self, mdn: MixtureDensityNetwork, values: Tensor | None) -> None:
+    def __init__(self, mdn: MixtureDensityNetwork, values: Tensor | None, exact_max_states: int) -> None:
         super().__init__()
         self.mdn = mdn
         self.values = values
+        self.exact_max_states = exact_max_states
 
     def forward(self, features: Tensor, block: Tensor, log_p: Tensor | None) -> Tensor:
         q = self.mdn(features)
-        if log_p is None:
+        if log_p is None or log_p.shape[-1] > self.exact_max_states:
             return -q.log_prob(block).mean()
         if self.values is None:
             raise ValueError("a batch carries log_p but the motif's block cannot be enumerated")
@@ -346,7 +351,7 @@ def evaluate(
     if batch.log_p is not None:
         values = block_spec.enumerate()
         k = int(values.shape[0])
-        chunk = max(1, min(n, (1 << 22) // max(1, k * k)))
+        chunk = max(1, min(n, (1 << 21) // max(1, k * mdn.components)))
         nll = kl = acc = 0.0
         for start in range(0, n, chunk):
             log_q = enumerated_log_q(mdn(features[start : start + chunk]), values)
@@ -449,7 +454,7 @@ def _train(
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     proposal = NeuralBlockProposal(motif, components=config.components, hidden=config.hidden).to(device)
-    objective = _Objective(proposal.mdn, values)
+    objective = _Objective(proposal.mdn, values, config.exact_loss_max_states)
     optimizer = torch.optim.Adam(proposal.mdn.parameters(), lr=config.lr)
     lr_lambda = _lr_lambda(config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
