@@ -851,3 +851,38 @@ class GridMotif(Motif):
 
 
 register_motif("grid", GridMotif)
+
+
+def random_grid_bn(
+    height: int, width: int, generator: torch.Generator, deterministic: float = 0.9
+) -> FactorGraph:
+    """A random directed grid BN from the grid motif's instantiation distribution.
+
+    Node ``(r, c)`` (variable ``r * width + c``, named ``V_r_c``) has parents ``(r, c-1)``
+    and ``(r-1, c)`` as in the UAI 2008 grid BNs; each CPT row is one-hot (a random
+    value) with probability ``deterministic`` and ``Beta(1, 1)`` otherwise.
+
+    Example:
+        >>> fg = random_grid_bn(3, 4, torch.Generator().manual_seed(0))
+        >>> fg.num_variables, fg.num_factors
+        (12, 12)
+    """
+    if height < 1 or width < 1 or not 0.0 <= deterministic <= 1.0:
+        raise ValueError(f"bad grid BN shape {height}x{width} or deterministic fraction {deterministic}")
+    fg = FactorGraph()
+    for r in range(height):
+        for c in range(width):
+            fg.add_variable(f"V_{r}_{c}", 2)
+    by_arity: dict[int, list[list[int]]] = {}
+    for r in range(height):
+        for c in range(width):
+            parents = ([r * width + c - 1] if c else []) + ([(r - 1) * width + c] if r else [])
+            by_arity.setdefault(len(parents), []).append([*parents, r * width + c])
+    for arity, scopes in by_arity.items():
+        rows = len(scopes) * 2**arity
+        p_one = torch.rand(rows, generator=generator)
+        one_hot = torch.rand(rows, generator=generator) < deterministic
+        p_one = torch.where(one_hot, (torch.rand(rows, generator=generator) < 0.5).to(p_one.dtype), p_one)
+        cpt = torch.stack([1 - p_one, p_one], -1).reshape(len(scopes), *([2] * arity), 2)
+        fg.add_table_factors(torch.tensor(scopes), cpt.log())
+    return fg
