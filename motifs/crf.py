@@ -658,8 +658,7 @@ def load_crf(path: str | os.PathLike | None = None) -> LinearChainCRF:
         >>> crf.num_features == len(crf.features) and crf.metadata["training"]["epochs"] == 10
         True
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load as st_load
+    from neuralblock.proposals.proposal import load_checked_safetensors
 
     weights_path, json_path = _crf_paths(default_crf_path() if path is None else path)
     for p in (weights_path, json_path):
@@ -685,17 +684,7 @@ def load_crf(path: str | os.PathLike | None = None) -> LinearChainCRF:
         raise ValueError(
             f"{json_path}: num_features {sidecar.get('num_features')!r} != {len(features)} feature strings"
         )
-    blob = weights_path.read_bytes()
-    digest = hashlib.sha256(blob).hexdigest()
-    if digest != sidecar.get("weights_sha256"):
-        raise ValueError(
-            f"{weights_path}: SHA-256 {digest[:12]}... does not match the sidecar's "
-            f"{str(sidecar.get('weights_sha256'))[:12]}... (truncated or corrupted weights)"
-        )
-    try:
-        tensors = st_load(blob)
-    except (SafetensorError, ValueError) as err:
-        raise ValueError(f"{weights_path}: unreadable safetensors file ({err})") from None
+    tensors = load_checked_safetensors(weights_path, sidecar.get("weights_sha256"))
     try:
         crf = LinearChainCRF(features, tags)
     except ValueError as err:

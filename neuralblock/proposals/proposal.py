@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from neuralblock.motif import Motif, get_motif
 from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
 
-__all__ = ["FORMAT_VERSION", "NeuralBlockProposal", "atomic_write_bytes", "code_commit"]
+__all__ = ["FORMAT_VERSION", "NeuralBlockProposal", "atomic_write_bytes", "code_commit", "load_checked_safetensors"]
 
 FORMAT_VERSION = 1
 
@@ -65,6 +65,29 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def load_checked_safetensors(path: Path, sha256: object) -> dict[str, Tensor]:
+    """Read a safetensors file whose SHA-256 must equal ``sha256`` (from its sidecar).
+
+    Raises:
+        FileNotFoundError: the file is missing.
+        ValueError: the digest differs (truncated, corrupted or replaced file) or the bytes
+            are not a valid safetensors file. Both messages name the file.
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"weights file {path} not found")
+    blob = path.read_bytes()
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != sha256:
+        raise ValueError(
+            f"weights {path.name} do not match their sidecar (sha256 {digest[:12]}... != {str(sha256)[:12]}...): "
+            "the file is truncated, corrupted or was replaced"
+        )
+    try:
+        return load_safetensors(blob)
+    except (SafetensorError, ValueError) as err:
+        raise ValueError(f"weights {path.name} are not a valid safetensors file: {err}") from err
 
 
 def code_commit() -> str:
@@ -183,19 +206,7 @@ class NeuralBlockProposal(nn.Module):
             motif.block_spec.cardinalities
         ):
             raise ValueError(f"proposal {sidecar_path.name}: network shape {net} does not match motif {motif.spec()}")
-        if not weights_path.exists():
-            raise FileNotFoundError(f"proposal weights {weights_path} not found")
-        blob = weights_path.read_bytes()
-        digest = hashlib.sha256(blob).hexdigest()
-        if digest != meta["weights_sha256"]:
-            raise ValueError(
-                f"proposal weights {weights_path.name} do not match their sidecar (sha256 {digest[:12]}... "
-                f"!= {str(meta['weights_sha256'])[:12]}...): the file is truncated, corrupted or was replaced"
-            )
-        try:
-            tensors = load_safetensors(blob)
-        except (SafetensorError, ValueError) as err:
-            raise ValueError(f"proposal weights {weights_path.name} are not a valid safetensors file: {err}") from err
+        tensors = load_checked_safetensors(weights_path, meta["weights_sha256"])
         proposal = cls(motif, components=int(net["components"]), hidden=net["hidden"], metadata=meta.get("metadata"))
         expected = {k: tuple(v.shape) for k, v in proposal.mdn.state_dict().items()}
         found = {k: tuple(v.shape) for k, v in tensors.items()}

@@ -1,0 +1,128 @@
+"""MDN contract tests and proposal-file safety (round trip, wrong motif, truncation, tampering)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+import motifs
+from neuralblock import NeuralBlockProposal, list_pretrained, load_pretrained
+from neuralblock.proposals import MixtureDensityNetwork
+
+
+@pytest.mark.parametrize("cards", [[2, 3], [0, 0], [2, 0, 3, 0]])
+def test_mdn_shapes_normalization_and_gradients(cards: list[int]) -> None:
+    mdn = MixtureDensityNetwork(5, cards, components=3, hidden=(16, 16))
+    q = mdn(torch.randn(4, 5))
+    x = q.sample((7,))
+    assert x.shape == (7, 4, len(cards)) and q.log_prob(x).shape == (7, 4)
+    q.log_prob(x).sum().backward()
+    for name, param in mdn.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    if all(k > 0 for k in cards):
+        grids = torch.meshgrid(*[torch.arange(k) for k in cards], indexing="ij")
+        values = torch.stack([g.reshape(-1) for g in grids], -1).float()
+        total = q.log_prob(values[:, None, :]).exp().sum(0)
+        assert torch.allclose(total, torch.ones(4), atol=1e-5)
+
+
+def test_mdn_is_finite_for_extreme_inputs() -> None:
+    mdn = MixtureDensityNetwork(3, [2, 0], components=4, hidden=(8,))
+    context = torch.tensor([[1e30, -1e30, float("nan")], [0.0, 1e6, -1e6]])
+    q = mdn(context)
+    value = q.sample()
+    assert torch.isfinite(q.log_prob(value)).all()
+    assert torch.isfinite(q.log_prob(torch.tensor([[1.0, 1e8], [0.0, -1e8]]))).all()
+
+
+def test_mdn_samples_follow_log_prob() -> None:
+    """Chi-square of 20000 draws of a 2x3 block; false-failure rate 1e-4."""
+    torch.manual_seed(1)
+    q = MixtureDensityNetwork(2, [2, 3], components=3, hidden=(8,))(torch.randn(2))
+    draws = q.sample((20000,))
+    values = torch.tensor([[a, b] for a in range(2) for b in range(3)], dtype=torch.float32)
+    counts = (draws[:, None, :] == values).all(-1).sum(0).double()
+    expected = q.log_prob(values).exp().double().detach() * 20000
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < stats.chi2.ppf(1 - 1e-4, df=5)
+
+
+def test_mdn_continuous_moments_match() -> None:
+    """One Gaussian component: sample mean within 5 standard errors (false-failure ~6e-7 per coordinate)."""
+    torch.manual_seed(2)
+    q = MixtureDensityNetwork(2, [0, 0], components=1, hidden=(8,))(torch.randn(2))
+    draws = q.sample((20000,))
+    std = q.log_scale.exp()
+    assert ((draws.mean(0) - q.loc[0]).abs() < 5 * std / math.sqrt(20000)).all()
+
+
+def test_save_load_round_trip_gives_identical_log_prob(tmp_path) -> None:
+    motif = motifs.get("grid", family="mrf", size=2)
+    proposal = NeuralBlockProposal(motif, components=3, hidden=(16,), metadata={"note": "test"})
+    proposal.save(tmp_path / "p")
+    loaded = NeuralBlockProposal.load(tmp_path / "p")
+    batch = motif.sample_training_batch(8, torch.Generator().manual_seed(0))
+    assert torch.equal(loaded(batch.features).log_prob(batch.block), proposal(batch.features).log_prob(batch.block))
+    assert json.loads((tmp_path / "p.json").read_text())["metadata"] == {"note": "test"}
+
+
+def test_loading_rejects_wrong_motif_truncation_and_tampering(tmp_path) -> None:
+    grid = motifs.get("grid", family="mrf", size=2)
+    NeuralBlockProposal(grid, components=2, hidden=(8,)).save(tmp_path / "p")
+    with pytest.raises(ValueError, match="trained for motif"):
+        NeuralBlockProposal.load(tmp_path / "p", motif=motifs.get("grid", family="bn", size=2))
+    blob = (tmp_path / "p.safetensors").read_bytes()
+    (tmp_path / "p.safetensors").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(ValueError, match="truncated, corrupted"):
+        NeuralBlockProposal.load(tmp_path / "p")
+    (tmp_path / "p.safetensors").write_bytes(blob)
+    sidecar = json.loads((tmp_path / "p.json").read_text())
+    sidecar["network"]["components"] = 5
+    (tmp_path / "p.json").write_text(json.dumps(sidecar))
+    with pytest.raises(ValueError, match="tensors"):
+        NeuralBlockProposal.load(tmp_path / "p")
+    sidecar["motif"]["options"]["size"] = 3
+    (tmp_path / "p.json").write_text(json.dumps(sidecar))
+    with pytest.raises(ValueError, match="network shape|trained for motif"):
+        NeuralBlockProposal.load(tmp_path / "p", motif=grid)
+    (tmp_path / "p.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        NeuralBlockProposal.load(tmp_path / "p")
+    with pytest.raises(FileNotFoundError):
+        NeuralBlockProposal.load(tmp_path / "missing")
+
+
+def test_every_shipped_proposal_loads_and_meets_its_recorded_targets() -> None:
+    names = list_pretrained()
+    assert {"grid-mrf-2x2", "grid-bn-2x2", "crf_tags-2", "crf_tags-3", "crf_tags-4"} <= set(names)
+    for name in names:
+        proposal = load_pretrained(name)
+        metrics = proposal.metadata["validation"]
+        limit = (0.05, 0.85) if proposal.motif.name == "grid" else (0.1, 0.8)
+        assert metrics["kl"] <= limit[0] and metrics["acceptance"] >= limit[1], name
+    with pytest.raises(ValueError, match="no pretrained proposal"):
+        load_pretrained("grid-9x9")
+
+
+@pytest.mark.parametrize(("name", "count"), [("grid-mrf-2x2", 256), ("grid-bn-2x2", 256), ("crf_tags-3", 64)])
+def test_shipped_proposals_meet_targets_on_fresh_instantiations(name: str, count: int) -> None:
+    """Recompute exact KL and MH acceptance on instantiations no training run has seen."""
+    from trainers.metrics import enumerated_log_q, exact_kl, expected_acceptance
+
+    proposal = load_pretrained(name)
+    batch = proposal.motif.sample_training_batch(count, torch.Generator().manual_seed(987654))
+    values = proposal.motif.block_spec.enumerate()
+    kl, acc = [], []
+    with torch.no_grad():
+        for start in range(0, count, 16):
+            log_q = enumerated_log_q(proposal(batch.features[start : start + 16]), values)
+            log_p = batch.log_p[start : start + 16].to(log_q.dtype)
+            kl.append(exact_kl(log_p, log_q))
+            acc.append(expected_acceptance(log_p, log_q))
+    kl_mean, acc_mean = float(torch.cat(kl).mean()), float(torch.cat(acc).mean())
+    kl_limit, acc_limit = (0.05, 0.85) if proposal.motif.name == "grid" else (0.1, 0.8)
+    assert kl_mean <= kl_limit and acc_mean >= acc_limit, (kl_mean, acc_mean)
