@@ -141,10 +141,10 @@ class GibbsKernel(GraphKernel):
     def _prepare(self, fg: FactorGraph) -> None:
         latent = set(fg.latent.tolist())
         if self._variables_arg is None:
-            variables = [v for v in sorted(latent) if fg.cardinalities[v] > 0]
+            variables = [v for v in sorted(latent) if fg.cardinality(v) > 0]
         else:
             variables = [fg.variable_id(v) for v in self._variables_arg]
-            bad = [fg.names[v] for v in variables if fg.cardinalities[v] == 0 or v not in latent]
+            bad = [fg.names[v] for v in variables if fg.cardinality(v) == 0 or v not in latent]
             if bad:
                 raise ValueError(f"GibbsKernel updates discrete latent variables only; got {bad[:5]}")
         if not variables:

@@ -99,9 +99,9 @@ def continuous_latent(fg: FactorGraph, requested: list[int | str] | None, kernel
     """The continuous latent variables a kernel updates (all, or the requested ones, checked)."""
     latent = set(fg.latent.tolist())
     if requested is None:
-        return [v for v in sorted(latent) if fg.cardinalities[v] == 0]
+        return [v for v in sorted(latent) if fg.cardinality(v) == 0]
     variables = [fg.variable_id(v) for v in requested]
-    bad = [fg.names[v] for v in variables if fg.cardinalities[v] > 0 or v not in latent]
+    bad = [fg.names[v] for v in variables if fg.cardinality(v) > 0 or v not in latent]
     if bad:
         raise ValueError(f"{kernel} updates continuous latent variables only; got {bad[:5]}")
     return variables
