@@ -14,6 +14,7 @@ import pickle
 
 import pytest
 import torch
+from pyro import set_rng_seed as pyro_seed
 from pyro.infer import MCMC
 from scipy import stats
 from torch.distributions import constraints
@@ -199,3 +200,31 @@ def test_functional_core() -> None:
 
     x, corr = random_walk_propose(torch.full((1000,), 2.0), torch.tensor(0.3), transforms.ExpTransform())
     assert torch.allclose(corr, x.log() - math.log(2.0), atol=1e-5)
+
+
+def conjugate_model(y: torch.Tensor) -> None:
+    """Normal mean with a Gamma-distributed nuisance site, written with scalar sites."""
+    import pyro
+    import pyro.distributions as dist
+
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    pyro.sample("s", dist.Gamma(3.0, 2.0))
+    for i in range(len(y)):
+        pyro.sample(f"y{i}", dist.Normal(mu, 1.0), obs=y[i])
+
+
+def test_random_walk_on_a_pyro_model_matches_the_conjugate_posterior() -> None:
+    y = torch.tensor([0.8, 1.5, 0.4])
+    chains = []
+    for seed in range(CHAINS):
+        pyro_seed(seed)
+        mcmc = MCMC(RandomWalkMH(conjugate_model), num_samples=1200, warmup_steps=200, disable_progbar=True)
+        mcmc.run(y)
+        samples = mcmc.get_samples()
+        chains.append(torch.stack([samples["mu"], samples["s"]], -1))
+    draws = torch.stack(chains).double()
+    assert (draws[..., 1] > 0).all()
+    target = torch.tensor([float(y.sum()) / 4, 1.5], dtype=torch.float64)  # posterior mean of mu, prior mean of s
+    mean, mcse = batch_means_mcse(draws, BATCHES)
+    z = (mean - target) / mcse
+    assert z.abs().max() <= z_limit(2), f"z = {z}"
