@@ -475,12 +475,20 @@ class FactorGraph:
         conflict = self.conflict_graph(blocks, reads)
         if conflict.number_of_nodes() == 0:
             return []
-        # networkx's DSATUR is quadratic in the number of blocks; on large graphs keep the best of
+        # Colour each connected component on its own (blocks of different components never
+        # conflict, so colour c of every component joins class c). networkx's DSATUR is quadratic
+        # in the number of blocks: use it on small components, and on large ones keep the best of
         # three linear-time greedy orders (BFS order colours any bipartite graph with 2 colours).
-        strategies = ["DSATUR"] if conflict.number_of_nodes() <= 400 else []
-        strategies += ["connected_sequential_bfs", "smallest_last", "largest_first"]
-        colorings = [nx.coloring.greedy_color(conflict, strategy=s) for s in strategies]
-        coloring = min(colorings, key=lambda c: max(c.values()))
+        coloring: dict[int, int] = {}
+        for component in nx.connected_components(conflict):
+            if len(component) == 1:
+                coloring[next(iter(component))] = 0
+                continue
+            sub = conflict.subgraph(component)
+            strategies = ["DSATUR"] if len(component) <= 400 else []
+            strategies += ["connected_sequential_bfs", "smallest_last", "largest_first"]
+            options = [nx.coloring.greedy_color(sub, strategy=s) for s in strategies]
+            coloring.update(min(options, key=lambda c: max(c.values())))
         classes: dict[int, list[int]] = {}
         for block, color in sorted(coloring.items()):
             classes.setdefault(color, []).append(block)
