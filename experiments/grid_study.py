@@ -34,7 +34,7 @@ from neuralblock.diagnostics.plots import plot_error_traces
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
-from neuralblock.quickstart import run_for_seconds
+from neuralblock.quickstart import error_at, run_for_seconds
 
 UAI = [f"Grids_{i}" for i in range(11, 19)]
 STRONG = {"Grids_11", "Grids_12", "Grids_13", "Grids_14", "Grids_16", "Grids_17", "Grids_18"}  # f >= 5
@@ -83,13 +83,6 @@ def load_instances(args: argparse.Namespace) -> dict[str, tuple[FactorGraph, tor
 def time_to_reach(trace: dict, target: float) -> float | None:
     """First recorded time at which the error is at most ``target``."""
     return next((s for s, e in zip(trace["seconds"], trace["errors"]) if e <= target), None)
-
-
-def error_at(trace: dict, seconds: float) -> float:
-    """The error at the last checkpoint recorded at or before ``seconds``."""
-    return next(
-        (e for s, e in zip(reversed(trace["seconds"]), reversed(trace["errors"])) if s <= seconds), trace["errors"][0]
-    )
 
 
 def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
