@@ -140,13 +140,15 @@ def check_bridge(fg: Any, model: GridModel, num_states: int = 5) -> dict[str, fl
     start = time.perf_counter()
     fg_bridge = from_pyro_model(model)
     seconds = time.perf_counter() - start
-    assert fg_bridge.num_variables == fg.num_variables
+    if fg_bridge.num_variables != fg.num_variables:
+        raise RuntimeError(f"bridge graph has {fg_bridge.num_variables} variables, expected {fg.num_variables}")
     perm = torch.tensor([fg_bridge.variable_id(name) for name in fg.names])  # fg id -> bridge id
     states = torch.randint(0, 2, (num_states, fg.num_variables)).float()
     bridge_states = torch.empty_like(states)
     bridge_states[:, perm] = states
     expected, got = fg.log_joint(states), fg_bridge.log_joint(bridge_states)
-    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-3), (got, expected)
+    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-3):
+        raise RuntimeError(f"bridge log_joint {got.tolist()} differs from the graph's {expected.tolist()}")
     return {
         "num_states": num_states,
         "max_abs_log_joint_error": float((got - expected).abs().max()),
@@ -237,7 +239,8 @@ def measure(impl: str, warmup: int, sweeps: int, seed: int, threads: int, side: 
         mcmc.run()
         seconds = time.perf_counter() - start
         extra["kernel_updates_per_second"] = kernel.diagnostics()["updates_per_second"]
-        assert next(iter(mcmc.get_samples().values())).shape[0] == sweeps
+        if next(iter(mcmc.get_samples().values())).shape[0] != sweeps:
+            raise RuntimeError("MCMC returned the wrong number of draws")
     elif impl == "vectorized_raw":
         kernel = GibbsKernel(fg)
         start = time.perf_counter()
@@ -259,7 +262,8 @@ def measure(impl: str, warmup: int, sweeps: int, seed: int, threads: int, side: 
         for _ in range(sweeps):
             naive_sweep(plan, state)
         seconds = time.perf_counter() - start
-        assert bool(torch.isfinite(fg.log_joint(state)))
+        if not bool(torch.isfinite(fg.log_joint(state))):
+            raise RuntimeError("the naive sweep reached a state of zero density")
     else:
         raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLEMENTATIONS}")
 

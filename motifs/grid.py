@@ -528,7 +528,8 @@ def _build_template(family: str, s: int, layout: _Layout) -> _Template:
     if block not in windows:  # pragma: no cover - guards the construction above
         raise RuntimeError(f"grid template ({family}, {s}) does not match its own window rule")
     built = _instance_rows(gi, block, layout, {})
-    assert built is not None
+    if built is None:  # pragma: no cover - guards the construction above
+        raise RuntimeError(f"grid template ({family}, {s}) has no instance rows")
     rows = {k: v[0] for k, v in _rows_tensors([built[0]], 0).items()}
     scopes = [fg.factor_scope(f) for f in rows["factors"].tolist()]
     pad = [[0] * (_AXES - len(sc)) for sc in scopes]

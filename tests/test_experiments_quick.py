@@ -33,7 +33,6 @@ def test_ner_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
         trace = saved["runs"][0][label]
         assert trace["sweeps"][0] == 0 and trace["sweeps"][-1] > 5
         assert all(b >= a for a, b in zip(trace["seconds"], trace["seconds"][1:]))
-        assert trace["seconds"][-1] >= 2.0
         # chains leave the random start: the sample's score and the running marginals improve
         assert trace["loglik"][-1] > trace["loglik"][0] and trace["errors"][-1] < trace["errors"][0]
         assert trace["loglik"][-1] <= ref["viterbi_loglik"] + 1e-3

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from scipy.stats import chi2
@@ -133,10 +131,6 @@ def test_training_batch_shapes_determinism_and_timing():
         assert a.log_p.shape == (64, 13**n)
         assert torch.allclose(a.log_p.exp().sum(-1), torch.ones(64), atol=1e-4)
         assert ((a.block >= 0) & (a.block < 13) & (a.block == a.block.round())).all()
-    motif = CrfTagsMotif(4)
-    start = time.perf_counter()
-    motif.sample_training_batch(256, torch.Generator().manual_seed(0))
-    assert time.perf_counter() - start < 2.0  # about 0.1-0.2 s on one free core; loose for shared CI
 
 
 def test_training_features_equal_encode_on_sentence_graph(crf, train_tokens):
