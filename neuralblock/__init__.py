@@ -1,12 +1,14 @@
 """neuralblock: fast MCMC with learned neural block proposals, inside Pyro."""
 
 from neuralblock.graph import FactorGraph
-from neuralblock.kernels import GibbsKernel, NeuralBlockKernel, RandomWalkMH
+from neuralblock.kernels import CompoundKernel, ConditionedModel, GibbsKernel, NeuralBlockKernel, RandomWalkMH
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, get_motif, motif_names, register_motif
 from neuralblock.proposals import NeuralBlockProposal, list_pretrained, load_pretrained
 
 __all__ = [
     "BlockSpec",
+    "CompoundKernel",
+    "ConditionedModel",
     "FactorGraph",
     "GibbsKernel",
     "Motif",

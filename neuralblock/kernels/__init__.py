@@ -2,12 +2,16 @@
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel, sequential_init
+from neuralblock.kernels.compound import CompoundKernel
+from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
 from neuralblock.kernels.random_walk import RandomWalkMH
 
 __all__ = [
+    "CompoundKernel",
+    "ConditionedModel",
     "GibbsInfo",
     "GibbsKernel",
     "GraphKernel",
@@ -20,4 +24,5 @@ __all__ = [
     "neural_block_step",
     "random_walk_propose",
     "sequential_init",
+    "set_conditioning",
 ]

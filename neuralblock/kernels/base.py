@@ -24,6 +24,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph
+from neuralblock.kernels.conditioning import ConditionedModel
 
 __all__ = ["GraphKernel", "sequential_init"]
 
@@ -48,6 +49,7 @@ class GraphKernel(MCMCKernel):
         self._warmup_steps = 0
         self._t = 0
         self._elapsed = 0.0
+        self._conditioned: ConditionedModel | None = None
         self.transforms: dict = {}
 
     # -- the Pyro-facing surface ------------------------------------------------------
@@ -65,12 +67,47 @@ class GraphKernel(MCMCKernel):
         """Whether samples are keyed by Pyro site names (else by the single ``"x"`` site)."""
         return not isinstance(self._source, FactorGraph)
 
+    def condition_on(self, values: dict[str, Tensor]) -> None:
+        """Hold other latent sites of the Pyro model fixed at ``values`` (a compound sampler's hook).
+
+        Call it before ``setup`` with the sites this kernel must not sample (they become
+        observed in its graph), and again before any ``sample`` with their new values; the
+        graph re-runs the model with the current values, so nothing is rebuilt.
+
+        Raises:
+            TypeError: the kernel was built on a FactorGraph (it has no Pyro sites to fix).
+            ValueError: the set of fixed sites differs from the one the graph was built with.
+
+        Example:
+            >>> import pyro, pyro.distributions as dist, torch
+            >>> from neuralblock import GibbsKernel
+            >>> def model():
+            ...     p = pyro.sample("p", dist.Beta(1.0, 1.0))
+            ...     pyro.sample("z", dist.Bernoulli(p))
+            >>> kernel = GibbsKernel(model)
+            >>> kernel.condition_on({"p": torch.tensor(1.0)})
+            >>> kernel.setup(0)
+            >>> kernel.sample(kernel.initial_params)["z"].item()
+            1.0
+        """
+        if not self.from_pyro:
+            raise TypeError(f"{type(self).__name__} on a FactorGraph has no Pyro sites to condition on")
+        if self._conditioned is None:
+            if self.fg is not None:
+                raise ValueError("call condition_on before setup the first time: the graph is built at setup")
+            self._conditioned = ConditionedModel(self._source, values)
+        else:
+            self._conditioned.set_values(values)
+
+    def _graph_model(self) -> Callable:
+        return self._source if self._conditioned is None else self._conditioned
+
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         """Build the graph (for Pyro models), the blocks and the initial state."""
         if self.fg is None or (self.from_pyro and (args or kwargs)):
             from neuralblock.pyro import from_pyro_model
 
-            self.fg = from_pyro_model(self._source, *args, **kwargs)
+            self.fg = from_pyro_model(self._graph_model(), *args, **kwargs)
         self._warmup_steps = int(warmup_steps)
         self._t = 0
         self._elapsed = 0.0
@@ -92,7 +129,7 @@ class GraphKernel(MCMCKernel):
 
         fg = self.fg
         assert fg is not None
-        trace = poutine.trace(self._source).get_trace(*args, **kwargs)
+        trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
         state = fg.initial_state()
         for v in fg.latent.tolist():
             state[v] = float(trace.nodes[fg.names[v]]["value"])

@@ -1,0 +1,114 @@
+"""Holding some latent sites of a Pyro model fixed while a kernel samples the others.
+
+A compound sampler updates disjoint site sets in turn; each inner kernel must see the
+other kernels' current values. :class:`ConditionedModel` is a picklable Pyro model that
+runs ``model`` under ``poutine.condition`` with a *mutable* dict of values, so a kernel
+built on it (Pyro's ``NUTS``/``HMC``, or any kernel that re-runs its model) sees new
+values as soon as :meth:`ConditionedModel.set_values` updates them, without a rebuild.
+
+Example:
+    >>> import pyro, pyro.distributions as dist, torch
+    >>> from pyro import poutine
+    >>> def model():
+    ...     a = pyro.sample("a", dist.Normal(0.0, 1.0))
+    ...     return pyro.sample("b", dist.Normal(a, 1.0))
+    >>> cm = ConditionedModel(model, {"a": torch.tensor(3.0)})
+    >>> float(poutine.trace(cm).get_trace().nodes["a"]["value"])
+    3.0
+    >>> cm.set_values({"a": torch.tensor(-1.0)})
+    >>> float(poutine.trace(cm).get_trace().nodes["a"]["value"])
+    -1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from pyro import poutine
+from torch import Tensor
+
+__all__ = ["ConditionedModel", "set_conditioning"]
+
+
+class ConditionedModel:
+    """``model`` with some latent sites fixed to values that can change between runs.
+
+    Args:
+        model: a Pyro model (a module-level function, so that it pickles).
+        values: the initial fixed values ``{site: value}`` (constrained space).
+    """
+
+    def __init__(self, model: Callable[..., Any], values: Mapping[str, Tensor] | None = None) -> None:
+        if not callable(model):
+            raise TypeError(f"model must be callable, got {type(model).__name__}")
+        self.model = model
+        self.values: dict[str, Tensor] = {}
+        if values:
+            self.set_values(values)
+
+    def set_values(self, values: Mapping[str, Tensor]) -> None:
+        """Replace the fixed values (the dict is updated in place, so runs see the change).
+
+        Raises:
+            ValueError: a value is not finite, or the set of fixed sites changes after it was
+                first set (a kernel's structure was built for the first set).
+        """
+        new = {str(k): torch.as_tensor(v) for k, v in values.items()}
+        for name, value in new.items():
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise ValueError(f"conditioning value of site {name!r} is not finite")
+        if self.values and set(new) != set(self.values):
+            raise ValueError(
+                f"the conditioned sites changed from {sorted(self.values)} to {sorted(new)}; "
+                "condition on the same sites every time"
+            )
+        self.values.clear()
+        self.values.update(new)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return poutine.condition(self.model, data=self.values)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"ConditionedModel({getattr(self.model, '__name__', self.model)!r}, sites={sorted(self.values)})"
+
+
+def set_conditioning(kernel: Any, values: Mapping[str, Tensor]) -> None:
+    """Fix the other sites of ``kernel``'s model to ``values`` before its next ``sample``.
+
+    Kernels of this package implement ``condition_on(values)``. Pyro's own kernels
+    (``NUTS``, ``HMC``, ``RandomWalkKernel``) work when built on a :class:`ConditionedModel`;
+    their cached potential energy is cleared, since it depends on the fixed values.
+
+    Args:
+        kernel: the inner kernel.
+        values: ``{site: value}`` in constrained space.
+
+    Raises:
+        TypeError: the kernel can neither be conditioned nor was built on a ConditionedModel.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> from pyro.infer import NUTS
+        >>> def model():
+        ...     a = pyro.sample("a", dist.Normal(0.0, 1.0))
+        ...     pyro.sample("b", dist.Normal(a, 1.0))
+        >>> nuts = NUTS(ConditionedModel(model, {"a": torch.tensor(0.0)}))
+        >>> set_conditioning(nuts, {"a": torch.tensor(2.0)})
+        >>> nuts.model.values["a"].item()
+        2.0
+    """
+    if hasattr(kernel, "condition_on"):
+        kernel.condition_on(values)
+        return
+    model = getattr(kernel, "model", None)
+    if not isinstance(model, ConditionedModel):
+        raise TypeError(
+            f"{type(kernel).__name__} cannot be conditioned on other sites: give it a condition_on(values) "
+            "method, or build it on neuralblock.kernels.ConditionedModel(model)"
+        )
+    model.set_values(values)
+    clear = getattr(kernel, "clear_cache", None)
+    if callable(clear):
+        clear()

@@ -1,0 +1,127 @@
+"""CompoundKernel: invariance on a model with local discrete and global continuous sites, errors, plumbing."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC, NUTS
+
+from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels import CompoundKernel, ConditionedModel, GibbsKernel, RandomWalkMH
+
+OBS = (1.1, -0.2, 0.9, 0.4)
+NOISE = 0.7
+
+
+def mixture_model() -> None:
+    """Global p, four local labels z_i ~ Bernoulli(p), observations y_i ~ N(z_i, 0.7)."""
+    p = pyro.sample("p", dist.Beta(2.0, 2.0))
+    for i, y in enumerate(OBS):
+        z = pyro.sample(f"z{i}", dist.Bernoulli(p))
+        pyro.sample(f"y{i}", dist.Normal(z, NOISE), obs=torch.tensor(y))
+
+
+def exact_moments() -> tuple[float, list[float]]:
+    """E[p | y] and P(z_i = 1 | y) by quadrature over p and enumeration over z."""
+    grid = torch.linspace(1e-6, 1 - 1e-6, 20001, dtype=torch.float64)
+    log_prior = dist.Beta(torch.tensor(2.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)).log_prob(
+        grid
+    )
+    y = torch.tensor(OBS, dtype=torch.float64)
+    lik1 = dist.Normal(torch.ones(()).double(), NOISE).log_prob(y).exp()  # p(y_i | z_i = 1)
+    lik0 = dist.Normal(torch.zeros(()).double(), NOISE).log_prob(y).exp()
+    per_site = grid[:, None] * lik1 + (1 - grid[:, None]) * lik0  # [G, 4], z_i summed out
+    weights = (log_prior + per_site.log().sum(1)).exp()
+    weights = weights / weights.sum()
+    mean_p = float((weights * grid).sum())
+    post_z = [float((weights * grid * lik1[i] / per_site[:, i]).sum()) for i in range(len(OBS))]
+    return mean_p, post_z
+
+
+def test_compound_gibbs_plus_random_walk_matches_exact_posterior() -> None:
+    # 4 chains x 800 draws (40 batch means); 5 z-scores with |z| < 4.5: false-failure rate below 1e-4.
+    mean_p, post_z = exact_moments()
+    kernel = CompoundKernel([(GibbsKernel(mixture_model), None), (RandomWalkMH(mixture_model), ["p"])], steps=[1, 2])
+    chains = []
+    for chain in range(4):
+        pyro.set_rng_seed(100 + chain)
+        mcmc = MCMC(kernel, num_samples=800, warmup_steps=200, disable_progbar=True)
+        mcmc.run()
+        samples = mcmc.get_samples()
+        chains.append(torch.stack([samples["p"]] + [samples[f"z{i}"] for i in range(4)], -1))
+    draws = torch.stack(chains)  # [4, 800, 5]
+    mean, se = batch_means_mcse(draws, num_batches=10)
+    exact = torch.tensor([mean_p, *post_z], dtype=torch.float64)
+    z = (mean - exact) / se
+    assert z.abs().max() < 4.5, (mean.tolist(), exact.tolist(), z.tolist())
+    diag = kernel.diagnostics()
+    assert diag["visits"] == [1000, 1000]
+
+
+def test_compound_with_pyro_nuts_on_a_conditioned_model() -> None:
+    pyro.set_rng_seed(0)
+    nuts = NUTS(ConditionedModel(mixture_model))
+    kernel = CompoundKernel([(GibbsKernel(mixture_model), None), (nuts, ["p"])], schedule="random", weights=[1, 1])
+    mcmc = MCMC(kernel, num_samples=200, warmup_steps=100, disable_progbar=True)
+    mcmc.run()
+    samples = mcmc.get_samples()
+    assert samples["p"].shape == (200,) and ((samples["p"] > 0) & (samples["p"] < 1)).all()
+    assert set(samples) == {"p", "z0", "z1", "z2", "z3"}
+    assert sum(kernel.diagnostics()["visits"]) == 300
+
+
+def test_compound_runs_with_two_chains() -> None:
+    kernel = CompoundKernel([(GibbsKernel(mixture_model), None), (RandomWalkMH(mixture_model), ["p"])])
+    mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, num_chains=2, disable_progbar=True)
+    mcmc.run()
+    assert mcmc.get_samples(group_by_chain=True)["p"].shape == (2, 30)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "message"),
+    [
+        ("empty", "at least one"),
+        ("gibbs-only", "sampled by no block"),
+        ("overlap", "disjoint"),
+        ("unknown", "not a latent site"),
+        ("two-rest", "at most one block"),
+    ],
+)
+def test_compound_rejects_bad_site_sets(blocks: str, message: str) -> None:
+    gibbs, rw = GibbsKernel(mixture_model), RandomWalkMH(mixture_model)
+    table = {
+        "empty": [],
+        "gibbs-only": [(gibbs, ["z0", "z1", "z2", "z3"])],
+        "overlap": [(gibbs, ["z0", "z1", "z2", "z3"]), (rw, ["p", "z0"])],
+        "unknown": [(gibbs, None), (rw, ["q"])],
+        "two-rest": [(gibbs, None), (rw, None)],
+    }
+    with pytest.raises(ValueError, match=message):
+        kernel = CompoundKernel(table[blocks])  # type: ignore[index]
+        kernel.setup(0)
+
+
+def test_compound_rejects_bad_arguments() -> None:
+    gibbs = GibbsKernel(mixture_model)
+    with pytest.raises(ValueError, match="schedule"):
+        CompoundKernel([(gibbs, None)], schedule="sweep")
+    with pytest.raises(ValueError, match="steps"):
+        CompoundKernel([(gibbs, None)], steps=[0])
+    with pytest.raises(ValueError, match="weights"):
+        CompoundKernel([(gibbs, None)], weights=[math.nan])
+    with pytest.raises(TypeError, match="sites must be a list"):
+        CompoundKernel([(gibbs, "p")])
+    with pytest.raises(TypeError, match="MCMCKernel"):
+        CompoundKernel([(object(), None)])  # type: ignore[list-item]
+
+
+def test_conditioned_model_rejects_changing_sites_and_non_finite_values() -> None:
+    cm = ConditionedModel(mixture_model, {"p": torch.tensor(0.3)})
+    with pytest.raises(ValueError, match="same sites"):
+        cm.set_values({"z0": torch.tensor(1.0)})
+    with pytest.raises(ValueError, match="not finite"):
+        cm.set_values({"p": torch.tensor(math.nan)})
