@@ -1,0 +1,176 @@
+"""Export MCMC runs of our kernels to ArviZ and TensorBoard.
+
+* :func:`to_inference_data` turns a finished ``pyro.infer.MCMC`` run (any kernel,
+  discrete sites included) into an ``arviz.InferenceData`` with the draws grouped by
+  chain and the kernel's diagnostics as attributes, so ``arviz.summary`` works.
+* :class:`TensorBoardHook` is a ``hook_fn`` for ``pyro.infer.MCMC`` that writes the trace
+  of every site (the first few elements of vector sites) and the kernel's numeric
+  ``logging()`` entries (acceptance by kernel) as TensorBoard scalars.
+
+Example:
+    >>> import pyro, pyro.distributions as dist, torch
+    >>> from pyro.infer import MCMC
+    >>> from neuralblock import GibbsKernel
+    >>> def model():
+    ...     pyro.sample("z", dist.Bernoulli(0.3))
+    >>> mcmc = MCMC(GibbsKernel(model), num_samples=10, num_chains=1, disable_progbar=True)
+    >>> mcmc.run()
+    >>> idata = to_inference_data(mcmc)
+    >>> idata.posterior["z"].shape
+    (1, 10)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["TensorBoardHook", "to_inference_data"]
+
+
+def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
+    """An ``arviz.InferenceData`` of a finished ``pyro.infer.MCMC`` run.
+
+    Unlike ``arviz.from_pyro`` it never re-runs the model (our kernels may sample
+    factor graphs, conditioned models or subsampled likelihoods), keeps discrete sites
+    (as integers when every draw is a whole number) and stores the kernel's
+    ``diagnostics()`` in ``idata.posterior.attrs["kernel_diagnostics"]`` (as text).
+
+    Args:
+        mcmc: a ``pyro.infer.MCMC`` object after ``run``.
+        diagnostics: also store Pyro's per-site ``r_hat``/``n_eff`` when available.
+
+    Returns:
+        ``arviz.InferenceData`` with a ``posterior`` group, dims ``(chain, draw, ...)``.
+
+    Raises:
+        ImportError: arviz is not installed (``pip install arviz``).
+        ValueError: the run holds no samples.
+    """
+    try:
+        with warnings.catch_warnings():  # arviz 0.2x announces its 1.0 refactor on import
+            warnings.simplefilter("ignore", FutureWarning)
+            import arviz as az
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("to_inference_data needs arviz: pip install arviz") from err
+    samples = mcmc.get_samples(group_by_chain=True)
+    if not samples:
+        raise ValueError("the MCMC run holds no samples; call mcmc.run(...) first")
+    posterior = {name: _as_numpy(value) for name, value in samples.items()}
+    attrs: dict[str, Any] = {"inference_library": "pyro + neuralblock", "kernel": type(mcmc.kernel).__name__}
+    kernel_diag = getattr(mcmc.kernel, "diagnostics", None)
+    if callable(kernel_diag):
+        with contextlib.suppress(TypeError, ZeroDivisionError):  # Pyro's HMC cannot report after cleanup
+            attrs["kernel_diagnostics"] = repr(kernel_diag())
+    if diagnostics:
+        attrs["pyro_diagnostics"] = repr(_safe_pyro_diagnostics(mcmc))
+    idata = az.from_dict(posterior=posterior)
+    idata.posterior.attrs.update(attrs)
+    return idata
+
+
+def _as_numpy(value: Tensor) -> Any:
+    value = value.detach().cpu()
+    if value.is_floating_point() and torch.isfinite(value).all() and (value == value.round()).all():
+        return value.long().numpy()
+    return value.numpy()
+
+
+def _safe_pyro_diagnostics(mcmc: Any) -> dict:
+    try:
+        return mcmc.diagnostics()
+    except (RuntimeError, ValueError, TypeError, ZeroDivisionError):
+        return {}
+
+
+class TensorBoardHook:
+    """A ``pyro.infer.MCMC`` ``hook_fn`` that logs traces and kernel statistics to TensorBoard.
+
+    Scalars: ``trace/<site>`` (constrained values; the first ``max_elements`` elements of
+    vector sites as ``trace/<site>/<i>``) and ``kernel/<key>`` for every numeric entry of
+    ``kernel.logging()`` (e.g. ``kernel/0:acc. prob`` for a compound kernel's first block).
+    With ``num_chains > 1`` each worker writes to ``logdir/chain<k>``.
+
+    Args:
+        logdir: TensorBoard log folder.
+        every: log every ``every``-th iteration.
+        max_elements: elements logged per vector site.
+        warmup: also log warmup iterations.
+
+    Example:
+        >>> import tempfile, torch
+        >>> hook = TensorBoardHook(tempfile.mkdtemp())
+        >>> hook(None, {"mu": torch.tensor([0.5, 1.0])}, "Sample", 0)
+        >>> hook.close()
+    """
+
+    def __init__(self, logdir: str | Path, every: int = 1, max_elements: int = 4, warmup: bool = False) -> None:
+        if int(every) < 1 or int(max_elements) < 1:
+            raise ValueError(f"every and max_elements must be >= 1, got {every}, {max_elements}")
+        self.logdir = Path(logdir)
+        self.every, self.max_elements, self.warmup = int(every), int(max_elements), bool(warmup)
+        self._writers: dict[str, Any] = {}
+        self._steps: dict[str, int] = {}
+
+    def _writer(self, chain: str) -> Any:
+        if chain not in self._writers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writers[chain] = SummaryWriter(str(self.logdir / chain) if chain else str(self.logdir))
+            self._steps[chain] = 0
+        return self._writers[chain]
+
+    def __call__(self, kernel: Any, params: Mapping[str, Tensor], stage: str, i: int) -> None:
+        is_warmup = stage.startswith("Warmup")
+        match = re.search(r"\[(\d+)\]", stage)
+        chain = f"chain{match.group(1)}" if match else ""
+        writer = self._writer(chain)
+        step = self._steps[chain]
+        self._steps[chain] = step + 1
+        if (is_warmup and not self.warmup) or step % self.every:
+            return
+        transforms = getattr(kernel, "transforms", None) or {}
+        for name, value in params.items():
+            value = transforms[name].inv(value) if name in transforms else value
+            flat = torch.as_tensor(value).detach().reshape(-1)
+            if flat.numel() == 1:
+                writer.add_scalar(f"trace/{name}", float(flat[0]), step)
+            else:
+                for k in range(min(flat.numel(), self.max_elements)):
+                    writer.add_scalar(f"trace/{name}/{k}", float(flat[k]), step)
+        log = kernel.logging() if kernel is not None and hasattr(kernel, "logging") else {}
+        for key, value in (log or {}).items():
+            number = _number(value)
+            if number is not None:
+                writer.add_scalar(f"kernel/{key}", number, step)
+
+    def close(self) -> None:
+        """Flush and close every writer."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_writers"] = {}
+        return state
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
