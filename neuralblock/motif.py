@@ -122,12 +122,16 @@ class TrainingBatch:
         log_p_fn: optional callable ``values [S, B, b] -> [S, B]`` giving the exact (or
             unnormalized) conditional log-density of arbitrary block values, used to
             estimate MH acceptance of non-enumerable blocks.
+        exact_log_p: optional ``[B]`` normalized exact conditional log-density of ``block``
+            (NaN where it is not known in closed form), for the NLL gap ``E[log p - log q]``
+            of continuous blocks.
     """
 
     features: Tensor
     block: Tensor
     log_p: Tensor | None = None
     log_p_fn: Callable[[Tensor], Tensor] | None = None
+    exact_log_p: Tensor | None = None
 
 
 class Motif(ABC):
@@ -166,6 +170,24 @@ class Motif(ABC):
     @abstractmethod
     def sample_training_batch(self, batch_size: int, generator: torch.Generator) -> TrainingBatch:
         """``batch_size`` random instantiations with ``(B, C)`` from the local joint."""
+
+    def block_affine(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Optional whitening of continuous blocks: ``(loc [..., I, b], scale_tril [..., I, b, b])``.
+
+        When a motif returns a map here, its network models ``u`` with block values
+        ``B = loc + scale_tril @ u``; ``loc`` and ``scale_tril`` may depend on the
+        conditioning values and ``Psi`` but never on ``B`` itself, so the forward and
+        reverse proposal densities share the Jacobian and the MH ratio needs only ``q(u)``.
+        Training batches of such a motif hold ``u``, not ``B``. The default (``None``) is
+        the identity.
+        """
+        return None
+
+    def encode_with_affine(
+        self, fg: FactorGraph, instances: MotifInstances, state: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """:meth:`encode` and :meth:`block_affine` together (override to share their work)."""
+        return self.encode(fg, instances, state), self.block_affine(fg, instances, state)
 
     def spec(self) -> dict[str, Any]:
         """JSON description checked against proposal files."""

@@ -336,6 +336,8 @@ def evaluate(
     * ``nll``: ``E_p[-log q]`` exactly when ``batch.log_p`` is given, else the sample NLL
       of ``batch.block``;
     * ``kl``: exact ``KL(p || q)`` (only with ``log_p``);
+    * ``nll_gap``: ``E[log p(B | C) - log q(B | C)]`` over the instances whose exact
+      conditional density is known (``batch.exact_log_p``), a Monte Carlo KL estimate;
     * ``acceptance``: independence-MH acceptance rate of ``q`` against the exact conditional,
       exact with ``log_p``, Monte Carlo with ``batch.log_p_fn`` (seeded by ``seed`` inside
       :func:`torch.random.fork_rng`, so the caller's RNG stream is untouched); absent if neither.
@@ -362,7 +364,12 @@ def evaluate(
         return {"nll": nll / n, "kl": kl / n, "acceptance": acc / n}
     block = batch.block.to(features.dtype)
     q = mdn(features)
-    out["nll"] = float(-q.log_prob(block).mean())
+    log_q = q.log_prob(block)
+    out["nll"] = float(-log_q.mean())
+    if batch.exact_log_p is not None:
+        known = torch.isfinite(batch.exact_log_p)
+        if known.any():  # E_p[log p - log q] over the instances with a closed-form conditional
+            out["nll_gap"] = float((batch.exact_log_p[known].to(log_q.dtype) - log_q[known]).mean())
     if batch.log_p_fn is not None and mc_samples > 0:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -1,6 +1,14 @@
 """Factor graphs: networkx structure with vectorized factor groups."""
 
 from neuralblock.graph.factor_graph import BlockScaffold, FactorGraph
-from neuralblock.graph.groups import CallableGroup, FactorGroup, LinearGaussianGroup, TableGroup
+from neuralblock.graph.groups import CallableGroup, FactorGroup, LinearGaussianGroup, LogLinearGaussianGroup, TableGroup
 
-__all__ = ["BlockScaffold", "CallableGroup", "FactorGraph", "FactorGroup", "LinearGaussianGroup", "TableGroup"]
+__all__ = [
+    "BlockScaffold",
+    "CallableGroup",
+    "FactorGraph",
+    "FactorGroup",
+    "LinearGaussianGroup",
+    "LogLinearGaussianGroup",
+    "TableGroup",
+]

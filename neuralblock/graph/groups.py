@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["CallableGroup", "FactorGroup", "LinearGaussianGroup", "TableGroup"]
+__all__ = ["CallableGroup", "FactorGroup", "LinearGaussianGroup", "LogLinearGaussianGroup", "TableGroup"]
 
 
 class FactorGroup(ABC):
@@ -137,6 +137,58 @@ class LinearGaussianGroup(FactorGroup):
         scale = self.scale[rows]
         z = (x - mean) / scale
         return -0.5 * z * z - scale.log() - 0.5 * math.log(2 * math.pi)
+
+
+class LogLinearGaussianGroup(FactorGroup):
+    """Gaussian factors with a linear mean and a log-linear variance in one parent.
+
+    ``child ~ N(loc_weight * parent + loc_bias, exp(logvar_weight * parent + logvar_bias))``.
+    With ``logvar_weight = 0`` this is a linear-Gaussian CPD; with ``loc_weight = 0`` and
+    ``logvar_weight = 1`` it is the observation of a stochastic volatility model,
+    ``y_t ~ N(0, exp(h_t + logvar_bias))``.
+
+    Args:
+        child: ``LongTensor [F]``.
+        parent: ``LongTensor [F]``.
+        loc_weight, loc_bias, logvar_weight, logvar_bias: ``Tensor [F]`` (finite).
+
+    Example:
+        >>> g = LogLinearGaussianGroup(torch.tensor([1]), torch.tensor([0]), torch.zeros(1), torch.zeros(1),
+        ...                            torch.ones(1), torch.zeros(1))
+        >>> round(float(g.log_factors(torch.tensor([0.0, 0.0]))), 4)  # N(0; 0, e^0)
+        -0.9189
+    """
+
+    def __init__(
+        self,
+        child: Tensor,
+        parent: Tensor,
+        loc_weight: Tensor,
+        loc_bias: Tensor,
+        logvar_weight: Tensor,
+        logvar_bias: Tensor,
+    ) -> None:
+        child = torch.as_tensor(child, dtype=torch.long).reshape(-1)
+        parent = torch.as_tensor(parent, dtype=torch.long).reshape(-1)
+        if parent.shape != child.shape or (child < 0).any() or (parent < 0).any():
+            raise ValueError("log-linear-Gaussian child and parent must be [F] tensors of variable ids")
+        dtype = torch.get_default_dtype()
+        raw = (loc_weight, loc_bias, logvar_weight, logvar_bias)
+        params = [torch.as_tensor(t, dtype=dtype).reshape(-1) for t in raw]
+        if any(t.shape != child.shape for t in params):
+            raise ValueError(f"log-linear-Gaussian parameters must each have {child.shape[0]} entries")
+        if not all(torch.isfinite(t).all() for t in params):
+            raise ValueError("log-linear-Gaussian parameters must be finite")
+        self.child, self.parent = child, parent
+        self.loc_weight, self.loc_bias, self.logvar_weight, self.logvar_bias = params
+        self.scopes = torch.stack([child, parent], dim=1)
+
+    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
+        rows = slice(None) if index is None else index
+        y, x = state[..., self.child[rows]], state[..., self.parent[rows]]
+        log_var = self.logvar_weight[rows] * x + self.logvar_bias[rows]
+        resid = y - (self.loc_weight[rows] * x + self.loc_bias[rows])
+        return -0.5 * (resid * resid * torch.exp(-log_var) + log_var + math.log(2 * math.pi))
 
 
 class CallableGroup(FactorGroup):

@@ -66,7 +66,9 @@ def neural_block_step(
     One batched MDN forward pass proposes all blocks; one batched scaffold evaluation
     scores current and proposed blocks; one vectorized MH test accepts each block by
     its own exact ratio ``p(B') q(B | C) / (p(B) q(B' | C))``. The conditioning set ``C``
-    does not change when ``B`` does, so the reverse proposal uses the same ``q``.
+    does not change when ``B`` does, so the reverse proposal uses the same ``q``. Motifs
+    with a whitening map (:meth:`~neuralblock.motif.Motif.block_affine`) propose
+    ``B = loc + L u`` with ``u ~ q``; the map depends only on ``C`` and ``Psi``.
 
     Args:
         fg: the graph.
@@ -79,12 +81,18 @@ def neural_block_step(
         The new state and the :class:`MHInfo` of the class.
     """
     with torch.no_grad():
-        features = proposal.motif.encode(fg, instances, state)
+        features, affine = proposal.motif.encode_with_affine(fg, instances, state)
         q = proposal(features)
-        proposed = q.sample().to(state.dtype)
         current = state[instances.blocks]
-        log_q_fwd = q.log_prob(proposed)
-        log_q_rev = q.log_prob(current)
+        if affine is None:
+            proposed = q.sample().to(state.dtype)
+            log_q_fwd, log_q_rev = q.log_prob(torch.stack([proposed, current])).unbind(0)
+        else:  # B = loc + L u; the Jacobian |L| is the same both ways and cancels in the ratio
+            loc, tril = affine
+            u_new = q.sample().to(state.dtype)
+            proposed = loc + (tril @ u_new.unsqueeze(-1)).squeeze(-1)
+            u_cur = torch.linalg.solve_triangular(tril, (current - loc).unsqueeze(-1), upper=False).squeeze(-1)
+            log_q_fwd, log_q_rev = q.log_prob(torch.stack([u_new, u_cur])).unbind(0)
         pair = torch.stack([state, state])
         pair[1, instances.blocks] = proposed
         local = scaffold.local_log_density(fg, pair)
