@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="experiments/results/chain_proposal")
     args = parser.parse_args(argv)
     if args.quick:
-        args.instances, args.mc_samples, args.days, args.sweeps = 512, 8, 200, 60
+        args.instances, args.mc_samples, args.days, args.sweeps = 256, 8, 80, 30
     return args
 
 
