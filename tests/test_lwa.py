@@ -1,0 +1,329 @@
+"""LWAKernel: the stated targets on an enumerable toy, bias shrinking with ε, the Pyro contract.
+
+Statistical tests use batch-means MCSE z-scores with a Bonferroni threshold at a family-wise
+false-failure rate ALPHA = 1e-3 per test (the draws of each test are seeded, so a given
+version of the code either passes or fails deterministically; ALPHA is the rate over seeds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+from collections.abc import Iterator
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+from scipy import stats
+
+from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels.lwa import LWAKernel, draw_distinct, propose_subset, subset_log_weight
+from neuralblock.kernels.summaries import Autocorrelations, Combine, Means, MinMax, Quantiles, default_summaries
+
+ALPHA = 1e-3
+BATCHES = 20
+
+TOY_Y = torch.tensor([-0.6, -0.2, 0.1, 0.3, 0.5, 0.9])
+TOY_N, TOY_n, TOY_EPS = 6, 2, 0.3
+
+
+def z_limit(num_tests: int, chains: int) -> float:
+    return float(stats.t.ppf(1 - ALPHA / (2 * num_tests), df=chains * BATCHES - 1))
+
+
+def gaussian_model(y: torch.Tensor) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+def toy_targets() -> tuple[list[tuple[int, ...]], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Subsets, ν(U), the joint target's U-marginal ∝ ν(U) Z_U, and E[mu | U] under the sub-posterior."""
+    subsets = list(itertools.combinations(range(TOY_N), TOY_n))
+    power = TOY_N / TOY_n
+    full = TOY_Y.mean()
+    log_nu, log_joint, cond_mean = [], [], []
+    for u in subsets:
+        yu = TOY_Y[list(u)].double()
+        lnu = -((yu.mean() - full) ** 2) / (2 * TOY_EPS**2)
+        prec = 1.0 + power * TOY_n  # prior N(0, 1), likelihood^power: precision power * n around mean(yu)
+        # log Z_U up to a U-free constant: -power/2 sum (y - ybar)^2 + log N(ybar; 0, 1 + 1/(power n))
+        log_z = -power / 2 * ((yu - yu.mean()) ** 2).sum() - yu.mean() ** 2 / (2 * (1 + 1 / (power * TOY_n)))
+        log_nu.append(lnu)
+        log_joint.append(lnu + log_z)
+        cond_mean.append(power * TOY_n * yu.mean() / prec)
+    nu = torch.softmax(torch.stack(log_nu), 0)
+    joint = torch.softmax(torch.stack(log_joint), 0)
+    return subsets, nu, joint, torch.stack(cond_mean)
+
+
+def run_chain(kernel: LWAKernel, warmup: int, iters: int, *args: object) -> Iterator[dict[str, torch.Tensor]]:
+    """Set the kernel up, run ``warmup`` adapting steps, then yield the params of ``iters`` steps."""
+    kernel.setup(warmup, *args)
+    params = kernel.initial_params
+    for t in range(warmup + iters):
+        params = kernel.sample(params)
+        if t >= warmup:
+            yield params
+
+
+def run_toy(update: str, chains: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """U-indicator draws [chains, iters, subsets] and mu draws [chains, iters] from direct kernel calls."""
+    subsets = list(itertools.combinations(range(TOY_N), TOY_n))
+    code = {sum(1 << i for i in u): k for k, u in enumerate(subsets)}
+    ind = torch.zeros(chains, iters, len(subsets))
+    mus = torch.zeros(chains, iters)
+    for c in range(chains):
+        kernel = LWAKernel(
+            gaussian_model,
+            TOY_n,
+            epsilon=TOY_EPS,
+            summaries=Means(),
+            omega=0.5,
+            lam=0.5,
+            subset_update=update,
+            step_size=0.5,
+        )
+        for t, params in enumerate(run_chain(kernel, 50, iters, TOY_Y)):
+            ind[c, t, code[sum(1 << i for i in kernel.indices.tolist())]] = 1.0
+            mus[c, t] = params["mu"]
+    return ind, mus
+
+
+@pytest.mark.parametrize("update", ["joint", "informed"])
+def test_subset_chain_matches_its_stated_target(update: str) -> None:
+    """joint: (U, mu) ~ ν(U) p(mu) f(Y_U|mu)^{N/n} exactly; informed: U ~ ν exactly.
+
+    The test has power: the same visit frequencies are checked to *reject* the other mode's target.
+    """
+    chains, iters = 2, 1000
+    _, nu, joint, cond_mean = toy_targets()
+    assert (joint - nu).abs().max() > 0.05  # the two targets differ enough to tell apart
+    ind, mus = run_toy(update, chains, iters)
+    freq, se = batch_means_mcse(ind, BATCHES)
+    expected, other = (joint, nu) if update == "joint" else (nu, joint)
+    limit = z_limit(len(nu) + 1, chains)
+    z = (freq - expected) / se.clamp_min(1e-4)
+    assert z.abs().max() < limit, f"visit z-scores {z}"
+    z_other = (freq - other) / se.clamp_min(1e-4)
+    assert z_other.abs().max() > limit, "the test cannot tell the two targets apart"
+    if update == "joint":  # E[mu] under the joint target: sum_U π(U) E[mu | U]
+        m, s = batch_means_mcse(mus, BATCHES)
+        assert abs(float(m) - float((joint * cond_mean).sum())) / float(s) < limit
+
+
+def test_theta_update_is_exact_for_a_constrained_site_on_the_full_data() -> None:
+    """n = N: the θ-update alone, on a Poisson rate with a Gamma prior (conjugate, positive support)."""
+    y = torch.tensor([3.0, 1.0, 4.0, 1.0, 5.0, 2.0])
+    a, b = 2.0, 1.0
+
+    def model(y: torch.Tensor) -> None:
+        rate = pyro.sample("rate", dist.Gamma(a, b))
+        with pyro.plate("data", len(y)) as idx:
+            pyro.sample("obs", dist.Poisson(rate), obs=y[idx])
+
+    chains, iters = 2, 1500
+    draws = torch.zeros(chains, iters, 2)
+    for c in range(chains):
+        kernel = LWAKernel(model, len(y), step_size=0.3)
+        for t, params in enumerate(run_chain(kernel, 200, iters, y)):
+            rate = kernel.transforms["rate"].inv(params["rate"])
+            draws[c, t] = torch.stack([rate, rate**2])
+    shape, rate = a + float(y.sum()), b + len(y)
+    exact = torch.tensor([shape / rate, shape * (shape + 1) / rate**2])
+    m, s = batch_means_mcse(draws, BATCHES)
+    z = (m - exact) / s
+    assert z.abs().max() < z_limit(2, chains), f"z = {z}"
+    assert kernel.diagnostics()["subset_refresh_rate"] == 0.0
+
+
+def test_bias_shrinks_as_epsilon_tightens() -> None:
+    """Informed LWA on a Gaussian mean: RMSE of draws about the exact posterior mean falls with ε."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(2000, generator=g) * 1.0 + 0.7
+    post_prec = 1.0 + len(y)
+    exact_mean, exact_sd = float(y.sum()) / post_prec, post_prec**-0.5
+    rmse = {}
+    for eps in (math.inf, 0.01):
+        kernel = LWAKernel(gaussian_model, 20, epsilon=eps, summaries=Means(), step_size=0.05)
+        mcmc = MCMC(kernel, num_samples=600, warmup_steps=200, disable_progbar=True)
+        mcmc.run(y)
+        mu = mcmc.get_samples()["mu"]
+        rmse[eps] = float(((mu - exact_mean) ** 2).mean().sqrt())
+        assert kernel.diagnostics()["subset_refresh_rate"] > 0
+    assert rmse[0.01] < 0.5 * rmse[math.inf], rmse
+    assert rmse[0.01] < 4 * exact_sd, (rmse, exact_sd)
+
+
+def ar1_model(y: torch.Tensor) -> None:
+    """AR(1) whose windowed conditional likelihood starts from the window's own first value."""
+    phi = pyro.sample("phi", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+    with pyro.plate("data", len(y)) as idx:
+        prev = torch.where(idx > 0, y[(idx - 1).clamp_min(0)], torch.zeros(()))
+        pyro.sample("obs", dist.Normal(phi * prev, sigma), obs=y[idx])
+
+
+def test_window_subsets_in_pyro_mcmc_with_two_chains() -> None:
+    """Windows on an AR(1) series, run by pyro.infer.MCMC with num_chains=2 (spawned processes)."""
+    g = torch.Generator().manual_seed(1)
+    noise = torch.randn(3000, generator=g) * 0.5
+    y = torch.zeros(3000)
+    for t in range(1, 3000):  # data generation only (not a hot path)
+        y[t] = 0.6 * y[t - 1] + noise[t]
+    kernel = LWAKernel(ar1_model, 300, subset="window", epsilon=0.05, summaries=Autocorrelations([1]))
+    mcmc = MCMC(kernel, num_samples=200, warmup_steps=200, num_chains=2, disable_progbar=True)
+    mcmc.run(y)
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert samples["phi"].shape == (2, 200) and bool((samples["sigma"] > 0).all())
+    assert abs(float(samples["phi"].mean()) - 0.6) < 0.1
+    assert abs(float(samples["sigma"].mean()) - 0.5) < 0.1
+    assert "r_hat" in mcmc.diagnostics()["phi"]
+
+
+def test_condition_on_fixes_other_sites_for_a_compound_sampler() -> None:
+    y = torch.randn(400) * 0.5 + 5.0
+
+    def model(y: torch.Tensor) -> None:
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        shift = pyro.sample("shift", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", len(y)) as idx:
+            pyro.sample("obs", dist.Normal(mu + shift, 0.5), obs=y[idx])
+
+    kernel = LWAKernel(model, 100, sites=["mu"], epsilon=0.05, step_size=0.2)
+    kernel.setup(200, y)
+    means = {}
+    for shift in (0.0, 4.0):
+        kernel.condition_on({"shift": torch.tensor(shift)})
+        params = kernel.initial_params
+        draws = []
+        for _ in range(300):
+            params = kernel.sample(params)
+            draws.append(float(params["mu"]))
+        means[shift] = float(np.mean(draws[150:]))
+    assert set(kernel.initial_params) == {"mu"}
+    assert abs(means[0.0] - 5.0) < 0.3 and abs(means[4.0] - 1.0) < 0.3, means
+    with pytest.raises(ValueError, match="cannot fix sites this kernel updates"):
+        kernel.condition_on({"mu": torch.tensor(0.0)})
+    with pytest.raises(ValueError, match="not latent sites"):
+        kernel.condition_on({"nope": torch.tensor(0.0)})
+
+
+def test_nonfinite_ratios_are_counted_rejections() -> None:
+    y = torch.randn(50)
+
+    def model(y: torch.Tensor) -> None:
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)) as idx:  # scale < 0 for mu > 1: a NaN log density
+            pyro.sample("obs", dist.Normal(0.0, 1.0 - mu), obs=y[idx])
+
+    kernel = LWAKernel(model, 10, step_size=2.0, adapt_step_size=False)
+    kernel.initial_params = {"mu": torch.tensor(0.0)}
+    kernel.setup(0, y)
+    params = kernel.initial_params
+    for _ in range(100):
+        params = kernel.sample(params)
+        assert float(params["mu"]) < 1.0
+    assert kernel.diagnostics()["nonfinite_rejections"] > 0
+
+
+def test_pickles_before_and_after_setup_and_logging() -> None:
+    kernel = LWAKernel(gaussian_model, 3)
+    pickle.loads(pickle.dumps(kernel))
+    kernel.setup(0, TOY_Y)
+    clone = pickle.loads(pickle.dumps(kernel))
+    params = clone.sample(clone.initial_params)
+    assert set(params) == {"mu"} and set(clone.logging()) == {"acc", "refresh"}
+    diag = clone.diagnostics()
+    assert diag["data_fraction"] == 0.5 and "theta_acceptance_rate" in diag and "subset_acceptance_rate" in diag
+
+
+def test_bad_input_raises_named_errors() -> None:
+    with pytest.raises(ValueError, match="subset_size"):
+        LWAKernel(gaussian_model, 0)
+    with pytest.raises(ValueError, match="epsilon"):
+        LWAKernel(gaussian_model, 2, epsilon=-1.0)
+    with pytest.raises(ValueError, match="subset must be"):
+        LWAKernel(gaussian_model, 2, subset="random")
+    with pytest.raises(TypeError, match="summaries"):
+        LWAKernel(gaussian_model, 2, summaries="quantiles")
+    with pytest.raises(ValueError, match="exceeds"):
+        LWAKernel(gaussian_model, 7).setup(0, TOY_Y)
+    with pytest.raises(ValueError, match="plate 'rows'"):
+        LWAKernel(gaussian_model, 2, plate="rows").setup(0, TOY_Y)
+    with pytest.raises(ValueError, match="not global latent sites"):
+        LWAKernel(gaussian_model, 2, sites=["sigma"]).setup(0, TOY_Y)
+
+    def local_model(y: torch.Tensor) -> None:
+        with pyro.plate("data", len(y)) as idx:
+            z = pyro.sample("z", dist.Normal(0.0, 1.0))
+            pyro.sample("obs", dist.Normal(z, 1.0), obs=y[idx])
+
+    with pytest.raises(ValueError, match="global latent sites only"):
+        LWAKernel(local_model, 2).setup(0, TOY_Y)
+
+
+def test_proposals_and_weights() -> None:
+    u = torch.tensor([0, 5, 9])
+    for _ in range(50):
+        prop = propose_subset(u, 12, "iid", omega=0.7, lam=0.34)
+        assert prop.valid and prop.indices.unique().numel() == 3
+        assert prop.num_changed == 3 - int(torch.isin(prop.indices, u).sum())
+        win = propose_subset(torch.arange(4, 8), 12, "window", omega=0.7, lam=0.5)
+        if win.valid:
+            start = int(win.indices[0])
+            assert 0 <= start <= 8 and torch.equal(win.indices, torch.arange(start, start + 4))
+    big = draw_distinct(10**6, 500, exclude=torch.arange(100))
+    assert big.unique().numel() == 500 and int(big.min()) >= 100
+    assert not propose_subset(torch.arange(5), 5, "iid", 1.0, 0.2).valid  # U is all the data
+    assert float(subset_log_weight(torch.ones(2), torch.zeros(2), math.inf)) == 0.0
+
+
+def test_summaries_match_numpy() -> None:
+    y = torch.randn(200, dtype=torch.float64)
+    x = y.numpy()
+    acf = Autocorrelations([1, 3])(y).numpy()
+    c = x - x.mean()
+    expected = [np.sum(c[:-k] * c[k:]) / np.sum(c * c) for k in (1, 3)]
+    np.testing.assert_allclose(acf, expected)
+    np.testing.assert_allclose(Quantiles([0.2, 0.8])(y).numpy(), np.quantile(x, [0.2, 0.8]))
+    s = Combine(Means(), MinMax())(torch.stack([y, 2 * y], 1))
+    np.testing.assert_allclose(s.numpy(), [x.mean(), 2 * x.mean(), x.min(), 2 * x.min(), x.max(), 2 * x.max()])
+    assert default_summaries("iid")(y).shape == (4,)
+    with pytest.raises(ValueError, match="lag"):
+        Autocorrelations([0])
+    with pytest.raises(ValueError, match="quantile"):
+        Quantiles([1.5])
+    with pytest.raises(ValueError, match="subset"):
+        default_summaries("blocks")
+
+
+def shift_model(y: torch.Tensor) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    shift = pyro.sample("shift", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("obs", dist.Normal(mu + shift, 0.5), obs=y[idx])
+
+
+def test_global_block_of_a_compound_kernel() -> None:
+    """LWA updates ``mu`` inside CompoundKernel while Pyro's random walk updates ``shift`` (full data)."""
+    from pyro.infer.mcmc import RandomWalkKernel
+
+    from neuralblock.kernels.compound import CompoundKernel
+    from neuralblock.kernels.conditioning import ConditionedModel
+
+    y = torch.randn(400) * 0.5 + 5.0
+    blocks = [
+        (LWAKernel(shift_model, 100, epsilon=0.05, step_size=0.2), ["mu"]),
+        (RandomWalkKernel(ConditionedModel(shift_model, {"mu": torch.tensor(0.0)}), init_step_size=0.2), ["shift"]),
+    ]
+    mcmc = MCMC(CompoundKernel(blocks), num_samples=150, warmup_steps=100, disable_progbar=True)
+    mcmc.run(y)
+    samples = mcmc.get_samples()
+    total = samples["mu"] + samples["shift"]
+    assert abs(float(total.mean()) - float(y.mean())) < 0.15
+    assert samples["shift"].unique().numel() > 3 and samples["mu"].unique().numel() > 3  # both blocks move
