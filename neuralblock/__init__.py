@@ -3,6 +3,7 @@
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels import CompoundKernel, ConditionedModel, GibbsKernel, NeuralBlockKernel, RandomWalkMH
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, get_motif, motif_names, register_motif
+from neuralblock.priorswap import PriorSwap
 from neuralblock.proposals import NeuralBlockProposal, list_pretrained, load_pretrained
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "MotifInstances",
     "NeuralBlockKernel",
     "NeuralBlockProposal",
+    "PriorSwap",
     "RandomWalkMH",
     "TrainingBatch",
     "get_motif",

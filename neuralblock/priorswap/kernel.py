@@ -1,0 +1,326 @@
+"""``PriorSwap``: an MCMC kernel on the swapped density p_s(θ) ∝ π(θ) p̃_f(θ) / π_f(θ).
+
+The kernel samples the flat unconstrained vector of the swapped sites with Pyro's HMC or NUTS
+(``potential_fn``) or with a preconditioned random-walk Metropolis shell. Samples come back per
+site and constrained through :meth:`pyro.infer.MCMC.get_samples` (the kernel's ``transforms``).
+Per-iteration cost depends on the false-posterior estimate only, never on the data size.
+
+Corrections:
+
+* ``correction="semiparametric"``: the chain targets p_s built from the semiparametric estimate
+  (parametric start times a kernel correction) instead of the parametric fit: asymptotically
+  exact as the number of false-posterior draws grows.
+* ``correction="is"``: the chain targets the parametric p_s; :meth:`PriorSwap.importance_weights`
+  reweights its draws back towards the false-posterior *draws*, with
+  ``w(θ) = p̂_sp(z) / p̃_f(z)`` (semiparametric estimate over the parametric estimate, both on
+  ``z``; priors cancel), self-normalized. Equivalently the reweighted draws target
+  ``π(θ) p̂_sp(θ) / π_f(θ)``.
+
+References:
+    W. Neiswanger and E. Xing, "Post-Inference Prior Swapping", ICML 2017.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from pyro.infer.mcmc import HMC, NUTS
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+from torch import Tensor
+from torch.distributions.constraints import Constraint
+
+from neuralblock.kernels.adaptation import StepSizeAdapter
+from neuralblock.kernels.functional import MHInfo, mh_accept
+from neuralblock.priorswap.estimators import FalsePosteriorDensity, SemiparametricFit
+from neuralblock.priorswap.layout import DEFAULT_SITE, PriorLike, as_sample_dict
+from neuralblock.priorswap.swap import ISResult, SwappedModel, SwappedPotential, SwapProblem, normalized_weights
+
+__all__ = ["PriorSwap", "SwapMHInfo", "preconditioned_walk_propose", "swap_mh_step"]
+
+KERNELS = ("nuts", "hmc", "mh")
+CORRECTIONS = (None, "is", "semiparametric")
+
+
+def preconditioned_walk_propose(z: Tensor, step_size: float, scale_tril: Tensor | None) -> Tensor:
+    """Symmetric Gaussian random walk ``z + s L eps`` (``L`` a covariance factor; identity if ``None``).
+
+    Example:
+        >>> preconditioned_walk_propose(torch.zeros(3), 0.1, torch.eye(3)).shape
+        torch.Size([3])
+    """
+    eps = torch.randn_like(z)
+    return z + step_size * (eps if scale_tril is None else scale_tril @ eps)
+
+
+class SwapMHInfo(NamedTuple):
+    """One MH step on p_s: the new point, its log density and the accept test's record."""
+
+    z: Tensor
+    log_density: Tensor
+    mh: MHInfo
+
+
+def swap_mh_step(
+    z: Tensor, log_density: Tensor, step_size: float, scale_tril: Tensor | None, problem: SwapProblem
+) -> SwapMHInfo:
+    """One preconditioned random-walk MH step on ``log p_s`` (a non-finite ratio is a counted rejection).
+
+    Example:
+        >>> from torch.distributions import Normal
+        >>> problem = SwapProblem(torch.randn(50), Normal(0.0, 1.0), Normal(0.0, 2.0))
+        >>> z = torch.zeros(1)
+        >>> info = swap_mh_step(z, problem.log_density(z[None])[0], 0.5, None, problem)
+        >>> info.z.shape, info.mh.accepted.shape
+        (torch.Size([1]), torch.Size([]))
+    """
+    proposal = preconditioned_walk_propose(z, step_size, scale_tril)
+    log_new = problem.log_density(proposal[None])[0]
+    info = mh_accept(log_new - log_density)
+    return SwapMHInfo(torch.where(info.accepted, proposal, z), torch.where(info.accepted, log_new, log_density), info)
+
+
+class PriorSwap(MCMCKernel):
+    """MH, HMC or NUTS on the prior-swapped density, inside ``pyro.infer.MCMC``.
+
+    Args:
+        false_posterior: draws of the false posterior (dict ``site -> [T, *shape]`` as from
+            ``MCMC.get_samples()``, or a Tensor for one site) or a
+            :class:`~neuralblock.priorswap.estimators.FalsePosteriorDensity` (e.g. ``ExactPosterior``).
+        false_prior: the prior the false posterior was inferred under (distribution, dict of
+            distributions per site, or a callable log density on a dict of batched site values).
+        target_prior: the prior to swap in (same forms; same support as the false prior).
+        kernel: ``"nuts"`` (default), ``"hmc"`` or ``"mh"`` (random walk preconditioned by the
+            estimate's covariance, step adapted during warmup to ``target_accept``).
+        estimator: ``"gaussian"`` (default) or ``"gmm"`` fitted to the draws (the parametric start
+            for the corrections), or ``"semiparametric"``.
+        correction: ``None``, ``"is"`` (see :meth:`importance_weights`) or ``"semiparametric"``.
+        site: site name for tensor draws and single distributions.
+        supports: explicit supports per site (default: the priors').
+        site_shapes: shapes per site when ``false_posterior`` is a density and the false prior a callable.
+        estimator_options: keyword options of the estimator (``num_components``, ...).
+        bandwidth: the semiparametric kernel's scale factor (default Scott's rule).
+        step_size: initial step size (HMC/NUTS: Pyro's; MH: relative to the estimate's covariance,
+            default ``2.38 / sqrt(D)``).
+        target_accept: warmup adaptation target (default 0.8 for HMC/NUTS, 0.234 for MH).
+        kernel_options: extra keyword arguments for Pyro's ``HMC``/``NUTS``.
+
+    Example:
+        >>> import pyro
+        >>> from pyro.infer import MCMC
+        >>> from torch.distributions import Normal, Laplace
+        >>> false_draws = {"theta": 1.0 + 0.3 * torch.randn(500)}  # e.g. MCMC(...).get_samples()
+        >>> kernel = PriorSwap(false_draws, Normal(0.0, 1.0), Laplace(0.0, 0.5), kernel="mh")
+        >>> mcmc = MCMC(kernel, num_samples=200, warmup_steps=100, disable_progbar=True)
+        >>> mcmc.run()
+        >>> mcmc.get_samples()["theta"].shape
+        torch.Size([200])
+    """
+
+    def __init__(
+        self,
+        false_posterior: Mapping[str, Tensor] | Tensor | FalsePosteriorDensity,
+        false_prior: PriorLike,
+        target_prior: PriorLike,
+        *,
+        kernel: str = "nuts",
+        estimator: str = "gaussian",
+        correction: str | None = None,
+        site: str = DEFAULT_SITE,
+        supports: Mapping[str, Constraint] | None = None,
+        site_shapes: Mapping[str, tuple[int, ...]] | None = None,
+        estimator_options: Mapping[str, Any] | None = None,
+        bandwidth: float | None = None,
+        step_size: float | None = None,
+        target_accept: float | None = None,
+        kernel_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if correction not in CORRECTIONS:
+            raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+        if estimator not in ("gaussian", "gmm", "semiparametric"):
+            raise ValueError(f"estimator must be 'gaussian', 'gmm' or 'semiparametric', got {estimator!r}")
+        if step_size is not None and not step_size > 0:
+            raise ValueError(f"step_size must be positive, got {step_size}")
+        is_density = isinstance(false_posterior, FalsePosteriorDensity)
+        if correction is not None and is_density:
+            raise ValueError(f"correction={correction!r} needs false-posterior draws, not a density")
+        parametric = "gaussian" if estimator == "semiparametric" else estimator
+        self.problem = SwapProblem(
+            false_posterior,
+            false_prior,
+            target_prior,
+            estimator=None if is_density else parametric,
+            site=site,
+            supports=supports,
+            site_shapes=site_shapes,
+            estimator_options=estimator_options,
+        )
+        self.parametric = self.problem.density
+        self.corrected: FalsePosteriorDensity | None = None
+        if correction is not None or estimator == "semiparametric":
+            assert self.problem.z is not None and self.parametric is not None
+            self.corrected = SemiparametricFit(self.problem.z, parametric=self.parametric, bandwidth=bandwidth)
+        if correction == "semiparametric" or estimator == "semiparametric":
+            self.problem.density = self.corrected
+        self.kernel_name, self.correction = kernel, correction
+        self.step_size = step_size
+        self.target_accept = target_accept
+        self.kernel_options = dict(kernel_options or {})
+        self.potential_fn = SwappedPotential(self.problem)
+        self.transforms: dict[str, Any] = self.problem.layout.unconstrained_transforms()
+        self._pending_init: dict[str, Tensor] | None = None
+        self._inner: HMC | None = None
+        self._z: Tensor | None = None
+        self._log_p: Tensor | None = None
+        self._reset_stats(0)
+
+    # -- the Pyro-facing surface ------------------------------------------------------
+    @property
+    def model(self) -> SwappedModel:
+        """A Pyro model with posterior p_s (improper-uniform sites plus a factor)."""
+        return SwappedModel(self.problem)
+
+    @property
+    def layout(self) -> Any:
+        """The sites' :class:`~neuralblock.priorswap.layout.SiteLayout`."""
+        return self.problem.layout
+
+    @property
+    def initial_params(self) -> dict[str, Tensor]:
+        """Initial unconstrained values per site (set before ``setup`` to override the default)."""
+        if self._inner is not None:
+            return self._inner.initial_params
+        if self._z is None:
+            raise RuntimeError("call setup() before reading initial_params")
+        return self._to_params(self._z)
+
+    @initial_params.setter
+    def initial_params(self, params: Mapping[str, Tensor]) -> None:
+        self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        """Choose the initial point and build the inner sampler (model arguments are not needed)."""
+        self._reset_stats(warmup_steps)
+        if self._pending_init is not None:
+            z0 = self.potential_fn.flat(self._pending_init).to(torch.get_default_dtype())
+            self._pending_init = None
+        else:
+            z0 = self._default_init()
+        if self.kernel_name == "mh":
+            self._inner = None
+            dim = self.problem.layout.dim
+            initial = self.step_size if self.step_size is not None else 2.38 / math.sqrt(dim)
+            self._adapter = StepSizeAdapter(1, initial, self.target_accept or 0.234)
+            assert self.problem.density is not None
+            self._chol = self.problem.density.scale_tril()
+            self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
+            return
+        cls = NUTS if self.kernel_name == "nuts" else HMC
+        options: dict[str, Any] = {"target_accept_prob": self.target_accept or 0.8, **self.kernel_options}
+        if self.step_size is not None:
+            options["step_size"] = self.step_size
+        inner = cls(potential_fn=self.potential_fn, **options)
+        inner.initial_params = self._to_params(z0)
+        inner.setup(warmup_steps)
+        self._inner = inner
+
+    def _default_init(self) -> Tensor:
+        """Best of up to 32 random false-posterior draws under p_s (or the estimate's mean)."""
+        problem = self.problem
+        if problem.z is not None:
+            candidates = problem.z[torch.randint(problem.z.shape[0], (min(32, problem.z.shape[0]),))]
+            log_p = problem.log_density(candidates).nan_to_num(nan=-math.inf)
+            return candidates[int(log_p.argmax())].clone()
+        density = problem.density
+        mean = getattr(density, "mean", None)
+        if mean is None and density is not None:
+            mean = getattr(getattr(density, "density", None), "mean", None)
+        if isinstance(mean, Tensor) and mean.numel() == problem.layout.dim:
+            mean = mean.reshape(-1).to(torch.get_default_dtype())
+            return problem.layout.to_unconstrained(mean) if density.space == "constrained" else mean.clone()
+        return torch.zeros(problem.layout.dim)
+
+    def _to_params(self, z: Tensor) -> dict[str, Tensor]:
+        return {k: v.detach().clone() for k, v in self.problem.layout.unflatten(z).items()}
+
+    def _reset_stats(self, warmup_steps: int) -> None:
+        self._warmup_steps = int(warmup_steps)
+        self._t = 0
+        self._accepted = 0
+        self._proposed = 0
+        self._nonfinite = 0
+        self._recent_accept = 0.0
+        self._elapsed = 0.0
+
+    def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        """One transition of the inner sampler on p_s (params are unconstrained, per site)."""
+        start = time.perf_counter()
+        warmup = self._t < self._warmup_steps
+        if self._inner is not None:
+            out = self._inner.sample(params)
+        else:
+            z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
+            log_p = self._log_p if torch.equal(z, self._z) else self.problem.log_density(z[None])[0]
+            info = swap_mh_step(z, log_p, float(self._adapter.step_size[0]), self._chol, self.problem)
+            self._z, self._log_p = info.z, info.log_density
+            accept_prob = info.mh.accept_prob.reshape(1).to(self._adapter.log_step.dtype)
+            if warmup:
+                self._adapter.update(torch.zeros(1, dtype=torch.long), accept_prob)
+            else:
+                self._accepted += int(info.mh.accepted)
+                self._proposed += 1
+                self._nonfinite += info.mh.num_nonfinite
+            self._recent_accept = 0.9 * self._recent_accept + 0.1 * float(accept_prob)
+            out = self._to_params(info.z)
+        if not warmup:
+            self._elapsed += time.perf_counter() - start
+        self._t += 1
+        return out
+
+    def logging(self) -> dict[str, Any]:
+        """Short progress-bar dict (Pyro's for HMC/NUTS; smoothed acceptance for MH)."""
+        if self._inner is not None:
+            return dict(self._inner.logging())
+        return {"acc": round(self._recent_accept, 3)}
+
+    def diagnostics(self) -> dict[str, float]:
+        """Acceptance, non-finite rejections (MH) or divergences (HMC/NUTS), iterations per second."""
+        post = max(self._t - self._warmup_steps, 0)
+        out = {"iterations_per_second": post / self._elapsed if self._elapsed > 0 else 0.0}
+        if self._inner is not None:
+            out["divergences"] = float(len(self._inner._divergences))
+            out["acceptance_rate"] = self._inner._accept_cnt / post if post else 0.0
+            out["step_size"] = float(self._inner.step_size)
+        else:
+            out["acceptance_rate"] = self._accepted / self._proposed if self._proposed else 0.0
+            out["nonfinite_rejections"] = float(self._nonfinite)
+            out["step_size"] = float(self._adapter.step_size[0])
+        return out
+
+    def cleanup(self) -> None:
+        """Release the inner sampler's caches."""
+        if self._inner is not None:
+            self._inner.cleanup()
+
+    # -- corrections ------------------------------------------------------------------
+    def importance_weights(self, samples: Mapping[str, Tensor] | Tensor, warn_fraction: float = 0.01) -> ISResult:
+        """IS correction of this kernel's draws: ``w = p̂_sp(z) / p̃_f(z)``, self-normalized.
+
+        Args:
+            samples: constrained draws as returned by ``MCMC.get_samples()`` (or a Tensor).
+            warn_fraction: ESS fraction below which a ``UserWarning`` is raised.
+
+        Returns:
+            An :class:`~neuralblock.priorswap.swap.ISResult` whose ``mean()`` is the corrected estimate.
+        """
+        if self.correction != "is" or self.corrected is None or self.parametric is None:
+            raise ValueError("importance_weights needs a PriorSwap built with correction='is'")
+        draws = as_sample_dict(samples, next(iter(self.problem.layout.shapes)))
+        z = self.problem.layout.to_unconstrained(self.problem.layout.flatten(draws))
+        log_w = self.corrected.log_prob(z) - self.parametric.log_prob(z)
+        return normalized_weights(log_w, draws, warn_fraction, "prior-swap IS")
