@@ -1,17 +1,27 @@
 """neuralblock: fast MCMC with learned neural block proposals, inside Pyro."""
 
 from neuralblock.graph import FactorGraph
-from neuralblock.kernels import CompoundKernel, ConditionedModel, GibbsKernel, NeuralBlockKernel, RandomWalkMH
+from neuralblock.kernels import (
+    AusterityMH,
+    CompoundKernel,
+    ConditionedModel,
+    GibbsKernel,
+    LWAKernel,
+    NeuralBlockKernel,
+    RandomWalkMH,
+)
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, get_motif, motif_names, register_motif
 from neuralblock.priorswap import PriorSwap
 from neuralblock.proposals import NeuralBlockProposal, list_pretrained, load_pretrained
 
 __all__ = [
+    "AusterityMH",
     "BlockSpec",
     "CompoundKernel",
     "ConditionedModel",
     "FactorGraph",
     "GibbsKernel",
+    "LWAKernel",
     "Motif",
     "MotifInstances",
     "NeuralBlockKernel",

@@ -1,24 +1,32 @@
 """Pyro ``MCMCKernel``s over factor graphs and Pyro models."""
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
+from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.kernels.compound import CompoundKernel
 from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
+from neuralblock.kernels.particle_gibbs import ParticleGibbs, StateSpaceModel, csmc_step
 from neuralblock.kernels.random_walk import RandomWalkMH
 
 __all__ = [
+    "AusterityMH",
     "CompoundKernel",
     "ConditionedModel",
     "GibbsInfo",
     "GibbsKernel",
     "GraphKernel",
+    "LWAKernel",
     "MHInfo",
     "NeuralBlockKernel",
+    "ParticleGibbs",
     "RandomWalkMH",
+    "StateSpaceModel",
     "StepSizeAdapter",
+    "csmc_step",
     "gibbs_sample",
     "mh_accept",
     "neural_block_step",

@@ -1,0 +1,639 @@
+"""Austerity MH: sublinear-time approximate Metropolis-Hastings for the global sites of a Pyro model.
+
+The global sites ``θ`` of a model whose likelihood is a ``pyro.plate`` of ``N`` local
+sections are updated by a Metropolis-Hastings kernel whose accept test is the sequential
+t-test of Korattikara et al. (:func:`neuralblock.subsample.sequential_test`): mini-batches
+of sections are drawn without replacement and evaluated lazily (only drawn sections run,
+by injecting the plate's indices), until the probability of a wrong decision is below
+``epsilon``. ``epsilon = 0`` evaluates every section in one batch and is exact MH.
+
+Optionally, a first-order Taylor control variate around a reference point ``θ̂`` (Bardenet,
+Doucet and Holmes, 2017, "confidence sampler with proxies") is subtracted from each
+section's log-ratio: the test then runs on residuals whose spread shrinks like ``1/N``
+instead of ``1/√N`` for proposals scaled to the posterior, so the number of sections a
+decision needs stops growing with ``N``. The proxy's full sum is exact, so decisions with
+all ``N`` sections (and ``epsilon = 0``) remain exact MH.
+
+References:
+    Korattikara, Chen, Welling. "Austerity in MCMC Land: Cutting the Metropolis-Hastings
+    Budget", ICML 2014. Chen, Mansinghka, Ghahramani. "Sublinear-Time Approximate MCMC
+    Transitions for Probabilistic Programs", 2014. Bardenet, Doucet, Holmes. "On Markov chain
+    Monte Carlo methods for tall data", JMLR 2017.
+
+Example:
+    >>> import pyro, pyro.distributions as dist, torch
+    >>> from pyro.infer import MCMC
+    >>> x = torch.randn(500)
+    >>> def model(x):
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    ...     with pyro.plate("data", x.shape[0]) as idx:
+    ...         pyro.sample("x", dist.Normal(mu, 1.0), obs=x[idx])
+    >>> kernel = AusterityMH(model, epsilon=0.05, batch_size=50, normality_check=False)
+    >>> mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
+    >>> mcmc.run(x)
+    >>> mcmc.get_samples()["mu"].shape, kernel.diagnostics()["mean_data_fraction"] < 1.0
+    (torch.Size([100]), True)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+from torch import Tensor
+from torch.distributions import Distribution, biject_to
+
+from neuralblock.kernels.adaptation import StepSizeAdapter
+from neuralblock.subsample import IndexSampler, SectionEvaluator, SectionTerms, SequentialTestInfo, sequential_test
+from neuralblock.subsample.sections import is_subsample_site, site_plate_frame
+
+__all__ = [
+    "AusterityMH",
+    "NormalityReport",
+    "ProposalInfo",
+    "distribution_propose",
+    "gaussian_walk_propose",
+    "normality_report",
+]
+
+_CV_CHUNK = 65536
+
+
+def _no_more_sections(k: int) -> Tensor:
+    raise RuntimeError("the exact test drew every section in its first batch")
+
+
+class ProposalInfo(NamedTuple):
+    """A proposed move in the flat unconstrained space.
+
+    Attributes:
+        value: the proposed point ``z'``.
+        log_q_correction: ``log q(z | z') - log q(z' | z)`` (0 for symmetric proposals).
+    """
+
+    value: Tensor
+    log_q_correction: float
+
+
+class NormalityReport(NamedTuple):
+    """Trial-run check that mini-batch means of the log-ratios are close to normal.
+
+    Attributes:
+        skewness: median sample skewness ``γ1`` of the per-section log-ratios over the trials.
+        excess_kurtosis: median sample excess kurtosis ``γ2``.
+        batch_skewness: ``γ1 / √m``, the skewness of a mini-batch mean of ``m`` sections.
+        batch_excess_kurtosis: ``γ2 / m``, its excess kurtosis.
+        ok: whether both are small (``|γ1|/√m <= 0.5`` and ``γ2/m <= 1``).
+    """
+
+    skewness: float
+    excess_kurtosis: float
+    batch_skewness: float
+    batch_excess_kurtosis: float
+    ok: bool
+
+
+def gaussian_walk_propose(z: Tensor, step_size: float, scale: Tensor | None = None) -> ProposalInfo:
+    """Gaussian random walk ``z' = z + step · L ξ`` (symmetric, so no Hastings correction).
+
+    Args:
+        z: current flat unconstrained point ``[d]``.
+        step_size: scalar multiplier.
+        scale: ``None`` (identity), a ``[d]`` vector of per-coordinate scales, or a ``[d, d]``
+            lower-triangular Cholesky factor ``L``.
+
+    Example:
+        >>> info = gaussian_walk_propose(torch.zeros(3), 0.1)
+        >>> info.value.shape, info.log_q_correction
+        (torch.Size([3]), 0.0)
+    """
+    noise = torch.randn_like(z)
+    if scale is not None:
+        noise = scale @ noise if scale.dim() == 2 else scale * noise
+    return ProposalInfo(z + step_size * noise, 0.0)
+
+
+def distribution_propose(z: Tensor, proposal: Callable[[Tensor], Distribution]) -> ProposalInfo:
+    """Draw ``z' ~ proposal(z)`` with its Hastings correction ``log q(z | z') - log q(z' | z)``.
+
+    Args:
+        z: current flat unconstrained point ``[d]``.
+        proposal: maps a point ``[d]`` to a distribution over points (event shape ``[d]``).
+
+    Example:
+        >>> import pyro.distributions as dist
+        >>> walk = lambda z: dist.Normal(0.9 * z, 1.0).to_event(1)
+        >>> info = distribution_propose(torch.ones(2), walk)
+        >>> info.value.shape, isinstance(info.log_q_correction, float)
+        (torch.Size([2]), True)
+    """
+    forward = proposal(z)
+    value = forward.sample().detach().reshape(z.shape)
+    correction = proposal(value).log_prob(z).sum() - forward.log_prob(value).sum()
+    return ProposalInfo(value, float(correction))
+
+
+def normality_report(log_ratios: list[Tensor], batch_size: int) -> NormalityReport:
+    """Skewness and kurtosis of per-section log-ratios and of their mini-batch means.
+
+    The t-test assumes a mini-batch mean is close to normal; by the central limit theorem
+    a mean of ``m`` values has skewness ``γ1/√m`` and excess kurtosis ``γ2/m``. Heavy tails
+    (large ``γ2``) make the test's error bound unreliable.
+
+    Args:
+        log_ratios: one tensor of per-section log-ratios per trial proposal.
+        batch_size: the mini-batch size ``m``.
+
+    Example:
+        >>> report = normality_report([torch.randn(2000)], batch_size=100)
+        >>> report.ok
+        True
+    """
+    skews, kurts = [], []
+    for values in log_ratios:
+        x = values.double()
+        x = x[torch.isfinite(x)]
+        sd = x.std()
+        if x.numel() < 3 or not sd > 0:
+            continue
+        standard = (x - x.mean()) / sd
+        skews.append(float(standard.pow(3).mean()))
+        kurts.append(float(standard.pow(4).mean() - 3.0))
+    if not skews:
+        return NormalityReport(0.0, 0.0, 0.0, 0.0, True)
+    skew = float(torch.tensor(skews).median())
+    kurt = float(torch.tensor(kurts).median())
+    b_skew, b_kurt = skew / math.sqrt(batch_size), kurt / batch_size
+    return NormalityReport(skew, kurt, b_skew, b_kurt, abs(b_skew) <= 0.5 and b_kurt <= 1.0)
+
+
+class AusterityMH(MCMCKernel):
+    """Sublinear-time approximate MH for the global sites of a Pyro model with a data plate.
+
+    Works in the unconstrained space of the updated sites (``.transforms`` as in Pyro's HMC:
+    constrained → unconstrained), on sites of any shape. The model should index its data
+    by the plate's indices (``with pyro.plate("data", N) as idx: ... obs=y[idx]``) so that
+    only the sections the test draws are evaluated; a model that ignores the indices is
+    evaluated in full, with a one-time warning. Per transition the kernel does no O(N)
+    work: index draws are O(m) (persistent permutation), and it keeps no per-section state.
+
+    Compound samplers: :meth:`condition_on` holds the model's other latent sites at given
+    values for subsequent transitions (O(1) in ``N``); a fixed latent site inside the plate
+    is indexed by the drawn sections, one outside it (e.g. a path ``h`` read as ``h[idx - 1]``
+    by dependent sections) is passed whole.
+
+    Args:
+        model: the Pyro model (a module-level function, so that it pickles for ``num_chains > 1``).
+        sites: the global latent sites to update (default: every latent site outside the plate).
+        plate: name of the plate of local sections (default: the single plate of the observed sites).
+        epsilon: error tolerance of the sequential test, in ``[0, 0.5)``; 0 is exact MH.
+        batch_size: sections per mini-batch ``m``.
+        proposal: ``None`` for a Gaussian random walk, or a callable mapping the flat
+            unconstrained point ``z [d]`` (sites in order, flattened) to a Pyro/torch
+            distribution over ``z'`` (event shape ``[d]``); non-symmetric proposals get their
+            Hastings correction.
+        step_size: initial random-walk step (default ``2.38/√d``, times ``proposal_scale``).
+        adapt_step_size: adapt the step during warmup towards ``target_accept`` (Robbins-Monro).
+        normality_check: at the first transition, check on a few trial proposals that the
+            per-section log-ratios are light-tailed enough for the t-test; warn if not.
+        proposal_scale: random-walk scale in the flat unconstrained space: a float, a ``[d]``
+            vector of per-coordinate scales, or a ``[d, d]`` covariance matrix (e.g. a Laplace
+            approximation's), whose Cholesky factor shapes the steps.
+        target_accept: adaptation target (default 0.44 for ``d = 1``, else 0.234).
+        control_variate: constrained values ``{site: value}`` of a reference point ``θ̂``
+            (e.g. the posterior mode): subtract the first-order Taylor proxy of each section's
+            log-ratio around it (its full sum costs one O(N) pass at setup). Cannot be
+            combined with :meth:`condition_on`.
+        control_variate_hessian: the Hessian ``[d, d]`` of the summed section log-likelihoods at
+            the control-variate point, in the flat unconstrained coordinates, if already known
+            (e.g. from a Laplace fit); skips the ``d`` autograd passes over the data at setup.
+        normality_sections: sections per trial proposal of the normality check.
+
+    Raises:
+        ValueError: bad ``epsilon``, ``batch_size``, ``step_size`` or scale.
+        TypeError: ``proposal`` is not callable.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        sites: list[str] | None = None,
+        plate: str | None = None,
+        epsilon: float = 0.05,
+        batch_size: int = 100,
+        proposal: Callable[[Tensor], Distribution] | None = None,
+        step_size: float | None = None,
+        adapt_step_size: bool = True,
+        normality_check: bool = True,
+        *,
+        proposal_scale: float | Tensor | None = None,
+        target_accept: float | None = None,
+        control_variate: dict[str, Tensor] | None = None,
+        control_variate_hessian: Tensor | None = None,
+        normality_sections: int = 1000,
+    ) -> None:
+        if not callable(model):
+            raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
+        if not (isinstance(epsilon, int | float) and 0.0 <= epsilon < 0.5):
+            raise ValueError(f"epsilon must be a number in [0, 0.5), got {epsilon!r}")
+        if not (isinstance(batch_size, int) and batch_size >= 2):
+            raise ValueError(f"batch_size must be an integer >= 2, got {batch_size!r}")
+        if proposal is not None and not callable(proposal):
+            raise TypeError(f"proposal must be a callable z -> Distribution, got {type(proposal).__name__}")
+        if step_size is not None and not step_size > 0:
+            raise ValueError(f"step_size must be positive, got {step_size}")
+        if target_accept is not None and not 0 < target_accept < 1:
+            raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+        if sites is not None and (isinstance(sites, str) or not all(isinstance(s, str) for s in sites)):
+            raise TypeError(f"sites must be a list of site names, got {sites!r}")
+        self._model = model
+        self._sites_arg = None if sites is None else list(sites)
+        self._plate_arg = plate
+        self.epsilon, self.batch_size = float(epsilon), batch_size
+        self.proposal = proposal
+        self._step_arg, self.adapt_step_size, self._target_arg = step_size, adapt_step_size, target_accept
+        self.normality_check = normality_check
+        self._scale_arg = None if proposal_scale is None else torch.as_tensor(proposal_scale, dtype=torch.float32)
+        self._cv_arg = None if control_variate is None else {k: torch.as_tensor(v) for k, v in control_variate.items()}
+        self._cv_hess_arg = None if control_variate_hessian is None else torch.as_tensor(control_variate_hessian)
+        self.normality_sections = int(normality_sections)
+        self.transforms: dict[str, Any] = {}
+        self.sites: list[str] = []
+        self.plate: str | None = None
+        self.num_sections = 0
+        self._fixed: dict[str, Tensor] = {}
+        self._pending_init: dict[str, Tensor] | None = None
+        self._initial: dict[str, Tensor] | None = None
+        self._warmup_steps, self._t = 0, 0
+        self._version = 0
+        self._current_full: tuple[Tensor, int, SectionTerms] | None = None
+        self._proposed_full: tuple[Tensor, int, SectionTerms] | None = None
+        self.normality: NormalityReport | None = None
+        self._reset_stats()
+
+    # -- the Pyro-facing surface ------------------------------------------------------
+    @property
+    def model(self) -> Callable:
+        """The Pyro model."""
+        return self._model
+
+    @property
+    def initial_params(self) -> dict[str, Tensor]:
+        """Unconstrained initial values of :attr:`sites` (a prior draw at ``setup``, or those set)."""
+        if self._initial is None:
+            raise RuntimeError("call setup() before reading initial_params")
+        return self._initial
+
+    @initial_params.setter
+    def initial_params(self, params: dict[str, Tensor]) -> None:
+        self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
+
+    @property
+    def step_size(self) -> float:
+        """Current random-walk step size."""
+        return float(self.adapter.step_size[0])
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        """Trace the model once (O(N), at setup only), find the plate and sites, draw initial values."""
+        import pyro.poutine as poutine
+
+        self._warmup_steps, self._t = int(warmup_steps), 0
+        self._reset_stats()
+        self.normality = None
+        self._current_full = self._proposed_full = None
+        trace = poutine.trace(self._model).get_trace(*args, **kwargs)
+        nodes = [s for s in trace.nodes.values() if s["type"] == "sample"]
+        subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
+        samples = [s for s in nodes if s["name"] not in subsample]
+        self.plate = self._find_plate(samples, subsample)
+        self.num_sections = int(subsample[self.plate]["fn"].size)
+        latent = [s for s in samples if not s["is_observed"]]
+        inside = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
+        outside = [s["name"] for s in latent if inside[s["name"]] is None]
+        sites = outside if self._sites_arg is None else self._sites_arg
+        unknown = [s for s in sites if s not in inside]
+        if unknown or not sites:
+            raise ValueError(f"sites must be latent sites of the model; got unknown {unknown}, latent {sorted(inside)}")
+        local = [s for s in sites if inside[s] is not None]
+        if local:
+            raise ValueError(f"AusterityMH updates global sites; {local} lie inside plate {self.plate!r}")
+        self.sites = list(sites)
+        by_name = {s["name"]: s for s in latent}
+        self.transforms = {s: biject_to(by_name[s]["fn"].support).inv for s in self.sites}
+        self._shapes = {s: by_name[s]["value"].shape for s in self.sites}
+        self._sizes = [int(math.prod(self._shapes[s])) for s in self.sites]
+        self.dim = sum(self._sizes)
+        others = {s["name"]: s for s in latent if s["name"] not in self.sites}
+        unknown_fixed = sorted(set(self._fixed) - set(others))
+        if unknown_fixed:
+            raise ValueError(f"condition_on got {unknown_fixed}, which are not latent sites outside {self.sites}")
+        self._fixed = {name: self._fixed.get(name, site["value"].detach()) for name, site in others.items()}
+        local_dims = {
+            name: inside[name].dim - site["fn"].event_dim for name, site in others.items() if inside[name] is not None
+        }
+        self.sections = SectionEvaluator(self._model, self.plate, self.num_sections, args, kwargs, local_dims)
+        self.index_sampler = IndexSampler(self.num_sections)
+        if self._pending_init is not None:
+            missing = [s for s in self.sites if s not in self._pending_init]
+            if missing:
+                raise ValueError(f"initial_params lack sites {missing}")
+            self._initial = {s: self._pending_init[s].reshape(self._shapes[s]) for s in self.sites}
+            self._pending_init = None
+        else:
+            self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
+        z0 = self._flatten(self._initial)
+        self.sections.check_lazy(self._values(z0))
+        self._setup_proposal()
+        self._setup_control_variate()
+
+    def _find_plate(self, samples: list[dict], subsample: dict[str, dict]) -> str:
+        observed_frames = [
+            {f.name for f in s["cond_indep_stack"] if f.vectorized and f.name in subsample}
+            for s in samples
+            if s["is_observed"]
+        ]
+        if self._plate_arg is not None:
+            if self._plate_arg not in subsample:
+                raise ValueError(f"plate {self._plate_arg!r} is not a plate of the model; plates: {sorted(subsample)}")
+            return self._plate_arg
+        candidates = set().union(*observed_frames) if observed_frames else set()
+        if len(candidates) != 1:
+            raise ValueError(
+                f"cannot tell the plate of local sections (observed sites lie in plates {sorted(candidates)}); "
+                "pass plate=<name>"
+            )
+        return candidates.pop()
+
+    def _setup_proposal(self) -> None:
+        scale = self._scale_arg
+        if scale is not None:
+            if scale.dim() == 2:
+                if scale.shape != (self.dim, self.dim):
+                    raise ValueError(f"proposal_scale matrix must be {self.dim}x{self.dim}, got {tuple(scale.shape)}")
+                try:
+                    scale = torch.linalg.cholesky(scale)
+                except RuntimeError as err:
+                    raise ValueError("proposal_scale matrix must be symmetric positive definite") from err
+            elif scale.dim() == 1 and scale.shape != (self.dim,):
+                raise ValueError(f"proposal_scale vector must have {self.dim} entries, got {tuple(scale.shape)}")
+            elif scale.dim() > 2 or not bool(torch.isfinite(scale).all()):
+                raise ValueError("proposal_scale must be a finite float, [d] vector or [d, d] matrix")
+            scale = scale.reshape(()) if scale.numel() == 1 and scale.dim() < 2 else scale
+        self._scale = scale
+        initial = self._step_arg if self._step_arg is not None else 2.38 / math.sqrt(self.dim)
+        target = self._target_arg if self._target_arg is not None else (0.44 if self.dim == 1 else 0.234)
+        self.adapter = StepSizeAdapter(1, initial, target)
+
+    def _setup_control_variate(self) -> None:
+        self._cv_point: Tensor | None = None
+        self._cv_grad: Tensor | None = None
+        self._cv_hess: Tensor | None = None
+        if self._cv_arg is None:
+            return
+        missing = [s for s in self.sites if s not in self._cv_arg]
+        if missing:
+            raise ValueError(f"control_variate lacks sites {missing}")
+        point = torch.cat(
+            [self.transforms[s](self._cv_arg[s].reshape(self._shapes[s])).reshape(-1) for s in self.sites]
+        ).detach()
+        known = self._cv_hess_arg
+        if known is not None and known.shape != (self.dim, self.dim):
+            raise ValueError(f"control_variate_hessian must be {self.dim}x{self.dim}, got {tuple(known.shape)}")
+        grad = torch.zeros(self.dim, dtype=point.dtype)
+        hess = torch.zeros(self.dim, self.dim, dtype=point.dtype)
+        for start in range(0, self.num_sections, _CV_CHUNK):  # one O(N d) pass, at setup only
+            idx = torch.arange(start, min(start + _CV_CHUNK, self.num_sections))
+            z = point.clone().requires_grad_(True)
+            total = self.sections.evaluate(self._values(z), idx, with_global=False).sections.sum()
+            (g,) = torch.autograd.grad(total, z, create_graph=known is None)
+            grad += g.detach()
+            if known is None:
+                hess += torch.stack([_grad_or_zero(g[j], z, retain_graph=True) for j in range(self.dim)])
+        hess = known.to(point.dtype) if known is not None else hess
+        self._cv_point, self._cv_grad, self._cv_hess = point, grad, 0.5 * (hess + hess.T)
+
+    def condition_on(self, values: dict[str, Tensor]) -> None:
+        """Hold the model's other latent sites at ``values`` (constrained) for later transitions.
+
+        A compound sampler calls this every sweep with the other kernels' current values,
+        e.g. ``{"h": h}``. It costs O(1) in ``N``: the values are stored and read lazily by
+        the sections drawn next. Sites inside the plate are given at full size.
+
+        Args:
+            values: ``{site: value}`` for latent sites not in :attr:`sites`.
+
+        Raises:
+            ValueError: a site is one this kernel updates, is unknown (after setup), or a
+                control variate is active (its O(N) proxy sum depends on these values).
+        """
+        if not isinstance(values, dict):
+            raise TypeError(f"values must be a dict of site -> tensor, got {type(values).__name__}")
+        if self._cv_arg is not None:
+            raise ValueError("condition_on cannot be combined with control_variate (its O(N) sum depends on them)")
+        own = [k for k in values if k in self.sites]
+        if own:
+            raise ValueError(f"condition_on got sites {own} that this kernel updates")
+        if self.sites:
+            unknown = [k for k in values if k not in self._fixed]
+            if unknown:
+                raise ValueError(f"condition_on got {unknown}; the other latent sites are {sorted(self._fixed)}")
+        for name, value in values.items():
+            self._fixed[name] = torch.as_tensor(value).detach()
+        self._version += 1  # lazily invalidates the cached exact-MH terms
+
+    def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        """One austerity MH transition of the global sites."""
+        z = self._flatten(params)
+        warmup = self._t < self._warmup_steps
+        if self.normality_check and self.normality is None:
+            self.normality = self._check_normality(z)
+        start = time.perf_counter()
+        proposal = self._propose(z)
+        info = self._test(z, proposal)
+        elapsed = time.perf_counter() - start
+        if warmup and self.adapt_step_size and self.proposal is None:
+            self.adapter.update(torch.zeros(1, dtype=torch.long), torch.tensor([float(info.accept)]))
+        self._record(info, warmup, elapsed)
+        self._t += 1
+        return self._unflatten(proposal.value if info.accept else z)
+
+    def logging(self) -> dict[str, float]:
+        """Running acceptance, mean data fraction and mean stages (cheap)."""
+        n = max(self._n, 1)
+        return {
+            "acc": round(self._accepted / n, 3),
+            "frac": round(self._used / (n * max(self.num_sections, 1)), 4),
+            "stages": round(self._stages / n, 2),
+        }
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Post-warmup acceptance, mean data fraction and stages per transition, and the checks."""
+        n = max(self._n, 1)
+        record: dict[str, Any] = {
+            "acceptance_rate": self._accepted / n,
+            "mean_data_fraction": self._used / (n * max(self.num_sections, 1)),
+            "mean_sections_used": self._used / n,
+            "mean_stages": self._stages / n,
+            "decided_early_fraction": self._early / n,
+            "mean_error_bound": self._bound / n,
+            "nonfinite_rejections": float(self._nonfinite),
+            "transitions": float(self._n),
+            "seconds_per_transition": self._elapsed / n,
+            "step_size": self.step_size if hasattr(self, "adapter") else float("nan"),
+            "sublinear": bool(getattr(getattr(self, "sections", None), "lazy", True)),
+        }
+        if self.normality is not None:
+            record.update({f"normality_{k}": v for k, v in self.normality._asdict().items()})
+        return record
+
+    # -- the transition -----------------------------------------------------------------
+    def _propose(self, z: Tensor) -> ProposalInfo:
+        if self.proposal is not None:
+            return distribution_propose(z, self.proposal)
+        return gaussian_walk_propose(z, self.step_size, self._scale)
+
+    def _test(self, z: Tensor, proposal: ProposalInfo) -> SequentialTestInfo:
+        n_total, z_new = self.num_sections, proposal.value
+        log_u = math.log(float(torch.rand(())))
+        if self.epsilon == 0:  # exact MH: every section in one batch, the current state's terms cached
+            cur, nxt = self._full_terms(z), self.sections.evaluate_full(self._values(z_new))
+            self._proposed_full = (z_new, self._version, nxt)
+            first, first_values, proxy_sum = n_total, nxt.sections - cur.sections, 0.0
+            draw_more: Callable[[int], Tensor] = _no_more_sections
+        else:
+            current = self.sections.bind(self._values(z))
+            new = self.sections.bind(self._values(z_new))
+            self.index_sampler.reset()
+            first = min(self.batch_size, n_total)
+            idx = self.index_sampler.draw(first)
+            cur, nxt = current(idx), new(idx)
+            first_values = nxt.sections - cur.sections - self._proxy(idx, z, z_new)
+            proxy_sum = self._proxy_sum(z, z_new)
+
+            def draw_more(k: int) -> Tensor:
+                batch = self.index_sampler.draw(k)
+                return new(batch).sections - current(batch).sections - self._proxy(batch, z, z_new)
+
+        log_global = float(nxt.global_term - cur.global_term) + self._log_jacobian(z_new) - self._log_jacobian(z)
+        mu0 = (log_u - log_global - proposal.log_q_correction - proxy_sum) / n_total
+        pending = [first_values]
+
+        def draw(k: int) -> Tensor:
+            return pending.pop() if pending else draw_more(k)
+
+        return sequential_test(draw, mu0, n_total, self.batch_size, self.epsilon, first_batch_size=first)
+
+    def _full_terms(self, z: Tensor) -> SectionTerms:
+        """All sections at ``z``, reusing the last exact transition's evaluation when ``z`` is its state."""
+        for cached in (self._current_full, self._proposed_full):
+            if cached is not None and cached[1] == self._version and torch.equal(cached[0], z):
+                self._current_full = cached
+                return cached[2]
+        terms = self.sections.evaluate_full(self._values(z))
+        self._current_full = (z.clone(), self._version, terms)
+        return terms
+
+    def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
+        """Second-order Taylor proxy of the drawn sections' log-ratios around ``θ̂`` (0 without one).
+
+        ``c_i = ∇ℓ_i(θ̂)·δ + ½ δᵀ ∇²ℓ_i(θ̂) (z + z' - 2θ̂)`` with ``δ = z' - z``, the exact
+        difference of the quadratic expansions at ``z'`` and ``z``; per section by the
+        double-backward trick (a few backward passes over the ``k`` drawn sections).
+        """
+        if self._cv_point is None:
+            return torch.zeros(())
+        delta = z_new - z
+        spread = z + z_new - 2.0 * self._cv_point
+        point = self._cv_point.clone().requires_grad_(True)
+        sections = self.sections.evaluate(self._values(point), idx, with_global=False).sections
+        v = torch.zeros_like(sections, requires_grad=True)
+        (grad,) = torch.autograd.grad(sections, point, grad_outputs=v, create_graph=True)
+        first = grad @ delta.to(grad.dtype)
+        second = _grad_or_zero(first, point, create_graph=True) @ spread.to(grad.dtype)
+        return _grad_or_zero(first + 0.5 * second, v).detach()
+
+    def _proxy_sum(self, z: Tensor, z_new: Tensor) -> float:
+        """The proxy summed over all ``N`` sections (exact, O(d²))."""
+        if self._cv_grad is None or self._cv_hess is None or self._cv_point is None:
+            return 0.0
+        delta, spread = z_new - z, z + z_new - 2.0 * self._cv_point
+        return float(self._cv_grad @ delta + 0.5 * delta @ self._cv_hess @ spread)
+
+    def _check_normality(self, z: Tensor, trials: int = 5) -> NormalityReport:
+        n = min(self.num_sections, max(self.normality_sections, 2 * self.batch_size))
+        ratios = []
+        with torch.no_grad() if self._cv_point is None else torch.enable_grad():
+            for _ in range(trials):
+                proposal = self._propose(z)
+                self.index_sampler.reset()
+                idx = self.index_sampler.draw(n)
+                values = self._values(z), self._values(proposal.value)
+                diff = self.sections.evaluate(values[1], idx).sections - self.sections.evaluate(values[0], idx).sections
+                ratios.append((diff - self._proxy(idx, z, proposal.value)).detach())
+        report = normality_report(ratios, self.batch_size)
+        if not report.ok:
+            warnings.warn(
+                f"AusterityMH: per-section log-ratios are heavy-tailed or skewed (skewness {report.skewness:.3g}, "
+                f"excess kurtosis {report.excess_kurtosis:.3g}); mini-batch means of {self.batch_size} are not close "
+                "to normal, so the t-test's error bound is unreliable; use a larger batch_size or a smaller epsilon",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return report
+
+    def _record(self, info: SequentialTestInfo, warmup: bool, elapsed: float) -> None:
+        if warmup:
+            return
+        self._n += 1
+        self._accepted += int(info.accept)
+        self._used += info.n_used
+        self._stages += info.stages
+        self._early += int(info.decided_early)
+        self._bound += info.error_bound
+        self._nonfinite += int(info.nonfinite)
+        self._elapsed += elapsed
+
+    def _reset_stats(self) -> None:
+        self._n = self._accepted = self._used = self._stages = self._early = self._nonfinite = 0
+        self._bound = self._elapsed = 0.0
+
+    # -- params <-> flat unconstrained vector --------------------------------------------
+    def _flatten(self, params: dict[str, Tensor]) -> Tensor:
+        missing = [s for s in self.sites if s not in params]
+        if missing:
+            raise ValueError(f"params lack sites {missing}")
+        return torch.cat([torch.as_tensor(params[s]).detach().reshape(-1) for s in self.sites])
+
+    def _unflatten(self, z: Tensor) -> dict[str, Tensor]:
+        parts = torch.split(z.detach(), self._sizes)
+        return {s: p.reshape(self._shapes[s]) for s, p in zip(self.sites, parts, strict=True)}
+
+    def _values(self, z: Tensor) -> dict[str, Tensor]:
+        """Constrained values of every latent site: the updated ones at ``z``, the others held fixed."""
+        parts = torch.split(z, self._sizes)
+        values = dict(self._fixed)
+        for s, p in zip(self.sites, parts, strict=True):
+            values[s] = self.transforms[s].inv(p.reshape(self._shapes[s]))
+        return values
+
+    def _log_jacobian(self, z: Tensor) -> float:
+        """``log |det d constrained / d z|`` summed over the updated sites."""
+        total = 0.0
+        for s, p in zip(self.sites, torch.split(z, self._sizes), strict=True):
+            inv = self.transforms[s].inv
+            u = p.reshape(self._shapes[s])
+            total += float(inv.log_abs_det_jacobian(u, inv(u)).sum())
+        return total
+
+
+def _grad_or_zero(output: Tensor, wrt: Tensor, **kwargs: Any) -> Tensor:
+    """``d output / d wrt``, zeros where ``output`` does not depend on ``wrt``."""
+    if not output.requires_grad:
+        return torch.zeros_like(wrt)
+    (grad,) = torch.autograd.grad(output, wrt, allow_unused=True, **kwargs)
+    return torch.zeros_like(wrt) if grad is None else grad

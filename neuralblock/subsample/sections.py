@@ -1,0 +1,264 @@
+"""Lazy local sections of a Pyro model: evaluate only the plate indices a test draws.
+
+A model written in Pyro's subsampling idiom,
+
+    with pyro.plate("data", N) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+is run on a chosen index set by conditioning the plate's index site (in Pyro a plate's
+index set is a ``_Subsample`` sample site named after the plate), so a run on ``k``
+sections costs O(k). The per-section log-likelihoods are the *unscaled* log-probs: the
+plate's ``N/k`` scale is divided out (any other ``poutine.scale`` is kept). Sites outside
+the plate form the *global* term (priors, and other latent sites held fixed).
+
+Latent sites other than the updated ones are held at given values. One inside the plate
+(e.g. a local latent ``h_t`` of a time series) is given at full size and indexed along its
+plate dimension, so dependent sections that read neighbouring values (``h[idx - 1]``) from
+the model's arguments or closure work the same way.
+
+A model that ignores the indices (computes on the full data) is detected at setup and
+evaluated in full, once per parameter value, with a one-time warning. The plate must not
+fix its own ``subsample_size`` (Pyro then rejects index sets of another size).
+
+Pyro is imported inside the functions, so ``neuralblock.subsample`` itself needs only torch.
+
+Example:
+    >>> import pyro, pyro.distributions as dist, torch
+    >>> y = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    >>> def model():
+    ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", 4) as idx:
+    ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+    >>> sections = SectionEvaluator(model, "data", 4)
+    >>> sections.check_lazy({"mu": torch.tensor(0.0)})
+    True
+    >>> terms = sections.evaluate({"mu": torch.tensor(0.0)}, torch.tensor([3, 1]))
+    >>> [round(v, 3) for v in terms.sections.tolist()]
+    [-5.419, -1.419]
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["SectionEvaluator", "SectionTerms", "is_subsample_site", "site_plate_frame"]
+
+
+class SectionTerms(NamedTuple):
+    """Log-density terms of one model run.
+
+    Attributes:
+        global_term: sum of the log-probs of the sites outside the plate (0-dim).
+        sections: unscaled log-prob of each requested section, ``[k]``.
+    """
+
+    global_term: Tensor
+    sections: Tensor
+
+
+def site_plate_frame(site: dict[str, Any], plate: str) -> Any | None:
+    """The ``CondIndepStackFrame`` of ``plate`` on a trace site, or ``None``."""
+    return next((f for f in site["cond_indep_stack"] if f.name == plate), None)
+
+
+def is_subsample_site(site: dict[str, Any]) -> bool:
+    """Whether a trace site is a plate's index set (a ``_Subsample`` sample site)."""
+    from pyro.poutine.subsample_messenger import _Subsample
+
+    return isinstance(site["fn"], _Subsample)
+
+
+class SectionEvaluator:
+    """Runs a Pyro model on chosen sections of one plate and splits its log density.
+
+    Args:
+        model: the Pyro model.
+        plate: name of the plate of local sections.
+        num_sections: the plate's size ``N``.
+        args: the model's positional arguments.
+        kwargs: the model's keyword arguments.
+        local_dims: for latent sites inside the plate that are held fixed, the dimension of
+            their value that the plate indexes (negative, counted from the right).
+        validate: keep Pyro's argument validation on during runs (off by default: it costs
+            more than a small mini-batch's arithmetic).
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        plate: str,
+        num_sections: int,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        local_dims: dict[str, int] | None = None,
+        validate: bool = False,
+    ) -> None:
+        self.model, self.plate, self.num_sections = model, plate, int(num_sections)
+        self.args, self.kwargs = tuple(args), dict(kwargs or {})
+        self.local_dims = dict(local_dims or {})
+        self.validate = validate
+        self.lazy = True
+
+    # -- running the model --------------------------------------------------------------
+    def _run(self, values: dict[str, Tensor], idx: Tensor | None, with_global: bool = True) -> SectionTerms:
+        import pyro
+
+        with pyro.validation_enabled(self.validate):
+            trace = self._trace(values, idx)
+            return self._terms(trace, self.num_sections if idx is None else idx.numel(), with_global)
+
+    def _trace(self, values: dict[str, Tensor], idx: Tensor | None) -> list[dict[str, Any]]:
+        """Run the model with ``values`` (and the plate's indices) conditioned; return its sample messages."""
+        data = dict(values)
+        if idx is not None:
+            for name, dim in self.local_dims.items():
+                if name in data:
+                    data[name] = data[name].index_select(dim, idx)
+            data[self.plate] = idx
+        recorder = _recorder_class()(data)
+        with recorder:
+            self.model(*self.args, **self.kwargs)
+        return recorder.sites
+
+    def _terms(self, sites: list[dict[str, Any]], size: int, with_global: bool = True) -> SectionTerms:
+        glob: Tensor = torch.zeros(())
+        sections: Tensor = torch.zeros(size)
+        for site in sites:
+            if is_subsample_site(site):
+                continue
+            frame = site_plate_frame(site, self.plate)
+            if frame is None and not with_global:
+                continue
+            lp = site["fn"].log_prob(site["value"])
+            if site["mask"] is not None:
+                lp = torch.where(site["mask"], lp, torch.zeros((), dtype=lp.dtype))
+            scale = site["scale"]
+            if frame is None:
+                glob = glob + (lp * scale).sum() if not _is_one(scale) else glob + lp.sum()
+                continue
+            scale = scale * frame.size / frame.full_size
+            if not _is_one(scale):
+                lp = lp * scale
+            dim = frame.dim
+            if lp.dim() < -dim:
+                lp = lp.reshape((1,) * (-dim - lp.dim()) + lp.shape)
+            if lp.shape[dim] != size:
+                if lp.shape[dim] != 1:
+                    raise ValueError(
+                        f"site {site['name']!r} has {lp.shape[dim]} entries along plate {self.plate!r}, expected {size}"
+                    )
+                lp = lp.expand(*lp.shape[:dim], size, *lp.shape[lp.dim() + dim + 1 :])
+            sections = sections.to(lp.dtype) + lp.movedim(dim, 0).reshape(size, -1).sum(-1)
+        return SectionTerms(glob, sections)
+
+    def evaluate(self, values: dict[str, Tensor], idx: Tensor, with_global: bool = True) -> SectionTerms:
+        """Global term and per-section log-probs on the sections ``idx``.
+
+        Args:
+            values: constrained values of every latent site (full size for local ones).
+            idx: ``LongTensor [k]`` of section indices.
+            with_global: also compute the global term (else it is returned as 0).
+        """
+        if not self.lazy:
+            full = self.evaluate_full(values)
+            return SectionTerms(full.global_term, full.sections[idx])
+        return self._run(values, idx, with_global)
+
+    def evaluate_full(self, values: dict[str, Tensor]) -> SectionTerms:
+        """Global term and all ``N`` per-section log-probs, from one ordinary model run."""
+        return self._run(values, None)
+
+    def bind(self, values: dict[str, Tensor]) -> Callable[[Tensor], SectionTerms]:
+        """``idx -> SectionTerms`` at fixed ``values``; a non-lazy model is run in full once.
+
+        The global term is computed on the first call only (later calls return 0 for it).
+        """
+        if self.lazy:
+            calls = []  # the global term is computed on the first call only
+
+            def evaluate(idx: Tensor) -> SectionTerms:
+                calls.append(None)
+                return self.evaluate(values, idx, with_global=len(calls) == 1)
+
+            return evaluate
+        full = self.evaluate_full(values)
+        return lambda idx: SectionTerms(full.global_term, full.sections[idx])
+
+    # -- setup ------------------------------------------------------------------------------
+    def check_lazy(self, values: dict[str, Tensor], full: SectionTerms | None = None) -> bool:
+        """Check that the model honours injected indices; else fall back to full runs (with a warning).
+
+        A trial run on a few sections must give those sections' values of a full run.
+
+        Args:
+            values: constrained latent values to run the trial at.
+            full: the full run at ``values`` if already computed.
+
+        Returns:
+            Whether the model is evaluated lazily from now on.
+        """
+        n = self.num_sections
+        k = min(3, n - 1)
+        if k < 1:
+            self.lazy = True
+            return True
+        idx = torch.arange(n - k, n)
+        try:
+            trial = self._run(values, idx)
+            reference = full if full is not None else self.evaluate_full(values)
+            ok = bool(
+                torch.allclose(trial.sections.double(), reference.sections[idx].double(), rtol=1e-4, atol=1e-4)
+                and torch.allclose(trial.global_term.double(), reference.global_term.double(), rtol=1e-4, atol=1e-4)
+            )
+        except (ValueError, RuntimeError, IndexError):
+            ok = False
+        if not ok:
+            warnings.warn(
+                f"the model does not evaluate plate {self.plate!r} on the indices it is given (write it as "
+                f"`with pyro.plate({self.plate!r}, N) as idx: ... obs=y[idx]`); every section will be evaluated, "
+                "so the kernel is not sublinear for this model",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self.lazy = ok
+        return ok
+
+
+_RECORDER: type | None = None
+
+
+def _recorder_class() -> type:
+    """A minimal Pyro messenger: conditions sample sites on given values and keeps their messages.
+
+    Lighter than ``poutine.trace(poutine.condition(...))`` (no trace graph, no message copies),
+    which matters when each run evaluates only a mini-batch.
+    """
+    global _RECORDER
+    if _RECORDER is None:
+        from pyro.poutine.messenger import Messenger
+
+        class SectionRecorder(Messenger):
+            def __init__(self, data: dict[str, Tensor]) -> None:
+                super().__init__()
+                self.data = data
+                self.sites: list[dict[str, Any]] = []
+
+            def _pyro_sample(self, msg: dict[str, Any]) -> None:
+                if msg["name"] in self.data:
+                    msg["value"] = self.data[msg["name"]]
+                    msg["is_observed"] = True
+
+            def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
+                self.sites.append(msg)
+
+        _RECORDER = SectionRecorder
+    return _RECORDER
+
+
+def _is_one(scale: Any) -> bool:
+    return isinstance(scale, int | float) and scale == 1

@@ -1,0 +1,32 @@
+"""The logistic-regression austerity study runs end to end at CI scale and writes its outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_experiments_quick import load
+
+
+def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
+    study = load("logistic_austerity")
+    record = study.main(["--quick", "--out", str(tmp_path)])
+    (folder,) = list(tmp_path.iterdir())
+    saved = json.loads((folder / "logistic_austerity.json").read_text())
+    assert saved["config"]["quick"] is True
+    assert [d["role"] for d in saved["datasets"]] == ["scaling", "scaling", "real", "nuts"]
+    for d in saved["datasets"]:
+        assert d["reference_ess"] > 10
+        exact = d["runs"]["exact MH"]
+        assert exact["diagnostics"]["mean_data_fraction"] == 1.0 and exact["transitions"] > 0
+        assert exact["curves"]["risk"] and all(r >= 0 for r in exact["curves"]["risk"])
+        aus = d["runs"]["austerity eps=0.05"]
+        assert 0 < aus["diagnostics"]["mean_data_fraction"] < 1.0
+        assert aus["diagnostics"]["sublinear"] is True
+    big = max(saved["datasets"][:2], key=lambda d: d["N"])
+    # a few mini-batches of 100 out of 20000 sections: the control variate keeps decisions early
+    assert big["runs"]["austerity eps=0.05"]["diagnostics"]["mean_data_fraction"] < 0.05
+    assert set(record["targets"]) >= {"data_fraction_at_N_large", "time_per_transition_growth", "nuts_comparison"}
+    assert [row["method"] for row in saved["bias"]][0] == "exact MH"
+    assert (folder / "logistic_austerity.md").read_text().count("|") > 50
+    assert {p.name for p in folder.glob("*.png")} == {"logistic_risk.png", "logistic_scaling_bias.png"}

@@ -1,0 +1,166 @@
+"""The sequential t-test, the without-replacement index sampler and lazy plate sections."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+from neuralblock.subsample import (
+    IndexSampler,
+    SectionEvaluator,
+    austerity_decision,
+    sequential_test,
+    stream_from,
+    student_t_sf,
+)
+
+
+def test_student_t_tail_matches_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for dof in (1, 2, 7, 30, 199, 201, 1000, 10**6):
+        for t in (-3.0, -0.5, 0.0, 0.3, 1.0, 1.645, 2.5, 6.0):
+            assert student_t_sf(t, dof) == pytest.approx(float(stats.t.sf(t, dof)), abs=1e-5)
+
+
+def test_epsilon_zero_is_the_exact_decision() -> None:
+    for _ in range(200):
+        n = int(torch.randint(2, 400, ()))
+        values = torch.randn(n) * float(torch.rand(()) * 3)
+        mu0 = float(values.double().mean() + 0.05 * torch.randn(()))
+        info = sequential_test(stream_from(values), mu0, n, 17, 0.0)
+        assert info.accept == bool(values.double().mean() > mu0)
+        assert info.n_used == n and not info.decided_early and info.error_bound == 0.0
+
+
+def _error_rate(distance: float, epsilon: float, n: int, m: int, reps: int) -> tuple[float, float]:
+    """Wrong decisions over ``reps`` random orders of a Gaussian set whose exact decision has z-score ``distance``."""
+    values = torch.randn(n, dtype=torch.float64)
+    values = (values - values.mean()) / values.std()
+    mu0 = -distance / math.sqrt(n)  # the exact answer is "accept"
+    wrong, used = 0, 0
+    for _ in range(reps):
+        info = sequential_test(stream_from(values), mu0, n, m, epsilon)
+        wrong += not info.accept
+        used += info.n_used
+    return wrong / reps, used / (reps * n)
+
+
+def test_decision_error_is_below_its_bound() -> None:
+    # Each look errs with probability below epsilon, so the test errs at most (looks x epsilon)
+    # (union bound); clear cases (exact z-score >= 3) err less than epsilon itself.
+    # Binomial tolerance of 3.3 sd: false-failure rate below 0.1% per check.
+    n, m, reps = 1000, 50, 200
+    looks = math.ceil(n / m) - 1
+    for epsilon in (0.05, 0.2):
+        slack = 3.3 * math.sqrt(epsilon * (1 - epsilon) / reps)
+        for distance in (0.7, 4.0):
+            rate, fraction = _error_rate(distance, epsilon, n, m, reps)
+            assert rate <= min(1.0, looks * epsilon) + slack
+            if distance >= 3.0:
+                assert rate <= epsilon + slack, (epsilon, distance, rate)
+                assert fraction < 1.0  # and it decides before the end
+
+
+def test_smaller_epsilon_gives_fewer_errors() -> None:
+    loose, _ = _error_rate(0.7, 0.2, 1000, 50, 200)
+    tight, _ = _error_rate(0.7, 0.01, 1000, 50, 200)
+    assert tight < loose
+
+
+def test_zero_spread_draws_more_instead_of_deciding() -> None:
+    values = torch.full((300,), 0.25)
+    info = sequential_test(stream_from(values), 0.2, 300, 10, 0.2)
+    assert info.n_used == 300 and info.stages == 30 and info.accept
+    assert math.isnan(austerity_decision(0.1, 0.0, 10, 300, 0.0)[1])
+
+
+def test_nonfinite_values_reject() -> None:
+    values = torch.zeros(100)
+    values[3] = -float("inf")
+    info = sequential_test(stream_from(values), -1.0, 100, 100, 0.05)
+    assert not info.accept and not info.nonfinite
+    values[5] = float("nan")
+    info = sequential_test(stream_from(values), -1.0, 100, 100, 0.05)
+    assert not info.accept and info.nonfinite
+    assert sequential_test(stream_from(torch.zeros(4)), float("nan"), 4, 2, 0.05).nonfinite
+    assert not sequential_test(stream_from(torch.zeros(4)), float("inf"), 4, 2, 0.05).accept
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="epsilon"):
+        sequential_test(stream_from(torch.zeros(4)), 0.0, 4, 2, 0.7)
+    with pytest.raises(ValueError, match="cannot draw"):
+        IndexSampler(3).draw(4)
+    with pytest.raises(ValueError, match="dof"):
+        student_t_sf(1.0, 0)
+
+
+def test_index_sampler_is_without_replacement_and_uniform() -> None:
+    sampler = IndexSampler(1000)
+    counts = torch.zeros(1000)
+    for _ in range(400):
+        sampler.reset()
+        drawn = torch.cat([sampler.draw(30), sampler.draw(30), sampler.draw(5)])
+        assert drawn.unique().numel() == 65
+        counts[drawn[:30]] += 1
+    # first-batch frequencies: chi-square with 999 dof, 4.5 sd above its mean fails (rate < 1e-5)
+    expected = 400 * 30 / 1000
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 999 + 4.5 * math.sqrt(2 * 999)
+    sampler.reset()
+    assert sorted(torch.cat([sampler.draw(600), sampler.draw(400)]).tolist()) == list(range(1000))
+
+
+Y = torch.arange(10.0)
+
+
+def indexed_model(scale: float = 1.0) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", 10) as idx:
+        pyro.sample("y", dist.Normal(mu, scale), obs=Y[idx])
+
+
+def full_data_model() -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", 10):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=Y)
+
+
+def test_sections_are_unscaled_and_lazy() -> None:
+    values = {"mu": torch.tensor(0.5)}
+    sections = SectionEvaluator(indexed_model, "data", 10)
+    idx = torch.tensor([7, 2, 9, 0, 4])  # Pyro scales these by 10/5; the sections are unscaled
+    assert sections.check_lazy(values)
+    terms = sections.evaluate(values, idx)
+    expected = dist.Normal(0.5, 1.0).log_prob(Y[idx])
+    assert torch.allclose(terms.sections, expected)
+    assert torch.allclose(terms.global_term, dist.Normal(0.0, 1.0).log_prob(torch.tensor(0.5)))
+
+
+def test_model_that_ignores_indices_falls_back_with_a_warning() -> None:
+    sections = SectionEvaluator(full_data_model, "data", 10)
+    with pytest.warns(RuntimeWarning, match="not sublinear"):
+        assert not sections.check_lazy({"mu": torch.tensor(0.0)})
+    terms = sections.evaluate({"mu": torch.tensor(0.0)}, torch.tensor([3, 1]))
+    assert torch.allclose(terms.sections, dist.Normal(0.0, 1.0).log_prob(Y[[3, 1]]))
+
+
+def local_latent_model() -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", 10) as idx:
+        z = pyro.sample("z", dist.Normal(mu, 1.0))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=Y[idx])
+
+
+def test_fixed_local_latent_is_indexed_by_the_sections() -> None:
+    z = torch.linspace(-1, 1, 10)
+    sections = SectionEvaluator(local_latent_model, "data", 10, local_dims={"z": -1})
+    values = {"mu": torch.tensor(0.3), "z": z}
+    assert sections.check_lazy(values)
+    idx = torch.tensor([8, 1])
+    expected = dist.Normal(0.3, 1.0).log_prob(z[idx]) + dist.Normal(z[idx], 1.0).log_prob(Y[idx])
+    assert torch.allclose(sections.evaluate(values, idx).sections, expected)
