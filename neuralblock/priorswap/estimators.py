@@ -85,6 +85,10 @@ class FalsePosteriorDensity(ABC):
         """A Cholesky factor of the density's covariance (a preconditioner), if known."""
         return None
 
+    def sample(self, num: int) -> Tensor:
+        """``num`` draws ``[num, D]`` (for independence proposals); not every estimate can be sampled."""
+        raise ValueError(f"{type(self).__name__} cannot be sampled; use a Gaussian or Gaussian-mixture estimate")
+
 
 class ExactPosterior(FalsePosteriorDensity):
     """A false posterior known in closed form (e.g. a conjugate posterior).
@@ -143,6 +147,12 @@ class ExactPosterior(FalsePosteriorDensity):
             return dist.scale.reshape(1, 1)
         return None
 
+    def sample(self, num: int) -> Tensor:
+        """Draws ``[num, D]`` of a distribution density (a callable density cannot be sampled)."""
+        if not isinstance(self.density, Distribution):
+            raise ValueError("an ExactPosterior given as a callable log density cannot be sampled")
+        return self.density.sample((num,)).reshape(num, self.dim)
+
 
 class GaussianFit(FalsePosteriorDensity):
     """A full-covariance Gaussian fitted to false-posterior draws.
@@ -170,6 +180,10 @@ class GaussianFit(FalsePosteriorDensity):
     def scale_tril(self) -> Tensor:
         """Cholesky factor of the fitted covariance."""
         return self.dist.scale_tril
+
+    def sample(self, num: int) -> Tensor:
+        """Draws ``[num, D]`` from the fitted Gaussian."""
+        return self.dist.sample((num,))
 
 
 class GaussianMixtureFit(FalsePosteriorDensity):
@@ -254,6 +268,11 @@ class GaussianMixtureFit(FalsePosteriorDensity):
     def scale_tril(self) -> Tensor:
         """Cholesky factor of the mixture's overall covariance."""
         return torch.linalg.cholesky(self._mixture_cov)
+
+    def sample(self, num: int) -> Tensor:
+        """Draws ``[num, D]``: a component by weight, then its Gaussian."""
+        comp = torch.multinomial(self.log_weights.exp(), num, replacement=True)
+        return self.components.sample((num,))[torch.arange(num), comp]
 
 
 class SemiparametricFit(FalsePosteriorDensity):

@@ -39,9 +39,9 @@ from neuralblock.priorswap.estimators import FalsePosteriorDensity, Semiparametr
 from neuralblock.priorswap.layout import DEFAULT_SITE, PriorLike, as_sample_dict
 from neuralblock.priorswap.swap import ISResult, SwappedModel, SwappedPotential, SwapProblem, normalized_weights
 
-__all__ = ["PriorSwap", "SwapMHInfo", "preconditioned_walk_propose", "swap_mh_step"]
+__all__ = ["PriorSwap", "SwapMHInfo", "preconditioned_walk_propose", "swap_independence_step", "swap_mh_step"]
 
-KERNELS = ("nuts", "hmc", "mh")
+KERNELS = ("nuts", "hmc", "mh", "independence")
 CORRECTIONS = (None, "is", "semiparametric")
 
 
@@ -83,6 +83,37 @@ def swap_mh_step(
     return SwapMHInfo(torch.where(info.accepted, proposal, z), torch.where(info.accepted, log_new, log_density), info)
 
 
+def swap_independence_step(
+    z: Tensor, log_density: Tensor, log_q: Tensor, proposal: FalsePosteriorDensity, problem: SwapProblem
+) -> tuple[SwapMHInfo, Tensor]:
+    """One independence MH step on ``log p_s`` whose proposal is the false-posterior estimate ``q``.
+
+    With ``q = p̃_f`` the ratio ``p_s(z') q(z) / (p_s(z) q(z'))`` reduces to the prior ratio
+    ``π(z') π_f(z) / (π(z) π_f(z'))`` when p_s uses the same estimate, so when the data dominate
+    both priors almost every proposal is accepted and draws are nearly independent.
+
+    Returns:
+        The step's record and ``log q`` of the new point.
+
+    Example:
+        >>> from torch.distributions import Normal
+        >>> from neuralblock.priorswap.estimators import GaussianFit
+        >>> draws = 1.0 + 0.1 * torch.randn(400, 1)
+        >>> problem = SwapProblem(draws, Normal(0.0, 1.0), Normal(0.0, 2.0))
+        >>> fit, z = GaussianFit(draws), draws[0]
+        >>> info, log_q = swap_independence_step(z, problem.log_density(z[None])[0], fit.log_prob(z), fit, problem)
+        >>> info.z.shape, bool(info.mh.accept_prob > 0.5)
+        (torch.Size([1]), True)
+    """
+    proposal_z = proposal.sample(1)[0].to(z.dtype)
+    log_new = problem.log_density(proposal_z[None])[0]
+    log_q_new = proposal.log_prob(proposal_z).to(log_new.dtype)
+    info = mh_accept((log_new - log_q_new) - (log_density - log_q))
+    keep = info.accepted
+    record = SwapMHInfo(torch.where(keep, proposal_z, z), torch.where(keep, log_new, log_density), info)
+    return record, torch.where(keep, log_q_new, log_q)
+
+
 class PriorSwap(MCMCKernel):
     """MH, HMC or NUTS on the prior-swapped density, inside ``pyro.infer.MCMC``.
 
@@ -93,8 +124,11 @@ class PriorSwap(MCMCKernel):
         false_prior: the prior the false posterior was inferred under (distribution, dict of
             distributions per site, or a callable log density on a dict of batched site values).
         target_prior: the prior to swap in (same forms; same support as the false prior).
-        kernel: ``"nuts"`` (default), ``"hmc"`` or ``"mh"`` (random walk preconditioned by the
-            estimate's covariance, step adapted during warmup to ``target_accept``).
+        kernel: ``"nuts"`` (default), ``"hmc"``, ``"mh"`` (random walk preconditioned by the
+            estimate's covariance, step adapted during warmup to ``target_accept``) or
+            ``"independence"`` (MH whose proposal is the parametric false-posterior estimate itself:
+            the cheapest choice when the data dominate both priors; needs a Gaussian or mixture fit,
+            or an exact density that is a distribution on unconstrained values).
         estimator: ``"gaussian"`` (default) or ``"gmm"`` fitted to the draws (the parametric start
             for the corrections), or ``"semiparametric"``.
         correction: ``None``, ``"is"`` (see :meth:`importance_weights`) or ``"semiparametric"``.
@@ -211,6 +245,18 @@ class PriorSwap(MCMCKernel):
             self._pending_init = None
         else:
             z0 = self._default_init()
+        if self.kernel_name == "independence":
+            self._inner = None
+            proposal = self.parametric
+            if proposal is None or (proposal.space == "constrained" and self.problem.layout.constrained_sites):
+                raise ValueError(
+                    "kernel='independence' needs a false-posterior estimate on unconstrained values "
+                    "(fitted draws, or an exact density on real-valued sites)"
+                )
+            self._proposal = proposal
+            self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
+            self._log_q = proposal.log_prob(z0).to(self._log_p.dtype)
+            return
         if self.kernel_name == "mh":
             self._inner = None
             dim = self.problem.layout.dim
@@ -265,12 +311,17 @@ class PriorSwap(MCMCKernel):
             out = self._inner.sample(params)
         else:
             z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
-            log_p = self._log_p if torch.equal(z, self._z) else self.problem.log_density(z[None])[0]
-            info = swap_mh_step(z, log_p, float(self._adapter.step_size[0]), self._chol, self.problem)
+            same = torch.equal(z, self._z)
+            log_p = self._log_p if same else self.problem.log_density(z[None])[0]
+            if self.kernel_name == "independence":
+                log_q = self._log_q if same else self._proposal.log_prob(z).to(log_p.dtype)
+                info, self._log_q = swap_independence_step(z, log_p, log_q, self._proposal, self.problem)
+            else:
+                info = swap_mh_step(z, log_p, float(self._adapter.step_size[0]), self._chol, self.problem)
             self._z, self._log_p = info.z, info.log_density
-            accept_prob = info.mh.accept_prob.reshape(1).to(self._adapter.log_step.dtype)
-            if warmup:
-                self._adapter.update(torch.zeros(1, dtype=torch.long), accept_prob)
+            accept_prob = info.mh.accept_prob.reshape(1).to(self._log_p.dtype)
+            if warmup and self.kernel_name == "mh":
+                self._adapter.update(torch.zeros(1, dtype=torch.long), accept_prob.to(self._adapter.log_step.dtype))
             else:
                 self._accepted += int(info.mh.accepted)
                 self._proposed += 1
@@ -283,7 +334,7 @@ class PriorSwap(MCMCKernel):
         return out
 
     def logging(self) -> dict[str, Any]:
-        """Short progress-bar dict (Pyro's for HMC/NUTS; smoothed acceptance for MH)."""
+        """Short progress-bar dict (Pyro's for HMC/NUTS; smoothed acceptance for the MH kernels)."""
         if self._inner is not None:
             return dict(self._inner.logging())
         return {"acc": round(self._recent_accept, 3)}
@@ -299,7 +350,8 @@ class PriorSwap(MCMCKernel):
         else:
             out["acceptance_rate"] = self._accepted / self._proposed if self._proposed else 0.0
             out["nonfinite_rejections"] = float(self._nonfinite)
-            out["step_size"] = float(self._adapter.step_size[0])
+            if self.kernel_name == "mh":
+                out["step_size"] = float(self._adapter.step_size[0])
         return out
 
     def cleanup(self) -> None:
