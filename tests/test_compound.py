@@ -125,3 +125,44 @@ def test_conditioned_model_rejects_changing_sites_and_non_finite_values() -> Non
         cm.set_values({"z0": torch.tensor(1.0)})
     with pytest.raises(ValueError, match="not finite"):
         cm.set_values({"p": torch.tensor(math.nan)})
+
+
+Y_GLOBAL = 0.8 + torch.randn(200, generator=torch.Generator().manual_seed(7))
+
+
+def global_local_model(y: torch.Tensor) -> None:
+    """Global w with a plate likelihood; three local labels whose logits are w."""
+    w = pyro.sample("w", dist.Normal(0.0, 2.0))
+    for k in range(3):
+        pyro.sample(f"z{k}", dist.Bernoulli(logits=w))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(w, 1.0), obs=y[idx])
+
+
+@pytest.mark.parametrize("global_kernel", ["austerity", "lwa"])
+def test_sublinear_global_kernel_in_a_compound_sampler(global_kernel: str) -> None:
+    # AusterityMH with epsilon=0 is exact MH, so Gibbs(z) + it must give the exact posterior:
+    # the labels sum out, so w | y is the conjugate normal posterior and P(z_k = 1 | y) = E[sigmoid(w)].
+    # 2 chains x 800 draws (20 batch means); 4 z-scores with |z| < 4.5: false-failure rate below 1e-4.
+    # LWA with n = N and epsilon = inf has a single subset and is exact MH as well.
+    from neuralblock import AusterityMH, LWAKernel
+
+    y = Y_GLOBAL
+    if global_kernel == "austerity":
+        inner = AusterityMH(global_local_model, sites=["w"], epsilon=0.0, normality_check=False)
+    else:
+        inner = LWAKernel(global_local_model, subset_size=y.shape[0], sites=["w"], epsilon=math.inf)
+    kernel = CompoundKernel([(GibbsKernel(global_local_model), None), (inner, ["w"])])
+    mcmc = MCMC(kernel, num_samples=800, warmup_steps=200, num_chains=2, disable_progbar=True)
+    mcmc.run(y)
+    samples = mcmc.get_samples(group_by_chain=True)
+    draws = torch.stack([samples["w"]] + [samples[f"z{k}"] for k in range(3)], -1)
+    precision = 1 / 4 + y.shape[0]
+    post_mean, post_sd = float(y.sum()) / precision, precision**-0.5
+    grid = torch.linspace(post_mean - 8 * post_sd, post_mean + 8 * post_sd, 4001, dtype=torch.float64)
+    weights = torch.distributions.Normal(post_mean, post_sd).log_prob(grid).exp()
+    p_z = float((weights * torch.sigmoid(grid)).sum() / weights.sum())
+    mean, se = batch_means_mcse(draws, num_batches=10)
+    exact = torch.tensor([post_mean, p_z, p_z, p_z], dtype=torch.float64)
+    z = (mean - exact) / se
+    assert z.abs().max() < 4.5, (mean.tolist(), exact.tolist(), z.tolist())
