@@ -40,12 +40,13 @@ import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.mcmc.util import initialize_model
-from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
 
 from neuralblock.coresets.solvers import Coreset, check_size
+from neuralblock.pyro.plates import PlateIndices
+from neuralblock.pyro.plates import plate_dim as _plate_dim
 
 __all__ = [
     "ModelLogLikelihood",
@@ -62,66 +63,6 @@ def _split_flat(x: Tensor, shapes: Mapping[str, torch.Size]) -> dict[str, Tensor
     """``[..., D]`` -> ``{name: [..., *shape]}`` in the order of ``shapes``."""
     chunks = torch.split(x, [math.prod(shape) for shape in shapes.values()], dim=-1)
     return {name: c.reshape(x.shape[:-1] + shape) for (name, shape), c in zip(shapes.items(), chunks)}
-
-
-def _plate_dim(msg: Message, plate: str) -> int | None:
-    for frame in msg["cond_indep_stack"]:
-        if frame.name == plate:
-            return int(frame.dim) if frame.dim is not None else -1
-    return None
-
-
-class PlateIndices(Messenger):
-    """Run a model's data plate on chosen indices, optionally weighting each datum's log-likelihood.
-
-    Sets the plate's ``_Subsample`` site to ``indices``. Pyro then scales every site in the plate by
-    ``N / m`` (an unbiased subsample estimate); with ``weights`` that factor is replaced by the per-datum
-    ``weights``, so the log density is ``prior + sum_i w_i log p(x_{idx_i} | theta)``.
-
-    Args:
-        plate: name of the data plate.
-        indices: ``LongTensor [m]`` of data indices.
-        weights: optional ``[m]`` positive per-datum weights.
-
-    Attributes:
-        size: the plate's full size ``N`` once the model has run (``None`` before, or if the plate
-            was not met).
-
-    Example:
-        >>> import pyro, pyro.distributions as dist, torch
-        >>> def model():
-        ...     with pyro.plate("data", 10) as idx:
-        ...         return idx
-        >>> with PlateIndices("data", torch.tensor([3, 7])) as inject:
-        ...     model().tolist(), inject.size
-        ([3, 7], 10)
-    """
-
-    def __init__(self, plate: str, indices: Tensor, weights: Tensor | None = None) -> None:
-        super().__init__()
-        self.plate = plate
-        self.indices = indices
-        self.weights = weights
-        self.size: int | None = None
-
-    def _pyro_sample(self, msg: Message) -> None:
-        if msg["name"] == self.plate and isinstance(msg["fn"], _Subsample):
-            self.size = int(msg["fn"].size)
-            if len(self.indices) and int(self.indices.max()) >= self.size:
-                raise ValueError(
-                    f"index {int(self.indices.max())} is out of range for plate {self.plate!r} of size {self.size}"
-                )
-            msg["value"] = self.indices
-            return
-        dim = _plate_dim(msg, self.plate)
-        if self.weights is None or dim is None or self.size is None:
-            return
-        # the plate (inner messenger, processed first) multiplied the scale by N / m: replace it by w,
-        # in the observed value's floating dtype (else the default dtype) so a float32 model stays float32
-        value = msg["value"]
-        dtype = value.dtype if isinstance(value, Tensor) and value.is_floating_point() else torch.get_default_dtype()
-        factor = (len(self.indices) / self.size) * self.weights.to(dtype).reshape((-1,) + (1,) * (-dim - 1))
-        msg["scale"] = factor * msg["scale"]
 
 
 def _require_plate(found: int | None, plate: str) -> int:

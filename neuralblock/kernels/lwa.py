@@ -85,7 +85,6 @@ import pyro.poutine as poutine
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
-from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
 from torch.distributions import biject_to
@@ -93,6 +92,7 @@ from torch.distributions import biject_to
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
 from neuralblock.kernels.summaries import SummaryFn, default_summaries
+from neuralblock.pyro.plates import PlateIndices, plate_dim
 
 __all__ = [
     "LWAKernel",
@@ -211,19 +211,7 @@ def subset_log_weight(summary: Tensor, full_summary: Tensor, epsilon: float) -> 
     return -(summary - full_summary).square().sum() / (2.0 * epsilon**2)
 
 
-class _PlateSubset(Messenger):
-    """Sets the index set of the plate named ``plate`` (its ``_Subsample`` site) to ``indices``."""
-
-    def __init__(self, plate: str, indices: Tensor) -> None:
-        super().__init__()
-        self.plate, self.indices = plate, indices
-
-    def _process_message(self, msg: Any) -> None:
-        if msg["type"] == "sample" and msg["name"] == self.plate and isinstance(msg["fn"], _Subsample):
-            msg["value"] = self.indices
-
-
-class _SubsetLogDensity(_PlateSubset):
+class _SubsetLogDensity(PlateIndices):
     """Runs a model on the subset ``indices`` of plate ``plate`` at fixed latent ``values``, summing log densities.
 
     Sites inside the plate contribute their unscaled (masked) log-probabilities times
@@ -261,7 +249,7 @@ def _log_ratio(new: float, current: float) -> float:
 
 
 def _in_plate(site: Mapping[str, Any], plate: str) -> bool:
-    return any(frame.name == plate for frame in site["cond_indep_stack"])
+    return plate_dim(site, plate) is not None  # type: ignore[arg-type]
 
 
 def _is_latent(site: Mapping[str, Any]) -> bool:
@@ -422,7 +410,7 @@ class LWAKernel(MCMCKernel):
             init = {k: self.transforms[k](trace.nodes[k]["value"].detach()) for k in self.sites}
             if math.isfinite(self.log_target(init, self._indices)):
                 return init
-            with _PlateSubset(self.plate, self._indices):
+            with PlateIndices(self.plate, self._indices):
                 trace = poutine.trace(poutine.condition(self.model, data=self._base)).get_trace(
                     *self._args, **self._kwargs
                 )

@@ -31,11 +31,14 @@ from neuralblock.pyro.bridge import (
     state_to_samples,
     to_pyro_model,
 )
+from neuralblock.pyro.plates import PlateIndices, plate_dim
 
 __all__ = [
     "FactorGraphModel",
+    "PlateIndices",
     "PyroModelGroup",
     "from_pyro_model",
+    "plate_dim",
     "samples_to_state",
     "state_to_samples",
     "to_pyro_model",

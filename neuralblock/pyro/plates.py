@@ -1,0 +1,78 @@
+"""Running a Pyro model's data plate on chosen indices.
+
+In Pyro a plate's index set is a ``_Subsample`` sample site named after the plate, so a
+messenger that sets that site's value runs the model on any subset of the data, provided the
+model indexes its data by the plate's indices (Pyro's subsampling idiom). The coresets, the
+LWA kernel and the austerity sections build on this.
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import Message
+from pyro.poutine.subsample_messenger import _Subsample
+from torch import Tensor
+
+__all__ = ["PlateIndices", "plate_dim"]
+
+
+def plate_dim(msg: Message, plate: str) -> int | None:
+    """The batch dimension of ``plate`` on a site (``-1`` if unset), or ``None`` outside the plate."""
+    for frame in msg["cond_indep_stack"]:
+        if frame.name == plate:
+            return int(frame.dim) if frame.dim is not None else -1
+    return None
+
+
+class PlateIndices(Messenger):
+    """Run a model's data plate on chosen indices, optionally weighting each datum's log-likelihood.
+
+    Sets the plate's ``_Subsample`` site to ``indices``. Pyro then scales every site in the plate by
+    ``N / m`` (an unbiased subsample estimate); with ``weights`` that factor is replaced by the per-datum
+    ``weights``, so the log density is ``prior + sum_i w_i log p(x_{idx_i} | theta)``.
+
+    Args:
+        plate: name of the data plate.
+        indices: ``LongTensor [m]`` of data indices.
+        weights: optional ``[m]`` positive per-datum weights.
+
+    Attributes:
+        size: the plate's full size ``N`` once the model has run (``None`` before, or if the plate
+            was not met).
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> def model():
+        ...     with pyro.plate("data", 10) as idx:
+        ...         return idx
+        >>> with PlateIndices("data", torch.tensor([3, 7])) as inject:
+        ...     model().tolist(), inject.size
+        ([3, 7], 10)
+    """
+
+    def __init__(self, plate: str, indices: Tensor, weights: Tensor | None = None) -> None:
+        super().__init__()
+        self.plate = plate
+        self.indices = indices
+        self.weights = weights
+        self.size: int | None = None
+
+    def _pyro_sample(self, msg: Message) -> None:
+        if msg["name"] == self.plate and isinstance(msg["fn"], _Subsample):
+            self.size = int(msg["fn"].size)
+            if len(self.indices) and int(self.indices.max()) >= self.size:
+                raise ValueError(
+                    f"index {int(self.indices.max())} is out of range for plate {self.plate!r} of size {self.size}"
+                )
+            msg["value"] = self.indices
+            return
+        dim = plate_dim(msg, self.plate)
+        if self.weights is None or dim is None or self.size is None:
+            return
+        # the plate (inner messenger, processed first) multiplied the scale by N / m: replace it by w,
+        # in the observed value's floating dtype (else the default dtype) so a float32 model stays float32
+        value = msg["value"]
+        dtype = value.dtype if isinstance(value, Tensor) and value.is_floating_point() else torch.get_default_dtype()
+        factor = (len(self.indices) / self.size) * self.weights.to(dtype).reshape((-1,) + (1,) * (-dim - 1))
+        msg["scale"] = factor * msg["scale"]
