@@ -174,16 +174,13 @@ class ModelLogLikelihood:
         conditioned = poutine.condition(self.model, data=self.unflatten(theta))
         with pyro.validation_enabled(False), PlateIndices(self.plate, indices):
             trace = poutine.trace(conditioned).get_trace(*self.model_args, **self.model_kwargs)
-        total: Tensor | float = 0.0
-        for name in self.obs_sites:
-            total = total + self._per_datum(trace.nodes[name], len(indices))
-        assert isinstance(total, Tensor)
-        return total
+        return torch.stack([self._per_datum(trace.nodes[name], len(indices)) for name in self.obs_sites]).sum(0)
 
     def _per_datum(self, site: Message, num: int) -> Tensor:
         """A site's unscaled log-probs summed to one value per plate index: ``[num]``."""
         dim = _plate_dim(site, self.plate)
-        assert dim is not None  # observed sites in the plate, found at construction
+        if dim is None:
+            raise ValueError(f"site {site['name']!r} left plate {self.plate!r} between model runs")
         log_prob = scale_and_mask(site["fn"].log_prob(site["value"]), mask=site["mask"])
         if log_prob.dim() < -dim:
             log_prob = log_prob.reshape((1,) * (-dim - log_prob.dim()) + log_prob.shape)

@@ -99,6 +99,12 @@ class GraphKernel(MCMCKernel):
         else:
             self._conditioned.set_values(values)
 
+    def _graph(self) -> FactorGraph:
+        """The kernel's graph (built at ``setup`` for Pyro models)."""
+        if self.fg is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() first (the graph is built there)")
+        return self.fg
+
     def _graph_model(self) -> Callable:
         return self._source if self._conditioned is None else self._conditioned
 
@@ -127,8 +133,7 @@ class GraphKernel(MCMCKernel):
         """Ancestral draw of a Pyro model's latent sites from its prior."""
         import pyro.poutine as poutine
 
-        fg = self.fg
-        assert fg is not None
+        fg = self._graph()
         trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
         state = fg.initial_state()
         for v in fg.latent.tolist():
@@ -161,8 +166,7 @@ class GraphKernel(MCMCKernel):
 
     # -- params <-> state -------------------------------------------------------------
     def _params_to_state(self, params: dict[str, Tensor]) -> Tensor:
-        fg = self.fg
-        assert fg is not None
+        fg = self._graph()
         if not self.from_pyro:
             if STATE_SITE not in params:
                 raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
@@ -177,8 +181,7 @@ class GraphKernel(MCMCKernel):
         return fg.check_state(state)
 
     def _state_to_params(self, state: Tensor) -> dict[str, Tensor]:
-        fg = self.fg
-        assert fg is not None
+        fg = self._graph()
         if not self.from_pyro:
             return {STATE_SITE: state}
         latent = fg.latent.tolist()
