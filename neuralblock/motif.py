@@ -47,15 +47,29 @@ __all__ = [
 
 @dataclass(frozen=True)
 class BlockSpec:
-    """Domains of the block variables, in block order: ``k`` for k-ary discrete, ``0`` for continuous."""
+    """Domains of the block variables, in block order: ``k`` for k-ary discrete, ``0`` for continuous.
+
+    ``scale_groups`` optionally gives each continuous variable (in block order) a group
+    id ``0 .. G-1``; a proposal's Gaussian is then isotropic within each group, with one
+    scale per group and component (e.g. one per mixture mean of a GMM pair, so an
+    inactive mean can stay broad while an active one is sharp). ``None`` is one group.
+    """
 
     cardinalities: list[int]
+    scale_groups: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.cardinalities:
             raise ValueError("a block needs at least one variable")
         if any(int(k) != k or k < 0 or k == 1 for k in self.cardinalities):
             raise ValueError(f"block cardinalities must be 0 (continuous) or >= 2, got {self.cardinalities}")
+        if self.scale_groups is not None:
+            groups = list(self.scale_groups)
+            if len(groups) != len(self.continuous) or sorted(set(groups)) != list(range(len(set(groups)))):
+                raise ValueError(
+                    f"scale_groups must give each of the {len(self.continuous)} continuous variables a group id "
+                    f"0..G-1 (every id used), got {self.scale_groups}"
+                )
 
     @property
     def size(self) -> int:
@@ -191,13 +205,16 @@ class Motif(ABC):
 
     def spec(self) -> dict[str, Any]:
         """JSON description checked against proposal files."""
-        return {
+        spec = {
             "name": self.name,
             "version": self.version,
             "options": self.options(),
             "block_cardinalities": list(self.block_spec.cardinalities),
             "feature_dim": self.feature_dim,
         }
+        if self.block_spec.scale_groups is not None:
+            spec["scale_groups"] = list(self.block_spec.scale_groups)
+        return spec
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options().items())

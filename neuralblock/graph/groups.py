@@ -24,7 +24,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["CallableGroup", "FactorGroup", "LinearGaussianGroup", "LogLinearGaussianGroup", "TableGroup"]
+__all__ = [
+    "CallableGroup",
+    "FactorGroup",
+    "GaussianMixtureGroup",
+    "LinearGaussianGroup",
+    "LogLinearGaussianGroup",
+    "TableGroup",
+]
 
 
 class FactorGroup(ABC):
@@ -68,9 +75,7 @@ class TableGroup(FactorGroup):
         if scopes.dim() != 2:
             raise ValueError(f"table scopes must be [F, a], got shape {tuple(scopes.shape)}")
         if log_tables.dim() != scopes.shape[1] + 1 or log_tables.shape[0] != scopes.shape[0]:
-            raise ValueError(
-                f"log_tables of shape {tuple(log_tables.shape)} do not match scopes {tuple(scopes.shape)}"
-            )
+            raise ValueError(f"log_tables of shape {tuple(log_tables.shape)} do not match scopes {tuple(scopes.shape)}")
         if torch.isnan(log_tables).any() or (log_tables == math.inf).any():
             raise ValueError("log_tables contain NaN or +inf")
         self.scopes = scopes
@@ -189,6 +194,64 @@ class LogLinearGaussianGroup(FactorGroup):
         log_var = self.logvar_weight[rows] * x + self.logvar_bias[rows]
         resid = y - (self.loc_weight[rows] * x + self.loc_bias[rows])
         return -0.5 * (resid * resid * torch.exp(-log_var) + log_var + math.log(2 * math.pi))
+
+
+class GaussianMixtureGroup(FactorGroup):
+    """Points of an open-universe Gaussian mixture, with their labels summed out.
+
+    Factor ``j`` is ``log p(x_j | mu, v) = log (1 / M) sum_k v_k N(x_j; mu_k, sigma^2 I)``
+    over ``m`` mixtures with means ``mu_k`` (``D`` continuous variables each) and activity
+    bits ``v_k`` (binary variables), ``M = sum_k v_k``. With no active mixture the factor
+    is ``-inf``. Each factor's scope is ``[x_j (D), mu_1 .. mu_m (m D), v_1 .. v_m]``.
+
+    Args:
+        points: ``LongTensor [n, D]`` variable ids of the points' coordinates.
+        means: ``LongTensor [m, D]`` variable ids of the mixture means.
+        active: ``LongTensor [m]`` variable ids of the activity bits.
+        sigma: the points' standard deviation around their mixture mean (positive).
+
+    Example:
+        >>> g = GaussianMixtureGroup(torch.tensor([[0]]), torch.tensor([[1], [2]]), torch.tensor([3, 4]), 1.0)
+        >>> state = torch.tensor([0.0, 0.0, 5.0, 1.0, 0.0])  # x = 0, only mixture 0 (mean 0) active
+        >>> round(float(g.log_factors(state)), 4)
+        -0.9189
+    """
+
+    def __init__(self, points: Tensor, means: Tensor, active: Tensor, sigma: float) -> None:
+        points = torch.as_tensor(points, dtype=torch.long)
+        means = torch.as_tensor(means, dtype=torch.long)
+        active = torch.as_tensor(active, dtype=torch.long).reshape(-1)
+        if points.dim() != 2 or means.dim() != 2 or points.shape[1] != means.shape[1]:
+            raise ValueError(
+                f"mixture points {tuple(points.shape)} and means {tuple(means.shape)} must be [n, D] and [m, D]"
+            )
+        if means.shape[0] != active.shape[0] or active.numel() == 0:
+            raise ValueError(f"need one activity bit per mixture: {means.shape[0]} means, {active.numel()} bits")
+        if not (math.isfinite(float(sigma)) and float(sigma) > 0):
+            raise ValueError(f"mixture sigma must be finite and positive, got {sigma}")
+        if min(int(points.min()), int(means.min()), int(active.min())) < 0:
+            raise ValueError("mixture variable ids must be non-negative")
+        self.points, self.means, self.active, self.sigma = points, means, active, float(sigma)
+        shared = torch.cat([means.reshape(-1), active])
+        self.scopes = torch.cat([points, shared.expand(points.shape[0], -1)], dim=1)
+
+    @property
+    def dim(self) -> int:
+        """Dimension ``D`` of the points."""
+        return int(self.points.shape[1])
+
+    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
+        rows = slice(None) if index is None else index
+        x = state[..., self.points[rows]]  # [..., r, D]
+        mu = state[..., self.means]  # [..., m, D]
+        v = state[..., self.active]  # [..., m]
+        d2 = ((x.unsqueeze(-2) - mu.unsqueeze(-3)) ** 2).sum(-1) / self.sigma**2  # [..., r, m]
+        log_v = torch.log(v.clamp(min=0.0)).unsqueeze(-2)
+        count = v.sum(-1, keepdim=True)
+        dim = self.dim
+        log_norm = -dim * math.log(self.sigma) - 0.5 * dim * math.log(2 * math.pi)
+        value = torch.logsumexp(log_v - 0.5 * d2, -1) - torch.log(count.clamp(min=1.0)) + log_norm
+        return torch.where(count > 0, value, torch.full_like(value, -math.inf))
 
 
 class CallableGroup(FactorGroup):

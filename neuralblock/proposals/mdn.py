@@ -3,7 +3,8 @@
 ``MixtureDensityNetwork(context)`` returns a :class:`BlockMixture`: explicit mixture
 weights; inside each component the bounded discrete variables are independent
 categoricals and the continuous variables an isotropic Gaussian whose variance is
-floored at ``1e-5``. Everything is computed in log space.
+floored at ``1e-5`` (isotropic within each *scale group* when the block declares
+several, e.g. one per mixture mean). Everything is computed in log space.
 
 References:
     Wang, Wu, Moore, Russell. "Meta-Learning MCMC Proposals", NeurIPS 2018.
@@ -26,6 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, constraints
 
+from neuralblock.motif import BlockSpec
+
 __all__ = ["BlockMixture", "MixtureDensityNetwork"]
 
 MIN_VARIANCE = 1e-5
@@ -41,8 +44,10 @@ class BlockMixture(Distribution):
         mixture_logits: ``[..., K]``.
         discrete_logits: ``[..., K, D, k_max]`` (entries past a variable's cardinality are ``-inf``) or ``None``.
         loc: ``[..., K, C]`` or ``None``.
-        log_scale: ``[..., K]`` log standard deviation of each component's Gaussian, or ``None``.
+        log_scale: ``[..., K]`` log standard deviation of each component's Gaussian, or
+            ``[..., K, G]`` with one per scale group, or ``None``.
         cardinalities: the block's domains, in block order (0 = continuous).
+        scale_groups: group id of each continuous variable (default: all in group 0).
     """
 
     arg_constraints: dict = {}
@@ -56,6 +61,7 @@ class BlockMixture(Distribution):
         loc: Tensor | None,
         log_scale: Tensor | None,
         cardinalities: Sequence[int],
+        scale_groups: Sequence[int] | None = None,
     ) -> None:
         self.cardinalities = list(cardinalities)
         self.discrete_pos = [i for i, k in enumerate(self.cardinalities) if k > 0]
@@ -63,7 +69,16 @@ class BlockMixture(Distribution):
         self.mixture_log_weights = torch.log_softmax(mixture_logits, -1)
         self.discrete_log_probs = None if discrete_logits is None else torch.log_softmax(discrete_logits, -1)
         self.loc = loc
-        self.log_scale = None if log_scale is None else log_scale.clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)
+        self.log_scale = None  # [..., K, C]: one log standard deviation per component and continuous variable
+        if log_scale is not None:
+            if log_scale.dim() == mixture_logits.dim():
+                log_scale = log_scale.unsqueeze(-1)
+            groups = torch.as_tensor(
+                list(scale_groups) if scale_groups is not None else [0] * len(self.continuous_pos),
+                dtype=torch.long,
+                device=log_scale.device,
+            )
+            self.log_scale = log_scale.clamp(_MIN_LOG_SCALE, _MAX_LOG_SCALE)[..., groups]
         super().__init__(mixture_logits.shape[:-1], torch.Size([len(self.cardinalities)]), validate_args=False)
 
     @property
@@ -84,9 +99,9 @@ class BlockMixture(Distribution):
             out = out + logp.gather(-1, index).squeeze(-1).sum(-1)
         if self.loc is not None and self.log_scale is not None:
             x = value[..., self.continuous_pos].unsqueeze(-2)  # [..., 1, C]
-            z = (x - self.loc) * torch.exp(-self.log_scale).unsqueeze(-1)
+            z = (x - self.loc) * torch.exp(-self.log_scale)
             dim = len(self.continuous_pos)
-            out = out + (-0.5 * (z * z).sum(-1) - dim * self.log_scale - 0.5 * dim * math.log(2 * math.pi))
+            out = out + (-0.5 * (z * z).sum(-1) - self.log_scale.sum(-1) - 0.5 * dim * math.log(2 * math.pi))
         return out
 
     def log_prob(self, value: Tensor) -> Tensor:
@@ -116,7 +131,7 @@ class BlockMixture(Distribution):
             loc = self.loc.expand(shape + self.loc.shape[-2:])
             idx = comp[..., None, None].expand(shape + (1, loc.shape[-1]))
             mean = loc.gather(-2, idx).squeeze(-2)
-            std = self.log_scale.expand(shape + (self.num_components,)).gather(-1, comp[..., None]).exp()
+            std = self.log_scale.expand(shape + self.log_scale.shape[-2:]).gather(-2, idx).squeeze(-2).exp()
             out[..., self.continuous_pos] = mean + std * torch.randn_like(mean)
         return out
 
@@ -129,6 +144,8 @@ class MixtureDensityNetwork(nn.Module):
         block_cardinalities: the block's domains (``k`` discrete, ``0`` continuous).
         components: number of mixture components.
         hidden: widths of the hidden layers.
+        scale_groups: optional group id per continuous variable (one Gaussian scale per
+            group and component); ``None`` gives one isotropic scale.
 
     Example:
         >>> net = MixtureDensityNetwork(3, [2, 2], components=2, hidden=(16,))
@@ -142,9 +159,14 @@ class MixtureDensityNetwork(nn.Module):
         block_cardinalities: Sequence[int],
         components: int = 8,
         hidden: Sequence[int] = (128, 128),
+        scale_groups: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         cards = [int(k) for k in block_cardinalities]
+        self.scale_groups = None if scale_groups is None else [int(g) for g in scale_groups]
+        if self.scale_groups is not None:
+            BlockSpec(cards, self.scale_groups)  # raises a clear ValueError for bad groups
+        num_groups = 1 if self.scale_groups is None else len(set(self.scale_groups))
         if in_features < 1 or components < 1 or not cards or any(k < 0 or k == 1 for k in cards):
             raise ValueError(
                 f"bad MDN shape: in_features={in_features}, components={components}, cardinalities={cards}"
@@ -164,18 +186,22 @@ class MixtureDensityNetwork(nn.Module):
         discrete_width = components * self.num_discrete * self.k_max
         self.discrete_head = nn.Linear(width, discrete_width) if self.num_discrete else None
         self.loc_head = nn.Linear(width, components * self.num_continuous) if self.num_continuous else None
-        self.scale_head = nn.Linear(width, components) if self.num_continuous else None
+        self.num_scale_groups = num_groups
+        self.scale_head = nn.Linear(width, components * num_groups) if self.num_continuous else None
         mask = torch.tensor([[j >= k for j in range(self.k_max)] for k in cards if k > 0], dtype=torch.bool)
         self.register_buffer("_invalid", mask.reshape(self.num_discrete, self.k_max), persistent=False)
 
     def config(self) -> dict:
         """Constructor arguments (for the proposal sidecar)."""
-        return {
+        config: dict = {
             "in_features": self.in_features,
             "block_cardinalities": self.cardinalities,
             "components": self.components,
             "hidden": self.hidden,
         }
+        if self.scale_groups is not None:
+            config["scale_groups"] = self.scale_groups
+        return config
 
     def forward(self, context: Tensor) -> BlockMixture:
         """The proposal distribution for contexts ``[..., in_features]``."""
@@ -189,5 +215,7 @@ class MixtureDensityNetwork(nn.Module):
             discrete = self.discrete_head(h).reshape(*batch, k, self.num_discrete, self.k_max)
             discrete = discrete.masked_fill(self._invalid, -float("inf"))
         loc = None if self.loc_head is None else self.loc_head(h).reshape(*batch, k, self.num_continuous)
-        log_scale = None if self.scale_head is None else self.scale_head(h)
-        return BlockMixture(self.mixture_head(h), discrete, loc, log_scale, self.cardinalities)
+        log_scale = None
+        if self.scale_head is not None:
+            log_scale = self.scale_head(h).reshape(*batch, k, self.num_scale_groups)
+        return BlockMixture(self.mixture_head(h), discrete, loc, log_scale, self.cardinalities, self.scale_groups)

@@ -136,7 +136,8 @@ class NeuralBlockProposal(nn.Module):
         if not isinstance(motif, Motif):
             raise TypeError(f"motif must be a neuralblock Motif, got {type(motif).__name__}")
         self.motif = motif
-        self.mdn = MixtureDensityNetwork(motif.feature_dim, motif.block_spec.cardinalities, components, hidden)
+        spec = motif.block_spec
+        self.mdn = MixtureDensityNetwork(motif.feature_dim, spec.cardinalities, components, hidden, spec.scale_groups)
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     def forward(self, features: Tensor) -> BlockMixture:
@@ -198,12 +199,12 @@ class NeuralBlockProposal(nn.Module):
         if motif is None:
             motif = get_motif(spec["name"], **spec.get("options", {}))
         if motif.spec() != spec:
-            raise ValueError(
-                f"proposal {sidecar_path.name} was trained for motif {spec} but was given {motif.spec()}"
-            )
+            raise ValueError(f"proposal {sidecar_path.name} was trained for motif {spec} but was given {motif.spec()}")
         net = meta["network"]
-        if net.get("in_features") != motif.feature_dim or net.get("block_cardinalities") != list(
-            motif.block_spec.cardinalities
+        if (
+            net.get("in_features") != motif.feature_dim
+            or net.get("block_cardinalities") != list(motif.block_spec.cardinalities)
+            or net.get("scale_groups") != motif.block_spec.scale_groups
         ):
             raise ValueError(f"proposal {sidecar_path.name}: network shape {net} does not match motif {motif.spec()}")
         tensors = load_checked_safetensors(weights_path, meta["weights_sha256"])
