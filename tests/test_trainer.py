@@ -211,6 +211,7 @@ def test_cli_bad_motif_lists_choices(capsys):
         (["--option", "colour=red"], "bad options"),
         (["--hidden", "12,x"], "comma-separated widths"),
         (["--option", "scale=1", "--option", "scale=2"], "given twice"),
+        (["--threads", "0"], "positive integer"),
     ],
 )
 def test_cli_bad_values_error(args, message, capsys):
@@ -220,14 +221,16 @@ def test_cli_bad_values_error(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_cli_trains_and_maps_options(tmp_path, capsys):
+def test_cli_trains_and_maps_options(tmp_path, capsys, monkeypatch):
+    threads = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
     out = tmp_path / "toy-cli"
     code = main(
         ["--motif", "toy", "--option", "scale=1.5", "--option", "enumerable=true", "--steps", "4"]
         + ["--batch-size", "8", "--hidden", "8,8", "--val-size", "16", "--out", str(out), "--no-progress"]
-        + ["--logdir", str(tmp_path / "runs"), "--lr-schedule", "constant"]
+        + ["--logdir", str(tmp_path / "runs"), "--lr-schedule", "constant", "--threads", "1"]
     )
-    assert code == 0
+    assert code == 0 and threads == [1]
     sidecar = json.loads(out.with_suffix(".json").read_text())
     assert sidecar["motif"]["options"] == {"scale": 1.5, "seed": 0, "enumerable": True}
     assert sidecar["network"]["hidden"] == [8, 8]

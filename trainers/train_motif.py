@@ -26,6 +26,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from trainers.library import DEFAULT_INDEX, register_proposal  # noqa: E402
 from trainers.trainer import ConfigError, TrainConfig, train  # noqa: E402
 
@@ -239,6 +241,13 @@ def build_parser(motif_choices: Sequence[str] | None = None) -> argparse.Argumen
         default=defaults.device,
         help="cpu, cuda or cuda:N (default %(default)s; torchrun ranks use cuda:LOCAL_RANK)",
     )
+    opt.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        help="CPU threads for torch (default: torch's choice); use 1 on a shared or busy machine, where "
+        "oversubscribed threads can slow training by an order of magnitude",
+    )
 
     val = parser.add_argument_group("validation, logging and output")
     val.add_argument(
@@ -354,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     config = config_from_args(args, parser)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     try:
         proposal, metrics = train(config)
     except ConfigError as err:
