@@ -11,6 +11,8 @@ from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
 from neuralblock.kernels.particle_gibbs import ParticleGibbs, StateSpaceModel, csmc_step
 from neuralblock.kernels.random_walk import RandomWalkMH
+from neuralblock.kernels.single_site import SingleSiteSweep
+from neuralblock.kernels.split_merge import SplitMergeGMM
 
 __all__ = [
     "AusterityMH",
@@ -24,6 +26,8 @@ __all__ = [
     "NeuralBlockKernel",
     "ParticleGibbs",
     "RandomWalkMH",
+    "SingleSiteSweep",
+    "SplitMergeGMM",
     "StateSpaceModel",
     "StepSizeAdapter",
     "csmc_step",

@@ -37,8 +37,7 @@ from torch import Tensor
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept
-from neuralblock.kernels.gibbs import GibbsPlan
-from neuralblock.kernels.random_walk import RandomWalkPlan, continuous_latent
+from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -171,10 +170,7 @@ class NeuralBlockKernel(GraphKernel):
         if sum(self.num_instances) == 0:
             names = ", ".join(p.motif.name for p in self.proposals)
             raise ValueError(f"no instance of the proposals' motifs ({names}) was found in this model")
-        discrete = [v for v in sorted(latent) if cards[v] > 0]
-        continuous = continuous_latent(fg, None, "NeuralBlockKernel")
-        self.gibbs_plan = GibbsPlan(fg, discrete) if discrete else None
-        self.rw_plan = RandomWalkPlan(fg, continuous, self.step_size, 0.44) if continuous else None
+        self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel")
 
     def _reset_stats(self) -> None:
         n = len(self.proposals)
@@ -189,10 +185,7 @@ class NeuralBlockKernel(GraphKernel):
         fg = self.fg
         assert fg is not None
         if float(torch.rand(())) < self.gibbs_prob:
-            if self.gibbs_plan is not None:
-                state, _ = self.gibbs_plan.sweep(fg, state)
-            if self.rw_plan is not None:
-                state, _ = self.rw_plan.sweep(fg, state, adapt=warmup)
+            state = self.single_site.sweep(fg, state, adapt=warmup)
             if not warmup:
                 self._single_sweeps += 1
             return state

@@ -1,0 +1,243 @@
+"""Evaluate a trained ``gmm_pair`` proposal against the prior proposal and single-site Gibbs.
+
+Part 1, held-out random instantiations of the motif (``m = 8`` mixtures, ``n = 60``
+points, hyper-parameters from the training distribution, seeded and never seen in
+training): the NLL ``E[-log q(B | C)]`` of the pair block (whitened coordinates) and the
+independence-MH acceptance rate when ``q`` replaces the exact conditional, for the trained
+network and for the **prior proposal** (:func:`motifs.gmm_pair.prior_proposal`, ``q = p(B)``).
+
+Part 2, MCMC on held-out GMMs drawn from the model (``--mixtures`` candidates, ``--points``
+points, ``sigma = 1``, ``tau = 5``, ``p = 0.5``), every sampler in the same engine
+(:class:`~neuralblock.NeuralBlockKernel`) from the same start, for the same wall time:
+
+* ``Gibbs``: single-site sweeps only (Gibbs on the activity bits, adaptive random-walk MH
+  on the mean coordinates), the baseline a user gets without a block proposal;
+* ``prior pair + Gibbs``: the prior proposal on every pair, mixed half and half with Gibbs;
+* ``NB(gmm_pair) + Gibbs``: the trained proposal on every pair, mixed the same way.
+
+It reports the log joint reached, the number of active mixtures against the truth, and
+the in-kernel block acceptance rate.
+
+Usage::
+
+    python experiments/gmm_pair_eval.py --quick
+    python experiments/gmm_pair_eval.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from motifs.gmm_pair import GmmPairMotif, gmm_graph, prior_proposal, sample_gmm  # noqa: E402
+from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
+from neuralblock.graph import FactorGraph, GaussianMixtureGroup  # noqa: E402
+from neuralblock.kernels.base import GraphKernel, sequential_init  # noqa: E402
+from neuralblock.proposals import NeuralBlockProposal  # noqa: E402
+from trainers.trainer import evaluate  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SIGMA, TAU, P_ACTIVE = 1.0, 5.0, 0.5
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--proposal", default="gmm_pair", help="shipped proposal name or a proposal file path")
+    parser.add_argument("--instances", type=int, default=8192, help="held-out instantiations in part 1")
+    parser.add_argument("--mc-samples", type=int, default=32, help="proposals per instance for the acceptance")
+    parser.add_argument("--models", type=int, default=8, help="held-out GMMs in part 2")
+    parser.add_argument("--mixtures", type=int, default=8)
+    parser.add_argument("--points", type=int, default=60)
+    parser.add_argument("--seconds", type=float, default=20.0, help="wall time per sampler and model in part 2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="CI scale (an untrained proposal if none is shipped)")
+    parser.add_argument("--out", default="experiments/results/gmm_pair")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.instances, args.mc_samples, args.models, args.seconds = 256, 4, 2, 1.0
+    return args
+
+
+def load_proposal(name: str, quick: bool) -> NeuralBlockProposal:
+    """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
+    try:
+        if Path(name).suffix or "/" in name:
+            return NeuralBlockProposal.load(name)
+        return load_pretrained(name)
+    except (FileNotFoundError, KeyError, ValueError):
+        if not quick:
+            raise
+        torch.manual_seed(0)
+        return NeuralBlockProposal(GmmPairMotif(), components=4, hidden=(32,))
+
+
+def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Part 1: NLL and independence-MH acceptance of the network and of the prior proposal."""
+    motif = proposal.motif
+    batch = motif.sample_training_batch(args.instances, torch.Generator().manual_seed(10_000 + args.seed))
+    rows = []
+    for label, candidate in (("NB(gmm_pair)", proposal), ("prior proposal", prior_proposal(motif))):
+        with torch.no_grad():
+            metrics = evaluate(candidate.mdn, batch, motif.block_spec, args.mc_samples, seed=args.seed)
+        rows.append({"proposal": label, "instances": args.instances, **metrics})
+    return rows
+
+
+def _mixture_group(fg: FactorGraph) -> GaussianMixtureGroup:
+    return next(g for g in fg.groups if isinstance(g, GaussianMixtureGroup))
+
+
+def run_sampler(kernel: GraphKernel, start: torch.Tensor, seconds: float, seed: int) -> dict[str, Any]:
+    """Run a GMM ``kernel`` from ``start`` for ``seconds`` of wall time.
+
+    Returns:
+        Per transition: ``times``, ``log_joint``, ``log_lik`` (the points' log-likelihood) and
+        ``active`` (the number of active mixtures); plus ``sweeps`` and the kernel's diagnostics.
+    """
+    torch.manual_seed(seed)
+    kernel.setup(warmup_steps=0)
+    fg = kernel.fg
+    group = _mixture_group(fg)
+    trace: dict[str, list[float]] = {"times": [], "log_joint": [], "log_lik": [], "active": []}
+
+    def record(state: torch.Tensor, now: float) -> None:
+        trace["times"].append(now)
+        trace["log_joint"].append(float(fg.log_joint(state)))
+        trace["log_lik"].append(float(group.log_factors(state).sum()))
+        trace["active"].append(float(state[group.active].sum()))
+
+    params = {"x": start.clone()}
+    record(params["x"], 0.0)
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        params = kernel.sample(params)
+        record(params["x"], time.perf_counter() - begin)
+    return {**trace, "sweeps": len(trace["times"]) - 1, "diagnostics": kernel.diagnostics()}
+
+
+def held_out_gmm(mixtures: int, points: int, seed: int) -> tuple[FactorGraph, torch.Tensor, dict[str, float]]:
+    """A GMM drawn from the model (``sigma, tau, p`` of this study), its true state and reference numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    data, means, active = sample_gmm(mixtures, points, gen, SIGMA, TAU, P_ACTIVE)
+    fg = gmm_graph(data, mixtures, SIGMA, TAU, P_ACTIVE)
+    group = _mixture_group(fg)
+    truth = sequential_init(fg, gen)
+    truth[group.means.reshape(-1)] = means.reshape(-1)
+    truth[group.active] = active
+    reference = {
+        "true_active": float(active.sum()),
+        "true_log_joint": float(fg.log_joint(truth)),
+        "true_log_lik": float(group.log_factors(truth).sum()),
+    }
+    return fg, truth, reference
+
+
+def mcmc_comparison(proposal: NeuralBlockProposal, args: argparse.Namespace) -> dict[str, Any]:
+    """Part 2: the three samplers on held-out GMMs, equal wall time, same start."""
+    prior = prior_proposal(proposal.motif)
+    samplers = {
+        "Gibbs": lambda fg: NeuralBlockKernel(fg, proposals=[prior], gibbs_prob=1.0),
+        "prior pair + Gibbs": lambda fg: NeuralBlockKernel(fg, proposals=[prior], gibbs_prob=0.5),
+        "NB(gmm_pair) + Gibbs": lambda fg: NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.5),
+    }
+    models = []
+    for k in tqdm(range(args.models), desc="held-out GMMs"):
+        fg, _, record = held_out_gmm(args.mixtures, args.points, 20_000 + 31 * args.seed + k)
+        start = sequential_init(fg, torch.Generator().manual_seed(k))
+        record["start_log_joint"] = float(fg.log_joint(start))
+        for label, build in samplers.items():
+            run = run_sampler(build(fg), start, args.seconds, seed=args.seed + k)
+            run["acceptance"] = run.pop("diagnostics")["acceptance"].get("gmm_pair")
+            record[label] = run
+        models.append(record)
+    return {"models": models, "samplers": list(samplers)}
+
+
+def summarize(part2: dict[str, Any]) -> list[dict[str, Any]]:
+    """Medians over models: final log joint relative to the truth, active-count error, acceptance, sweeps."""
+    rows = []
+    for label in part2["samplers"]:
+        runs = [(m, m[label]) for m in part2["models"]]
+        gap = torch.tensor([r["log_joint"][-1] - m["true_log_joint"] for m, r in runs])
+        half = torch.tensor([r["log_joint"][len(r["log_joint"]) // 2] - m["true_log_joint"] for m, r in runs])
+        wrong_m = torch.tensor([abs(r["active"][-1] - m["true_active"]) for m, r in runs])
+        acc = [r["acceptance"] for _, r in runs if r["acceptance"] is not None and r["sweeps"] > 0]
+        rows.append(
+            {
+                "sampler": label,
+                "median final log joint - truth": float(gap.median()),
+                "median halfway log joint - truth": float(half.median()),
+                "models with right M": int((wrong_m == 0).sum()),
+                "mean abs(M - M_true)": float(wrong_m.mean()),
+                "block acceptance": (sum(acc) / len(acc)) if acc and label != "Gibbs" else None,
+                "median sweeps": float(torch.tensor([float(r["sweeps"]) for _, r in runs]).median()),
+            }
+        )
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], part2: dict[str, Any], path: Path) -> None:
+    shown = part2["models"][: min(3, len(part2["models"]))]
+    fig, axes = plt.subplots(1, 1 + len(shown), figsize=(4.2 * (1 + len(shown)), 3.6))
+    x = torch.arange(len(rows)).float()
+    axes[0].bar(x - 0.2, [r["acceptance"] for r in rows], 0.4, label="MH acceptance")
+    axes[0].set_xticks(x.tolist(), [r["proposal"] for r in rows], fontsize=8)
+    axes[0].set_ylabel("independence-MH acceptance")
+    axes[0].set_title("held-out pair blocks")
+    for ax, model in zip(axes[1:], shown):
+        for label in part2["samplers"]:
+            run = model[label]
+            ax.plot(run["times"], [v - model["true_log_joint"] for v in run["log_joint"]], label=label, lw=1)
+        ax.axhline(0.0, color="k", lw=0.8, ls="--")
+        lowest = min(min(model[s]["log_joint"]) for s in part2["samplers"]) - model["true_log_joint"]
+        ax.set_ylim(bottom=max(-200.0, lowest))
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("log joint - log joint at truth")
+        ax.set_title(f"M_true = {model['true_active']:.0f}")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    proposal = load_proposal(args.proposal, args.quick)
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
+    folder = study_folder(args.out, config)
+    rows = held_out(proposal, args)
+    part2 = mcmc_comparison(proposal, args)
+    summary = summarize(part2)
+    record = {"config": config, "held_out": rows, "mcmc": part2, "summary": summary}
+    write_json(folder / "gmm_pair.json", record)
+    text = (
+        f"# gmm_pair proposal `{args.proposal}`\n\n## Held-out pair blocks (m=8, n=60)\n\n"
+        + markdown_table(rows, ["proposal", "instances", "nll", "acceptance"])
+        + f"\n\n## MCMC on {args.models} held-out GMMs (m={args.mixtures}, n={args.points}, sigma={SIGMA}, "
+        + f"tau={TAU}, p={P_ACTIVE}), {args.seconds:g} s per sampler, same start\n\n"
+        + markdown_table(summary, list(summary[0]))
+        + "\n"
+    )
+    (folder / "gmm_pair.md").write_text(text)
+    plot(rows, part2, folder / "gmm_pair.png")
+    print(text)
+    print(f"wrote {folder}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Open-universe GMM: neural pair blocks (``gmm_pair``) vs a hand-designed split-merge sampler.
+
+For every size ``m`` (candidate mixtures) in ``--mixtures`` and ``n`` (points) in
+``--points``, one GMM is drawn from the model (``sigma = 1``, ``tau = 5``, ``p = 0.5``, 2-D)
+and both samplers run ``--runs`` times on the same observations, each run from its own
+random start and for the same wall time, in the same engine:
+
+* ``NB(gmm_pair) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with the shipped
+  ``gmm_pair`` proposal (trained at ``m = 8``, ``n = 60``; larger models use its context
+  selection), half the transitions single-site sweeps;
+* ``split-merge + Gibbs``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`
+  (Smart-Dumb/Dumb-Smart split/merge plus data-driven birth/death), mixed the same way.
+
+It records the points' log-likelihood and the number of active mixtures ``M`` against
+time, plots both, and reports, per size, the time each sampler needs to reach the
+split-merge sampler's final log-likelihood (median over runs). The issue's target is at
+``m = 16, n = 240``: NB reaches it in at most half the split-merge sampler's time.
+
+Usage::
+
+    python experiments/gmm_study.py --quick
+    python experiments/gmm_study.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gmm_pair_eval import held_out_gmm, load_proposal, run_sampler  # noqa: E402
+
+from neuralblock import NeuralBlockKernel  # noqa: E402
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
+from neuralblock.kernels.base import sequential_init  # noqa: E402
+from neuralblock.kernels.split_merge import SplitMergeGMM  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+NB, SM = "NB(gmm_pair) + Gibbs", "split-merge + Gibbs"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--proposal", default="gmm_pair", help="shipped proposal name or a proposal file path")
+    parser.add_argument("--mixtures", type=int, nargs="+", default=[8, 12, 16])
+    parser.add_argument("--points", type=int, nargs="+", default=[60, 120, 240])
+    parser.add_argument("--runs", type=int, default=3, help="runs per sampler on the same observations")
+    parser.add_argument("--seconds", type=float, default=20.0, help="wall time per run")
+    parser.add_argument("--target-seconds", type=float, default=60.0, help="wall time per run at the largest size")
+    parser.add_argument("--gibbs-prob", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="CI scale (an untrained proposal if none is shipped)")
+    parser.add_argument("--out", default="experiments/results/gmm_study")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mixtures, args.points, args.runs, args.seconds, args.target_seconds = [8], [60], 1, 1.0, 1.0
+    return args
+
+
+def time_to_reach(run: dict[str, Any], level: float) -> float | None:
+    """First time the run's log-likelihood reaches ``level`` (``None`` if never)."""
+    for t, value in zip(run["times"], run["log_lik"]):
+        if value >= level:
+            return t
+    return None
+
+
+def _median(values: list[Any]) -> float:
+    return float(torch.tensor([float(v) for v in values]).median())
+
+
+def study_size(m: int, n: int, args: argparse.Namespace, proposal: Any) -> dict[str, Any]:
+    """Both samplers, ``args.runs`` runs each, on one GMM of ``m`` mixtures and ``n`` points."""
+    largest = m == max(args.mixtures) and n == max(args.points)
+    seconds = args.target_seconds if largest else args.seconds
+    fg, _, reference = held_out_gmm(m, n, 40_000 + 1000 * m + n + args.seed)
+    builders = {
+        NB: lambda: NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=args.gibbs_prob),
+        SM: lambda: SplitMergeGMM(fg, gibbs_prob=args.gibbs_prob),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in builders}
+    for r in range(args.runs):
+        start = sequential_init(fg, torch.Generator().manual_seed(100 * args.seed + r))
+        for label, build in builders.items():
+            run = run_sampler(build(), start, seconds, seed=args.seed * 1000 + r)
+            diag = run.pop("diagnostics")
+            run["acceptance"] = diag["acceptance"]
+            runs[label].append(run)
+    final_sm = float(torch.tensor([run["log_lik"][-1] for run in runs[SM]]).median())
+    summary = []
+    for label, label_runs in runs.items():
+        reach = [time_to_reach(run, final_sm) for run in label_runs]
+        reached = [t for t in reach if t is not None]
+        summary.append(
+            {
+                "m": m,
+                "n": n,
+                "sampler": label,
+                "seconds": seconds,
+                "true M": reference["true_active"],
+                "median final M": float(torch.tensor([run["active"][-1] for run in label_runs]).median()),
+                "median final log-lik - truth": float(
+                    torch.tensor([run["log_lik"][-1] for run in label_runs]).median() - reference["true_log_lik"]
+                ),
+                "runs reaching SM final": f"{len(reached)}/{len(reach)}",
+                "median time to SM final (s)": float(torch.tensor(reach).median())
+                if len(reached) == len(reach)
+                else None,
+                "median sweeps": float(torch.tensor([float(run["sweeps"]) for run in label_runs]).median()),
+            }
+        )
+    return {"m": m, "n": n, "seconds": seconds, "reference": reference, "runs": runs, "summary": summary}
+
+
+def target_ratio(result: dict[str, Any]) -> float | None:
+    """NB's median time to the split-merge sampler's final log-likelihood over the split-merge run time."""
+    nb = next(row for row in result["summary"] if row["sampler"] == NB)
+    t = nb["median time to SM final (s)"]
+    return None if t is None else t / result["seconds"]
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    sizes = len(results)
+    fig, axes = plt.subplots(2, sizes, figsize=(3.6 * sizes, 6.4), squeeze=False)
+    colors = {NB: "tab:blue", SM: "tab:orange"}
+    for col, result in enumerate(results):
+        ref = result["reference"]
+        for label, label_runs in result["runs"].items():
+            for k, run in enumerate(label_runs):
+                kwargs = {"color": colors[label], "lw": 0.9, "alpha": 0.8, "label": label if k == 0 else None}
+                axes[0, col].plot(run["times"], [v - ref["true_log_lik"] for v in run["log_lik"]], **kwargs)
+                axes[1, col].step(run["times"], run["active"], where="post", **kwargs)
+        axes[0, col].axhline(0.0, color="k", lw=0.7, ls="--")
+        lows = [min(run["log_lik"]) for rs in result["runs"].values() for run in rs]
+        axes[0, col].set_ylim(bottom=max(-300.0, min(lows) - ref["true_log_lik"]))
+        axes[1, col].axhline(ref["true_active"], color="k", lw=0.7, ls="--")
+        axes[0, col].set_title(f"m={result['m']}, n={result['n']}", fontsize=9)
+        axes[1, col].set_xlabel("seconds")
+    axes[0, 0].set_ylabel("log-lik - log-lik at truth")
+    axes[1, 0].set_ylabel("active mixtures M")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    proposal = load_proposal(args.proposal, args.quick)
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
+    folder = study_folder(args.out, config)
+    sizes = [(m, n) for m in args.mixtures for n in args.points]
+    results = [study_size(m, n, args, proposal) for m, n in tqdm(sizes, desc="GMM sizes")]
+    rows = [row for result in results for row in result["summary"]]
+    ratio = target_ratio(results[-1])
+    record = {"config": config, "results": results, "target": {"m": sizes[-1][0], "n": sizes[-1][1], "ratio": ratio}}
+    write_json(folder / "gmm_study.json", record)
+    verdict = "not reached" if ratio is None else f"{ratio:.3f} of the split-merge time (target <= 0.5)"
+    text = (
+        "# Open-universe GMM: NB(gmm_pair) vs split-merge\n\n"
+        + f"{args.runs} runs per sampler per size on the same observations (own random start each), "
+        + f"{args.seconds:g} s per run ({args.target_seconds:g} s at the largest size), gibbs_prob={args.gibbs_prob}. "
+        + "`time to SM final` = first time a run's log-likelihood reaches the split-merge sampler's median final "
+        + "log-likelihood.\n\n"
+        + markdown_table(rows, list(rows[0]))
+        + f"\n\nTarget (m={sizes[-1][0]}, n={sizes[-1][1]}): NB reaches split-merge's final log-likelihood "
+        + f"in {verdict}.\n"
+    )
+    (folder / "gmm_study.md").write_text(text)
+    plot(results, folder / "gmm_study.png")
+    print(text)
+    print(f"wrote {folder}")
+    return record
+
+
+if __name__ == "__main__":
+    main()
