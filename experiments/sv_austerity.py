@@ -13,6 +13,13 @@ Settings:
 * ``sp500`` — S&P 500 daily log returns 1950-2012 (Close, standardized, so beta = sd of the
   raw returns); the sections are the ~15,700 time-step transitions (:func:`sv_models.sv_timestep_model`).
 
+The austerity arm's stages grow geometrically (``--growth``, default 2: mini-batches of ``m``,
+``2m``, ``4m``, ...) and each stage evaluates the current and the proposed point in one model
+run. Its first mini-batch ``m`` is picked per setting and seed by a short *trial*
+(:func:`tune_batch_size`): with ``h`` fixed at the shared starting path, each candidate ``m``
+runs a few dozen transitions side by side, and the one with the fewest CPU seconds per
+transition is used (``--batch-size`` overrides the trial). The trial's table is in the report.
+
 Timing is side by side: after a warmup (step-size adaptation) the arms advance in interleaved
 time slices (alternating order) until each has spent the same time budget. Time is this
 process's CPU time (``time.process_time``, one torch thread), which equals wall time on an
@@ -59,12 +66,25 @@ from neuralblock.diagnostics.reports import markdown_table, study_folder, write_
 from neuralblock.kernels.austerity import AusterityMH  # noqa: E402
 from neuralblock.kernels.particle_gibbs import ParticleGibbs  # noqa: E402
 
-__all__ = ["GibbsChain", "Setting", "conditional_laplace", "global_scaling", "main", "make_setting", "summarize_chain"]
+__all__ = [
+    "GibbsChain",
+    "Setting",
+    "conditional_laplace",
+    "global_scaling",
+    "main",
+    "make_setting",
+    "summarize_chain",
+    "tune_batch_size",
+]
 
 PARAMS = ("phi", "sigma2")
 WARMUP = {"seed": 60, "sp500": 20}  # full-run warmup iterations per setting (a PG sweep costs ~20x more on sp500)
+# full-run CPU seconds per arm and seed: phi mixes slowly through its coupling with h (ESS/s ~0.2 on the
+# seed setting), so short budgets give ESS of a few and ratios that are mostly noise
+BUDGET = {"seed": 90.0, "sp500": 40.0}
 START = {"seed": {"phi": 0.9, "sigma2": 0.02}, "sp500": {"phi": 0.98, "sigma2": 0.02}}  # both arms start here
 TARGET_RATIO = 1.5
+TRIAL_BATCH_SIZES = {"seed": (25, 50, 100), "sp500": (250, 1000, 4000)}  # candidates of the batch-size trial
 
 
 @dataclass
@@ -151,6 +171,85 @@ def conditional_laplace(
     return {k: float(transforms[k](z[i])) for i, k in enumerate(PARAMS)}, cov
 
 
+def _global_kernel(
+    setting: Setting,
+    h: Tensor,
+    epsilon: float,
+    batch_size: int,
+    growth: float,
+    scale: Tensor | None,
+    start: dict[str, float],
+    warmup: int,
+    normality_check: bool = False,
+) -> AusterityMH:
+    """An :class:`AusterityMH` for (phi, sigma2) given ``h``, set up at the constrained ``start`` values."""
+    kernel = AusterityMH(
+        setting.model,
+        sites=list(PARAMS),
+        plate=setting.plate,
+        epsilon=epsilon,
+        batch_size=batch_size,
+        normality_check=normality_check,
+        proposal_scale=scale,
+        batch_growth=growth,
+    )
+    kernel.condition_on({"h": h})
+    kernel.setup(0, setting.y)  # finds the sites and transforms
+    kernel.initial_params = {k: kernel.transforms[k](torch.tensor(v)) for k, v in start.items()}
+    kernel.setup(warmup, setting.y)
+    return kernel
+
+
+def tune_batch_size(
+    setting: Setting,
+    h: Tensor,
+    start: dict[str, float],
+    scale: Tensor | None,
+    epsilon: float,
+    growth: float,
+    candidates: tuple[int, ...],
+    transitions: int = 40,
+    warmup: int = 20,
+) -> tuple[int, list[dict[str, Any]]]:
+    """The first mini-batch size with the fewest CPU seconds per transition, from a short trial at fixed ``h``.
+
+    Each candidate's kernel adapts its step for ``warmup`` transitions, then all candidates run
+    ``transitions`` transitions in two interleaved halves (alternating order).
+
+    Example:
+        >>> s = make_setting("seed", quick=True, particles=8, block_len=50, batch_size=None, seed=0)
+        >>> best, rows = tune_batch_size(s, s.h0, START["seed"], None, 0.05, 2.0, (20, 40), transitions=4, warmup=2)
+        >>> best in (20, 40), sorted(rows[0])
+        (True, ['acceptance_rate', 'batch_size', 'data_fraction', 'mean_stages', 'seconds_per_transition'])
+    """
+    kernels, params, seconds = {}, {}, {}
+    for m in candidates:
+        kernel = _global_kernel(setting, h, epsilon, m, growth, scale, start, warmup)
+        p = kernel.initial_params
+        for _ in range(warmup):
+            p = kernel.sample(p)
+        kernels[m], params[m], seconds[m] = kernel, p, 0.0
+    for half in range(2):
+        for m in candidates if half == 0 else candidates[::-1]:
+            begin = time.process_time()
+            for _ in range(transitions // 2):
+                params[m] = kernels[m].sample(params[m])
+            seconds[m] += time.process_time() - begin
+    rows = []
+    for m in candidates:
+        diag = kernels[m].diagnostics()
+        rows.append(
+            {
+                "batch_size": m,
+                "seconds_per_transition": seconds[m] / max(2 * (transitions // 2), 1),
+                "mean_stages": diag["mean_stages"],
+                "data_fraction": diag["mean_data_fraction"],
+                "acceptance_rate": diag["acceptance_rate"],
+            }
+        )
+    return min(rows, key=lambda row: row["seconds_per_transition"])["batch_size"], rows
+
+
 @dataclass
 class GibbsChain:
     """A (h, phi, sigma2) Gibbs chain: one PG sweep then ``global_steps`` MH transitions per iteration."""
@@ -161,6 +260,7 @@ class GibbsChain:
     warmup: int
     start: dict[str, float]
     proposal_scale: Tensor | None = None
+    batch_growth: float = 1.0
     kernel: AusterityMH = field(init=False)
     h: Tensor = field(init=False)
     params: dict[str, Tensor] = field(init=False)
@@ -171,15 +271,18 @@ class GibbsChain:
 
     def __post_init__(self) -> None:
         s = self.setting
-        self.kernel = AusterityMH(
-            s.model, sites=list(PARAMS), plate=s.plate, epsilon=self.epsilon, batch_size=s.batch_size,
-            normality_check=self.epsilon > 0, proposal_scale=self.proposal_scale,
-        )
         self.h = s.h0.clone()
-        self.kernel.condition_on({"h": self.h})
-        self.kernel.setup(0, s.y)  # finds the sites and transforms
-        self.kernel.initial_params = {k: self.kernel.transforms[k](torch.tensor(v)) for k, v in self.start.items()}
-        self.kernel.setup(self.warmup * self.global_steps, s.y)
+        self.kernel = _global_kernel(
+            s,
+            self.h,
+            self.epsilon,
+            s.batch_size,
+            self.batch_growth,
+            self.proposal_scale,
+            self.start,
+            self.warmup * self.global_steps,
+            normality_check=self.epsilon > 0,
+        )
         self.params = self.kernel.initial_params
         self.draws = {k: [] for k in PARAMS}
 
@@ -215,8 +318,11 @@ def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) ->
         >>> summarize_chain(c)["draws"]
         6
     """
-    record: dict[str, Any] = {"draws": len(chain.draws["phi"]), "seconds_total": chain.seconds_total,
-                              "seconds_global": chain.seconds_global}
+    record: dict[str, Any] = {
+        "draws": len(chain.draws["phi"]),
+        "seconds_total": chain.seconds_total,
+        "seconds_global": chain.seconds_global,
+    }
     n = record["draws"]
     per_iter = chain.seconds_total / max(n, 1)
     for k in PARAMS:
@@ -237,20 +343,37 @@ def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) ->
             "trace_seconds": [round(i * step * per_iter, 3) for i in range(len(x[::step]))],
         }
     diag = chain.kernel.diagnostics()
-    record["kernel"] = {k: diag.get(k) for k in (
-        "acceptance_rate", "mean_data_fraction", "mean_stages", "seconds_per_transition", "step_size",
-        "normality_ok", "normality_excess_kurtosis")}
+    record["kernel"] = {
+        k: diag.get(k)
+        for k in (
+            "acceptance_rate",
+            "mean_data_fraction",
+            "mean_stages",
+            "seconds_per_transition",
+            "step_size",
+            "normality_ok",
+            "normality_excess_kurtosis",
+        )
+    }
     record["iterations_per_second"] = n / chain.seconds_total if chain.seconds_total > 0 else math.nan
     return record
 
 
-def global_scaling(sizes: list[int], arms: dict[str, float], transitions: int, warmup: int, batch_size: int,
-                   seed: int) -> list[dict[str, Any]]:
+def global_scaling(
+    sizes: list[int],
+    arms: dict[str, float],
+    transitions: int,
+    warmup: int,
+    batch_size: int,
+    seed: int,
+    growth: float = 1.0,
+) -> list[dict[str, Any]]:
     """Seconds per (phi, sigma2) transition and ESS/s of the global update alone, h fixed at the truth.
 
-    ``S`` synthetic series of length 5 (the seed's parameters); both arms run ``transitions`` MH
-    transitions after ``warmup`` adaptation steps, interleaved in two halves; the random walk is
-    shaped by the Laplace covariance of ``p(phi, sigma2 | h, y)`` (:func:`conditional_laplace`).
+    ``S`` synthetic series of length 5 (the seed's parameters); both arms start at the mode of
+    ``p(phi, sigma2 | h, y)`` and run ``transitions`` MH transitions after ``warmup`` adaptation
+    steps, interleaved in two halves; the random walk is shaped by that posterior's Laplace
+    covariance (:func:`conditional_laplace`).
 
     Example:
         >>> rows = global_scaling([50], {"exact": 0.0}, transitions=6, warmup=4, batch_size=20, seed=0)
@@ -261,18 +384,17 @@ def global_scaling(sizes: list[int], arms: dict[str, float], transitions: int, w
     for size in sizes:
         y, h = simulate_sv(size, 5, phi=0.95, sigma=0.1, generator=torch.Generator().manual_seed(seed))
         kernels, params, draws, seconds = {}, {}, {}, {}
-        _, cov = conditional_laplace(sv_series_model, y, h, {"phi": 0.95, "sigma2": 0.01})
+        mode, cov = conditional_laplace(sv_series_model, y, h, {"phi": 0.95, "sigma2": 0.01})
+        setting = Setting(f"S={size}", sv_series_model, y, "series", batch_size, lambda h, *_: h, h)
         for arm, eps in arms.items():
-            kernel = AusterityMH(sv_series_model, sites=list(PARAMS), plate="series", epsilon=eps,
-                                 batch_size=batch_size, normality_check=False, proposal_scale=cov)
-            kernel.condition_on({"h": h})
-            kernel.setup(warmup, y)
+            # started at the conditional mode: from a prior draw the step adapts to the transient
+            kernel = _global_kernel(setting, h, eps, batch_size, growth if eps > 0 else 1.0, cov, mode, warmup)
             p = kernel.initial_params
             for _ in range(warmup):
                 p = kernel.sample(p)
             kernels[arm], params[arm], draws[arm], seconds[arm] = kernel, p, {k: [] for k in PARAMS}, 0.0
         for half in range(2):
-            for arm in (list(arms) if half == 0 else list(arms)[::-1]):
+            for arm in list(arms) if half == 0 else list(arms)[::-1]:
                 kernel = kernels[arm]
                 for _ in range(transitions // 2):
                     start = time.process_time()
@@ -284,7 +406,11 @@ def global_scaling(sizes: list[int], arms: dict[str, float], transitions: int, w
             per = seconds[arm] / len(draws[arm]["phi"])
             row: dict[str, Any] = {"S": size, "arm": arm, "seconds_per_transition": per}
             diag = kernels[arm].diagnostics()
-            row.update(acceptance_rate=diag["acceptance_rate"], data_fraction=diag["mean_data_fraction"])
+            row.update(
+                acceptance_rate=diag["acceptance_rate"],
+                data_fraction=diag["mean_data_fraction"],
+                mean_stages=diag["mean_stages"],
+            )
             for k in PARAMS:
                 x = torch.tensor(draws[arm][k], dtype=torch.float64)
                 ess = min(float(effective_sample_size(x[None, :, None], chain_dim=0, sample_dim=1)[0]), x.numel())
@@ -303,15 +429,28 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="experiments/results/sv_austerity")
     p.add_argument("--settings", nargs="+", default=["seed", "sp500"], choices=["seed", "sp500"])
     p.add_argument("--epsilon", type=float, default=0.05, help="austerity arm's epsilon")
-    p.add_argument("--batch-size", type=int, default=None, help="mini-batch (default: 50 seed, 100 sp500)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="first mini-batch (default: picked per setting by a trial, see tune_batch_size)",
+    )
+    p.add_argument("--growth", type=float, default=2.0, help="austerity stage growth factor (1: fixed mini-batches)")
     p.add_argument("--particles", type=int, default=None, help="PG particles (default 50, quick 10)")
     p.add_argument("--block-len", type=int, default=50, help="PG block length for the long series")
     p.add_argument("--global-steps", type=int, default=5, help="MH transitions of (phi, sigma2) per sweep")
-    p.add_argument("--warmup", type=int, default=None, help="warmup iterations (default 100 seed / 40 sp500, quick 10)")
-    p.add_argument("--budget", type=float, default=None, help="measured CPU seconds per arm, setting and seed")
+    p.add_argument("--warmup", type=int, default=None, help="warmup iterations (default 60 seed / 20 sp500, quick 10)")
+    p.add_argument(
+        "--budget", type=float, default=None, help="CPU seconds per arm, setting and seed (default 90 seed, 40 sp500)"
+    )
     p.add_argument("--rounds", type=int, default=None, help="interleaved time slices per budget")
-    p.add_argument("--scaling-sizes", type=int, nargs="*", default=None,
-                   help="numbers of series for the global-update scaling check (default 200 2000 20000 100000)")
+    p.add_argument(
+        "--scaling-sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="numbers of series for the global-update scaling check (default 200 2000 20000 100000)",
+    )
     return p.parse_args(argv)
 
 
@@ -357,13 +496,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     quick = args.quick
     config = {
-        "quick": quick, "seed": args.seed, "seeds": args.seeds or (1 if quick else 2), "settings": args.settings,
-        "epsilon": args.epsilon, "batch_size": args.batch_size, "particles": args.particles or (10 if quick else 50),
-        "block_len": args.block_len, "global_steps": args.global_steps if not quick else 2,
-        "warmup": args.warmup or (10 if quick else WARMUP), "budget": args.budget or (1.0 if quick else 20.0),
+        "quick": quick,
+        "seed": args.seed,
+        "seeds": args.seeds or (1 if quick else 2),
+        "settings": args.settings,
+        "epsilon": args.epsilon,
+        "batch_size": args.batch_size,
+        "growth": args.growth,
+        "particles": args.particles or (10 if quick else 50),
+        "block_len": args.block_len,
+        "global_steps": args.global_steps if not quick else 2,
+        "warmup": args.warmup or (10 if quick else WARMUP),
+        "budget": args.budget or (1.0 if quick else BUDGET),
         "rounds": args.rounds or (2 if quick else 6),
-        "scaling_sizes": args.scaling_sizes if args.scaling_sizes is not None else (
-            [200, 2000] if quick else [200, 2000, 20000, 100000]),
+        "scaling_sizes": args.scaling_sizes
+        if args.scaling_sizes is not None
+        else ([200, 2000] if quick else [200, 2000, 20000, 100000]),
     }
     folder = study_folder(args.out, config)
     arms = {"exact": 0.0, f"austerity eps={args.epsilon:g}": args.epsilon}
@@ -372,17 +520,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in config["settings"]:
             results[name] = _run_setting(name, config, arms, folder)
         pyro.set_rng_seed(config["seed"])
-        scaling = global_scaling(config["scaling_sizes"], arms, 30 if quick else 150, 10 if quick else 50,
-                                 config["batch_size"] or 100, config["seed"])
+        scaling = global_scaling(
+            config["scaling_sizes"],
+            arms,
+            30 if quick else 150,
+            10 if quick else 50,
+            config["batch_size"] or 100,
+            config["seed"],
+            config["growth"],
+        )
     record = {"config": config, "arms": arms, "target_ratio": TARGET_RATIO, "settings": results, "scaling": scaling}
     write_json(folder / "sv_austerity.json", record)
     (folder / "sv_austerity.md").write_text(_markdown(record))
     return record
 
 
-def _run_setting(
-    name: str, config: dict[str, Any], arms: dict[str, float], folder: Path
-) -> dict[str, Any]:
+def _run_setting(name: str, config: dict[str, Any], arms: dict[str, float], folder: Path) -> dict[str, Any]:
     """All seeds of one setting, arms interleaved; writes the setting's plot."""
     quick = config["quick"]
     warmup = config["warmup"][name] if isinstance(config["warmup"], dict) else config["warmup"]
@@ -397,15 +550,37 @@ def _run_setting(
             h = setting.pg_update(h, start["phi"], start["sigma2"])
         setting.h0 = h
         _, cov = conditional_laplace(setting.model, setting.y, h, start)
+        trial: list[dict[str, Any]] = []
+        if config["batch_size"] is None:
+            candidates = tuple(sorted({min(m, setting.y.shape[0]) for m in TRIAL_BATCH_SIZES[name]}))
+            setting.batch_size, trial = tune_batch_size(
+                setting,
+                h,
+                start,
+                cov,
+                max(arms.values()),
+                config["growth"],
+                candidates,
+                transitions=10 if quick else 40,
+                warmup=4 if quick else 20,
+            )
         chains = {
-            arm: GibbsChain(setting, eps, config["global_steps"], warmup, start, proposal_scale=cov)
+            arm: GibbsChain(
+                setting,
+                eps,
+                config["global_steps"],
+                warmup,
+                start,
+                proposal_scale=cov,
+                batch_growth=config["growth"] if eps > 0 else 1.0,
+            )
             for arm, eps in arms.items()
         }
         for arm, chain in chains.items():
-            for _ in tqdm(range(warmup), desc=f"{name} seed {seed} warmup {arm}", leave=False,
-                          disable=quick):
+            for _ in tqdm(range(warmup), desc=f"{name} seed {seed} warmup {arm}", leave=False, disable=quick):
                 chain.step()
-        slice_s = config["budget"] / config["rounds"]
+        budget = config["budget"][name] if isinstance(config["budget"], dict) else config["budget"]
+        slice_s = budget / config["rounds"]
         for rnd in tqdm(range(config["rounds"]), desc=f"{name} seed {seed} rounds", leave=False, disable=quick):
             order = list(chains) if rnd % 2 == 0 else list(chains)[::-1]
             for arm in order:
@@ -414,6 +589,7 @@ def _run_setting(
                 while chain.seconds_total < goal:
                     chain.step()
         runs.append({arm: summarize_chain(chain) for arm, chain in chains.items()})
+        runs[-1]["batch_size"], runs[-1]["batch_trial"] = setting.batch_size, trial
     _plot(name, runs, list(arms), folder / f"sv_{name}.png")
     return {"runs": runs, "summary": _summarize(runs, list(arms))}
 
@@ -436,12 +612,19 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
         for key in ("acceptance_rate", "mean_data_fraction", "mean_stages", "seconds_per_transition"):
             row[key] = _median([run[arm]["kernel"][key] for run in runs])
         row["iterations_per_second"] = _median([run[arm]["iterations_per_second"] for run in runs])
+        row["global_time_fraction"] = _median([run[arm]["seconds_global"] / run[arm]["seconds_total"] for run in runs])
         summary[arm] = row
+    # Amdahl: with the exact arm's share f of time in the global update, a free global update
+    # (same ESS per iteration) would raise total-time ESS/s by at most 1 / (1 - f)
+    share = summary[exact]["global_time_fraction"]
+    summary[exact]["ratio_bound_free_global"] = 1.0 / (1.0 - share) if share < 1 else math.inf
     for arm in arms:
         for k in PARAMS:
             ref = summary[exact]
-            se = math.sqrt(ref[f"{k}_sd"] ** 2 / max(ref[f"{k}_ess"], 1) + summary[arm][f"{k}_sd"] ** 2
-                           / max(summary[arm][f"{k}_ess"], 1))
+            se = math.sqrt(
+                ref[f"{k}_sd"] ** 2 / max(ref[f"{k}_ess"], 1)
+                + summary[arm][f"{k}_sd"] ** 2 / max(summary[arm][f"{k}_ess"], 1)
+            )
             diff = summary[arm][f"{k}_mean"] - ref[f"{k}_mean"]
             summary[arm][f"{k}_bias_in_sd"] = diff / ref[f"{k}_sd"] if ref[f"{k}_sd"] > 0 else math.nan
             summary[arm][f"{k}_bias_z"] = diff / se if se > 0 else math.nan
@@ -466,24 +649,58 @@ def _markdown(record: dict[str, Any]) -> str:
         "ratio = arm / exact per seed, median.",
         "",
     ]
-    columns = ["arm", "phi ESS/s", "sigma2 ESS/s", "ratio phi", "ratio sigma2", "phi ESS/s (global)",
-               "sigma2 ESS/s (global)", "ratio phi (global)", "ratio sigma2 (global)", "accept", "data fraction",
-               "stages", "s / transition", "phi mean", "phi sd", "sigma2 mean", "sigma2 sd",
-               "phi bias (sd)", "sigma2 bias (sd)"]
-    notes = []
+    columns = [
+        "arm",
+        "phi ESS/s",
+        "sigma2 ESS/s",
+        "ratio phi",
+        "ratio sigma2",
+        "phi ESS/s (global)",
+        "sigma2 ESS/s (global)",
+        "ratio phi (global)",
+        "ratio sigma2 (global)",
+        "accept",
+        "data fraction",
+        "stages",
+        "s / transition",
+        "iter/s",
+        "phi mean",
+        "phi sd",
+        "sigma2 mean",
+        "sigma2 sd",
+        "phi bias (sd)",
+        "sigma2 bias (sd)",
+    ]
+    notes: list[str] = []
+    trials: list[str] = []
+    trials_rows: list[dict[str, Any]] = []
     for name, res in record["settings"].items():
         rows = []
         for arm, s in res["summary"].items():
-            rows.append({
-                "arm": arm, "phi ESS/s": s["phi_ess_per_s_total"], "sigma2 ESS/s": s["sigma2_ess_per_s_total"],
-                "ratio phi": s["phi_ratio_total"], "ratio sigma2": s["sigma2_ratio_total"],
-                "phi ESS/s (global)": s["phi_ess_per_s_global"], "sigma2 ESS/s (global)": s["sigma2_ess_per_s_global"],
-                "ratio phi (global)": s["phi_ratio_global"], "ratio sigma2 (global)": s["sigma2_ratio_global"],
-                "accept": s["acceptance_rate"], "data fraction": s["mean_data_fraction"], "stages": s["mean_stages"],
-                "s / transition": s["seconds_per_transition"], "phi mean": s["phi_mean"], "phi sd": s["phi_sd"],
-                "sigma2 mean": s["sigma2_mean"], "sigma2 sd": s["sigma2_sd"],
-                "phi bias (sd)": s["phi_bias_in_sd"], "sigma2 bias (sd)": s["sigma2_bias_in_sd"],
-            })
+            rows.append(
+                {
+                    "arm": arm,
+                    "phi ESS/s": s["phi_ess_per_s_total"],
+                    "sigma2 ESS/s": s["sigma2_ess_per_s_total"],
+                    "ratio phi": s["phi_ratio_total"],
+                    "ratio sigma2": s["sigma2_ratio_total"],
+                    "phi ESS/s (global)": s["phi_ess_per_s_global"],
+                    "sigma2 ESS/s (global)": s["sigma2_ess_per_s_global"],
+                    "ratio phi (global)": s["phi_ratio_global"],
+                    "ratio sigma2 (global)": s["sigma2_ratio_global"],
+                    "accept": s["acceptance_rate"],
+                    "data fraction": s["mean_data_fraction"],
+                    "stages": s["mean_stages"],
+                    "s / transition": s["seconds_per_transition"],
+                    "iter/s": s["iterations_per_second"],
+                    "phi mean": s["phi_mean"],
+                    "phi sd": s["phi_sd"],
+                    "sigma2 mean": s["sigma2_mean"],
+                    "sigma2 sd": s["sigma2_sd"],
+                    "phi bias (sd)": s["phi_bias_in_sd"],
+                    "sigma2 bias (sd)": s["sigma2_bias_in_sd"],
+                }
+            )
             if "target_met" in s:
                 notes.append(
                     f"- {name}, {arm}: ESS/s ratio vs exact (total time) phi {s['phi_ratio_total']:.3g}, "
@@ -493,15 +710,67 @@ def _markdown(record: dict[str, Any]) -> str:
                     f"arm: phi {s['phi_bias_in_sd']:+.3g} sd (z = {s['phi_bias_z']:+.2f}), sigma2 "
                     f"{s['sigma2_bias_in_sd']:+.3g} sd (z = {s['sigma2_bias_z']:+.2f}, MCSE from ESS)."
                 )
+        exact_row = next(iter(res["summary"].values()))
+        for arm, s in list(res["summary"].items())[1:]:
+            notes.append(
+                f"- {name}, {arm}: Gibbs iterations per CPU second vs exact "
+                f"{_ratio(s['iterations_per_second'], exact_row['iterations_per_second']):.3g}x (the ESS/s ratio "
+                "to expect if both arms mixed alike per iteration; far less noisy than the ratio of ESS estimates)."
+            )
+        notes.append(
+            f"- {name}: the exact arm spends {exact_row['global_time_fraction']:.0%} of its time in the global "
+            f"update, so even a free global update would raise total-time ESS/s by at most "
+            f"{exact_row['ratio_bound_free_global']:.2f}x."
+        )
+        for r, run in enumerate(res["runs"]):
+            trials.append(f"{name}, seed {cfg['seed'] + r}: first mini-batch {run.get('batch_size')}")
+            trials_rows += [{"setting": name, "seed": cfg["seed"] + r, **row} for row in run.get("batch_trial", [])]
         lines += [f"## {name}", "", markdown_table(rows, columns, spec=".3g"), "", f"![{name}](sv_{name}.png)", ""]
     lines += ["## Target and bias", "", *notes, ""]
+    lines += [
+        "## Austerity mini-batch trial",
+        "",
+        f"Stages grow by x{cfg['growth']:g}. First mini-batch per setting and seed: " + "; ".join(trials) + ". "
+        "Trial at fixed h (the shared start path), candidates side by side, CPU seconds per transition:",
+        "",
+        markdown_table(
+            trials_rows,
+            [
+                "setting",
+                "seed",
+                "batch_size",
+                "seconds_per_transition",
+                "mean_stages",
+                "data_fraction",
+                "acceptance_rate",
+            ],
+            spec=".3g",
+        )
+        if trials_rows
+        else "(mini-batch given by --batch-size; no trial)",
+        "",
+    ]
     lines += [
         "## Global-update cost vs number of sections (h fixed at the simulated truth)",
         "",
         "S series of length 5; the (phi, sigma2) kernels alone, interleaved; ESS/s from the fixed-h chains.",
         "",
-        markdown_table(record["scaling"], ["S", "arm", "seconds_per_transition", "data_fraction", "acceptance_rate",
-                                           "phi_ess_per_s", "sigma2_ess_per_s", "phi_mean", "sigma2_mean"], spec=".3g"),
+        markdown_table(
+            record["scaling"],
+            [
+                "S",
+                "arm",
+                "seconds_per_transition",
+                "mean_stages",
+                "data_fraction",
+                "acceptance_rate",
+                "phi_ess_per_s",
+                "sigma2_ess_per_s",
+                "phi_mean",
+                "sigma2_mean",
+            ],
+            spec=".3g",
+        ),
         "",
     ]
     return "\n".join(lines)

@@ -114,7 +114,9 @@ def sv_series_model(y: Tensor, beta: float = 1.0) -> None:
     """SV model over ``S`` independent series ``y [S, T]``; plate ``"series"`` of whole series.
 
     Sites: ``phi``, ``sigma2`` (globals), ``h [S, T]`` (latent path, flat base density),
-    ``h_prior`` (observed: the AR(1) density of ``h[idx]``), ``y`` (observed).
+    ``h_prior`` (observed: the AR(1) density of ``h[idx]``), ``y`` (observed). The arithmetic
+    broadcasts a leading batch of ``(phi, sigma2)`` values (shape ``[P, 1]``), so a kernel can
+    evaluate several parameter points in one run.
 
     Example:
         >>> import pyro
@@ -131,7 +133,8 @@ def sv_series_model(y: Tensor, beta: float = 1.0) -> None:
     with pyro.plate("series", num_series) as idx:
         path = h[idx]
         prev = torch.cat([torch.zeros_like(path[:, :1]), path[:, :-1]], -1)
-        pyro.sample("h_prior", _ar1_normal(prev, first, phi, sigma2).to_event(1), obs=path)
+        # a trailing axis for time keeps a leading batch of (phi, sigma2) values left of the plate
+        pyro.sample("h_prior", _ar1_normal(prev, first, phi[..., None], sigma2[..., None]).to_event(1), obs=path)
         pyro.sample("y", dist.Normal(0.0, beta * torch.exp(path / 2)).to_event(1), obs=y[idx])
 
 
@@ -175,16 +178,21 @@ def _sv_transition_sample(x_prev: Tensor, t: int, fresh: Tensor, phi: Tensor, si
     return loc + var.sqrt() * torch.randn_like(loc)
 
 
-def _sv_transition_log_prob(
-    x_prev: Tensor, x: Tensor, t: int, fresh: Tensor, phi: Tensor, sigma2: Tensor
-) -> Tensor:
+def _sv_transition_log_prob(x_prev: Tensor, x: Tensor, t: int, fresh: Tensor, phi: Tensor, sigma2: Tensor) -> Tensor:
     loc, var = _ar1_loc_var(x_prev, fresh[:, t : t + 1], phi, sigma2)
     return _normal_log_prob(x, loc, var)
 
 
 def _sv_observation_log_prob(
-    x: Tensor, t: int, y: Tensor, mask: Tensor, beta: float, right: Tensor, has_right: Tensor,
-    phi: Tensor, sigma2: Tensor,
+    x: Tensor,
+    t: int,
+    y: Tensor,
+    mask: Tensor,
+    beta: float,
+    right: Tensor,
+    has_right: Tensor,
+    phi: Tensor,
+    sigma2: Tensor,
 ) -> Tensor:
     lp = torch.where(mask[:, t : t + 1], _obs_log_prob(y[:, t : t + 1], x, beta), torch.zeros_like(x))
     if t == y.shape[1] - 1:  # the right neighbour's transition density closes the block
@@ -243,8 +251,14 @@ def sv_state_space(
         transition_sample=partial(_sv_transition_sample, fresh=fresh, phi=phi_t, sigma2=sigma2_t),
         transition_log_prob=partial(_sv_transition_log_prob, fresh=fresh, phi=phi_t, sigma2=sigma2_t),
         observation_log_prob=partial(
-            _sv_observation_log_prob, y=y, mask=mask, beta=beta, right=right.nan_to_num()[:, None],
-            has_right=has_right, phi=phi_t, sigma2=sigma2_t,
+            _sv_observation_log_prob,
+            y=y,
+            mask=mask,
+            beta=beta,
+            right=right.nan_to_num()[:, None],
+            has_right=has_right,
+            phi=phi_t,
+            sigma2=sigma2_t,
         ),
     )
 

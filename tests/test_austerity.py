@@ -70,8 +70,9 @@ def _logistic_log_density(z: torch.Tensor) -> torch.Tensor:
 def test_epsilon_zero_reproduces_exact_mh_decisions(proposal) -> None:
     torch.set_default_dtype(torch.float64)
     x, y = X.double(), Y.double()
-    kernel = AusterityMH(logistic, epsilon=0.0, proposal=proposal, step_size=0.2, adapt_step_size=False,
-                         normality_check=False)
+    kernel = AusterityMH(
+        logistic, epsilon=0.0, proposal=proposal, step_size=0.2, adapt_step_size=False, normality_check=False
+    )
     kernel.setup(0, x, y)
     z0 = torch.zeros(3)
     pyro.set_rng_seed(5)
@@ -215,3 +216,54 @@ def test_two_chains_and_pickle() -> None:
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, num_chains=2, disable_progbar=True, mp_context="spawn")
     mcmc.run(X, Y)
     assert mcmc.get_samples(group_by_chain=True)["w"].shape == (2, 20, 3)
+
+
+CALLS = {"runs": 0}
+
+
+def location_scale(y: torch.Tensor) -> None:
+    """Unknown mean and scale; broadcasts a leading batch of (loc, scale) values; counts its runs."""
+    CALLS["runs"] += 1
+    loc = pyro.sample("loc", dist.Normal(0.0, 10.0))
+    scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(loc, scale), obs=y[idx])
+
+
+def test_epsilon_zero_reproduces_exact_mh_decisions_with_one_run_for_both_points() -> None:
+    torch.set_default_dtype(torch.float64)
+    y = DATA.double()
+    kernel = AusterityMH(location_scale, epsilon=0.0, step_size=0.15, adapt_step_size=False, normality_check=False)
+    kernel.setup(0, y)
+    assert kernel.sections.vectorized
+    z0 = torch.tensor([0.5, 0.2])
+    pyro.set_rng_seed(7)
+    decisions, z = [], z0
+    for _ in range(150):
+        new = kernel._flatten(kernel.sample(kernel._unflatten(z)))
+        decisions.append(not torch.equal(new, z))
+        z = new
+    pyro.set_rng_seed(7)
+
+    def density(point: torch.Tensor) -> torch.Tensor:  # in the unconstrained (loc, log scale) coordinates
+        loc, scale = point[0], point[1].exp()
+        prior = dist.Normal(0.0, 10.0).log_prob(loc) + dist.LogNormal(0.0, 1.0).log_prob(scale) + point[1]
+        return prior + dist.Normal(loc, scale).log_prob(y).sum()
+
+    assert decisions == plain_mh_accepts(kernel, z0, 150, density)
+    assert 0 < sum(decisions) < 150
+
+
+def test_each_stage_is_one_model_run_and_stages_grow_geometrically() -> None:
+    kernel = AusterityMH(location_scale, epsilon=0.05, batch_size=25, batch_growth=2.0, normality_check=False)
+    kernel.setup(0, DATA)
+    assert kernel.sections.vectorized and kernel.batch_growth == 2.0
+    params, CALLS["runs"] = kernel.initial_params, 0
+    for _ in range(40):
+        params = kernel.sample(params)
+    diag = kernel.diagnostics()
+    # one run evaluates the current and the proposed point on a stage's sections
+    assert CALLS["runs"] == round(diag["mean_stages"] * diag["transitions"])
+    assert diag["mean_stages"] <= 5  # 25 + 50 + 100 + 200 + 25 = N = 400: at most 5 stages
+    with pytest.raises(ValueError, match="batch_growth"):
+        AusterityMH(location_scale, batch_growth=0.5)

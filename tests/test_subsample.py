@@ -164,3 +164,73 @@ def test_fixed_local_latent_is_indexed_by_the_sections() -> None:
     idx = torch.tensor([8, 1])
     expected = dist.Normal(0.3, 1.0).log_prob(z[idx]) + dist.Normal(z[idx], 1.0).log_prob(Y[idx])
     assert torch.allclose(sections.evaluate(values, idx).sections, expected)
+
+
+def test_geometric_growth_draws_doubling_batches() -> None:
+    sizes: list[int] = []
+    values = torch.full((1000,), 0.25)  # zero spread: the test never decides early
+
+    def draw(k: int) -> torch.Tensor:
+        sizes.append(k)
+        return values[:k]
+
+    info = sequential_test(draw, 0.2, 1000, 50, 0.2, growth=2.0)
+    assert sizes == [50, 100, 200, 400, 250] and info.stages == 5 and info.n_used == 1000
+    with pytest.raises(ValueError, match="growth"):
+        sequential_test(stream_from(values), 0.0, 1000, 50, 0.2, growth=0.5)
+
+
+def test_growth_keeps_the_decision_error_below_its_bound() -> None:
+    # clear case (exact z-score 4): errs less than epsilon; binomial 3.3-sd slack (false-failure rate < 0.1%)
+    values = torch.randn(1000, dtype=torch.float64)
+    values = (values - values.mean()) / values.std()
+    mu0, reps, epsilon = -4.0 / math.sqrt(1000), 200, 0.05
+    decisions = [sequential_test(stream_from(values), mu0, 1000, 50, epsilon, growth=2.0) for _ in range(reps)]
+    wrong = sum(not info.accept for info in decisions)
+    assert wrong / reps <= epsilon + 3.3 * math.sqrt(epsilon * (1 - epsilon) / reps)
+
+
+RUNS = {"count": 0}
+
+
+def counted_model(scale: float = 1.0) -> None:
+    """Broadcasts a leading batch of (mu, s) values; counts its runs."""
+    RUNS["count"] += 1
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", 10) as idx:
+        pyro.sample("y", dist.Normal(mu, s * scale), obs=Y[idx])
+
+
+def matmul_model() -> None:
+    """``X[idx] @ w`` does not broadcast a leading batch of ``w``: evaluated one run per point."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with pyro.plate("data", 10) as idx:
+        pyro.sample("y", dist.Normal(torch.stack([Y, -Y], -1)[idx] @ w, 1.0), obs=Y[idx])
+
+
+def test_evaluate_many_runs_once_and_matches_one_run_per_point() -> None:
+    sections = SectionEvaluator(counted_model, "data", 10)
+    batch = {"mu": torch.tensor([0.0, 0.5, -1.0]), "s": torch.tensor([1.0, 2.0, 0.5])}
+    assert sections.check_vectorized({}, batch)
+    idx = torch.tensor([7, 2, 9])
+    RUNS["count"] = 0
+    many = sections.evaluate_many({}, batch, idx)
+    assert RUNS["count"] == 1 and many.sections.shape == (3, 3) and many.global_term.shape == (3,)
+    for p in range(3):
+        one = sections.evaluate({"mu": batch["mu"][p], "s": batch["s"][p]}, idx)
+        assert torch.allclose(many.sections[p], one.sections) and torch.allclose(many.global_term[p], one.global_term)
+    evaluate = sections.bind_many({}, batch)
+    assert evaluate(idx).global_term.ne(0).all() and evaluate(idx).global_term.eq(0).all()
+
+
+def test_non_broadcasting_model_is_evaluated_per_point() -> None:
+    sections = SectionEvaluator(matmul_model, "data", 10)
+    batch = {"w": torch.tensor([[0.1, 0.2], [0.3, -0.4]])}
+    assert not sections.check_vectorized({}, batch)
+    idx = torch.tensor([1, 4])
+    many = sections.evaluate_many({}, batch, idx)
+    for p in range(2):
+        assert torch.allclose(many.sections[p], sections.evaluate({"w": batch["w"][p]}, idx).sections)
+    with pytest.raises(ValueError, match="leading points"):
+        sections.evaluate_many({}, {"w": torch.tensor(0.0)}, idx)

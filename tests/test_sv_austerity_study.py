@@ -109,3 +109,23 @@ def test_sv_austerity_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
     assert {row["S"] for row in saved["scaling"]} == set(saved["config"]["scaling_sizes"])
     assert "Target and bias" in (folder / "sv_austerity.md").read_text()
     assert {p.name for p in folder.glob("*.png")} == {"sv_seed.png", "sv_sp500.png"}
+
+
+@pytest.mark.parametrize("long_series", [False, True])
+def test_sv_models_evaluate_both_mh_points_in_one_run(long_series: bool) -> None:
+    from neuralblock.kernels.austerity import AusterityMH
+
+    y, h = sv.simulate_sv(8, 5, generator=torch.Generator().manual_seed(1))
+    model, plate = (sv.sv_timestep_model, "time") if long_series else (sv.sv_series_model, "series")
+    y, h = (y.reshape(-1), h.reshape(-1)) if long_series else (y, h)
+    kernel = AusterityMH(model, sites=["phi", "sigma2"], plate=plate, epsilon=0.05, batch_size=4, normality_check=False)
+    kernel.condition_on({"h": h})
+    kernel.setup(0, y)
+    assert kernel.sections.vectorized
+    batch = {"phi": torch.tensor([0.9, 0.97]), "sigma2": torch.tensor([0.02, 0.005])}
+    idx = torch.tensor([5, 0, 3])
+    many = kernel.sections.evaluate_many({"h": h}, batch, idx)
+    for p in range(2):
+        one = kernel.sections.evaluate({"h": h, "phi": batch["phi"][p], "sigma2": batch["sigma2"][p]}, idx)
+        torch.testing.assert_close(many.sections[p], one.sections)
+        torch.testing.assert_close(many.global_term[p], one.global_term)

@@ -181,6 +181,10 @@ class AusterityMH(MCMCKernel):
     only the sections the test draws are evaluated; a model that ignores the indices is
     evaluated in full, with a one-time warning. Per transition the kernel does no O(N)
     work: index draws are O(m) (persistent permutation), and it keeps no per-section state.
+    Each stage evaluates the current and the proposed point in *one* model run when the model
+    broadcasts a leading batch dimension of the global sites (checked at setup, see
+    :meth:`SectionEvaluator.check_vectorized <neuralblock.subsample.SectionEvaluator.check_vectorized>`),
+    else in two.
 
     Compound samplers: :meth:`condition_on` holds the model's other latent sites at given
     values for subsequent transitions (O(1) in ``N``); a fixed latent site inside the plate
@@ -213,9 +217,12 @@ class AusterityMH(MCMCKernel):
             the control-variate point, in the flat unconstrained coordinates, if already known
             (e.g. from a Laplace fit); skips the ``d`` autograd passes over the data at setup.
         normality_sections: sections per trial proposal of the normality check.
+        batch_growth: each later stage of the test draws ``batch_growth`` times more sections
+            than the previous one (1: every stage draws ``batch_size``). With ``2`` a decision
+            takes ``O(log(N / batch_size))`` stages, i.e. model runs, instead of up to ``N / batch_size``.
 
     Raises:
-        ValueError: bad ``epsilon``, ``batch_size``, ``step_size`` or scale.
+        ValueError: bad ``epsilon``, ``batch_size``, ``batch_growth``, ``step_size`` or scale.
         TypeError: ``proposal`` is not callable.
     """
 
@@ -236,6 +243,7 @@ class AusterityMH(MCMCKernel):
         control_variate: dict[str, Tensor] | None = None,
         control_variate_hessian: Tensor | None = None,
         normality_sections: int = 1000,
+        batch_growth: float = 1.0,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
@@ -249,6 +257,8 @@ class AusterityMH(MCMCKernel):
             raise ValueError(f"step_size must be positive, got {step_size}")
         if target_accept is not None and not 0 < target_accept < 1:
             raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+        if not (isinstance(batch_growth, int | float) and batch_growth >= 1.0):
+            raise ValueError(f"batch_growth must be a number >= 1, got {batch_growth!r}")
         if sites is not None and (isinstance(sites, str) or not all(isinstance(s, str) for s in sites)):
             raise TypeError(f"sites must be a list of site names, got {sites!r}")
         self._model = model
@@ -262,6 +272,7 @@ class AusterityMH(MCMCKernel):
         self._cv_arg = None if control_variate is None else {k: torch.as_tensor(v) for k, v in control_variate.items()}
         self._cv_hess_arg = None if control_variate_hessian is None else torch.as_tensor(control_variate_hessian)
         self.normality_sections = int(normality_sections)
+        self.batch_growth = float(batch_growth)
         self.transforms: dict[str, Any] = {}
         self.sites: list[str] = []
         self.plate: str | None = None
@@ -349,6 +360,8 @@ class AusterityMH(MCMCKernel):
         z0 = self._flatten(self._initial)
         self.sections.check_lazy(self._values(z0))
         self._setup_proposal()
+        trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
+        self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])
         self._setup_control_variate()
 
     def _find_plate(self, samples: list[dict], subsample: dict[str, dict]) -> str:
@@ -500,43 +513,54 @@ class AusterityMH(MCMCKernel):
     def _test(self, z: Tensor, proposal: ProposalInfo) -> SequentialTestInfo:
         n_total, z_new = self.num_sections, proposal.value
         log_u = math.log(float(torch.rand(())))
+        batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
         if self.epsilon == 0:  # exact MH: every section in one batch, the current state's terms cached
-            cur, nxt = self._full_terms(z), self.sections.evaluate_full(self._values(z_new))
-            self._proposed_full = (z_new, self._version, nxt)
+            cur, nxt = self._exact_terms(z, z_new, batch)
             first, first_values, proxy_sum = n_total, nxt.sections - cur.sections, 0.0
+            log_global = float(nxt.global_term - cur.global_term)
             draw_more: Callable[[int], Tensor] = _no_more_sections
-        else:
-            current = self.sections.bind(self._values(z))
-            new = self.sections.bind(self._values(z_new))
+        else:  # one model run per stage evaluates both points on the stage's sections
+            evaluate = self.sections.bind_many(self._fixed, batch)
             self.index_sampler.reset()
             first = min(self.batch_size, n_total)
             idx = self.index_sampler.draw(first)
-            cur, nxt = current(idx), new(idx)
-            first_values = nxt.sections - cur.sections - self._proxy(idx, z, z_new)
+            terms = evaluate(idx)
+            first_values = terms.sections[1] - terms.sections[0] - self._proxy(idx, z, z_new)
+            log_global = float(terms.global_term[1] - terms.global_term[0])
             proxy_sum = self._proxy_sum(z, z_new)
 
             def draw_more(k: int) -> Tensor:
-                batch = self.index_sampler.draw(k)
-                return new(batch).sections - current(batch).sections - self._proxy(batch, z, z_new)
+                more = self.index_sampler.draw(k)
+                sections = evaluate(more).sections
+                return sections[1] - sections[0] - self._proxy(more, z, z_new)
 
-        log_global = float(nxt.global_term - cur.global_term) + self._log_jacobian(z_new) - self._log_jacobian(z)
+        log_global += float(log_jacobian[1] - log_jacobian[0])
         mu0 = (log_u - log_global - proposal.log_q_correction - proxy_sum) / n_total
         pending = [first_values]
 
         def draw(k: int) -> Tensor:
             return pending.pop() if pending else draw_more(k)
 
-        return sequential_test(draw, mu0, n_total, self.batch_size, self.epsilon, first_batch_size=first)
+        return sequential_test(
+            draw, mu0, n_total, self.batch_size, self.epsilon, first_batch_size=first, growth=self.batch_growth
+        )
 
-    def _full_terms(self, z: Tensor) -> SectionTerms:
-        """All sections at ``z``, reusing the last exact transition's evaluation when ``z`` is its state."""
+    def _exact_terms(self, z: Tensor, z_new: Tensor, batch: dict[str, Tensor]) -> tuple[SectionTerms, SectionTerms]:
+        """All sections at ``z`` and ``z'``; ``z``'s reuse the last exact transition's run when it is that state."""
+        current = None
         for cached in (self._current_full, self._proposed_full):
             if cached is not None and cached[1] == self._version and torch.equal(cached[0], z):
-                self._current_full = cached
-                return cached[2]
-        terms = self.sections.evaluate_full(self._values(z))
-        self._current_full = (z.clone(), self._version, terms)
-        return terms
+                current = cached[2]
+        if current is None and self.sections.vectorized:  # both points in one run
+            both = self.sections.evaluate_many(self._fixed, batch, None)
+            current, new = (SectionTerms(both.global_term[p], both.sections[p]) for p in (0, 1))
+        else:
+            if current is None:
+                current = self.sections.evaluate_full({**self._fixed, **{s: v[0] for s, v in batch.items()}})
+            new = self.sections.evaluate_full({**self._fixed, **{s: v[1] for s, v in batch.items()}})
+        self._current_full = (z.clone(), self._version, current)
+        self._proposed_full = (z_new.clone(), self._version, new)
+        return current, new
 
     def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
         """Second-order Taylor proxy of the drawn sections' log-ratios around ``θ̂`` (0 without one).
@@ -572,8 +596,9 @@ class AusterityMH(MCMCKernel):
                 proposal = self._propose(z)
                 self.index_sampler.reset()
                 idx = self.index_sampler.draw(n)
-                values = self._values(z), self._values(proposal.value)
-                diff = self.sections.evaluate(values[1], idx).sections - self.sections.evaluate(values[0], idx).sections
+                batch = self._constrain(torch.stack([z, proposal.value]))[0]
+                sections = self.sections.evaluate_many(self._fixed, batch, idx, with_global=False).sections
+                diff = sections[1] - sections[0]
                 ratios.append((diff - self._proxy(idx, z, proposal.value)).detach())
         report = normality_report(ratios, self.batch_size)
         if not report.ok:
@@ -621,14 +646,19 @@ class AusterityMH(MCMCKernel):
             values[s] = self.transforms[s].inv(p.reshape(self._shapes[s]))
         return values
 
-    def _log_jacobian(self, z: Tensor) -> float:
-        """``log |det d constrained / d z|`` summed over the updated sites."""
-        total = 0.0
-        for s, p in zip(self.sites, torch.split(z, self._sizes), strict=True):
+    def _constrain(self, points: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """Constrained values ``{site: [P, *shape]}`` of ``P`` flat points ``[P, d]`` and their log-Jacobians ``[P]``.
+
+        The log-Jacobian is ``log |det d constrained / d z|`` summed over the updated sites.
+        """
+        count = points.shape[0]
+        values, log_jacobian = {}, torch.zeros(count, dtype=points.dtype)
+        for s, p in zip(self.sites, torch.split(points, self._sizes, dim=1), strict=True):
             inv = self.transforms[s].inv
-            u = p.reshape(self._shapes[s])
-            total += float(inv.log_abs_det_jacobian(u, inv(u)).sum())
-        return total
+            u = p.reshape(count, *self._shapes[s])
+            values[s] = inv(u)
+            log_jacobian = log_jacobian + inv.log_abs_det_jacobian(u, values[s]).reshape(count, -1).sum(-1)
+        return values, log_jacobian
 
 
 def _grad_or_zero(output: Tensor, wrt: Tensor, **kwargs: Any) -> Tensor:

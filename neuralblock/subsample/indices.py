@@ -3,8 +3,10 @@
 A persistent permutation of ``range(N)`` is built once; each transition starts a new
 without-replacement sequence by resetting a cursor (O(1)), and each mini-batch of ``m``
 indices moves ``m`` uniformly chosen remaining entries in front of the cursor (a
-vectorized partial Fisher-Yates shuffle). No step touches all ``N`` entries after the
-permutation is built, so a transition that uses ``n`` sections costs O(n).
+vectorized partial Fisher-Yates shuffle); when ``m`` is at least a quarter of the ``r``
+remaining entries, the whole remainder is shuffled instead (O(r) = O(m), fewer tensor
+operations). A draw of ``m`` touches O(m) entries after the permutation is built, so a
+transition that uses ``n`` sections costs O(n).
 
 Example:
     >>> sampler = IndexSampler(10)
@@ -69,11 +71,13 @@ class IndexSampler:
         perm, start = self._perm, self.cursor
         remaining = self.remaining
         if k == remaining or k == 0:
-            chosen = torch.arange(start, start + k)
-        elif remaining <= 4 * k:
-            chosen = start + torch.randperm(remaining)[:k]
-        else:
-            chosen = start + _distinct_uniform(remaining, k)
+            self.cursor += k
+            return perm[start : start + k].clone()
+        if remaining <= 4 * k:  # shuffle the whole remainder: O(remaining) = O(k), and the fewest tensor ops
+            perm[start:] = perm[start:][torch.randperm(remaining)]
+            self.cursor += k
+            return perm[start : start + k].clone()
+        chosen = start + _distinct_uniform(remaining, k)
         front = torch.arange(start, start + k)
         # move the chosen entries in front: swap chosen-but-outside with front-but-not-chosen
         inside = chosen < start + k

@@ -20,6 +20,13 @@ A model that ignores the indices (computes on the full data) is detected at setu
 evaluated in full, once per parameter value, with a one-time warning. The plate must not
 fix its own ``subsample_size`` (Pyro then rejects index sets of another size).
 
+Several values of the updated global sites can be evaluated in *one* model run
+(:meth:`SectionEvaluator.evaluate_many`): each is given a leading batch dimension left of
+every plate (Pyro's vectorized-particles convention), so a model whose arithmetic broadcasts
+returns ``[P, k]`` section terms for the ``P`` points at the cost of about one run. Whether the
+model broadcasts is checked once (:meth:`SectionEvaluator.check_vectorized`); otherwise the
+points are evaluated one run each.
+
 Pyro is imported inside the functions, so ``neuralblock.subsample`` itself needs only torch.
 
 Example:
@@ -68,9 +75,15 @@ def site_plate_frame(site: dict[str, Any], plate: str) -> Any | None:
 
 def is_subsample_site(site: dict[str, Any]) -> bool:
     """Whether a trace site is a plate's index set (a ``_Subsample`` sample site)."""
-    from pyro.poutine.subsample_messenger import _Subsample
+    global _SUBSAMPLE
+    if _SUBSAMPLE is None:
+        from pyro.poutine.subsample_messenger import _Subsample
 
-    return isinstance(site["fn"], _Subsample)
+        _SUBSAMPLE = _Subsample
+    return isinstance(site["fn"], _SUBSAMPLE)
+
+
+_SUBSAMPLE: type | None = None
 
 
 class SectionEvaluator:
@@ -103,14 +116,20 @@ class SectionEvaluator:
         self.local_dims = dict(local_dims or {})
         self.validate = validate
         self.lazy = True
+        self.vectorized = False
+        self._nesting: int | None = None
+        self._event_dims: dict[str, int] = {}
 
     # -- running the model --------------------------------------------------------------
-    def _run(self, values: dict[str, Tensor], idx: Tensor | None, with_global: bool = True) -> SectionTerms:
+    def _run(
+        self, values: dict[str, Tensor], idx: Tensor | None, with_global: bool = True, points: int | None = None
+    ) -> SectionTerms:
         import pyro
 
         with pyro.validation_enabled(self.validate):
             trace = self._trace(values, idx)
-            return self._terms(trace, self.num_sections if idx is None else idx.numel(), with_global)
+            size = self.num_sections if idx is None else idx.numel()
+            return self._terms(trace, size, with_global, points)
 
     def _trace(self, values: dict[str, Tensor], idx: Tensor | None) -> list[dict[str, Any]]:
         """Run the model with ``values`` (and the plate's indices) conditioned; return its sample messages."""
@@ -125,9 +144,13 @@ class SectionEvaluator:
             self.model(*self.args, **self.kwargs)
         return recorder.sites
 
-    def _terms(self, sites: list[dict[str, Any]], size: int, with_global: bool = True) -> SectionTerms:
-        glob: Tensor = torch.zeros(())
-        sections: Tensor = torch.zeros(size)
+    def _terms(
+        self, sites: list[dict[str, Any]], size: int, with_global: bool = True, points: int | None = None
+    ) -> SectionTerms:
+        """Split a run's log density into the global term and per-section terms (``[P]`` and ``[P, k]`` if batched)."""
+        lead = 1 if points is None else points
+        glob: Tensor = torch.zeros(lead)
+        sections: Tensor = torch.zeros(lead, size)
         for site in sites:
             if is_subsample_site(site):
                 continue
@@ -138,23 +161,40 @@ class SectionEvaluator:
             if site["mask"] is not None:
                 lp = torch.where(site["mask"], lp, torch.zeros((), dtype=lp.dtype))
             scale = site["scale"]
-            if frame is None:
-                glob = glob + (lp * scale).sum() if not _is_one(scale) else glob + lp.sum()
-                continue
-            scale = scale * frame.size / frame.full_size
+            if frame is not None:
+                scale = scale * frame.size / frame.full_size
             if not _is_one(scale):
                 lp = lp * scale
+            lp = self._lead(site, lp, points, 0 if frame is None else -frame.dim)
+            if frame is None:
+                glob = glob.to(lp.dtype) + lp.reshape(lead, -1).sum(-1)
+                continue
             dim = frame.dim
-            if lp.dim() < -dim:
-                lp = lp.reshape((1,) * (-dim - lp.dim()) + lp.shape)
             if lp.shape[dim] != size:
                 if lp.shape[dim] != 1:
                     raise ValueError(
                         f"site {site['name']!r} has {lp.shape[dim]} entries along plate {self.plate!r}, expected {size}"
                     )
                 lp = lp.expand(*lp.shape[:dim], size, *lp.shape[lp.dim() + dim + 1 :])
-            sections = sections.to(lp.dtype) + lp.movedim(dim, 0).reshape(size, -1).sum(-1)
+            sections = sections.to(lp.dtype) + lp.movedim(dim, 1).reshape(lead, size, -1).sum(-1)
+        if points is None:
+            return SectionTerms(glob[0], sections[0])
         return SectionTerms(glob, sections)
+
+    def _lead(self, site: dict[str, Any], lp: Tensor, points: int | None, depth: int) -> Tensor:
+        """``lp`` with a leading points dimension: ``[1, ...]`` unbatched, ``[P, ...]`` (left of all plates) batched."""
+        if points is None:
+            if lp.dim() < depth:
+                lp = lp.reshape((1,) * (depth - lp.dim()) + lp.shape)
+            return lp.unsqueeze(0)
+        width = (self._nesting or 0) + 1
+        if lp.dim() > width or (lp.dim() == width and lp.shape[0] not in (1, points)):
+            raise ValueError(
+                f"site {site['name']!r} has log-prob shape {tuple(lp.shape)}, which does not broadcast "
+                f"{points} points left of the model's {width - 1} plate dimensions"
+            )
+        lp = lp.reshape((1,) * (width - lp.dim()) + lp.shape)
+        return lp.expand(points, *lp.shape[1:])
 
     def evaluate(self, values: dict[str, Tensor], idx: Tensor, with_global: bool = True) -> SectionTerms:
         """Global term and per-section log-probs on the sections ``idx``.
@@ -189,7 +229,130 @@ class SectionEvaluator:
         full = self.evaluate_full(values)
         return lambda idx: SectionTerms(full.global_term, full.sections[idx])
 
+    def evaluate_many(
+        self,
+        values: dict[str, Tensor],
+        batch: dict[str, Tensor],
+        idx: Tensor | None,
+        with_global: bool = True,
+    ) -> SectionTerms:
+        """Global terms ``[P]`` and per-section log-probs ``[P, k]`` at ``P`` values of some sites.
+
+        One model run when :attr:`vectorized` (see :meth:`check_vectorized`), else one run per point.
+
+        Args:
+            values: constrained values of the latent sites shared by every point (full size for local ones).
+            batch: ``{site: [P, *shape]}``, the ``P`` values of the sites that differ between points.
+            idx: ``LongTensor [k]`` of section indices, or ``None`` for all ``N``.
+            with_global: also compute the global terms (else they are returned as 0).
+
+        Example:
+            >>> import pyro, pyro.distributions as dist
+            >>> y = torch.tensor([0.0, 1.0, 2.0])
+            >>> def model():
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+            ...     with pyro.plate("data", 3) as idx:
+            ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+            >>> sections = SectionEvaluator(model, "data", 3)
+            >>> sections.check_vectorized({}, {"mu": torch.tensor([0.0, 1.0])})
+            True
+            >>> sections.evaluate_many({}, {"mu": torch.tensor([0.0, 1.0])}, torch.tensor([2])).sections.shape
+            torch.Size([2, 1])
+        """
+        points = _num_points(batch)
+        if idx is not None and not self.lazy:
+            full = self.evaluate_many(values, batch, None)
+            return SectionTerms(full.global_term, full.sections[:, idx])
+        if not self.vectorized:
+            point = [{**values, **{s: v[p] for s, v in batch.items()}} for p in range(points)]
+            runs = [self._run(v, idx, with_global) for v in point]
+            return SectionTerms(torch.stack([r.global_term for r in runs]), torch.stack([r.sections for r in runs]))
+        return self._run({**values, **self._batched(batch, points)}, idx, with_global, points)
+
+    def bind_many(self, values: dict[str, Tensor], batch: dict[str, Tensor]) -> Callable[[Tensor], SectionTerms]:
+        """``idx -> SectionTerms`` (``[P]``, ``[P, k]``) at fixed points; a non-lazy model is run in full once.
+
+        The global terms are computed on the first call only (later calls return 0 for them).
+
+        Example:
+            >>> import pyro, pyro.distributions as dist
+            >>> def model():
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+            ...     with pyro.plate("data", 4) as idx:
+            ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=torch.zeros(4)[idx])
+            >>> evaluate = SectionEvaluator(model, "data", 4).bind_many({}, {"mu": torch.zeros(2)})
+            >>> evaluate(torch.tensor([0, 1])).global_term.shape, evaluate(torch.tensor([2])).global_term.tolist()
+            (torch.Size([2]), [0.0, 0.0])
+        """
+        if self.lazy:
+            calls = []
+
+            def evaluate(idx: Tensor) -> SectionTerms:
+                calls.append(None)
+                return self.evaluate_many(values, batch, idx, with_global=len(calls) == 1)
+
+            return evaluate
+        full = self.evaluate_many(values, batch, None)
+        first = [True]
+
+        def index(idx: Tensor) -> SectionTerms:
+            glob = full.global_term if first[0] else torch.zeros_like(full.global_term)
+            first[0] = False
+            return SectionTerms(glob, full.sections[:, idx])
+
+        return index
+
+    def _batched(self, batch: dict[str, Tensor], points: int) -> dict[str, Tensor]:
+        """Each ``[P, *shape]`` value reshaped so that ``P`` lies left of every plate dimension."""
+        nesting = self._nesting or 0
+        out = {}
+        for name, value in batch.items():
+            shape = value.shape[1:]
+            batch_dims = len(shape) - self._event_dims.get(name, 0)
+            if batch_dims > nesting:
+                raise ValueError(f"site {name!r} has {batch_dims} batch dimensions outside the model's plates")
+            out[name] = value.reshape(points, *((1,) * (nesting - batch_dims)), *shape)
+        return out
+
     # -- setup ------------------------------------------------------------------------------
+    def check_vectorized(self, values: dict[str, Tensor], batch: dict[str, Tensor]) -> bool:
+        """Check that one run with a leading points dimension matches one run per point; set :attr:`vectorized`.
+
+        Models whose arithmetic does not broadcast a leading dimension (e.g. ``X[idx] @ w``) are
+        evaluated one run per point, silently: they are correct, only slower.
+
+        Args:
+            values: constrained values of the shared latent sites.
+            batch: ``{site: [P, *shape]}`` with ``P >= 2`` distinct trial points.
+
+        Returns:
+            Whether :meth:`evaluate_many` runs the model once for all points from now on.
+        """
+        points = _num_points(batch)
+        first = {**values, **{s: v[0] for s, v in batch.items()}}
+        idx = torch.arange(min(3, self.num_sections)) if self.lazy else None
+        self.vectorized = False
+        try:
+            import pyro
+
+            with pyro.validation_enabled(self.validate):
+                sites = self._trace(first, idx)
+            self._nesting = max(
+                [-f.dim for site in sites for f in site["cond_indep_stack"] if f.vectorized and f.dim is not None],
+                default=0,
+            )
+            self._event_dims = {site["name"]: int(site["fn"].event_dim) for site in sites if site["name"] in batch}
+            loop = self.evaluate_many(values, batch, idx)
+            one = self._run({**values, **self._batched(batch, points)}, idx, True, points)
+            self.vectorized = bool(
+                one.sections.shape == loop.sections.shape
+                and torch.allclose(one.sections.double(), loop.sections.double(), rtol=1e-5, atol=1e-5)
+                and torch.allclose(one.global_term.double(), loop.global_term.double(), rtol=1e-5, atol=1e-5)
+            )
+        except (ValueError, RuntimeError, IndexError, TypeError):
+            self.vectorized = False
+        return self.vectorized
+
     def check_lazy(self, values: dict[str, Tensor], full: SectionTerms | None = None) -> bool:
         """Check that the model honours injected indices; else fall back to full runs (with a warning).
 
@@ -258,6 +421,13 @@ def _recorder_class() -> type:
 
         _RECORDER = SectionRecorder
     return _RECORDER
+
+
+def _num_points(batch: dict[str, Tensor]) -> int:
+    sizes = {int(v.shape[0]) if v.dim() > 0 else 0 for v in batch.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"batch values must share one leading points dimension, got sizes {sorted(sizes)}")
+    return sizes.pop()
 
 
 def _is_one(scale: Any) -> bool:

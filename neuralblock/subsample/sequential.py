@@ -174,6 +174,7 @@ def sequential_test(
     batch_size: int,
     epsilon: float,
     first_batch_size: int | None = None,
+    growth: float = 1.0,
 ) -> SequentialTestInfo:
     """Decide ``mean(l) > mu0`` from mini-batches of ``l`` drawn without replacement.
 
@@ -185,6 +186,11 @@ def sequential_test(
         batch_size: mini-batch size ``m``.
         epsilon: error tolerance ``ε`` in ``[0, 0.5)``; 0 uses all ``N`` (exact MH).
         first_batch_size: size of the first mini-batch (default ``batch_size``).
+        growth: each later mini-batch is ``growth`` times the previous one (``batch_size``,
+            ``⌈growth · batch_size⌉``, ...); 1 keeps them all at ``batch_size``. Geometric
+            growth bounds the number of stages (each one a model run) by
+            ``O(log(N / batch_size))`` and makes fewer looks at the data, so the test's total
+            error stays closer to ``epsilon``.
 
     Returns:
         A :class:`SequentialTestInfo`.
@@ -199,6 +205,8 @@ def sequential_test(
         raise ValueError(f"epsilon must be in [0, 0.5), got {epsilon}")
     if batch_size < 1 or num_sections < 1:
         raise ValueError(f"batch_size and num_sections must be positive, got {batch_size}, {num_sections}")
+    if not growth >= 1.0:
+        raise ValueError(f"growth must be >= 1, got {growth}")
     if math.isnan(mu0) or mu0 == -math.inf:
         return SequentialTestInfo(False, False, 0, 0, 0.0, float("nan"), True)
     if mu0 == math.inf:
@@ -211,12 +219,12 @@ def sequential_test(
         if values.numel() != k:
             raise ValueError(f"draw({k}) returned {values.numel()} values")
         stages += 1
-        if not bool(torch.isfinite(values).all()):
+        # Chan et al.'s pairwise update of the running mean and sum of squared deviations
+        batch_mean = values.mean()
+        b_mean, b_m2 = torch.stack([batch_mean, ((values - batch_mean) ** 2).sum()]).tolist()
+        if not (math.isfinite(b_mean) and math.isfinite(b_m2)) and not bool(torch.isfinite(values).all()):
             broken = bool((torch.isnan(values) | (values == math.inf)).any())
             return SequentialTestInfo(False, n + k < num_sections, n + k, stages, 0.0, float("nan"), broken)
-        # Chan et al.'s pairwise update of the running mean and sum of squared deviations
-        b_mean = float(values.mean())
-        b_m2 = float(((values - b_mean) ** 2).sum())
         total = n + k
         delta_mean = b_mean - mean
         mean += delta_mean * k / total
@@ -228,4 +236,4 @@ def sequential_test(
             _, err = austerity_decision(mean, math.sqrt(max(m2, 0.0) / (n - 1)), n, num_sections, mu0)
             if err < epsilon:  # False for NaN (zero sd): draw more
                 return SequentialTestInfo(mean > mu0, True, n, stages, err, mean, False)
-        k = batch_size
+        k = int(math.ceil(min(batch_size * growth**stages, num_sections) - 1e-9))
