@@ -50,6 +50,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 SIGMA, TAU, P_ACTIVE = 1.0, 5.0, 0.5
+NEAR_TRUTH = 5.0  # nats below the log joint at the true state that count as "converged"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -166,6 +167,16 @@ def mcmc_comparison(proposal: NeuralBlockProposal, args: argparse.Namespace) -> 
     return {"models": models, "samplers": list(samplers)}
 
 
+def first_time(times: list[float], values: list[float], level: float) -> float | None:
+    """The first time at which ``values`` reaches ``level`` (``None`` if it never does).
+
+    Example:
+        >>> first_time([0.0, 1.0, 2.0], [-9.0, -1.0, 0.0], -2.0)
+        1.0
+    """
+    return next((t for t, v in zip(times, values) if v >= level), None)
+
+
 def summarize(part2: dict[str, Any]) -> list[dict[str, Any]]:
     """Medians over models: final log joint relative to the truth, active-count error, acceptance, sweeps."""
     rows = []
@@ -175,9 +186,14 @@ def summarize(part2: dict[str, Any]) -> list[dict[str, Any]]:
         half = torch.tensor([r["log_joint"][len(r["log_joint"]) // 2] - m["true_log_joint"] for m, r in runs])
         wrong_m = torch.tensor([abs(r["active"][-1] - m["true_active"]) for m, r in runs])
         acc = [r["acceptance"] for _, r in runs if r["acceptance"] is not None and r["sweeps"] > 0]
+        reach = [first_time(r["times"], r["log_joint"], m["true_log_joint"] - NEAR_TRUTH) for m, r in runs]
         rows.append(
             {
                 "sampler": label,
+                f"median time to truth - {NEAR_TRUTH:g} nats (s)": (
+                    float(torch.tensor(reach).median()) if None not in reach else None
+                ),
+                "models reaching it": sum(t is not None for t in reach),
                 "median final log joint - truth": float(gap.median()),
                 "median halfway log joint - truth": float(half.median()),
                 "models with right M": int((wrong_m == 0).sum()),
@@ -202,9 +218,10 @@ def plot(rows: list[dict[str, Any]], part2: dict[str, Any], path: Path) -> None:
             run = model[label]
             ax.plot(run["times"], [v - model["true_log_joint"] for v in run["log_joint"]], label=label, lw=1)
         ax.axhline(0.0, color="k", lw=0.8, ls="--")
+        ax.set_xscale("symlog", linthresh=0.1)
         lowest = min(min(model[s]["log_joint"]) for s in part2["samplers"]) - model["true_log_joint"]
         ax.set_ylim(bottom=max(-200.0, lowest))
-        ax.set_xlabel("seconds")
+        ax.set_xlabel("seconds (linear below 0.1 s, log above)")
         ax.set_ylabel("log joint - log joint at truth")
         ax.set_title(f"M_true = {model['true_active']:.0f}")
     axes[1].legend(fontsize=7)

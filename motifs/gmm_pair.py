@@ -18,9 +18,14 @@ The motif (the GMM experiment of the seed paper):
 **Context selection.** The proposal is trained at ``m = 8`` mixtures and ``n = 60``
 points and applies to larger models by looking at ``mixtures - 2`` other mixtures and
 ``points`` points. Both are chosen from ``C`` alone, so the forward and reverse moves
-see the same context and the MH ratio stays exact: the points least explained by the
-other active mixtures (smallest ``log sum_k v_k N(x; mu_k, sigma^2 I)``), in that order,
-and the active other mixtures nearest to those points. Coordinates are shifted by ``c``
+see the same context and the MH ratio stays exact. Points are ranked by how well the
+other active mixtures explain them (``log sum_k v_k N(x; mu_k, sigma^2 I)``, least
+explained first); with at most ``points`` points the slots hold them in that order, and
+with more, every ``(n / points)``-th point of that order, so the slots hold a sample of
+the data with its cluster proportions, like a model of the training size (the first
+``points`` points alone would look like one big unexplained cluster in a small model and
+make the proposal over-eager to add mixtures). The other mixtures are the active ones
+nearest to the selected points. Coordinates are shifted by ``c``
 and measured in units of ``sigma`` (the whitening map ``B = c + sigma u`` on the means,
 :meth:`GmmPairMotif.block_affine`), so one proposal serves any location and scale.
 
@@ -390,7 +395,16 @@ class GmmPairMotif(Motif):
         # the points the other mixtures explain least, least first (C only: the same both ways)
         k_points = min(self.points, explained.shape[-1])
         key = torch.where(mask, explained, torch.full_like(explained, math.inf))
-        order = torch.topk(key, k_points, dim=-1, largest=False).indices
+        if explained.shape[-1] > self.points:
+            # more points than slots: every k-th point in that order, so the slots hold a sample
+            # of the data with its cluster proportions (a model the size the proposal was trained on)
+            ranked = torch.argsort(key, dim=-1, stable=True)
+            stride = (mask.sum(-1, keepdim=True).to(u_points.dtype) / k_points).clamp(min=1.0)
+            slots = torch.arange(k_points, dtype=u_points.dtype)
+            pos = (slots * stride).floor().long().clamp(max=explained.shape[-1] - 1)
+            order = ranked.gather(-1, pos)
+        else:
+            order = torch.topk(key, k_points, dim=-1, largest=False).indices
         sel_u = u_points.gather(-2, order.unsqueeze(-1).expand(order.shape + (self.dim,)))
         sel_e = explained.gather(-1, order)
         sel_present = present.gather(-1, order)

@@ -166,3 +166,20 @@ def test_neural_block_kernel_keeps_the_exact_gmm_posterior() -> None:
     mean, se = batch_means_mcse(stats, num_batches=10)
     z = (mean - torch.tensor([exact[v] for v in patterns], dtype=mean.dtype)) / se.clamp(min=1e-3)
     assert z.abs().max() < 4.5, (z, mean, exact)
+
+
+def test_large_models_show_the_proposal_a_thinned_sample_of_the_points() -> None:
+    motif = GmmPairMotif(points=10)
+    u_others = torch.zeros(1, 2, 2)
+    v_others = torch.tensor([[1.0, 0.0]])
+    psi = torch.zeros(1, 2)
+    radius = 0.15 * torch.arange(40, dtype=torch.float32)  # point k at 0.15 k: explained less as k grows
+    u_points = torch.stack([radius, torch.zeros(40)], -1).unsqueeze(0)
+    features = motif.features(u_points, torch.ones(1, 40, dtype=torch.bool), u_others, v_others, psi)
+    slots = features[0, -10 * 4 :].reshape(10, 4)
+    every_fourth = 0.15 * torch.arange(39, -1, -4, dtype=torch.float32)  # every 4th point, least explained first
+    assert torch.allclose(slots[:, 0] * 4.0, every_fourth, atol=1e-5)
+    few = motif.features(u_points[:, :8], torch.ones(1, 8, dtype=torch.bool), u_others, v_others, psi)
+    slots = few[0, -10 * 4 :].reshape(10, 4)
+    assert torch.allclose(slots[:8, 0] * 4.0, 0.15 * torch.arange(7, -1, -1, dtype=torch.float32), atol=1e-5)
+    assert (slots[8:] == 0).all()  # absent slots
