@@ -13,10 +13,26 @@ Methods, all :class:`~neuralblock.kernels.lwa.LWAKernel` runs on windows from th
 ``(phi, theta, sigma) = (0, 0, 1)``: *exact MH* is the kernel with ``n = N`` (the full data each
 iteration); LWA runs on ``n in {100, 1000, 10000}``, ``ε in {1, 1e-2, 1e-4}`` and summary sets
 S0 (mean, quantiles 0.2/0.8, autocorrelations 1-3), S1 (autocorrelations 1-3), S2 (min, max).
+The subset proposal mixes window shifts (probability ``--omega``) with remote jumps by multiple-try
+Metropolis over ``K = max(1, --tries-budget // n)`` uniform windows (``LWAKernel(subset_tries=K)``):
+at small ε the subset weight ν sits on a tiny fraction of the windows, and a single uniform jump
+is then almost never accepted (the previous run's U refresh rate at n = 100, ε = 1e-2 was 0.005).
 Runs are interleaved in rounds so they share the machine's noise; each gets a wall-time budget
 (exact MH a longer one, so that its time to the high-density region is observed). Exact MH and the
-two headline LWA configurations (n = 1000 and n = 100 at ε = 1e-2 with S0) run ``--replicates``
-chains; speed-ups compare median times (a chain that never gets there counts as infinitely late).
+n = 1000 headline configuration (ε = 1e-2, S0) run ``--replicates`` chains, the n = 100 target
+configuration ``--target-replicates`` chains of ``--target-budget`` seconds; speed-ups compare
+median times (a chain that never gets there counts as infinitely late).
+
+Posterior summaries use the post-warmup draws of each run: mean, sd, and the mean's MCSE
+(sd / sqrt(ESS), Pyro's ESS). The n = 100 target is read as in the issue, ``|mean - θ*| <= sd``
+with the chain's own posterior sd; the table also gives ``|mean - θ*| / MCSE`` (is the gap Monte
+Carlo noise?) and the gap in units of the exact posterior sd (LWA's approximation bias).
+
+*LWA target by enumeration* (the ``ν``-mixture an infinitely long chain samples, for the n = 100
+target configuration): summaries of all ``N - n + 1`` windows (one batched pass), ``ν`` exactly, then
+``--oracle-draws`` windows drawn from ``ν``, each with its sub-posterior's Laplace mean and sd
+(likelihood power N / n); the mixture's mean and sd follow. This costs O(N n) and is an analysis,
+not part of the sampler.
 
 Reference posterior at ``N``: the conditional MLE with its Laplace (observed information)
 covariance; with N = 1e6 the prior is negligible. *Reaching the high-density region* (HDR) is
@@ -32,7 +48,7 @@ reference draws' batch-means MCSE; split R-hat over our chains.
 Usage::
 
     python experiments/arma_lwa.py --quick       # CI scale, about 20 s
-    python experiments/arma_lwa.py               # full run (about 15 minutes on a loaded 2-core machine)
+    python experiments/arma_lwa.py               # full run (about 18 minutes on a loaded 2-core machine)
 """
 
 from __future__ import annotations
@@ -59,11 +75,21 @@ from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.io import data_path
 from neuralblock.kernels.lwa import LWAKernel
-from neuralblock.kernels.summaries import Autocorrelations, Combine, Means, MinMax, Quantiles, SummaryFn
+from neuralblock.kernels.summaries import (
+    Autocorrelations,
+    Combine,
+    Means,
+    MinMax,
+    Quantiles,
+    SummaryFn,
+    summarise_batch,
+)
 
 PARAMS = ("phi", "theta", "sigma")
 TRUE_THETA = (0.5, 0.7, 0.1)
 FAR_START = (0.0, 0.0, 1.0)
+SPEED_CONFIG = (1000, 1e-2, "S0")  # issue 5: HDR >= 10x faster than exact MH
+TARGET_CONFIG = (100, 1e-2, "S0")  # issue 5: posterior means within one posterior sd of θ*
 SUMMARY_SETS: dict[str, SummaryFn] = {
     "S0": Combine(Means(), Quantiles([0.2, 0.8]), Autocorrelations([1, 2, 3])),
     "S1": Autocorrelations([1, 2, 3]),
@@ -113,23 +139,26 @@ def simulate_arma(num: int, theta: tuple[float, float, float], seed: int) -> Ten
 
 
 # -- the reference posterior ------------------------------------------------------------------
-def _loglik(y: np.ndarray, phi: float, theta: float, sigma: float) -> float:
-    drive = y - phi * np.concatenate([[0.0], y[:-1]])
+def _loglik(y: np.ndarray, phi: float, theta: float, sigma: float, prev: float = 0.0) -> float:
+    drive = y - phi * np.concatenate([[prev], y[:-1]])
     err = lfilter([1.0], [1.0, theta], drive)
     return float(-0.5 * np.sum(err**2) / sigma**2 - len(y) * math.log(sigma) - 0.5 * len(y) * math.log(2 * math.pi))
 
 
-def laplace_reference(y: Tensor) -> dict[str, list[float]]:
-    """Conditional MLE of ``(phi, theta, sigma)`` (mean known, 0) and the observed-information sd."""
+def laplace_reference(y: Tensor, prev: float = 0.0, start: tuple[float, float] = (0.3, 0.3)) -> dict[str, list[float]]:
+    """Conditional MLE of ``(phi, theta, sigma)`` (mean known, 0) and the observed-information sd.
+
+    ``prev`` is the observation before ``y`` (0: the series start), ``start`` the optimiser's ``(phi, theta)``.
+    """
     arr = y.double().numpy()
 
     def profile(x: np.ndarray) -> float:  # sigma profiled out
         if abs(x[1]) >= 1:
             return float("inf")
-        drive = arr - x[0] * np.concatenate([[0.0], arr[:-1]])
+        drive = arr - x[0] * np.concatenate([[prev], arr[:-1]])
         return float(np.mean(lfilter([1.0], [1.0, x[1]], drive) ** 2))
 
-    res = minimize(profile, np.array([0.3, 0.3]), method="Nelder-Mead", options={"xatol": 1e-7, "fatol": 1e-12})
+    res = minimize(profile, np.array(start), method="Nelder-Mead", options={"xatol": 1e-7, "fatol": 1e-12})
     mle = np.array([res.x[0], res.x[1], math.sqrt(res.fun)])
     hess = np.zeros((3, 3))
     h = 1e-4
@@ -141,27 +170,81 @@ def laplace_reference(y: Tensor) -> dict[str, list[float]]:
                 x = mle.copy()
                 x[i] += a * h
                 x[j] += b * h
-                vals.append(_loglik(arr, *x))
+                vals.append(_loglik(arr, *x, prev=prev))
             hess[i, j] = (vals[0] - vals[1] - vals[2] + vals[3]) / (4 * h * h)
     cov = np.linalg.inv(-hess)
-    return {"mean": mle.tolist(), "sd": np.sqrt(np.diag(cov)).tolist()}
+    return {"mean": mle.tolist(), "sd": np.sqrt(np.abs(np.diag(cov))).tolist()}
+
+
+def lwa_target_by_enumeration(y: Tensor, n: int, epsilon: float, summaries: SummaryFn, draws: int) -> dict:
+    """Mean and sd of the ``ν``-mixture of window sub-posteriors (LWA's θ-target), from all windows.
+
+    ``ν`` over all ``N - n + 1`` windows exactly (summaries in batches), then ``draws`` windows from ``ν``
+    with their sub-posteriors' Laplace means and sds (the window's observed information times ``N / n``).
+    """
+    num = len(y)
+    starts = torch.arange(num - n + 1)
+    full = torch.as_tensor(summaries(y))
+    chunks = [summarise_batch(summaries, y[c[:, None] + torch.arange(n)]) for c in starts.split(20000)]
+    dist2 = (torch.cat(chunks) - full).square().sum(1)
+    weights = torch.softmax(-dist2 / (2 * epsilon**2), 0)
+    picks = torch.multinomial(weights, draws, replacement=True)
+    means, variances = [], []
+    for s in picks.tolist():
+        prev = float(y[s - 1]) if s > 0 else 0.0
+        lap = laplace_reference(y[s : s + n], prev=prev, start=(0.5, 0.5))
+        means.append(lap["mean"])
+        variances.append([v * v * n / num for v in lap["sd"]])
+    m, v = np.asarray(means), np.asarray(variances)
+    mean = m.mean(0)
+    sd = np.sqrt(v.mean(0) + m.var(0))
+    return {
+        "n": n,
+        "epsilon": epsilon,
+        "effective_windows": float(1.0 / weights.square().sum()),
+        "windows_drawn": draws,
+        "distinct_windows_drawn": len(set(picks.tolist())),
+        "mean": mean.tolist(),
+        "sd": sd.tolist(),
+        "between_window_sd": m.std(0).tolist(),
+        "mcse": (m.std(0) / math.sqrt(draws)).tolist(),
+        "z_true": ((mean - np.asarray(TRUE_THETA)) / sd).tolist(),
+    }
 
 
 # -- runs ---------------------------------------------------------------------------------
 class Run:
-    """One chain advanced in time slices; keeps the elapsed sampling time and the constrained draws."""
+    """One chain advanced in time slices; keeps the elapsed sampling time, the constrained draws and U's starts.
 
-    def __init__(self, label: str, kernel: LWAKernel, y: Tensor, warmup: int) -> None:
-        self.label, self.kernel = label, kernel
+    Each run owns its torch RNG stream (seeded by ``seed``, swapped in for its slices), so its chain
+    is a function of its seed whatever the interleaving; only how far it gets depends on the timing.
+    """
+
+    def __init__(self, label: str, kernel: LWAKernel, y: Tensor, warmup: int, budget: float, seed: int) -> None:
+        self.label, self.kernel, self.warmup, self.budget, self.seed = label, kernel, warmup, budget, seed
         start = zip(PARAMS, FAR_START, strict=True)
         kernel.initial_params = {name: unconstrained(name, value) for name, value in start}
+        outer = torch.get_rng_state()
+        torch.manual_seed(seed)
         kernel.setup(warmup, y, mu=0.0)
+        self.rng = torch.get_rng_state()
+        torch.set_rng_state(outer)
         self.params = kernel.initial_params
         self.elapsed = 0.0
         self.times: list[float] = []
         self.draws: list[list[float]] = []
+        self.starts: list[int] = []
 
     def advance(self, seconds: float) -> None:
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.rng)
+        try:
+            self._advance(seconds)
+        finally:
+            self.rng = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    def _advance(self, seconds: float) -> None:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             start = time.perf_counter()
@@ -169,6 +252,7 @@ class Run:
             self.elapsed += time.perf_counter() - start
             self.times.append(self.elapsed)
             self.draws.append([float(self.kernel.transforms[k].inv(self.params[k])) for k in PARAMS])
+            self.starts.append(int(self.kernel.indices[0]))
 
 
 def unconstrained(name: str, value: float) -> Tensor:
@@ -182,29 +266,49 @@ def first_entry(times: np.ndarray, dist_sd: np.ndarray, radius: float = 2.0) -> 
     return float(times[hit[0]]) if hit.size else None
 
 
+def posterior_draws(run: Run) -> tuple[np.ndarray, bool]:
+    """The post-warmup draws, or (when a run ended inside warmup) its second half in time; and which."""
+    draws = np.asarray(run.draws)
+    if len(draws) - run.warmup >= 20:
+        return draws[run.warmup :], True
+    times = np.asarray(run.times)
+    return draws[times >= times[-1] / 2], False
+
+
 def summarise(run: Run, ref: dict[str, list[float]], num_data: int) -> dict:
     times, draws = np.asarray(run.times), np.asarray(run.draws)
     mean_ref, sd_ref = np.asarray(ref["mean"]), np.asarray(ref["sd"])
     scaled = np.abs(draws - mean_ref) / sd_ref
     coarse = scaled / math.sqrt(num_data / 1000)
-    half = draws[times >= times[-1] / 2]
-    post_mean, post_sd = half.mean(0), half.std(0)
+    post, post_warmup = posterior_draws(run)
+    post_mean, post_sd = post.mean(0), post.std(0)
+    ess = effective_sample_size(torch.as_tensor(post)[None], chain_dim=0, sample_dim=1).clamp_min(1.0).numpy()
+    mcse = post_sd / np.sqrt(ess)
     true = np.asarray(TRUE_THETA)
     diag = run.kernel.diagnostics()
     return {
         "label": run.label,
+        "seed": run.seed,
         "iterations": len(times),
         "seconds": float(times[-1]),
+        "posterior_draws": len(post),
+        "post_warmup": post_warmup,
         "t_hdr_strict": first_entry(times, scaled.max(1)),
         "t_hdr_coarse": first_entry(times, coarse.max(1)),
         "post_mean": post_mean.tolist(),
         "post_sd": post_sd.tolist(),
+        "ess": ess.tolist(),
+        "mcse": mcse.tolist(),
         "z_true_own_sd": ((post_mean - true) / np.maximum(post_sd, 1e-12)).tolist(),
+        "z_true_mcse": ((post_mean - true) / np.maximum(mcse, 1e-12)).tolist(),
         "z_true_exact_sd": ((post_mean - true) / sd_ref).tolist(),
         "z_ref_exact_sd": ((post_mean - mean_ref) / sd_ref).tolist(),
+        "distinct_windows": len(set(run.starts[len(run.starts) - len(post) :])),
         "theta_acceptance": diag["theta_acceptance_rate"],
         "subset_acceptance": diag["subset_acceptance_rate"],
         "refresh_rate": diag["subset_refresh_rate"],
+        "remote_jumps_accepted": diag["remote_jumps_accepted"],
+        "remote_acceptance": diag["remote_acceptance_rate"],
     }
 
 
@@ -229,7 +333,10 @@ def headline_summary(rows: list[dict], exact_hdr: dict, args: argparse.Namespace
             exact_hdr["t_hdr_coarse"] / t_lwa if exact_hdr["t_hdr_coarse"] is not None and t_lwa else None
         )
         out[f"n{n}_max_abs_z_true_own_sd"] = [max(abs(z) for z in r["z_true_own_sd"]) for r in reps]
+        out[f"n{n}_max_abs_z_true_mcse"] = [max(abs(z) for z in r["z_true_mcse"]) for r in reps]
         out[f"n{n}_max_abs_z_true_exact_sd"] = [max(abs(z) for z in r["z_true_exact_sd"]) for r in reps]
+        out[f"n{n}_within_one_own_sd"] = [max(abs(z) for z in r["z_true_own_sd"]) <= 1.0 for r in reps]
+        out[f"n{n}_seeds"] = [r["seed"] for r in reps]
     return out
 
 
@@ -297,7 +404,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=15.0, help="sampling seconds per LWA run")
     parser.add_argument("--exact-budget", type=float, default=120.0, help="sampling seconds per exact MH chain")
     parser.add_argument("--rounds", type=int, default=10, help="interleaving rounds")
-    parser.add_argument("--replicates", type=int, default=2, help="chains for exact MH and the headline LWA configs")
+    parser.add_argument("--replicates", type=int, default=2, help="chains for exact MH and the n = 1000 headline")
+    parser.add_argument("--target-replicates", type=int, default=4, help="chains of the n = 100 target config")
+    parser.add_argument("--target-budget", type=float, default=40.0, help="sampling seconds per n = 100 target chain")
+    parser.add_argument("--omega", type=float, default=0.98, help="probability of a local window shift")
+    parser.add_argument("--tries-budget", type=int, default=25600, help="remote-jump candidates K = this // n")
+    parser.add_argument("--oracle-draws", type=int, default=300, help="ν-draws for the LWA target by enumeration")
     parser.add_argument("--warmup", type=int, default=1000, help="adaptation iterations")
     parser.add_argument("--pdb-chains", type=int, default=4)
     parser.add_argument("--pdb-warmup", type=int, default=3000)
@@ -311,6 +423,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.num_data, args.sizes, args.epsilons, args.sets = 20_000, [100, 1000], [1e-2], ["S0"]
         args.budget, args.exact_budget, args.rounds, args.warmup, args.replicates = 0.6, 1.2, 2, 200, 1
+        args.target_replicates, args.target_budget, args.oracle_draws = 2, 1.0, 20
         args.pdb_chains, args.pdb_warmup, args.pdb_samples = 1, 300, 600
     if min(args.sizes) < 10 or max(args.sizes) > args.num_data:
         raise ValueError(f"sizes must lie in [10, num_data={args.num_data}], got {args.sizes}")
@@ -328,25 +441,34 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     ref = laplace_reference(y)
     ref["seconds"] = time.perf_counter() - start
-    headline = {(1000, 1e-2, "S0"), (100, 1e-2, "S0")}
-    runs = [
-        Run(f"exact #{r}", LWAKernel(arma11_model, args.num_data, subset="window", epsilon=math.inf), y, args.warmup)
-        for r in range(args.replicates)
-    ]
+    runs = []
+    for r in range(args.replicates):
+        kernel = LWAKernel(arma11_model, args.num_data, subset="window", epsilon=math.inf)
+        runs.append(Run(f"exact #{r}", kernel, y, args.warmup, args.exact_budget, args.seed * 1000 + len(runs)))
     for n in args.sizes:
         for eps in args.epsilons:
             for name in args.sets:
-                for r in range(args.replicates if (n, eps, name) in headline else 1):
-                    kernel = LWAKernel(arma11_model, n, subset="window", epsilon=eps, summaries=SUMMARY_SETS[name])
-                    runs.append(Run(f"n={n} eps={eps:g} {name} #{r}", kernel, y, args.warmup))
+                target = (n, eps, name) == TARGET_CONFIG
+                reps = args.target_replicates if target else args.replicates if (n, eps, name) == SPEED_CONFIG else 1
+                for r in range(reps):
+                    kernel = LWAKernel(
+                        arma11_model,
+                        n,
+                        subset="window",
+                        epsilon=eps,
+                        summaries=SUMMARY_SETS[name],
+                        omega=args.omega,
+                        subset_tries=max(1, args.tries_budget // n),
+                    )
+                    budget = args.target_budget if target else args.budget
+                    seed = args.seed * 1000 + len(runs)
+                    runs.append(Run(f"n={n} eps={eps:g} {name} #{r}", kernel, y, args.warmup, budget, seed))
     order = random.Random(args.seed)
-    total = args.exact_budget + args.budget * (len(runs) - 1)
-    with tqdm(total=round(total), disable=args.no_progress, desc="arma_lwa", unit="s") as bar:
+    with tqdm(total=round(sum(run.budget for run in runs)), disable=args.no_progress, desc="arma_lwa", unit="s") as bar:
         for _ in range(args.rounds):
             for run in order.sample(runs, len(runs)):
-                share = (args.exact_budget if run.label.startswith("exact") else args.budget) / args.rounds
-                run.advance(share)
-                bar.update(share)
+                run.advance(run.budget / args.rounds)
+                bar.update(run.budget / args.rounds)
     rows = [summarise(run, ref, args.num_data) for run in runs]
     exact_rows = [row for row in rows if row["label"].startswith("exact")]
     exact_hdr = {key: _median([row[key] for row in exact_rows]) for key in ("t_hdr_strict", "t_hdr_coarse")}
@@ -361,6 +483,10 @@ def main(argv: list[str] | None = None) -> dict:
         before = np.asarray(run.draws)[times <= args.budget]
         at_budget.append(before[-1].tolist() if len(before) else None)
     summary = headline_summary(rows, exact_hdr, args)
+    oracle = None
+    if args.oracle_draws > 0 and TARGET_CONFIG[0] in args.sizes:
+        n, eps, name = TARGET_CONFIG
+        oracle = lwa_target_by_enumeration(y, n, eps, SUMMARY_SETS[name], args.oracle_draws)
     pdb = posteriordb_check(args.pdb_chains, args.pdb_warmup, args.pdb_samples, args.seed)
     record = {
         "config": config,
@@ -373,6 +499,7 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": rows,
         "traces": {run.label: thin(run) for run in runs},
         "posteriordb": pdb,
+        "lwa_target_by_enumeration": oracle,
     }
     write_json(folder / "arma_lwa.json", record)
     write_markdown(folder / "arma_lwa.md", record)
@@ -394,11 +521,52 @@ def write_markdown(path: Path, record: dict) -> None:
                 "mean theta": row["post_mean"][1],
                 "mean sigma": row["post_mean"][2],
                 "max |z| vs θ* (own sd)": max(abs(z) for z in row["z_true_own_sd"]),
+                "max |z| vs θ* (MCSE)": max(abs(z) for z in row["z_true_mcse"]),
                 "max |z| vs θ* (exact sd)": max(abs(z) for z in row["z_true_exact_sd"]),
                 "U refresh": row["refresh_rate"],
+                "remote jumps": row["remote_jumps_accepted"],
+                "windows": row["distinct_windows"],
             }
         )
     columns = list(table_rows[0])
+    targets = record["targets"]
+    target_rows = [
+        {
+            "run": row["label"],
+            "seed": row["seed"],
+            "post-warmup draws": row["posterior_draws"],
+            "mean (phi, theta, sigma)": ", ".join(f"{v:.4f}" for v in row["post_mean"]),
+            "own sd": ", ".join(f"{v:.3g}" for v in row["post_sd"]),
+            "MCSE": ", ".join(f"{v:.3g}" for v in row["mcse"]),
+            "max |z| own sd": max(abs(z) for z in row["z_true_own_sd"]),
+            "max |z| MCSE": max(abs(z) for z in row["z_true_mcse"]),
+            "windows visited": row["distinct_windows"],
+        }
+        for row in record["runs"]
+        if row["label"].startswith("n={} eps={:g} {} ".format(*TARGET_CONFIG))
+    ]
+    target_text = ["## Issue 5 (b) targets", ""]
+    speed = targets.get("n1000_speedup_coarse")
+    target_text.append(
+        f"* n = 1000, ε = 1e-2, S0 reaches the (coarse) HDR {speed:.3g}x faster than exact MH (median times)."
+        if speed is not None
+        else "* n = 1000 HDR speed-up: censored (a median chain never reached the HDR)."
+    )
+    within = targets.get("n100_within_one_own_sd", [])
+    target_text.append(
+        f"* n = 100, ε = 1e-2, S0: posterior means within one own posterior sd of θ* in {sum(within)} of "
+        f"{len(within)} chains (max |z| {[round(z, 3) for z in targets.get('n100_max_abs_z_true_own_sd', [])]})."
+    )
+    oracle = record.get("lwa_target_by_enumeration")
+    if oracle:
+        target_text.append(
+            f"* LWA's own target at n = {oracle['n']}, ε = {oracle['epsilon']:g}, S0 (ν-mixture by enumeration, "
+            f"{oracle['effective_windows']:.0f} effective windows, {oracle['windows_drawn']} ν-draws): mean "
+            f"{[round(v, 4) for v in oracle['mean']]}, sd {[round(v, 4) for v in oracle['sd']]}, (mean - θ*) / sd "
+            f"{[round(v, 3) for v in oracle['z_true']]} (MCSE of the mean {[f'{v:.2g}' for v in oracle['mcse']]})."
+        )
+    if target_rows:
+        target_text += ["", markdown_table(target_rows, list(target_rows[0]))]
     pdb = record["posteriordb"]
     cols = {"mean": "mean", "mcse": "mcse", "ref mean": "ref_mean", "ref mcse": "ref_mcse", "sd": "sd"}
     cols.update({"ref sd": "ref_sd", "z": "z", "r_hat": "r_hat", "ess": "ess"})
@@ -410,6 +578,10 @@ def write_markdown(path: Path, record: dict) -> None:
         f"N = {record['config']['num_data']}, θ* = {record['true_theta']}, start {record['far_start']}.",
         f"Reference posterior (MLE + Laplace): mean {[round(v, 5) for v in ref['mean']]}, "
         f"sd {[f'{v:.2e}' for v in ref['sd']]}.",
+        "",
+        *target_text,
+        "",
+        "## All runs",
         "",
         markdown_table(table_rows, columns),
         "",

@@ -25,6 +25,12 @@ def test_arma_lwa_quick_mode_writes_outputs(tmp_path: Path) -> None:
         assert all(b >= a for a, b in zip(trace["t"], trace["t"][1:]))
     for row in record["runs"]:  # exact MH runs on all the data, LWA on subsets
         assert (row["n"] == saved["config"]["num_data"]) == row["label"].startswith("exact")
+    targets = saved["targets"]  # the n = 100 target runs its own replicates, with seeds and both z readings
+    assert len(targets["n100_max_abs_z_true_own_sd"]) == saved["config"]["target_replicates"] == 2
+    assert len(set(targets["n100_seeds"])) == 2 and len(targets["n100_max_abs_z_true_mcse"]) == 2
+    oracle = saved["lwa_target_by_enumeration"]  # LWA's own θ-target, from all windows
+    assert oracle["n"] == 100 and 1.0 <= oracle["effective_windows"] <= 20_000 - 99
+    assert all(s > 0 for s in oracle["sd"]) and len(oracle["z_true"]) == 3
     pdb = saved["posteriordb"]
     assert pdb["params"] == ["mu", "phi", "theta", "sigma"] and len(pdb["z"]) == 4
     assert abs(pdb["mean"][1] - pdb["ref_mean"][1]) < 0.1  # phi ≈ 0.957 even from a short chain

@@ -21,8 +21,23 @@ from pyro.infer import MCMC
 from scipy import stats
 
 from neuralblock.diagnostics import batch_means_mcse
-from neuralblock.kernels.lwa import LWAKernel, draw_distinct, propose_subset, subset_log_weight
-from neuralblock.kernels.summaries import Autocorrelations, Combine, Means, MinMax, Quantiles, default_summaries
+from neuralblock.kernels.lwa import (
+    LWAKernel,
+    draw_distinct,
+    multiple_try_log_alpha,
+    propose_subset,
+    subset_log_weight,
+    uniform_subsets,
+)
+from neuralblock.kernels.summaries import (
+    Autocorrelations,
+    Combine,
+    Means,
+    MinMax,
+    Quantiles,
+    default_summaries,
+    summarise_batch,
+)
 
 ALPHA = 1e-3
 BATCHES = 20
@@ -71,7 +86,7 @@ def run_chain(kernel: LWAKernel, warmup: int, iters: int, *args: object) -> Iter
             yield params
 
 
-def run_toy(update: str, chains: int, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+def run_toy(update: str, chains: int, iters: int, tries: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """U-indicator draws [chains, iters, subsets] and mu draws [chains, iters] from direct kernel calls."""
     subsets = list(itertools.combinations(range(TOY_N), TOY_n))
     code = {sum(1 << i for i in u): k for k, u in enumerate(subsets)}
@@ -87,6 +102,7 @@ def run_toy(update: str, chains: int, iters: int) -> tuple[torch.Tensor, torch.T
             lam=0.5,
             subset_update=update,
             step_size=0.5,
+            subset_tries=tries,
         )
         for t, params in enumerate(run_chain(kernel, 50, iters, TOY_Y)):
             ind[c, t, code[sum(1 << i for i in kernel.indices.tolist())]] = 1.0
@@ -94,16 +110,17 @@ def run_toy(update: str, chains: int, iters: int) -> tuple[torch.Tensor, torch.T
     return ind, mus
 
 
-@pytest.mark.parametrize("update", ["joint", "informed"])
-def test_subset_chain_matches_its_stated_target(update: str) -> None:
-    """joint: (U, mu) ~ ν(U) p(mu) f(Y_U|mu)^{N/n} exactly; informed: U ~ ν exactly.
+@pytest.mark.parametrize(("update", "tries"), [("joint", 1), ("informed", 1), ("informed", 3)])
+def test_subset_chain_matches_its_stated_target(update: str, tries: int) -> None:
+    """joint: (U, mu) ~ ν(U) p(mu) f(Y_U|mu)^{N/n} exactly; informed: U ~ ν exactly (also with
+    multiple-try remote jumps, ``tries > 1``).
 
     The test has power: the same visit frequencies are checked to *reject* the other mode's target.
     """
     chains, iters = 2, 1000
     _, nu, joint, cond_mean = toy_targets()
     assert (joint - nu).abs().max() > 0.05  # the two targets differ enough to tell apart
-    ind, mus = run_toy(update, chains, iters)
+    ind, mus = run_toy(update, chains, iters, tries)
     freq, se = batch_means_mcse(ind, BATCHES)
     expected, other = (joint, nu) if update == "joint" else (nu, joint)
     limit = z_limit(len(nu) + 1, chains)
@@ -257,6 +274,10 @@ def test_bad_input_raises_named_errors() -> None:
         LWAKernel(gaussian_model, 2, plate="rows").setup(0, TOY_Y)
     with pytest.raises(ValueError, match="not global latent sites"):
         LWAKernel(gaussian_model, 2, sites=["sigma"]).setup(0, TOY_Y)
+    with pytest.raises(ValueError, match="subset_tries must be"):
+        LWAKernel(gaussian_model, 2, subset_tries=0)
+    with pytest.raises(ValueError, match="informed"):
+        LWAKernel(gaussian_model, 2, subset_tries=4, subset_update="joint")
 
     def local_model(y: torch.Tensor) -> None:
         with pyro.plate("data", len(y)) as idx:
@@ -281,6 +302,16 @@ def test_proposals_and_weights() -> None:
     assert big.unique().numel() == 500 and int(big.min()) >= 100
     assert not propose_subset(torch.arange(5), 5, "iid", 1.0, 0.2).valid  # U is all the data
     assert float(subset_log_weight(torch.ones(2), torch.zeros(2), math.inf)) == 0.0
+    assert subset_log_weight(torch.ones(3, 2), torch.zeros(2), 1.0).tolist() == [-1.0, -1.0, -1.0]
+    iid = uniform_subsets(12, 3, "iid", 5)
+    assert iid.shape == (5, 3) and all(row.unique().numel() == 3 for row in iid)
+    win = uniform_subsets(12, 4, "window", 50)
+    assert int(win.max()) <= 11 and torch.equal(win - win[:, :1], torch.arange(4).expand(50, 4))
+    # MTM ratio: log of sum of candidate weights over (sum of reference weights + current weight)
+    alpha = multiple_try_log_alpha(torch.tensor([0.0, math.log(3.0)]), torch.tensor([math.log(2.0)]), 0.0)
+    assert math.isclose(float(alpha), math.log(4.0 / 3.0), rel_tol=1e-6)
+    with pytest.raises(ValueError, match="K - 1"):
+        multiple_try_log_alpha(torch.zeros(2), torch.zeros(2), 0.0)
 
 
 def test_summaries_match_numpy() -> None:
@@ -294,6 +325,11 @@ def test_summaries_match_numpy() -> None:
     s = Combine(Means(), MinMax())(torch.stack([y, 2 * y], 1))
     np.testing.assert_allclose(s.numpy(), [x.mean(), 2 * x.mean(), x.min(), 2 * x.min(), x.max(), 2 * x.max()])
     assert default_summaries("iid")(y).shape == (4,)
+    # batched summaries of K subsets equal the per-subset ones (scalar and vector rows; a plain callable loops)
+    fn = Combine(Means(), Quantiles([0.2, 0.8]), Autocorrelations([1, 2]), MinMax(), lambda rows: rows.sum(0))
+    for batch in (torch.randn(7, 30, dtype=torch.float64), torch.randn(7, 30, 2, dtype=torch.float64)):
+        expected_batch = torch.stack([fn(rows) for rows in batch])
+        torch.testing.assert_close(summarise_batch(fn, batch), expected_batch)
     with pytest.raises(ValueError, match="lag"):
         Autocorrelations([0])
     with pytest.raises(ValueError, match="quantile"):

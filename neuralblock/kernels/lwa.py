@@ -42,6 +42,16 @@ a shift off the data being a rejection), otherwise a *remote jump* (a fresh unif
 or window start). Each part is symmetric, so ``R`` is symmetric and no Hastings
 correction is needed.
 
+Remote jumps at small ``ε``: ``ν`` then puts its mass on a tiny fraction of the subsets (at
+``n = 100``, ``ε = 1e-2`` in ``experiments/arma_lwa.py``, about 2e-3 of the windows), so a single
+uniform jump is almost never accepted and ``U`` only creeps by local moves. With
+``subset_tries = K > 1`` (informed mode) a remote jump is a *multiple-try Metropolis* move
+(Liu, Liang & Wong 2000) with the uniform independent proposal: draw ``K`` uniform candidates,
+pick ``U'`` among them with probability ``∝ ν``, draw ``K - 1`` uniform reference subsets, and
+accept with ``min(1, Σ ν(candidates) / (Σ ν(references) + ν(U)))``. It is reversible with
+respect to ``ν`` (the summaries of all ``2K - 1`` subsets are one batched call,
+:func:`~neuralblock.kernels.summaries.summarise_batch`).
+
 Evaluating the model on ``U``: the model indexes its data by the data plate's indices,
 ``with pyro.plate("data", N) as idx: pyro.sample("y", ..., obs=y[idx])``. The kernel sets
 the plate's index set (its ``_Subsample`` site) to ``U`` and uses the **unscaled**
@@ -91,14 +101,16 @@ from torch.distributions import biject_to
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
-from neuralblock.kernels.summaries import SummaryFn, default_summaries
+from neuralblock.kernels.summaries import SummaryFn, default_summaries, summarise_batch
 from neuralblock.pyro.plates import PlateIndices, plate_dim
 
 __all__ = [
     "LWAKernel",
     "SubsetProposal",
     "draw_distinct",
+    "multiple_try_log_alpha",
     "propose_subset",
+    "uniform_subsets",
     "subset_log_weight",
 ]
 
@@ -199,6 +211,37 @@ def propose_subset(indices: Tensor, num_data: int, subset: str, omega: float, la
     return SubsetProposal(new, k, False, True)
 
 
+def uniform_subsets(num_data: int, n: int, subset: str, k: int) -> Tensor:
+    """``k`` independent uniform subsets of size ``n`` (the remote-jump proposal), ``LongTensor [k, n]``.
+
+    Example:
+        >>> out = uniform_subsets(100, 10, "window", 3)
+        >>> out.shape == (3, 10) and bool((out[:, 1:] - out[:, :-1] == 1).all())
+        True
+    """
+    if subset == "window":
+        starts = torch.randint(0, num_data - n + 1, (k,))
+        return starts[:, None] + torch.arange(n)
+    return torch.stack([draw_distinct(num_data, n) for _ in range(k)])
+
+
+def multiple_try_log_alpha(log_w_candidates: Tensor, log_w_references: Tensor, log_w_current: float) -> Tensor:
+    """Log acceptance ratio of multiple-try Metropolis with an independent symmetric proposal.
+
+    ``log Σ_k w(candidate_k) - log(Σ_k w(reference_k) + w(current))``, with ``K`` candidates and ``K - 1``
+    references (fresh draws from the same proposal).
+
+    Example:
+        >>> a = multiple_try_log_alpha(torch.tensor([0.0, 0.0]), torch.tensor([0.0]), 0.0)
+        >>> float(a)
+        0.0
+    """
+    if log_w_references.numel() != log_w_candidates.numel() - 1:
+        raise ValueError("multiple-try Metropolis needs K candidates and K - 1 references")
+    current = torch.tensor([log_w_current], dtype=log_w_candidates.dtype)
+    return torch.logsumexp(log_w_candidates, 0) - torch.logsumexp(torch.cat([log_w_references, current]), 0)
+
+
 def subset_log_weight(summary: Tensor, full_summary: Tensor, epsilon: float) -> Tensor:
     """``log ν(U)`` up to a constant: ``-||S(U) - S_N||^2 / (2 ε^2)`` (0 for ``ε = inf``).
 
@@ -207,8 +250,8 @@ def subset_log_weight(summary: Tensor, full_summary: Tensor, epsilon: float) -> 
         -2.0
     """
     if math.isinf(epsilon):
-        return torch.zeros((), dtype=summary.dtype)
-    return -(summary - full_summary).square().sum() / (2.0 * epsilon**2)
+        return torch.zeros(summary.shape[:-1], dtype=summary.dtype)
+    return -(summary - full_summary).square().sum(-1) / (2.0 * epsilon**2)
 
 
 class _SubsetLogDensity(PlateIndices):
@@ -283,6 +326,9 @@ class LWAKernel(MCMCKernel):
         subset_update: ``"informed"`` (the paper's algorithm) or ``"joint"`` (exact for the joint target).
         subset_steps: MH updates of ``U`` per transition (cheap in ``"informed"`` mode: a summary of ``U'``
             each, no model run), which helps ``U`` mix when ``ε`` is small.
+        subset_tries: ``K``, candidates of a remote jump (multiple-try Metropolis, see the module
+            docstring; ``"informed"`` mode only). ``1`` (default) is the plain uniform jump. A remote
+            jump then costs ``2K - 1`` subset summaries (one batched call), ``O(K n)``.
         summary_data: rows summarised, ``[N, ...]`` (default: the observed values of the
             plate's sites, columns concatenated).
 
@@ -317,6 +363,7 @@ class LWAKernel(MCMCKernel):
         subset_update: str = "informed",
         summary_data: Tensor | None = None,
         subset_steps: int = 1,
+        subset_tries: int = 1,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
@@ -336,6 +383,10 @@ class LWAKernel(MCMCKernel):
             raise ValueError(f"lam must be in (0, 1], got {lam!r}")
         if isinstance(subset_steps, bool) or not isinstance(subset_steps, int) or subset_steps < 1:
             raise ValueError(f"subset_steps must be a positive int, got {subset_steps!r}")
+        if isinstance(subset_tries, bool) or not isinstance(subset_tries, int) or subset_tries < 1:
+            raise ValueError(f"subset_tries must be a positive int, got {subset_tries!r}")
+        if subset_tries > 1 and subset_update != "informed":
+            raise ValueError("subset_tries > 1 (multiple-try remote jumps) needs subset_update='informed'")
         if step_size is not None and not step_size > 0:
             raise ValueError(f"step_size must be positive, got {step_size!r}")
         if sites is not None and (isinstance(sites, str) or not all(isinstance(s, str) for s in sites)):
@@ -353,6 +404,7 @@ class LWAKernel(MCMCKernel):
         self.target_accept = target_accept
         self.subset_update = subset_update
         self.subset_steps = subset_steps
+        self.subset_tries = subset_tries
         self._summary_data_arg = summary_data
         self.transforms: dict[str, Any] = {}
         self._conditioned: dict[str, Tensor] = {}
@@ -490,6 +542,7 @@ class LWAKernel(MCMCKernel):
         self._theta_proposed = self._theta_accepted = 0
         self._subset_proposed = self._subset_accepted = 0
         self._changed = 0
+        self._remote_proposed = self._remote_accepted = 0
         self._nonfinite = 0
         self._evals = 0
         self._elapsed = 0.0
@@ -610,7 +663,10 @@ class LWAKernel(MCMCKernel):
     def _subset_step(self, theta: dict[str, Tensor]) -> tuple[bool, int, int]:
         if self.subset_size == self.num_data:  # U is all the data: nothing to move
             return False, 0, 0
-        prop = propose_subset(self._indices, self.num_data, self.subset, self.omega, self.lam)
+        if self.subset_tries > 1 and bool(torch.rand(()) >= self.omega):
+            return self._multiple_try_jump()
+        omega = 1.0 if self.subset_tries > 1 else self.omega  # the remote branch was drawn above
+        prop = propose_subset(self._indices, self.num_data, self.subset, omega, self.lam)
         if not prop.valid:
             return False, 0, 0
         log_nu = float(self._log_weight(prop.indices))
@@ -620,11 +676,38 @@ class LWAKernel(MCMCKernel):
             new_target = self.log_target(theta, prop.indices)
             log_alpha = log_alpha + _log_ratio(new_target, self._current_log_target(theta))
         info = mh_accept(torch.tensor([log_alpha], dtype=torch.float64))
+        if prop.remote:
+            self._count_remote(bool(info.accepted[0]))
         if not bool(info.accepted[0]):
             return False, 0, info.num_nonfinite
         self._indices, self._log_nu = prop.indices, log_nu
         self._cache = (theta, new_target) if new_target is not None else None
         return True, prop.num_changed, info.num_nonfinite
+
+    def _count_remote(self, accepted: bool) -> None:
+        """Post-warmup count of one remote jump's outcome."""
+        if self._t >= self._warmup_steps:
+            self._remote_proposed += 1
+            self._remote_accepted += int(accepted)
+
+    def _multiple_try_jump(self) -> tuple[bool, int, int]:
+        """A remote jump by multiple-try Metropolis over ``subset_tries`` uniform candidates (informed mode)."""
+        k = self.subset_tries
+        drawn = uniform_subsets(self.num_data, self.subset_size, self.subset, 2 * k - 1)
+        summaries = summarise_batch(self._summary_fn, self._data[drawn])
+        log_w = subset_log_weight(summaries, self._full_summary, self.epsilon).to(torch.float64)
+        candidates, references = log_w[:k], log_w[k:]
+        info = mh_accept(multiple_try_log_alpha(candidates, references, self._log_nu).reshape(1))
+        self._count_remote(bool(info.accepted[0]))
+        if not bool(info.accepted[0]):
+            return False, 0, info.num_nonfinite
+        pick = int(torch.distributions.Categorical(logits=candidates).sample())
+        new = drawn[pick]
+        changed = self.subset_size - int(torch.isin(new, self._indices).sum())
+        self._indices, self._log_nu = new, float(candidates[pick])
+        self._cache = None
+        self._count_remote(True)
+        return True, changed, 0
 
     def _adapt_scale(self, theta: dict[str, Tensor]) -> None:
         """Diagonal preconditioning: per-coordinate scales from the draws of warmup's third quarter.
@@ -677,6 +760,8 @@ class LWAKernel(MCMCKernel):
             "step_size": float(self.adapter.step_size[0]),
             "subset_acceptance_rate": self._subset_accepted / max(self._subset_proposed, 1),
             "subset_refresh_rate": self._changed / (its * self.subset_size),
+            "remote_jumps_accepted": float(self._remote_accepted),
+            "remote_acceptance_rate": self._remote_accepted / max(self._remote_proposed, 1),
             "theta_acceptance_rate": self._theta_accepted / its,
             "model_evals": float(self._evals),
             "iterations_per_second": self._theta_proposed / self._elapsed if self._elapsed > 0 else 0.0,

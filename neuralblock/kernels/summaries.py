@@ -7,6 +7,10 @@ them run with ``num_chains > 1``); :class:`Combine` stacks several into one. Eve
 statistic is vectorized over the rows (no Python loop over data points), so a summary of
 ``n`` rows costs ``O(n log n)`` at most. Any user callable with the same signature works.
 
+The classes also summarise ``K`` subsets at once through their ``batch(data [K, n, d]) ->
+[K, k]`` method (one vectorized call, which is what makes a multiple-try subset proposal
+cheap); :func:`summarise_batch` uses it when a summary has one and loops otherwise.
+
 Example:
     >>> y = torch.arange(10.0)
     >>> fn = Combine(Means(), Quantiles([0.5]), MinMax())
@@ -21,7 +25,16 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Autocorrelations", "Combine", "Means", "MinMax", "Quantiles", "SummaryFn", "default_summaries"]
+__all__ = [
+    "Autocorrelations",
+    "Combine",
+    "Means",
+    "MinMax",
+    "Quantiles",
+    "SummaryFn",
+    "default_summaries",
+    "summarise_batch",
+]
 
 SummaryFn = Callable[[Tensor], Tensor]
 """``fn(data [n] or [n, d]) -> Tensor [k]``: statistics of the data rows of a subset."""
@@ -37,7 +50,42 @@ def _rows(data: Tensor) -> Tensor:
     return rows if rows.is_floating_point() else rows.to(torch.get_default_dtype())
 
 
-class Means:
+def _batch_rows(data: Tensor) -> Tensor:
+    """``K`` subsets of data rows, ``[K, n]`` or ``[K, n, ...]``, as a floating ``[K, n, d]`` tensor."""
+    if not isinstance(data, Tensor):
+        raise TypeError(f"batched summary statistics take a Tensor [K, n, ...], got {type(data).__name__}")
+    if data.dim() < 2 or data.shape[1] == 0:
+        raise ValueError(f"batched summary statistics need a [K, n, ...] tensor with n > 0, got {tuple(data.shape)}")
+    rows = data.reshape(data.shape[0], data.shape[1], -1)
+    return rows if rows.is_floating_point() else rows.to(torch.get_default_dtype())
+
+
+class _Batched:
+    """Base of the summaries here: ``__call__`` on one subset is ``batch`` on a batch of one."""
+
+    def batch(self, data: Tensor) -> Tensor:  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    def __call__(self, data: Tensor) -> Tensor:
+        return self.batch(_rows(data).unsqueeze(0))[0]
+
+
+def summarise_batch(fn: SummaryFn, data: Tensor) -> Tensor:
+    """Summaries of ``K`` subsets at once: ``data [K, n, ...] -> Tensor [K, k]``.
+
+    Uses ``fn.batch`` (one vectorized call) when the summary has one, else calls ``fn`` per subset.
+
+    Example:
+        >>> summarise_batch(Means(), torch.tensor([[1.0, 3.0], [2.0, 6.0]])).tolist()
+        [[2.0], [4.0]]
+    """
+    batch = getattr(fn, "batch", None)
+    if callable(batch):
+        return torch.as_tensor(batch(_batch_rows(data)))
+    return torch.stack([torch.as_tensor(fn(rows)).reshape(-1) for rows in data])
+
+
+class Means(_Batched):
     """Column means of the data rows.
 
     Example:
@@ -45,11 +93,11 @@ class Means:
         [2.0, 4.0]
     """
 
-    def __call__(self, data: Tensor) -> Tensor:
-        return _rows(data).mean(0)
+    def batch(self, data: Tensor) -> Tensor:
+        return _batch_rows(data).mean(1)
 
 
-class Quantiles:
+class Quantiles(_Batched):
     """Column quantiles at ``probs`` (linear interpolation, as :func:`torch.quantile`).
 
     Args:
@@ -66,12 +114,13 @@ class Quantiles:
             raise ValueError(f"quantile levels must be a non-empty list in [0, 1], got {list(probs)}")
         self.levels = levels
 
-    def __call__(self, data: Tensor) -> Tensor:
-        rows = _rows(data)
-        return torch.quantile(rows, self.levels.to(rows.dtype), dim=0).reshape(-1)
+    def batch(self, data: Tensor) -> Tensor:
+        rows = _batch_rows(data)
+        out = torch.quantile(rows, self.levels.to(rows.dtype), dim=1)  # [q, K, d]
+        return out.transpose(0, 1).reshape(rows.shape[0], -1)
 
 
-class Autocorrelations:
+class Autocorrelations(_Batched):
     """Sample autocorrelations of each column at the given lags (rows in time order).
 
     ``acf(k) = sum_t (y_t - m)(y_{t+k} - m) / sum_t (y_t - m)^2`` with ``m`` the column
@@ -90,16 +139,16 @@ class Autocorrelations:
         if not self.lags or min(self.lags) < 1:
             raise ValueError(f"autocorrelation lags must be a non-empty list of positive integers, got {list(lags)}")
 
-    def __call__(self, data: Tensor) -> Tensor:
-        rows = _rows(data)
-        if rows.shape[0] <= max(self.lags):
-            raise ValueError(f"autocorrelation at lag {max(self.lags)} needs more than {rows.shape[0]} rows")
-        centred = rows - rows.mean(0)
-        acf = torch.stack([(centred[:-k] * centred[k:]).sum(0) for k in self.lags])
-        return (acf / centred.square().sum(0)).reshape(-1)
+    def batch(self, data: Tensor) -> Tensor:
+        rows = _batch_rows(data)
+        if rows.shape[1] <= max(self.lags):
+            raise ValueError(f"autocorrelation at lag {max(self.lags)} needs more than {rows.shape[1]} rows")
+        centred = rows - rows.mean(1, keepdim=True)
+        acf = torch.stack([(centred[:, :-k] * centred[:, k:]).sum(1) for k in self.lags], 1)  # [K, lags, d]
+        return (acf / centred.square().sum(1, keepdim=True)).reshape(rows.shape[0], -1)
 
 
-class MinMax:
+class MinMax(_Batched):
     """Column minima then column maxima.
 
     Example:
@@ -107,9 +156,9 @@ class MinMax:
         [-1.0, 3.0]
     """
 
-    def __call__(self, data: Tensor) -> Tensor:
-        lo, hi = _rows(data).aminmax(dim=0)
-        return torch.cat([lo, hi])
+    def batch(self, data: Tensor) -> Tensor:
+        lo, hi = _batch_rows(data).aminmax(dim=1)
+        return torch.cat([lo, hi], 1)
 
 
 class Combine:
@@ -127,6 +176,9 @@ class Combine:
 
     def __call__(self, data: Tensor) -> Tensor:
         return torch.cat([torch.as_tensor(f(data)).reshape(-1) for f in self.fns])
+
+    def batch(self, data: Tensor) -> Tensor:
+        return torch.cat([summarise_batch(f, data) for f in self.fns], 1)
 
 
 def default_summaries(subset: str) -> SummaryFn:
