@@ -14,7 +14,8 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "logistic_austerity.json").read_text())
     assert saved["config"]["quick"] is True
-    assert [d["role"] for d in saved["datasets"]] == ["scaling", "scaling", "real", "nuts"]
+    assert [d["role"] for d in saved["datasets"]] == ["scaling", "scaling", "real", "nuts", "bias"]
+    assert saved["config"]["batch_growth"] == 2.0
     for d in saved["datasets"]:
         assert d["reference_ess"] > 10
         exact = d["runs"]["exact MH"]
@@ -27,6 +28,12 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
     # a few mini-batches of 100 out of 20000 sections: the control variate keeps decisions early
     assert big["runs"]["austerity eps=0.05"]["diagnostics"]["mean_data_fraction"] < 0.05
     assert set(record["targets"]) >= {"data_fraction_at_N_large", "time_per_transition_growth", "nuts_comparison"}
-    assert [row["method"] for row in saved["bias"]][0] == "exact MH"
+    bias = saved["bias"]
+    assert bias[0]["method"] == "exact MH" and {r["draws"] for r in bias} == {150}
+    assert any(r["method"].startswith("austerity (seed test)") for r in bias)
+    assert all(r["mean_mcse_sd"] > 0 and r["sd_z_rms"] >= 0 for r in bias)
+    # antithetic importance sampling: the reference's own error is far below the chains'
+    ref_mcse = next(d for d in saved["datasets"] if d["role"] == "bias")["reference_mean_mcse_max"]
+    assert ref_mcse < min(r["mean_mcse_sd"] for r in bias)
     assert (folder / "logistic_austerity.md").read_text().count("|") > 50
     assert {p.name for p in folder.glob("*.png")} == {"logistic_risk.png", "logistic_scaling_bias.png"}
