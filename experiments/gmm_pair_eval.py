@@ -219,6 +219,7 @@ def plot(rows: list[dict[str, Any]], part2: dict[str, Any], path: Path) -> None:
             ax.plot(run["times"], [v - model["true_log_joint"] for v in run["log_joint"]], label=label, lw=1)
         ax.axhline(0.0, color="k", lw=0.8, ls="--")
         ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(left=0.0)
         lowest = min(min(model[s]["log_joint"]) for s in part2["samplers"]) - model["true_log_joint"]
         ax.set_ylim(bottom=max(-200.0, lowest))
         ax.set_xlabel("seconds (linear below 0.1 s, log above)")

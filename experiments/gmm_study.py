@@ -155,6 +155,7 @@ def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str) -> No
         else:
             ax.axhline(ref["true_active"], color="k", lw=0.7, ls="--")
         ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(left=0.0)
         ax.set_title(f"m={result['m']}, n={result['n']}", fontsize=9)
     for ax in axes[-1]:
         ax.set_xlabel("seconds (log above 0.1 s)")
