@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sv_models import load_sp500_returns  # noqa: E402
 
 from motifs.chain import ChainMotif, stochastic_volatility_graph  # noqa: E402
-from neuralblock import NeuralBlockKernel, RandomWalkMH, load_pretrained  # noqa: E402
+from neuralblock import NeuralBlockKernel, RandomWalkMH  # noqa: E402
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.proposals import NeuralBlockProposal  # noqa: E402
+from neuralblock.proposals import NeuralBlockProposal, load_proposal  # noqa: E402
 from trainers.metrics import mc_acceptance  # noqa: E402
 from trainers.trainer import evaluate  # noqa: E402
 
@@ -78,17 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_proposal(name: str, quick: bool) -> NeuralBlockProposal:
+def load_proposal_or_untrained(name: str, quick: bool) -> NeuralBlockProposal:
     """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
-    try:
-        if Path(name).suffix or "/" in name:
-            return NeuralBlockProposal.load(name)
-        return load_pretrained(name)
-    except (FileNotFoundError, KeyError, ValueError):
-        if not quick:
-            raise
+
+    def untrained() -> NeuralBlockProposal:
         torch.manual_seed(0)
         return NeuralBlockProposal(ChainMotif(), components=4, hidden=(16,))
+
+    return load_proposal(name, untrained if quick else None)
 
 
 def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -179,7 +176,7 @@ def plot(rows: list[dict[str, Any]], sv: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    proposal = load_proposal(args.proposal, args.quick)
+    proposal = load_proposal_or_untrained(args.proposal, args.quick)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
     folder = study_folder(args.out, config)
     rows = held_out(proposal, args)

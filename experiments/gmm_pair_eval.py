@@ -39,11 +39,11 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from motifs.gmm_pair import GmmPairMotif, gmm_graph, prior_proposal, sample_gmm  # noqa: E402
-from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
+from neuralblock import NeuralBlockKernel  # noqa: E402
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup  # noqa: E402
 from neuralblock.kernels.base import GraphKernel, sequential_init  # noqa: E402
-from neuralblock.proposals import NeuralBlockProposal  # noqa: E402
+from neuralblock.proposals import NeuralBlockProposal, load_proposal  # noqa: E402
 from trainers.trainer import evaluate  # noqa: E402
 
 matplotlib.use("Agg")
@@ -72,17 +72,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_proposal(name: str, quick: bool) -> NeuralBlockProposal:
+def load_proposal_or_untrained(name: str, quick: bool) -> NeuralBlockProposal:
     """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
-    try:
-        if Path(name).suffix or "/" in name:
-            return NeuralBlockProposal.load(name)
-        return load_pretrained(name)
-    except (FileNotFoundError, KeyError, ValueError):
-        if not quick:
-            raise
+
+    def untrained() -> NeuralBlockProposal:
         torch.manual_seed(0)
         return NeuralBlockProposal(GmmPairMotif(), components=4, hidden=(32,))
+
+    return load_proposal(name, untrained if quick else None)
 
 
 def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -234,7 +231,7 @@ def plot(rows: list[dict[str, Any]], part2: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    proposal = load_proposal(args.proposal, args.quick)
+    proposal = load_proposal_or_untrained(args.proposal, args.quick)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
     folder = study_folder(args.out, config)
     rows = held_out(proposal, args)

@@ -37,7 +37,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gmm_pair_eval import first_time, held_out_gmm, load_proposal, run_sampler  # noqa: E402
+from gmm_pair_eval import first_time, held_out_gmm, load_proposal_or_untrained, run_sampler  # noqa: E402
 
 from neuralblock import NeuralBlockKernel  # noqa: E402
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
@@ -170,7 +170,7 @@ def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str) -> No
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    proposal = load_proposal(args.proposal, args.quick)
+    proposal = load_proposal_or_untrained(args.proposal, args.quick)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
     folder = study_folder(args.out, config)
     sizes = [(m, n) for m in args.mixtures for n in args.points]

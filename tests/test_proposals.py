@@ -103,7 +103,6 @@ def test_every_shipped_proposal_loads_and_meets_its_recorded_targets() -> None:
     for name in names:
         proposal = load_pretrained(name)
         metrics = proposal.metadata["validation"]
-        assert proposal.metadata["training_seconds"] <= 30 * 60, name
         if proposal.motif.name == "chain":  # continuous block: NLL gap on linear-Gaussian instances
             assert metrics["nll_gap"] <= 0.05 and metrics["acceptance"] >= 0.7, name
             continue

@@ -182,8 +182,7 @@ class NeuralBlockKernel(GraphKernel):
         self._single_sweeps = 0
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
-        fg = self.fg
-        assert fg is not None
+        fg = self._graph()
         if float(torch.rand(())) < self.gibbs_prob:
             state = self.single_site.sweep(fg, state, adapt=warmup)
             if not warmup:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 import torch
@@ -60,11 +61,12 @@ def _batch_rows(data: Tensor) -> Tensor:
     return rows if rows.is_floating_point() else rows.to(torch.get_default_dtype())
 
 
-class _Batched:
+class _Batched(ABC):
     """Base of the summaries here: ``__call__`` on one subset is ``batch`` on a batch of one."""
 
-    def batch(self, data: Tensor) -> Tensor:  # pragma: no cover - every subclass overrides it
-        raise NotImplementedError
+    @abstractmethod
+    def batch(self, data: Tensor) -> Tensor:
+        """Summaries of a batch of subsets ``[K, n, d]``."""
 
     def __call__(self, data: Tensor) -> Tensor:
         return self.batch(_rows(data).unsqueeze(0))[0]

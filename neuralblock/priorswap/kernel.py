@@ -197,7 +197,8 @@ class PriorSwap(MCMCKernel):
         self.parametric = self.problem.density
         self.corrected: FalsePosteriorDensity | None = None
         if correction is not None or estimator == "semiparametric":
-            assert self.problem.z is not None and self.parametric is not None
+            if self.problem.z is None or self.parametric is None:
+                raise ValueError("a semiparametric correction needs false-posterior samples and a parametric fit")
             self.corrected = SemiparametricFit(self.problem.z, parametric=self.parametric, bandwidth=bandwidth)
         if correction == "semiparametric" or estimator == "semiparametric":
             self.problem.density = self.corrected
@@ -262,7 +263,8 @@ class PriorSwap(MCMCKernel):
             dim = self.problem.layout.dim
             initial = self.step_size if self.step_size is not None else 2.38 / math.sqrt(dim)
             self._adapter = StepSizeAdapter(1, initial, self.target_accept or 0.234)
-            assert self.problem.density is not None
+            if self.problem.density is None:
+                raise ValueError("the MH prior-swap kernel needs a false-posterior density estimate")
             self._chol = self.problem.density.scale_tril()
             self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
             return

@@ -263,7 +263,8 @@ class SitePrior:
             if out.shape != batch:
                 raise ValueError(f"{self.name} callable returned shape {tuple(out.shape)}, expected {tuple(batch)}")
             return out
-        assert self.dists is not None
+        if self.dists is None:
+            raise RuntimeError(f"{self.name} has neither a callable nor distributions")
         total = values[first].new_zeros(batch)
         for site, dist in self.dists.items():
             lp = dist.log_prob(values[site])
@@ -272,7 +273,8 @@ class SitePrior:
 
     def flat_log_prob(self, theta: Tensor) -> Tensor:
         """Log prior density of flat constrained values ``[..., D]``."""
-        assert self.layout is not None
+        if self.layout is None:
+            raise RuntimeError(f"{self.name} is not bound to a layout")
         batch = theta.shape[:-1]
         flat = theta.reshape(-1, theta.shape[-1])
         return self.log_prob(self.layout.unflatten(flat)).reshape(batch)

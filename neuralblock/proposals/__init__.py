@@ -1,6 +1,12 @@
 """Neural block proposals: the MDN, proposal files and the pretrained library."""
 
-from neuralblock.proposals.library import list_pretrained, load_pretrained, pretrained_dir, pretrained_index
+from neuralblock.proposals.library import (
+    list_pretrained,
+    load_pretrained,
+    load_proposal,
+    pretrained_dir,
+    pretrained_index,
+)
 from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
 from neuralblock.proposals.proposal import FORMAT_VERSION, NeuralBlockProposal, atomic_write_bytes, code_commit
 
@@ -13,6 +19,7 @@ __all__ = [
     "code_commit",
     "list_pretrained",
     "load_pretrained",
+    "load_proposal",
     "pretrained_dir",
     "pretrained_index",
 ]

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from neuralblock.proposals.proposal import NeuralBlockProposal
 
-__all__ = ["list_pretrained", "load_pretrained", "pretrained_dir", "pretrained_index"]
+__all__ = ["list_pretrained", "load_pretrained", "load_proposal", "pretrained_dir", "pretrained_index"]
 
 
 def pretrained_dir() -> Path:
@@ -53,3 +55,32 @@ def load_pretrained(name: str) -> NeuralBlockProposal:
     if name not in index:
         raise ValueError(f"no pretrained proposal {name!r}; shipped: {', '.join(sorted(index)) or '(none)'}")
     return NeuralBlockProposal.load(pretrained_dir() / index[name]["file"])
+
+
+def load_proposal(
+    name_or_path: str | os.PathLike,
+    untrained: Callable[[], NeuralBlockProposal] | None = None,
+) -> NeuralBlockProposal:
+    """A shipped proposal by name, or a proposal file by path (anything with a suffix or a ``/``).
+
+    Args:
+        name_or_path: a name from :func:`list_pretrained` or a proposal file's path.
+        untrained: optional factory of a fallback proposal, used (instead of raising) when
+            nothing loads, e.g. an untrained network for a CI-scale smoke run.
+
+    Raises:
+        ValueError, FileNotFoundError: nothing loads and there is no fallback.
+
+    Example:
+        >>> load_proposal("no-such-proposal", untrained=lambda: "fallback")
+        'fallback'
+    """
+    text = str(name_or_path)
+    try:
+        if Path(text).suffix or "/" in text:
+            return NeuralBlockProposal.load(text)
+        return load_pretrained(text)
+    except (FileNotFoundError, KeyError, ValueError):
+        if untrained is None:
+            raise
+        return untrained()
