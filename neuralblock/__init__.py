@@ -4,6 +4,7 @@ from neuralblock.graph import FactorGraph
 from neuralblock.kernels import (
     AusterityMH,
     CompoundKernel,
+    ConditionalGraphKernel,
     ConditionedModel,
     GibbsKernel,
     LWAKernel,
@@ -18,6 +19,7 @@ __all__ = [
     "AusterityMH",
     "BlockSpec",
     "CompoundKernel",
+    "ConditionalGraphKernel",
     "ConditionedModel",
     "FactorGraph",
     "GibbsKernel",

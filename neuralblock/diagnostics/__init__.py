@@ -186,9 +186,7 @@ def trace_marginal_error(
     from pyro.infer import MCMC
 
     trace = MarginalErrorTrace(fg, exact, num_points=num_points, total=num_samples)
-    mcmc = MCMC(
-        kernel, num_samples=num_samples, warmup_steps=warmup_steps, hook_fn=trace, disable_progbar=not progress
-    )
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, hook_fn=trace, disable_progbar=not progress)
     mcmc.run()
     out: dict[str, list] = trace.as_dict()
     out["diagnostics"] = kernel.diagnostics()

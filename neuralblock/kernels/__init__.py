@@ -4,6 +4,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.kernels.compound import CompoundKernel
+from neuralblock.kernels.conditional_graph import ConditionalGraphKernel
 from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
@@ -17,6 +18,7 @@ from neuralblock.kernels.split_merge import SplitMergeGMM
 __all__ = [
     "AusterityMH",
     "CompoundKernel",
+    "ConditionalGraphKernel",
     "ConditionedModel",
     "GibbsInfo",
     "GibbsKernel",

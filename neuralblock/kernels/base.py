@@ -99,6 +99,42 @@ class GraphKernel(MCMCKernel):
         else:
             self._conditioned.set_values(values)
 
+    def update_graph(self, fg: FactorGraph) -> None:
+        """Follow new parameter values: take ``fg``'s parameters into the kernel's graph, in place.
+
+        ``fg`` must have the kernel graph's structure (see
+        :meth:`FactorGraph.update_parameters`); blocks, colourings and adapted step sizes
+        are kept and only what depends on parameter values is refreshed. Call it between
+        transitions, e.g. after a global parameter the graph was built from has moved.
+
+        Raises:
+            ValueError: the structures differ.
+
+        Example:
+            >>> import torch
+            >>> from neuralblock import FactorGraph, GibbsKernel
+            >>> def graph(w):
+            ...     fg = FactorGraph(); a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+            ...     _ = fg.add_table_factor([a, b], torch.tensor([[w, 0.0], [0.0, w]]))
+            ...     return fg
+            >>> kernel = GibbsKernel(graph(0.0)); kernel.setup(0)
+            >>> kernel.update_graph(graph(50.0))
+            >>> x = kernel.sample(kernel.initial_params)["x"]
+            >>> bool(x[0] == x[1])
+            True
+        """
+        own = self._graph()
+        own.update_parameters(fg)
+        self._refresh(own)
+
+    def _refresh(self, fg: FactorGraph) -> None:
+        """Recompute what depends on the graph's parameter values (default: all of ``_prepare``).
+
+        Kernels whose precomputation depends only on structure override this to keep
+        their colourings and adapted step sizes.
+        """
+        self._prepare(fg)
+
     def _graph(self) -> FactorGraph:
         """The kernel's graph (built at ``setup`` for Pyro models)."""
         if self.fg is None:

@@ -89,9 +89,7 @@ def gibbs_sample(logits: Tensor, current: Tensor) -> GibbsInfo:
     return GibbsInfo(values, stuck.sum())
 
 
-def random_walk_propose(
-    value: Tensor, step_size: Tensor, transform: Transform
-) -> tuple[Tensor, Tensor]:
+def random_walk_propose(value: Tensor, step_size: Tensor, transform: Transform) -> tuple[Tensor, Tensor]:
     """Gaussian random walk in the unconstrained space of ``transform``.
 
     The walk is symmetric in the unconstrained coordinates, so the proposal

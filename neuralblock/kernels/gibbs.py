@@ -152,6 +152,9 @@ class GibbsKernel(GraphKernel):
         self.variables = variables
         self.plan = GibbsPlan(fg, variables)
 
+    def _refresh(self, fg: FactorGraph) -> None:
+        """Nothing to do: the plan reads parameters through the graph (table views included)."""
+
     def _reset_stats(self) -> None:
         self._sweeps = 0
         self._stuck = 0

@@ -51,6 +51,7 @@ class _BlockClass:
     instances: MotifInstances
     scaffold: BlockScaffold
     flat_blocks: Tensor
+    members: Tensor
 
 
 def neural_block_step(
@@ -164,13 +165,23 @@ class NeuralBlockKernel(GraphKernel):
             classes = []
             for members in fg.color_blocks(blocks, reads=instances.context):
                 sub = instances.select(members)
-                classes.append(_BlockClass(sub, fg.scaffold(sub.blocks), sub.blocks.reshape(-1)))
+                classes.append(_BlockClass(sub, fg.scaffold(sub.blocks), sub.blocks.reshape(-1), members))
             self.block_classes.append(classes)
             self.num_instances.append(len(instances))
         if sum(self.num_instances) == 0:
             names = ", ".join(p.motif.name for p in self.proposals)
             raise ValueError(f"no instance of the proposals' motifs ({names}) was found in this model")
         self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel")
+
+    def _refresh(self, fg: FactorGraph) -> None:
+        """Re-read the instances' parameters (same blocks, classes, scaffolds and step sizes)."""
+        for proposal, classes in zip(self.proposals, self.block_classes):
+            instances = proposal.motif.find_instances(fg)
+            for cls in classes:
+                sub = instances.select(cls.members)
+                if not torch.equal(sub.blocks, cls.instances.blocks):
+                    raise ValueError(f"motif {proposal.motif.name} found other blocks after the graph's update")
+                cls.instances = sub
 
     def _reset_stats(self) -> None:
         n = len(self.proposals)

@@ -147,6 +147,9 @@ class RandomWalkMH(GraphKernel):
         self.variables = variables
         self.plan = RandomWalkPlan(fg, variables, self.initial_step_size, self.target_accept)
 
+    def _refresh(self, fg: FactorGraph) -> None:
+        """Nothing to do: proposals read parameters only through the scaffolds; step sizes are kept."""
+
     @property
     def adapter(self) -> StepSizeAdapter:
         """The step-size adapter (per variable)."""

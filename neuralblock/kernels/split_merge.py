@@ -526,6 +526,10 @@ class SplitMergeGMM(GraphKernel):
         self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM")
         self._scaffolds: dict[tuple[int, ...], BlockScaffold] = {}
 
+    def _refresh(self, fg: FactorGraph) -> None:
+        """Re-read the mixture parameters (sigma, tau, p, c); moves' scaffolds and step sizes are kept."""
+        self.layout = self._checked_layout(fg)
+
     def _scaffold(self, mixtures: tuple[int, ...]) -> BlockScaffold:
         """The scaffold of the block ``(mu_i, v_i[, mu_j, v_j])`` (built on first use, then cached)."""
         key = tuple(sorted(mixtures))
