@@ -20,6 +20,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 from neuralblock.coresets import (
     Coreset,
+    FrankWolfe,
     HilbertCoreset,
     Projector,
     coreset_error,
@@ -99,6 +100,26 @@ def test_fully_corrective_frank_wolfe_never_does_worse() -> None:
     assert corrective.errors[-1] <= plain.errors[-1] + 1e-9
     scale = float(features.sum(0).norm())
     assert corrective.errors[-1].item() == pytest.approx(coreset_error(features, corrective.weights), abs=1e-6 * scale)
+
+
+def test_frank_wolfe_tolerance_stops_early_and_keeps_the_invariants() -> None:
+    features = torch.randn(400, 30, dtype=torch.float64) + 0.3
+    scale = float(features.sum(0).norm())
+    full = frank_wolfe(features, 200, refine_every=10)
+    early = frank_wolfe(features, 200, refine_every=10, tol=0.05)
+    assert len(full.errors) == 200 and len(early.errors) < 200
+    assert float(early.errors[-1]) <= 0.05 * scale and float(early.errors[-2]) > 0.05 * scale
+    assert int((early.weights > 0).sum()) <= len(early.errors) and bool((early.weights >= 0).all())
+    assert float(early.errors[-1]) == pytest.approx(coreset_error(features, early.weights), abs=1e-6 * scale)
+    # the same answer from a column-major copy (the layout Projector.project returns)
+    column_major = frank_wolfe(features.T.contiguous().T, 200, refine_every=10, tol=0.05)
+    assert torch.allclose(column_major.weights, early.weights, atol=1e-9 * float(early.weights.max()))
+    with pytest.raises(ValueError, match="tol"):
+        frank_wolfe(features, 5, tol=1.0)
+    with pytest.raises(ValueError, match="tol"):
+        FrankWolfe(tol=-0.1)
+    with pytest.raises(ValueError, match="refine_every"):
+        FrankWolfe(refine_every=-1)
 
 
 def test_nnls_matches_the_kkt_conditions() -> None:
@@ -204,6 +225,39 @@ def test_pi_hat_helpers_match_the_posterior_and_prior(data: torch.Tensor) -> Non
     assert float((prior.mean(0) / (PRIOR_SD / math.sqrt(2000))).abs().max()) < Z
     sub = subsample_mcmc_samples(gaussian_model, 30, 40, model_args=(data,))
     assert sub["theta"].shape == (30, 2) and torch.isfinite(sub["theta"]).all()
+
+
+def test_projection_is_column_major_with_the_same_values(data: torch.Tensor) -> None:
+    proj = projector(data, num_samples=20)
+    features = proj.project()
+    assert features.shape == (400, 20) and features.stride(0) == 1  # [J, N] storage
+    loglik = proj.loglik
+    theta, direction = proj.samples[3], proj.directions[3]
+    grad = torch.func.jacrev(lambda t: loglik(t, torch.tensor([5])))(theta)[0]
+    assert float(features[5, 3]) == pytest.approx(float(grad @ direction) / math.sqrt(20), rel=1e-9)
+
+
+def test_laplace_finds_a_mode_far_from_the_initial_point() -> None:
+    """A Poisson regression of counts ~ 200: the intercept's mode lies hundreds of units from init."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(3000, 2, generator=gen, dtype=torch.float64), torch.ones(3000, 1)], 1)
+    y = torch.poisson(torch.nn.functional.softplus(x @ torch.tensor([5.0, -3.0, 200.0], dtype=torch.float64)))
+
+    def model(x: torch.Tensor, y: torch.Tensor) -> None:
+        beta = pyro.sample("beta", dist.Normal(torch.zeros(3, dtype=x.dtype), 1000.0).to_event(1))
+        with pyro.plate("data", len(y)) as idx:
+            pyro.sample("y", dist.Poisson(torch.nn.functional.softplus(x[idx] @ beta)), obs=y[idx])
+
+    draws = laplace_samples(model, 4000, model_args=(x, y))["beta"]
+    mode = draws.mean(0)
+    loglik = lambda b: dist.Poisson(torch.nn.functional.softplus(x @ b)).log_prob(y).sum()  # noqa: E731
+    grad = torch.func.grad(loglik)(mode)
+    hessian = torch.func.hessian(loglik)(mode)
+    # a Newton step from the draws' mean moves it by much less than the posterior sd (MC error ~ sd / 63)
+    step = torch.linalg.solve(-hessian, grad) / draws.std(0)
+    assert float(step.abs().max()) < Z / math.sqrt(4000)
+    with pytest.warns(UserWarning, match="did not converge"):
+        laplace_samples(model, 10, model_args=(x, y), num_steps=2)
 
 
 # --- weighted model ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from neuralblock import FactorGraph
 from neuralblock.pyro import (
     FactorGraphModel,
     PyroModelGroup,
+    PyroTableGroup,
     from_pyro_model,
     samples_to_state,
     state_to_samples,
@@ -227,6 +228,13 @@ def test_from_pyro_hmm_log_density_and_names() -> None:
     assert samples["x1"].dtype == torch.long and samples["b"].dtype == torch.get_default_dtype()
 
 
+def fg_factor_order(fg: FactorGraph) -> torch.Tensor:
+    """Column of each global factor id in ``torch.cat(fg.log_factors(state), -1)``."""
+    offsets = torch.tensor([0] + [g.num_factors for g in fg.groups]).cumsum(0)
+    group, row = fg.factor_location(torch.arange(fg.num_factors))
+    return offsets[group] + row
+
+
 def test_from_pyro_hmm_structure() -> None:
     fg = from_pyro_model(hmm, torch.zeros(4))
     mb = {name: [fg.names[u] for u in fg.markov_blanket(fg.variable_id(name))] for name in fg.names}
@@ -239,15 +247,23 @@ def test_from_pyro_hmm_structure() -> None:
         "s": ["x3", "b"],
     }
     assert fg.num_factors == 13  # 6 latent + 4 y + z + penalty + const (deterministic dropped)
-    group = fg.groups[0]
-    assert isinstance(group, PyroModelGroup)
-    assert group.factor_names[-1] == "const" and group.scope_list(fg.num_factors - 1) == []
+    # the discrete sites' factors are tables, child last: x0 (3), x1..x3 (3 x 3), b (2)
+    tables = {g.table_shape: g for g in fg.groups if isinstance(g, PyroTableGroup)}
+    assert sorted(tables) == [(2,), (3,), (3, 3)]
+    assert tables[(3, 3)].site_names == ["x1", "x2", "x3"] and tables[(3, 3)].scopes.tolist() == [
+        [0, 1],
+        [1, 2],
+        [2, 3],
+    ]
+    torch.testing.assert_close(tables[(3, 3)].log_tables[0].exp(), TRANS)
+    (group,) = [g for g in fg.groups if isinstance(g, PyroModelGroup)]
+    assert group.factor_names[-1] == "const" and group.scope_list(group.num_factors - 1) == []
     # scaffolds evaluate subsets of factors (one model run per call)
     blocks = [[0], [1, 2], [5]]
     states = random_states(fg, 3)
     scaffold = fg.scaffold(blocks)
     local = scaffold.local_log_density(fg, states)
-    all_factors = group.log_factors(states)
+    all_factors = torch.cat(fg.log_factors(states), -1)[:, fg_factor_order(fg)]
     for b, block in enumerate(blocks):
         idx = fg.scaffold_factors(block)
         torch.testing.assert_close(local[:, b], all_factors[:, idx].sum(-1))

@@ -192,11 +192,15 @@ class Projector:
     def project(self, indices: Tensor | None = None) -> Tensor:
         """Features ``[m, J]`` of the data ``indices`` (default all ``N``), computed chunk by chunk.
 
+        The result is a column-major view (the transpose of a contiguous ``[J, m]`` tensor).
+
         Raises:
             ValueError: bad indices, or the log-likelihood returned a wrong shape or non-finite values.
         """
         indices = self._check_indices(indices)
-        out = torch.empty(len(indices), self.dim, dtype=self.samples.dtype)
+        # stored [J, m] and returned as its transpose: Frank-Wolfe's matrix-vector products over all data
+        # read a column-major [m, J] matrix about twice as fast as a row-major one
+        out = torch.empty(self.dim, len(indices), dtype=self.samples.dtype)
         for start in range(0, len(indices), self.chunk_size):
             chunk = indices[start : start + self.chunk_size]
             values = self._evaluate(chunk)
@@ -205,12 +209,12 @@ class Projector:
                     f"loglik returned shape {tuple(values.shape[1:])} for {len(chunk)} indices; expected "
                     f"({len(chunk)},) per-datum log-likelihoods"
                 )
-            if not torch.isfinite(values).all():
+            if not torch.isfinite(values.sum()):  # one reduction instead of a [J, m] mask
                 raise ValueError("non-finite per-datum log-likelihoods or gradients at the pi_hat samples")
             if self.norm == "l2":
                 values = values - values.mean(0)
-            out[start : start + len(chunk)] = values.T / math.sqrt(self.dim)
-        return out
+            out[:, start : start + len(chunk)] = values / math.sqrt(self.dim)
+        return out.T
 
     def total(self, indices: Tensor | None = None) -> Tensor:
         """``sum_n f_n`` over ``indices`` (default all), streaming in chunks: memory ``O(chunk_size x J)``."""

@@ -197,7 +197,7 @@ def nnls_gram(gram: Tensor, target: Tensor, init: Tensor | None = None, max_iter
     return weights
 
 
-def frank_wolfe(features: Tensor, size: int, refine_every: int = 0) -> FWResult:
+def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float = 0.0) -> FWResult:
     """Frank-Wolfe coreset construction (Campbell & Broderick 2019, Algorithm 2).
 
     Minimises ``||L - sum_n w_n f_n||`` over ``{w >= 0: sum_n sigma_n w_n = sigma}`` where
@@ -213,23 +213,36 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0) -> FWResult:
     and shrink the support, and makes later choices of support points see a much smaller residual.
     ``refine_every = 0`` is the plain algorithm of the paper.
 
+    With ``tol > 0`` the iteration stops (after a last NNLS step) as soon as the error is at most
+    ``tol * ||L||``: ``size`` is then a budget, not a number of iterations that is always spent.
+    Matrix-vector products run on a column-major copy of ``features`` unless it is one already (as
+    :meth:`~neuralblock.coresets.projection.Projector.project` returns), which is about twice as fast.
+
     Args:
         features: ``[n, J]`` projected log-likelihoods.
-        size: number of iterations = maximal number of non-zero weights.
+        size: maximal number of iterations = maximal number of non-zero weights.
         refine_every: NNLS re-optimisation period (0: never).
+        tol: stop at a relative error ``||L - L(w)|| / ||L|| <= tol`` (0: run all ``size`` iterations).
 
     Returns:
-        The weights and the error after each iteration (non-increasing).
+        The weights and the error after each iteration (non-increasing; fewer than ``size`` entries
+        when ``tol`` stopped it).
 
     Example:
         >>> result = frank_wolfe(torch.eye(2), 2)
         >>> result.weights, result.errors
         (tensor([1., 1.], dtype=torch.float64), tensor([1.4142, 0.0000], dtype=torch.float64))
+        >>> len(frank_wolfe(torch.eye(2).repeat(50, 1), 10, tol=1e-6).errors)  # exact after 2 iterations
+        2
     """
     features = _check_features(features)  # matrix-vector products in its dtype, running sums in float64
     check_size(size)
     if refine_every < 0:
         raise ValueError(f"refine_every must be >= 0, got {refine_every}")
+    if not 0.0 <= tol < 1.0:
+        raise ValueError(f"tol must be in [0, 1), got {tol}")
+    if features.stride(0) != 1 and features.shape[1] > 1:
+        features = features.T.contiguous().T  # column-major: faster [n, J] @ [J] products
     norms = features.norm(dim=1).to(torch.float64)
     usable = norms > 0
     if not usable.any():
@@ -240,13 +253,15 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0) -> FWResult:
     align = (features @ total.to(features.dtype)).to(torch.float64)  # <L, f_n>
     safe_norms = torch.where(usable, norms, torch.ones_like(norms))
     scale = torch.where(usable, sigma / safe_norms, torch.zeros_like(norms))  # vertex length sigma / sigma_n
-    neg_inf = torch.tensor(-torch.inf, dtype=torch.float64)
+    inv_norms = torch.where(usable, 1 / safe_norms, torch.zeros_like(norms))
+    penalty = torch.where(usable, 0.0, -torch.inf).to(torch.float64)  # never pick a zero feature vector
+    stop_at = tol * total_sq.sqrt()
     weights = torch.zeros_like(norms)
     # running quantities: b_n = <L(w), f_n>, lw_l = <L(w), L>, lw_sq = ||L(w)||^2
     b, lw_l, lw_sq = torch.zeros_like(norms), torch.zeros(()), torch.zeros(())
     errors: list[Tensor] = []
     for it in range(size):
-        f = int(torch.where(usable, (align - b) / safe_norms, neg_inf).argmax())
+        f = int(((align - b) * inv_norms + penalty).argmax())
         # direction d = scale_f f_f - L(w); gamma = <d, L - L(w)> / ||d||^2 clipped to [0, 1]
         num = scale[f] * (align[f] - b[f]) - (lw_l - lw_sq)
         den = sigma**2 - 2 * scale[f] * b[f] + lw_sq
@@ -258,13 +273,18 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0) -> FWResult:
             lw_sq = (1 - gamma) ** 2 * lw_sq + 2 * gamma * (1 - gamma) * scale[f] * b[f] + gamma**2 * sigma**2
             lw_l = (1 - gamma) * lw_l + gamma * scale[f] * align[f]
             b = (1 - gamma) * b + gamma * scale[f] * column
-        if refine_every and ((it + 1) % refine_every == 0 or it == size - 1):
+        error = torch.clamp(total_sq - 2 * lw_l + lw_sq, min=0).sqrt()
+        stop = tol > 0 and bool(error <= stop_at)
+        if refine_every and ((it + 1) % refine_every == 0 or it == size - 1 or stop):
             weights, refined = _refit(features, weights, total)
             if refined is not None:
                 b = (features @ refined.to(features.dtype)).to(torch.float64)
                 lw_l, lw_sq = refined @ total, refined @ refined
-        error = torch.clamp(total_sq - 2 * lw_l + lw_sq, min=0).sqrt()
+                error = torch.clamp(total_sq - 2 * lw_l + lw_sq, min=0).sqrt()
+                stop = tol > 0 and bool(error <= stop_at)
         errors.append(error if not errors else torch.minimum(error, errors[-1]))
+        if stop:
+            break
     return FWResult(weights, torch.stack(errors))
 
 
@@ -349,6 +369,7 @@ class FrankWolfe:
     Args:
         refine_every: period of the fully corrective NNLS steps (see :func:`frank_wolfe`; 0: the
             plain algorithm of the paper).
+        tol: stop early at this relative Hilbert error (see :func:`frank_wolfe`; 0: never).
 
     Example:
         >>> w = FrankWolfe().solve(torch.eye(3), 3, 3, None)
@@ -358,13 +379,18 @@ class FrankWolfe:
 
     needs_features = True
 
-    def __init__(self, refine_every: int = 0) -> None:
+    def __init__(self, refine_every: int = 0, tol: float = 0.0) -> None:
+        if refine_every < 0:
+            raise ValueError(f"refine_every must be >= 0, got {refine_every}")
+        if not 0.0 <= tol < 1.0:
+            raise ValueError(f"tol must be in [0, 1), got {tol}")
         self.refine_every = refine_every
+        self.tol = tol
 
     def solve(self, features: Tensor | None, num_data: int, size: int, generator: torch.Generator | None) -> Tensor:
         if features is None:
             raise ValueError("Frank-Wolfe needs the projected features")
-        return frank_wolfe(features, size, self.refine_every).weights
+        return frank_wolfe(features, size, self.refine_every, self.tol).weights
 
 
 _SOLVERS: dict[str, type[UniformSampling] | type[ImportanceSampling] | type[FrankWolfe]] = {

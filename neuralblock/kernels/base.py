@@ -72,7 +72,8 @@ class GraphKernel(MCMCKernel):
 
         Call it before ``setup`` with the sites this kernel must not sample (they become
         observed in its graph), and again before any ``sample`` with their new values; the
-        graph re-runs the model with the current values, so nothing is rebuilt.
+        graph re-runs the model with the current values, so nothing is rebuilt (tables of
+        discrete sites are re-tabulated in place when the values changed).
 
         Raises:
             TypeError: the kernel was built on a FactorGraph (it has no Pyro sites to fix).
@@ -97,7 +98,16 @@ class GraphKernel(MCMCKernel):
                 raise ValueError("call condition_on before setup the first time: the graph is built at setup")
             self._conditioned = ConditionedModel(self._source, values)
         else:
+            changed = set(values) != set(self._conditioned.values) or any(
+                not torch.equal(torch.as_tensor(v), self._conditioned.values[k]) for k, v in values.items()
+            )
             self._conditioned.set_values(values)
+            if changed and self.fg is not None:
+                tables = [group for group in self.fg.groups if callable(getattr(group, "refresh", None))]
+                for group in tables:
+                    group.refresh()
+                if tables:
+                    self._refresh(self.fg)
 
     def update_graph(self, fg: FactorGraph) -> None:
         """Follow new parameter values: take ``fg``'s parameters into the kernel's graph, in place.

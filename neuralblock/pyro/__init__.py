@@ -26,6 +26,7 @@ Example:
 from neuralblock.pyro.bridge import (
     FactorGraphModel,
     PyroModelGroup,
+    PyroTableGroup,
     from_pyro_model,
     samples_to_state,
     state_to_samples,
@@ -37,6 +38,7 @@ __all__ = [
     "FactorGraphModel",
     "PlateIndices",
     "PyroModelGroup",
+    "PyroTableGroup",
     "from_pyro_model",
     "plate_dim",
     "samples_to_state",

@@ -24,11 +24,12 @@ from torch import Tensor
 from torch.distributions import constraints, transform_to
 
 from neuralblock.graph.factor_graph import FactorGraph
-from neuralblock.graph.groups import FactorGroup
+from neuralblock.graph.groups import FactorGroup, TableGroup
 
 __all__ = [
     "FactorGraphModel",
     "PyroModelGroup",
+    "PyroTableGroup",
     "from_pyro_model",
     "samples_to_state",
     "state_to_samples",
@@ -409,6 +410,124 @@ class PyroModelGroup(FactorGroup):
         return out.to(state.dtype).reshape(batch_shape + (len(names),))
 
 
+MAX_TABLE_ENTRIES = 1024
+"""Discrete sites whose factor has at most this many entries become table factors."""
+
+
+class PyroTableGroup(TableGroup):
+    """Factors of discrete Pyro sites as log-tables, tabulated by re-running the model.
+
+    Each factor belongs to one scalar discrete site whose latent parents are discrete; its
+    table's axes are the parents (by variable id) and then the site's own variable, so a
+    Bayesian network's conditional probability tables come out child-last. The model runs
+    once per tabulation, on a batch with one row per (factor, parent assignment); the
+    site's distribution in each row is evaluated at every value of the site.
+    :meth:`refresh` re-tabulates in place, for a model whose other sites are conditioned
+    on values that have changed (a compound sampler's global update).
+
+    Args:
+        evaluator: a :class:`PyroModelGroup` of the model (used to run it on a batch).
+        rows: ``(site name, table scope)`` per factor; all scopes share one table shape.
+        cardinalities: the domain size of each variable of the graph.
+        reference: values of the latent variables that no table reads (e.g. the traced ones).
+    """
+
+    def __init__(
+        self,
+        evaluator: PyroModelGroup,
+        rows: list[tuple[str, list[int]]],
+        cardinalities: list[int],
+        reference: Tensor,
+    ) -> None:
+        self.evaluator = evaluator
+        self.site_names = [name for name, _ in rows]
+        self.cardinalities = list(cardinalities)
+        self.reference = reference
+        scopes = torch.tensor([scope for _, scope in rows], dtype=torch.long)
+        super().__init__(scopes, self._tabulate(scopes))
+
+    def _tabulate(self, scopes: Tensor) -> Tensor:
+        shape = [self.cardinalities[int(v)] for v in scopes[0]]
+        num, arity, k = scopes.shape[0], scopes.shape[1], shape[-1]
+        per_factor = math.prod(shape[:-1])
+        codes = torch.arange(per_factor)
+        assignment = torch.zeros(per_factor, arity - 1, dtype=self.reference.dtype)
+        for axis in range(arity - 2, -1, -1):  # unravel, last parent fastest
+            assignment[:, axis] = (codes % shape[axis]).to(self.reference.dtype)
+            codes = codes // shape[axis]
+        batch = self.reference.expand(num * per_factor, self.reference.shape[0]).clone()
+        row = torch.arange(num).repeat_interleave(per_factor)
+        batch[torch.arange(num * per_factor)[:, None], scopes[row, :-1]] = assignment.repeat(num, 1)
+        trace = self.evaluator._run(batch)
+        tables = torch.empty(num, per_factor, k, dtype=torch.get_default_dtype())
+        for f, name in enumerate(self.site_names):
+            site = trace.nodes[name]
+            fn = site["fn"]
+            values = torch.arange(k).reshape((k,) + (1,) * len(fn.batch_shape)).to(site["value"].dtype)
+            log_p = torch.as_tensor(scale_and_mask(fn.log_prob(values), site["scale"], site["mask"]))
+            log_p = log_p.reshape(k, -1).expand(k, num * per_factor)
+            tables[f] = log_p[:, f * per_factor : (f + 1) * per_factor].T
+        if torch.isnan(tables).any() or (tables == math.inf).any():
+            bad = sorted(
+                {self.site_names[int(f)] for f in torch.nonzero(torch.isnan(tables) | (tables == math.inf))[:, 0]}
+            )
+            raise ValueError(f"discrete sites {bad[:5]} have NaN or +inf log densities at some parent values")
+        return tables.reshape([num] + shape)
+
+    def refresh(self) -> None:
+        """Re-tabulate in place (the model's conditioned values may have changed)."""
+        self.log_tables.copy_(self._tabulate(self.scopes))
+
+    def __getstate__(self) -> dict:
+        return dict(vars(self))
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+def _observed_cardinality(site: dict) -> int:
+    """``k`` for an observed scalar site with support ``0..k-1`` (its value in it), else 0."""
+    fn, value = site["fn"], site["value"]
+    if not isinstance(value, Tensor) or value.shape != () or tuple(fn.batch_shape) or tuple(fn.event_shape):
+        return 0
+    if not fn.support.is_discrete:
+        return 0
+    try:
+        card = _latent_cardinality("", site)
+    except ValueError:
+        return 0
+    return card if float(value) == int(value) and 0 <= int(value) < card else 0
+
+
+def _table_scope(
+    fg: FactorGraph, name: str, scope: list[int], observed_cards: dict[str, int], trace: poutine.Trace
+) -> list[int] | None:
+    """The table scope (parents, then the site's variable) of a factor to tabulate, else ``None``.
+
+    A factor is tabulated when its site is scalar and discrete (latent, or observed with a
+    value in ``0..k-1``: it then becomes an evidence variable named like the site), sits in
+    no vectorized plate, has only discrete latent parents and at most
+    :data:`MAX_TABLE_ENTRIES` entries.
+    """
+    site = trace.nodes[name]
+    if any(frame.vectorized for frame in site["cond_indep_stack"]):
+        return None
+    if site["is_observed"]:
+        card, parents = observed_cards.get(name, 0), scope
+    else:
+        card, parents = fg.cardinality(scope[0]), scope[1:]
+    if card == 0 or any(fg.cardinality(v) == 0 for v in parents):
+        return None
+    if card * math.prod(fg.cardinality(v) for v in parents) > MAX_TABLE_ENTRIES:
+        return None
+    if site["is_observed"]:
+        own = fg.add_variable(name, card)
+        fg.set_evidence({own: float(site["value"])})
+    else:
+        own = scope[0]
+    return sorted(parents) + [own]
+
+
 def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> FactorGraph:
     """Build a factor graph from a Pyro model with scalar latent sites.
 
@@ -466,6 +585,7 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     dtypes: list[torch.dtype] = []
     supports: list[constraints.Constraint] = []
     factor_names: list[str] = []
+    observed_cards: dict[str, int] = {}
     nesting = 0
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or site_is_subsample(site):
@@ -482,6 +602,9 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
                 raise ValueError(f"log_prob of observed site {name!r} failed: {_error_text(err)}") from err
             nesting = max(nesting, torch.as_tensor(log_p).dim())
             factor_names.append(name)
+            card = _observed_cardinality(site)
+            if card:
+                observed_cards[name] = card
             continue
         fn, value = site["fn"], site["value"]
         shape = tuple(value.shape) if isinstance(value, Tensor) else None
@@ -518,17 +641,29 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
             parents = {var_id[u] for u in factor_names[:f] if u in var_id}
         own = [var_id[name]] if name in var_id else []
         scopes.append(own + sorted(parents))
-    width = max((len(s) for s in scopes), default=0)
-    scope_tensor = torch.tensor([s + [-1] * (width - len(s)) for s in scopes], dtype=torch.long)
-    scope_tensor = scope_tensor.reshape(len(scopes), width)
-
     fg = FactorGraph()
     for name, card, support in zip(latent, cards, supports):
         if card > 0:
             fg.add_variable(name, card)
         else:
             fg.add_variable(name, support=support)
-    group = PyroModelGroup(model, args, kwargs, latent, dtypes, factor_names, scope_tensor, nesting)
+    evaluator = PyroModelGroup(model, args, kwargs, latent, dtypes, [], torch.zeros(0, 0, dtype=torch.long), nesting)
+    tables: dict[tuple[int, ...], list[tuple[str, list[int]]]] = {}
+    rest_names, rest_scopes = [], []
+    for name, scope in zip(factor_names, scopes):
+        table_scope = _table_scope(fg, name, scope, observed_cards, trace)
+        if table_scope is None:
+            rest_names.append(name)
+            rest_scopes.append(scope)
+            continue
+        shape = tuple(fg.cardinality(v) for v in table_scope)
+        tables.setdefault(shape, []).append((name, table_scope))
+    width = max((len(s) for s in rest_scopes), default=0)
+    scope_tensor = torch.tensor([s + [-1] * (width - len(s)) for s in rest_scopes], dtype=torch.long)
+    scope_tensor = scope_tensor.reshape(len(rest_scopes), width)
+    group = PyroModelGroup(model, args, kwargs, latent, dtypes, rest_names, scope_tensor, nesting)
+    reference = torch.tensor([float(trace.nodes[name]["value"]) for name in latent], dtype=torch.get_default_dtype())
+    table_groups = [PyroTableGroup(evaluator, rows, fg.cardinalities.tolist(), reference) for rows in tables.values()]
 
     # Check once that the model evaluates on a batch of states and agrees with the trace.
     dtype = torch.get_default_dtype()
@@ -536,7 +671,11 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     expected = trace.log_prob_sum().detach()
     if torch.isnan(expected):
         raise ValueError(f"model {_model_name(model)!r} has a NaN log density at its traced values")
+    full = fg.initial_state().expand(3, fg.num_variables).clone()
+    full[:, : len(latent)] = state
     got = group.log_factors(state.expand(3, len(latent))).sum(-1).detach().to(expected.dtype)
+    for table in table_groups:
+        got = got + table.log_factors(full).sum(-1).to(expected.dtype)
     close = torch.isclose(got, expected.expand_as(got), rtol=1e-4, atol=1e-4) | (got == expected)
     if not bool(close.all()):
         raise ValueError(
@@ -544,5 +683,8 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
             f"({got.tolist()}) than on one state ({float(expected)}); its sites must broadcast over a "
             "leading batch dimension"
         )
-    fg.add_group(group)
+    if group.num_factors:
+        fg.add_group(group)
+    for table in table_groups:
+        fg.add_group(table)
     return fg
