@@ -28,9 +28,7 @@ def mixture_model() -> None:
 def exact_moments() -> tuple[float, list[float]]:
     """E[p | y] and P(z_i = 1 | y) by quadrature over p and enumeration over z."""
     grid = torch.linspace(1e-6, 1 - 1e-6, 20001, dtype=torch.float64)
-    log_prior = dist.Beta(torch.tensor(2.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)).log_prob(
-        grid
-    )
+    log_prior = dist.Beta(torch.tensor(2.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)).log_prob(grid)
     y = torch.tensor(OBS, dtype=torch.float64)
     lik1 = dist.Normal(torch.ones(()).double(), NOISE).log_prob(y).exp()  # p(y_i | z_i = 1)
     lik0 = dist.Normal(torch.zeros(()).double(), NOISE).log_prob(y).exp()

@@ -101,8 +101,10 @@ def test_instances_are_batched_in_conflict_free_classes() -> None:
     assert sum(len(c.instances) for c in classes) == 5
     for cls in classes:
         writes = cls.instances.blocks.tolist()
-        reads = [set(b) | set(fg.markov_blanket(b)) | {v for v in c if v >= 0} for b, c in
-                 zip(writes, cls.instances.context.tolist())]
+        reads = [
+            set(b) | set(fg.markov_blanket(b)) | {v for v in c if v >= 0}
+            for b, c in zip(writes, cls.instances.context.tolist())
+        ]
         for i, block in enumerate(writes):
             for j, read in enumerate(reads):
                 assert i == j or not set(block) & read
