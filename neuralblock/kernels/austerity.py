@@ -519,20 +519,16 @@ class AusterityMH(MCMCKernel):
             first, first_values, proxy_sum = n_total, nxt.sections - cur.sections, 0.0
             log_global = float(nxt.global_term - cur.global_term)
             draw_more: Callable[[int], Tensor] = _no_more_sections
-        else:  # one model run per stage evaluates both points on the stage's sections
-            evaluate = self.sections.bind_many(self._fixed, batch)
+        else:  # one model run per stage evaluates both points (and the control-variate point) on its sections
+            stage = self._stage_evaluator(z, z_new, batch)
             self.index_sampler.reset()
             first = min(self.batch_size, n_total)
-            idx = self.index_sampler.draw(first)
-            terms = evaluate(idx)
-            first_values = terms.sections[1] - terms.sections[0] - self._proxy(idx, z, z_new)
-            log_global = float(terms.global_term[1] - terms.global_term[0])
+            global_term, first_values = stage(self.index_sampler.draw(first))
+            log_global = float(global_term[1] - global_term[0])
             proxy_sum = self._proxy_sum(z, z_new)
 
             def draw_more(k: int) -> Tensor:
-                more = self.index_sampler.draw(k)
-                sections = evaluate(more).sections
-                return sections[1] - sections[0] - self._proxy(more, z, z_new)
+                return stage(self.index_sampler.draw(k))[1]
 
         log_global += float(log_jacobian[1] - log_jacobian[0])
         mu0 = (log_u - log_global - proposal.log_q_correction - proxy_sum) / n_total
@@ -562,6 +558,35 @@ class AusterityMH(MCMCKernel):
         self._proposed_full = (z_new.clone(), self._version, new)
         return current, new
 
+    def _stage_evaluator(
+        self, z: Tensor, z_new: Tensor, batch: dict[str, Tensor]
+    ) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+        """``idx -> (global terms [2], control-variate-corrected section log-ratios [k])`` for one test.
+
+        With a control variate and a model that broadcasts a batch of points, the sections
+        at ``θ̂`` (with autograd, for the proxy) are evaluated in the same model run as those
+        at ``z`` and ``z'``: one run per stage instead of two.
+        """
+        if self._cv_point is not None and self.sections.vectorized:
+            point = self._cv_point.clone().requires_grad_(True)
+            values, _ = self._constrain(torch.cat([z.detach()[None], z_new.detach()[None], point[None]]))
+            evaluate = self.sections.bind_many(self._fixed, values)
+
+            def with_point(idx: Tensor) -> tuple[Tensor, Tensor]:
+                terms = evaluate(idx)
+                sections = terms.sections
+                ratios = (sections[1] - sections[0]).detach() - self._proxy_at(sections[2], point, z, z_new)
+                return terms.global_term.detach(), ratios
+
+            return with_point
+        evaluate = self.sections.bind_many(self._fixed, batch)
+
+        def separate(idx: Tensor) -> tuple[Tensor, Tensor]:
+            terms = evaluate(idx)
+            return terms.global_term, terms.sections[1] - terms.sections[0] - self._proxy(idx, z, z_new)
+
+        return separate
+
     def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
         """Second-order Taylor proxy of the drawn sections' log-ratios around ``θ̂`` (0 without one).
 
@@ -571,10 +596,14 @@ class AusterityMH(MCMCKernel):
         """
         if self._cv_point is None:
             return torch.zeros(())
-        delta = z_new - z
-        spread = z + z_new - 2.0 * self._cv_point
         point = self._cv_point.clone().requires_grad_(True)
         sections = self.sections.evaluate(self._values(point), idx, with_global=False).sections
+        return self._proxy_at(sections, point, z, z_new)
+
+    def _proxy_at(self, sections: Tensor, point: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
+        """The proxy from the drawn sections' log densities at ``point`` (= ``θ̂``, with autograd)."""
+        delta = z_new - z
+        spread = z + z_new - 2.0 * point.detach()
         v = torch.zeros_like(sections, requires_grad=True)
         (grad,) = torch.autograd.grad(sections, point, grad_outputs=v, create_graph=True)
         first = grad @ delta.to(grad.dtype)
