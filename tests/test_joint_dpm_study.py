@@ -38,6 +38,10 @@ def test_joint_dpm_quick_writes_outputs(tmp_path: Path) -> None:
     assert set(record["targets"]) == {"austerity eps=0.1", "austerity eps=0.3"}
     assert (folder / "joint_dpm.md").read_text().count("|") > 30
     assert {p.name for p in folder.glob("*.png")} == {"joint_dpm_accuracy.png"}
+    # a saved record's tables and plot are rewritten without a run
+    (folder / "joint_dpm.md").unlink()
+    again = study.main(["--rewrite", str(folder / "joint_dpm.json")])
+    assert again["targets"] == json.loads(json.dumps(record["targets"])) and (folder / "joint_dpm.md").exists()
 
 
 def _normal_logpdf(x: np.ndarray, mean: np.ndarray, var: float) -> float:
