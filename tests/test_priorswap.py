@@ -15,7 +15,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size as pyro_ess
-from torch.distributions import Gamma, HalfCauchy, HalfNormal, Laplace, LogNormal, Normal
+from torch.distributions import Gamma, HalfCauchy, HalfNormal, Laplace, LogNormal, MultivariateNormal, Normal
 
 from neuralblock.priorswap import (
     ExactPosterior,
@@ -211,3 +211,23 @@ def test_swap_log_density_matches_formula() -> None:
     )
     got = swap_log_density(z, problem.density, problem.false_prior, problem.target_prior, problem.layout)
     assert torch.allclose(got, expected)
+
+
+def test_preconditioned_nuts_swap_on_a_correlated_gaussian_matches_the_closed_form() -> None:
+    # p_s ∝ N(m, S) N(0, 0.5² I) / N(0, I) is Gaussian with precision S⁻¹ + (4 - 1) I; S has correlation 0.99.
+    torch.manual_seed(0)
+    cov = torch.tensor([[1.0, 0.99], [0.99, 1.0]]) * 0.04
+    mean = torch.tensor([0.6, 0.5])
+    exact = ExactPosterior(MultivariateNormal(mean, covariance_matrix=cov))
+    false_prior, target = Normal(torch.zeros(2), 1.0), Normal(torch.zeros(2), 0.5)
+    kernel = PriorSwap(exact, {"beta": false_prior}, {"beta": target}, kernel="nuts", site_shapes={"beta": (2,)})
+    mcmc = MCMC(kernel, num_samples=500, warmup_steps=150, disable_progbar=True)
+    mcmc.run()
+    assert kernel._frame is not None  # NUTS ran in the estimate's whitened coordinates
+    precision = torch.linalg.inv(cov) + 3.0 * torch.eye(2)
+    post_cov = torch.linalg.inv(precision)
+    post_mean = post_cov @ torch.linalg.inv(cov) @ mean
+    draws = mcmc.get_samples()["beta"]
+    for i in range(2):
+        z = moment_z_scores(draws[:, i], float(post_mean[i]), float(post_cov[i, i].sqrt()))
+        assert max(abs(v) for v in z) < Z_MAX, (i, z)

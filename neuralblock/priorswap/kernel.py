@@ -39,7 +39,14 @@ from neuralblock.priorswap.estimators import FalsePosteriorDensity, Semiparametr
 from neuralblock.priorswap.layout import DEFAULT_SITE, PriorLike, as_sample_dict
 from neuralblock.priorswap.swap import ISResult, SwappedModel, SwappedPotential, SwapProblem, normalized_weights
 
-__all__ = ["PriorSwap", "SwapMHInfo", "preconditioned_walk_propose", "swap_independence_step", "swap_mh_step"]
+__all__ = [
+    "PriorSwap",
+    "SwapMHInfo",
+    "WhitenedPotential",
+    "preconditioned_walk_propose",
+    "swap_independence_step",
+    "swap_mh_step",
+]
 
 KERNELS = ("nuts", "hmc", "mh", "independence")
 CORRECTIONS = (None, "is", "semiparametric")
@@ -114,6 +121,38 @@ def swap_independence_step(
     return record, torch.where(keep, log_q_new, log_q)
 
 
+WHITE_SITE = "_whitened"
+"""The inner HMC/NUTS site of a preconditioned :class:`PriorSwap` (never returned to the user)."""
+
+
+def _whiten(z: Tensor, loc: Tensor, tril: Tensor) -> Tensor:
+    return torch.linalg.solve_triangular(tril, (z.to(loc.dtype) - loc)[:, None], upper=False)[:, 0]
+
+
+class WhitenedPotential:
+    """``u -> potential(m + L u)``: a potential in whitened coordinates (picklable; Jacobian is constant).
+
+    Args:
+        potential: the potential on site dicts (e.g. :class:`SwappedPotential`).
+        loc: ``m [D]``.
+        tril: ``L [D, D]``, lower triangular with a positive diagonal.
+
+    Example:
+        >>> from torch.distributions import Normal, Laplace
+        >>> problem = SwapProblem(torch.randn(100), Normal(0.0, 1.0), Laplace(0.0, 1.0))
+        >>> whitened = WhitenedPotential(SwappedPotential(problem), torch.zeros(1), 2 * torch.eye(1))
+        >>> bool(whitened({WHITE_SITE: torch.ones(1)}) == SwappedPotential(problem)({"theta": torch.tensor(2.0)}))
+        True
+    """
+
+    def __init__(self, potential: SwappedPotential, loc: Tensor, tril: Tensor) -> None:
+        self.potential, self.loc, self.tril = potential, loc, tril
+
+    def __call__(self, params: Mapping[str, Tensor]) -> Tensor:
+        z = self.loc + self.tril @ params[WHITE_SITE]
+        return self.potential(self.potential.problem.layout.unflatten(z))
+
+
 class PriorSwap(MCMCKernel):
     """MH, HMC or NUTS on the prior-swapped density, inside ``pyro.infer.MCMC``.
 
@@ -141,6 +180,11 @@ class PriorSwap(MCMCKernel):
             default ``2.38 / sqrt(D)``).
         target_accept: warmup adaptation target (default 0.8 for HMC/NUTS, 0.234 for MH).
         kernel_options: extra keyword arguments for Pyro's ``HMC``/``NUTS``.
+        precondition: HMC/NUTS run on ``u = L⁻¹ (z - m)`` with ``m``, ``L L^T`` the estimate's
+            mean and covariance factor (when it has them): an affine change of variables, exact
+            for any ``m, L``, that turns a correlated, badly scaled p_s into a nearly isotropic
+            one, so trajectories stay short (Pyro's adaptation only learns a diagonal mass
+            matrix by default).
 
     Example:
         >>> import pyro
@@ -171,6 +215,7 @@ class PriorSwap(MCMCKernel):
         step_size: float | None = None,
         target_accept: float | None = None,
         kernel_options: Mapping[str, Any] | None = None,
+        precondition: bool = True,
     ) -> None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -206,6 +251,8 @@ class PriorSwap(MCMCKernel):
         self.step_size = step_size
         self.target_accept = target_accept
         self.kernel_options = dict(kernel_options or {})
+        self.precondition = bool(precondition)
+        self._frame: tuple[Tensor, Tensor] | None = None
         self.potential_fn = SwappedPotential(self.problem)
         self.transforms: dict[str, Any] = self.problem.layout.unconstrained_transforms()
         self._pending_init: dict[str, Tensor] | None = None
@@ -229,7 +276,7 @@ class PriorSwap(MCMCKernel):
     def initial_params(self) -> dict[str, Tensor]:
         """Initial unconstrained values per site (set before ``setup`` to override the default)."""
         if self._inner is not None:
-            return self._inner.initial_params
+            return self._from_inner(self._inner.initial_params)
         if self._z is None:
             raise RuntimeError("call setup() before reading initial_params")
         return self._to_params(self._z)
@@ -272,10 +319,37 @@ class PriorSwap(MCMCKernel):
         options: dict[str, Any] = {"target_accept_prob": self.target_accept or 0.8, **self.kernel_options}
         if self.step_size is not None:
             options["step_size"] = self.step_size
-        inner = cls(potential_fn=self.potential_fn, **options)
-        inner.initial_params = self._to_params(z0)
+        self._frame = self._whitening_frame() if self.precondition else None
+        if self._frame is None:
+            inner = cls(potential_fn=self.potential_fn, **options)
+            inner.initial_params = self._to_params(z0)
+        else:
+            loc, tril = self._frame
+            inner = cls(potential_fn=WhitenedPotential(self.potential_fn, loc, tril), **options)
+            inner.initial_params = {WHITE_SITE: _whiten(z0, loc, tril)}
         inner.setup(warmup_steps)
         self._inner = inner
+
+    def _whitening_frame(self) -> tuple[Tensor, Tensor] | None:
+        """``(m, L)`` of the estimate in unconstrained coordinates, or ``None`` when it has no covariance."""
+        density = self.problem.density
+        tril = density.scale_tril() if density is not None else None
+        mean = self._density_mean()
+        if tril is None or mean is None or tril.shape != (mean.numel(), mean.numel()):
+            return None
+        dtype = torch.get_default_dtype()
+        return mean.to(dtype), tril.detach().to(dtype)
+
+    def _density_mean(self) -> Tensor | None:
+        """The estimate's mean in unconstrained coordinates (``None`` if it has none)."""
+        problem, density = self.problem, self.problem.density
+        mean = getattr(density, "mean", None)
+        if mean is None and density is not None:
+            mean = getattr(getattr(density, "density", None), "mean", None)
+        if not isinstance(mean, Tensor) or mean.numel() != problem.layout.dim:
+            return None
+        mean = mean.detach().reshape(-1).to(torch.get_default_dtype())
+        return problem.layout.to_unconstrained(mean) if density.space == "constrained" else mean.clone()
 
     def _default_init(self) -> Tensor:
         """Best of up to 32 random false-posterior draws under p_s (or the estimate's mean)."""
@@ -284,14 +358,19 @@ class PriorSwap(MCMCKernel):
             candidates = problem.z[torch.randint(problem.z.shape[0], (min(32, problem.z.shape[0]),))]
             log_p = problem.log_density(candidates).nan_to_num(nan=-math.inf)
             return candidates[int(log_p.argmax())].clone()
-        density = problem.density
-        mean = getattr(density, "mean", None)
-        if mean is None and density is not None:
-            mean = getattr(getattr(density, "density", None), "mean", None)
-        if isinstance(mean, Tensor) and mean.numel() == problem.layout.dim:
-            mean = mean.reshape(-1).to(torch.get_default_dtype())
-            return problem.layout.to_unconstrained(mean) if density.space == "constrained" else mean.clone()
-        return torch.zeros(problem.layout.dim)
+        mean = self._density_mean()
+        return mean if mean is not None else torch.zeros(problem.layout.dim)
+
+    def _to_inner(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self._frame is None or not params:
+            return params
+        return {WHITE_SITE: _whiten(self.potential_fn.flat(params), *self._frame)}
+
+    def _from_inner(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self._frame is None:
+            return params
+        loc, tril = self._frame
+        return self._to_params(loc + tril @ params[WHITE_SITE])
 
     def _to_params(self, z: Tensor) -> dict[str, Tensor]:
         return {k: v.detach().clone() for k, v in self.problem.layout.unflatten(z).items()}
@@ -310,7 +389,7 @@ class PriorSwap(MCMCKernel):
         start = time.perf_counter()
         warmup = self._t < self._warmup_steps
         if self._inner is not None:
-            out = self._inner.sample(params)
+            out = self._from_inner(self._inner.sample(self._to_inner(params)))
         else:
             z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
             same = torch.equal(z, self._z)
