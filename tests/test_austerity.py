@@ -267,3 +267,29 @@ def test_each_stage_is_one_model_run_and_stages_grow_geometrically() -> None:
     assert diag["mean_stages"] <= 5  # 25 + 50 + 100 + 200 + 25 = N = 400: at most 5 stages
     with pytest.raises(ValueError, match="batch_growth"):
         AusterityMH(location_scale, batch_growth=0.5)
+
+
+def batched_logistic(x: torch.Tensor, y: torch.Tensor) -> None:
+    """The logistic model written to broadcast a leading batch of weights (one run per test stage)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=(x[idx] * w).sum(-1)), obs=y[idx])
+
+
+def test_control_variate_point_joins_the_batched_stage_run() -> None:
+    # the fused stage (z, z' and the control-variate point in one model run) gives the same
+    # corrected log-ratios as separate runs
+    torch.set_default_dtype(torch.float64)
+    x, y = X.double(), Y.double()
+    mode = torch.tensor([1.0, -0.5, 0.25])
+    kernel = AusterityMH(batched_logistic, epsilon=0.05, batch_size=40, control_variate={"w": mode})
+    kernel.setup(0, x, y)
+    assert kernel.sections.vectorized
+    z, z_new = mode + 0.1 * torch.randn(3), mode + 0.1 * torch.randn(3)
+    batch, _ = kernel._constrain(torch.stack([z, z_new]))
+    idx = torch.arange(25)
+    fused_global, fused = kernel._stage_evaluator(z, z_new, batch)(idx)
+    kernel.sections.vectorized = False
+    separate_global, separate = kernel._stage_evaluator(z, z_new, batch)(idx)
+    torch.testing.assert_close(fused, separate)
+    torch.testing.assert_close(fused_global, separate_global)

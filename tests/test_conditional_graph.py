@@ -124,3 +124,16 @@ def test_conditional_graph_kernel_rejects_bad_sites() -> None:
     unknown.condition_on({"w": torch.tensor(0.0)})
     with pytest.raises(ValueError, match="not a latent sample site"):
         unknown.setup(0, Y)
+
+
+def test_update_parameters_rejects_a_changed_support() -> None:
+    from torch.distributions import constraints
+
+    def graph(upper: float) -> FactorGraph:
+        fg = FactorGraph()
+        fg.add_variable("z", support=constraints.interval(0.0, upper))
+        return fg
+
+    with pytest.raises(ValueError, match="support of 'z' changed"):
+        graph(1.0).update_parameters(graph(5.0))
+    graph(1.0).update_parameters(graph(1.0))  # equal supports (distinct objects) are fine

@@ -576,7 +576,7 @@ class AusterityMH(MCMCKernel):
                 terms = evaluate(idx)
                 sections = terms.sections
                 ratios = (sections[1] - sections[0]).detach() - self._proxy_at(sections[2], point, z, z_new)
-                return terms.global_term.detach(), ratios
+                return terms.global_term[:2].detach(), ratios
 
             return with_point
         evaluate = self.sections.bind_many(self._fixed, batch)

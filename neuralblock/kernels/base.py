@@ -103,11 +103,22 @@ class GraphKernel(MCMCKernel):
             )
             self._conditioned.set_values(values)
             if changed and self.fg is not None:
-                tables = [group for group in self.fg.groups if callable(getattr(group, "refresh", None))]
-                for group in tables:
-                    group.refresh()
-                if tables:
-                    self._refresh(self.fg)
+                self._follow_conditioning(self.fg)
+
+    def _follow_conditioning(self, fg: FactorGraph) -> None:
+        """After the conditioned values changed: new evidence values, re-tabulated tables."""
+        names = set(fg.names)
+        evidence = {k: float(v) for k, v in self._conditioned.values.items() if k in names}
+        if evidence:  # a conditioned discrete site the bridge made an evidence variable
+            fg.set_evidence(evidence)
+            if self._state is not None:
+                for name, value in evidence.items():
+                    self._state[fg.variable_id(name)] = value
+        tables = [group for group in fg.groups if callable(getattr(group, "refresh", None))]
+        for group in tables:
+            group.refresh()
+        if tables or evidence:
+            self._refresh(fg)
 
     def update_graph(self, fg: FactorGraph) -> None:
         """Follow new parameter values: take ``fg``'s parameters into the kernel's graph, in place.

@@ -67,6 +67,8 @@ class ConditionalGraphKernel(MCMCKernel):
             the same structure (see :meth:`FactorGraph.update_parameters`).
         kernel: ``kernel(fg) -> GraphKernel``, e.g.
             ``lambda fg: NeuralBlockKernel(fg, proposals=[load_pretrained("chain")])``.
+            With ``num_chains > 1`` in spawned processes, ``model``, ``build_graph`` and
+            ``kernel`` must pickle: use module-level functions (or ``functools.partial``).
 
     Raises:
         TypeError: a non-callable ``model``, ``build_graph`` or ``kernel``.
@@ -106,8 +108,10 @@ class ConditionalGraphKernel(MCMCKernel):
 
     def condition_on(self, values: Mapping[str, Tensor]) -> None:
         """Fix the other sites at ``values``; after ``setup`` the inner kernel's graph follows them."""
-        self._values = {str(k): torch.as_tensor(v) for k, v in values.items()}
-        if self.inner is not None:
+        new = {str(k): torch.as_tensor(v) for k, v in values.items()}
+        changed = new.keys() != self._values.keys() or any(not torch.equal(v, self._values[k]) for k, v in new.items())
+        self._values = new
+        if changed and self.inner is not None:
             self.inner.update_graph(self._build())
 
     def _build(self) -> FactorGraph:

@@ -42,7 +42,8 @@ class _TableSlices:
         for group, rows, segment in zip(fg.groups, scaffold.group_index, scaffold.group_segment):
             if rows.numel() == 0:
                 continue
-            assert isinstance(group, TableGroup)
+            if not isinstance(group, TableGroup):
+                raise TypeError(f"table slices need table factors, got a {type(group).__name__}")
             scopes = group.scopes[rows]  # [m, a]
             var = vars_[segment]
             is_var = scopes == var[:, None]
@@ -160,8 +161,9 @@ class GibbsKernel(GraphKernel):
         self._stuck = 0
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
-        assert self.plan is not None and self.fg is not None
-        state, stuck = self.plan.sweep(self.fg, state)
+        if self.plan is None:
+            raise RuntimeError("call setup() before sampling")
+        state, stuck = self.plan.sweep(self._graph(), state)
         if not warmup:
             self._sweeps += 1
             self._stuck += stuck

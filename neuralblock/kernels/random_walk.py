@@ -162,8 +162,7 @@ class RandomWalkMH(GraphKernel):
         self._recent_accept = 0.0
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
-        assert self.fg is not None
-        state, stats = self.plan.sweep(self.fg, state, adapt=warmup and self.adapt_step_size)
+        state, stats = self.plan.sweep(self._graph(), state, adapt=warmup and self.adapt_step_size)
         self._recent_accept = stats.accepted / max(stats.proposed, 1)
         if not warmup:
             self._accepted += stats.accepted

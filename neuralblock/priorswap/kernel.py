@@ -181,7 +181,8 @@ class PriorSwap(MCMCKernel):
         target_accept: warmup adaptation target (default 0.8 for HMC/NUTS, 0.234 for MH).
         kernel_options: extra keyword arguments for Pyro's ``HMC``/``NUTS``.
         precondition: HMC/NUTS run on ``u = L⁻¹ (z - m)`` with ``m``, ``L L^T`` the estimate's
-            mean and covariance factor (when it has them): an affine change of variables, exact
+            mean and covariance factor (when it has them, on unconstrained values): an affine
+            change of variables, exact
             for any ``m, L``, that turns a correlated, badly scaled p_s into a nearly isotropic
             one, so trajectories stay short (Pyro's adaptation only learns a diagonal mass
             matrix by default).
@@ -333,7 +334,9 @@ class PriorSwap(MCMCKernel):
     def _whitening_frame(self) -> tuple[Tensor, Tensor] | None:
         """``(m, L)`` of the estimate in unconstrained coordinates, or ``None`` when it has no covariance."""
         density = self.problem.density
-        tril = density.scale_tril() if density is not None else None
+        if density is None or (density.space == "constrained" and self.problem.layout.constrained_sites):
+            return None  # its covariance is not one of the unconstrained coordinates the sampler moves in
+        tril = density.scale_tril()
         mean = self._density_mean()
         if tril is None or mean is None or tril.shape != (mean.numel(), mean.numel()):
             return None

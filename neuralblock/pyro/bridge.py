@@ -162,8 +162,9 @@ def state_to_samples(fg: FactorGraph, state: Tensor) -> dict[str, Tensor]:
     cards = fg.cardinalities.tolist()
     site_dtypes: dict[str, torch.dtype] = {}
     for group in fg.groups:
-        if isinstance(group, PyroModelGroup):
-            site_dtypes.update(zip(group.latent_names, group.latent_dtypes))
+        source = group.evaluator if isinstance(group, PyroTableGroup) else group
+        if isinstance(source, PyroModelGroup):
+            site_dtypes.update(zip(source.latent_names, source.latent_dtypes))
     out: dict[str, Tensor] = {}
     for v, name in enumerate(fg.names):
         if v in fg.evidence:
@@ -483,6 +484,7 @@ class PyroTableGroup(TableGroup):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._flat = self.log_tables.reshape(self.log_tables.shape[0], -1)  # a view again, for refresh()
 
 
 def _observed_cardinality(site: dict) -> int:
