@@ -17,7 +17,7 @@ import torch
 from pyro.infer import MCMC
 from scipy import stats
 
-from neuralblock import FactorGraph, NeuralBlockKernel
+from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, register_motif
 from neuralblock.proposals import NeuralBlockProposal
@@ -190,3 +190,12 @@ def test_grid_motif_blocks_leave_a_3x4_grid_bn_invariant() -> None:
     z = (mean - exact) / torch.maximum(mcse, iid).clamp(min=1e-12)
     limit = stats.t.ppf(1 - 1e-3 / (2 * len(exact)), df=79)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f}"
+
+
+def test_gibbs_prob_zero_warns_when_variables_lie_in_no_block() -> None:
+    from motifs.chain import stochastic_volatility_graph
+
+    fg = stochastic_volatility_graph(torch.tensor([0.5, -1.0, 0.2, 0.1, 0.9, -0.3, 0.4]), phi=0.95, sigma=0.2)
+    kernel = NeuralBlockKernel(fg, proposals=[load_pretrained("chain")], gibbs_prob=0.0)
+    with pytest.warns(RuntimeWarning, match="not ergodic"):
+        kernel.setup(0)

@@ -300,7 +300,12 @@ class FactorGraph:
         if not isinstance(group, FactorGroup):
             raise TypeError(f"expected a FactorGroup, got {type(group).__name__}")
         key = len(self._extra_groups)
-        ids = [self._register(group.scope_list(i), "group", key, i) for i in range(group.num_factors)]
+        scopes = [[v for v in row if v >= 0] for row in group.scopes.tolist()]
+        flat = [v for scope in scopes for v in scope]
+        if flat and not 0 <= min(flat) <= max(flat) < self.num_variables:
+            bad = next(v for v in flat if not 0 <= v < self.num_variables)
+            raise ValueError(f"factor scope refers to unknown variable id {bad}")
+        ids = self._register_many(scopes, "group", key, 0)
         self._extra_groups.append(group)
         return ids
 

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -172,6 +173,19 @@ class NeuralBlockKernel(GraphKernel):
             names = ", ".join(p.motif.name for p in self.proposals)
             raise ValueError(f"no instance of the proposals' motifs ({names}) was found in this model")
         self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel")
+        if self.gibbs_prob == 0.0:
+            covered = set()
+            for classes in self.block_classes:
+                for cls in classes:
+                    covered.update(cls.flat_blocks.tolist())
+            missed = [fg.names[v] for v in sorted(latent - covered)]
+            if missed:
+                warnings.warn(
+                    f"NeuralBlockKernel with gibbs_prob=0 never updates {len(missed)} latent variables that lie in "
+                    f"no motif block (e.g. {missed[:3]}): the chain is not ergodic; use gibbs_prob > 0",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def _refresh(self, fg: FactorGraph) -> None:
         """Re-read the instances' parameters (same blocks, classes, scaffolds and step sizes)."""
