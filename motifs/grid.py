@@ -71,6 +71,7 @@ import networkx as nx
 import torch
 from torch import Tensor
 
+from neuralblock._shapes import broadcast_shape
 from neuralblock.graph import FactorGraph
 from neuralblock.graph.groups import TableGroup
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, register_motif
@@ -419,7 +420,7 @@ def _slot_tables(
     """
     base = (mb_values.long() * mb_strides).sum(-1, keepdim=True)
     index = base + offsets
-    shape = torch.broadcast_shapes(index.shape, tables.shape)
+    shape = broadcast_shape(index.shape, tables.shape)
     entries = tables.expand(shape).gather(-1, index.expand(shape))
     flat_shape = shape[:-2] + (shape[-2] * shape[-1],)
     out = entries.new_zeros(shape[:-2] + (size + 1,))

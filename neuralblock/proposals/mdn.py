@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, constraints
 
+from neuralblock._shapes import broadcast_shape
 from neuralblock.motif import BlockSpec
 
 __all__ = ["BlockMixture", "MixtureDensityNetwork"]
@@ -93,7 +94,7 @@ class BlockMixture(Distribution):
             index = value[..., self.discrete_pos].long()  # [..., D]
             index = index.unsqueeze(-2).unsqueeze(-1)  # [..., 1, D, 1]
             logp = self.discrete_log_probs
-            shape = torch.broadcast_shapes(index.shape[:-3], logp.shape[:-3])
+            shape = broadcast_shape(index.shape[:-3], logp.shape[:-3])
             logp = logp.expand(shape + logp.shape[-3:])
             index = index.expand(shape + (logp.shape[-3], logp.shape[-2], 1))
             out = out + logp.gather(-1, index).squeeze(-1).sum(-1)
