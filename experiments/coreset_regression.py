@@ -7,17 +7,26 @@ synth_poiss_large. Priors ``beta ~ N(0, I)``.
 
 For each dataset, measured side by side in one process (CPU time, ``time.process_time``):
 
-* a reference posterior: a long NumPyro NUTS run (``bench`` extra) or, without JAX or with ``--quick``,
-  the Laplace approximation (the JSON names which);
-* full-data Pyro NUTS (``--warmup`` + ``--samples``);
+* a reference posterior: a long NumPyro NUTS run (``bench`` extra; ``--ref-warmup`` + ``--ref-samples``,
+  its Monte Carlo standard error by batch means is recorded) or, without JAX or with ``--quick``, the
+  Laplace approximation (the JSON names which);
+* full-data Pyro NUTS (``--warmup`` + ``--samples``); every chain starts at a draw of the full-data
+  Laplace approximation (``--init laplace``, its CPU time counted in each run; for FW it is ``pi_hat``)
+  so that no run spends its warmup walking from ``[-2, 2]`` to an intercept of ~200 (biketrips);
 * coresets of size ``M`` for ``--sizes``: uniform subsampling and Frank-Wolfe with fully corrective NNLS
-  steps (``pi_hat`` = Laplace on a uniform subsample of ``--pi-subsample`` points, ``J =
-  --projection-dim`` Fisher features), then Pyro NUTS on :func:`neuralblock.coresets.weighted_model`;
-* NumPyro NUTS on the full data and on the FW coreset of the largest size (when JAX is installed).
+  steps, stopped early at relative Hilbert error ``--fw-tol`` (``pi_hat`` = Laplace approximation of the
+  posterior, on all data by default (Newton steps, ``O(N D^2)`` each) or on a uniform subsample of
+  ``--pi-subsample`` points; ``J = --projection-dim`` Fisher features), then Pyro NUTS on
+  :func:`neuralblock.coresets.weighted_model`;
+* NumPyro NUTS on the full data and on the FW coreset of the largest size (when JAX is installed);
+* the coreset *bias*: a second long NumPyro run on each FW coreset, compared with the reference, with the
+  Monte Carlo standard error of the difference, so the coreset's error is separated from the sampler's.
 
 Metrics against the reference: posterior-mean error in posterior sds (RMS over coordinates, and max),
-relative covariance error (Frobenius), KL between Gaussians fitted to the two sample sets, and the CPU
-time (construction included) until the running posterior-mean error stays <= 0.1 posterior sd.
+relative covariance error (Frobenius), KL between Gaussians fitted to the two sample sets, the CPU
+time (construction included) until the running posterior-mean error stays <= 0.1 posterior sd, and
+for FW the relative Hilbert error on the projection it was built with and on an independent one
+(fresh ``pi_hat`` draws and coordinates: the honest one, since FW fits its own projection).
 A last section times the coreset construction for ``N = 1e4, 1e5, 1e6`` at ``J = 500``.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``coreset_regression.json``,
@@ -26,7 +35,7 @@ Outputs (under ``--out``, in a folder named by a hash of the config): ``coreset_
 Usage::
 
     python experiments/coreset_regression.py --quick     # CI scale, tens of seconds
-    python experiments/coreset_regression.py --jobs 4    # full run (about 15 CPU minutes)
+    python experiments/coreset_regression.py --jobs 4    # full run (~30 CPU minutes, NumPyro installed)
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
 from pyro.infer import MCMC, NUTS  # noqa: E402
+from pyro.infer.autoguide.initialization import init_to_value  # noqa: E402
 from torch import Tensor  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -62,6 +72,7 @@ from neuralblock.coresets import (  # noqa: E402
     laplace_samples,
     weighted_model,
 )
+from neuralblock.diagnostics import batch_means_mcse  # noqa: E402
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
 from neuralblock.io import data_path  # noqa: E402
 
@@ -136,11 +147,22 @@ class Timer:
         self.stamps.append(time.process_time())
 
 
-def pyro_nuts(model: Callable[..., Any], args: tuple[Tensor, ...], warmup: int, samples: int) -> dict[str, Any]:
-    """Pyro NUTS: draws ``[S, D]`` and the CPU seconds (from the start) at which each draw was made."""
+def start_point(kind: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> Tensor | None:
+    """Where every chain starts: one draw of the full-data Laplace approximation (``--init laplace``), or
+    ``None`` (Pyro's / NumPyro's default uniform draw in [-2, 2], ``--init uniform``). Callers time it."""
+    if args.init == "uniform":
+        return None
+    return laplace_samples(MODELS[kind], 1, model_args=(x, y))["beta"][0].detach()
+
+
+def pyro_nuts(
+    model: Callable[..., Any], args: tuple[Tensor, ...], warmup: int, samples: int, init: Tensor | None = None
+) -> dict[str, Any]:
+    """Pyro NUTS from ``init`` (default: Pyro's): draws ``[S, D]`` and the CPU seconds at which each was made."""
     timer = Timer()
     start = time.process_time()
-    mcmc = MCMC(NUTS(model), num_samples=samples, warmup_steps=warmup, hook_fn=timer, disable_progbar=True)
+    kernel = NUTS(model) if init is None else NUTS(model, init_strategy=init_to_value(values={"beta": init}))
+    mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, hook_fn=timer, disable_progbar=True)
     mcmc.run(*args)
     stamps = torch.tensor(timer.stamps[warmup:], dtype=torch.float64) - start
     return {"draws": mcmc.get_samples()["beta"].double(), "seconds": stamps}
@@ -156,7 +178,14 @@ def numpyro_available() -> bool:
 
 
 def numpyro_nuts(
-    kind: str, x: Tensor, y: Tensor, weights: Tensor | None, warmup: int, samples: int, seed: int
+    kind: str,
+    x: Tensor,
+    y: Tensor,
+    weights: Tensor | None,
+    warmup: int,
+    samples: int,
+    seed: int,
+    init: Tensor | None = None,
 ) -> dict[str, Any]:
     """NumPyro NUTS (JAX on CPU) on the (weighted) likelihood; compile time included, draw times interpolated."""
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
@@ -182,7 +211,8 @@ def numpyro_nuts(
 
     start = time.process_time()
     mcmc = NMCMC(NNUTS(model), num_warmup=warmup, num_samples=samples, progress_bar=False)
-    mcmc.warmup(jax.random.PRNGKey(seed), xj, yj, wj)
+    init_params = None if init is None else {"beta": jnp.asarray(init.float().numpy())}
+    mcmc.warmup(jax.random.PRNGKey(seed), xj, yj, wj, init_params=init_params)
     warm = time.process_time() - start
     mcmc.run(mcmc.post_warmup_state.rng_key, xj, yj, wj)
     total = time.process_time() - start
@@ -191,16 +221,49 @@ def numpyro_nuts(
     return {"draws": draws, "seconds": seconds}
 
 
-def reference_posterior(kind: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> dict[str, Any]:
-    """Long NumPyro NUTS run (or Laplace): mean, covariance and sds of the full-data posterior."""
-    if args.reference == "numpyro" and numpyro_available():
-        draws = numpyro_nuts(kind, x, y, None, args.ref_warmup, args.ref_samples, args.seed)["draws"]
-        method = f"NumPyro NUTS, {args.ref_warmup} warmup + {args.ref_samples} draws"
-    else:
-        draws = laplace_samples(MODELS[kind], 20_000, model_args=(x, y))["beta"].double()
-        method = "Laplace approximation (20000 draws)"
+def long_run(
+    kind: str, x: Tensor, y: Tensor, weights: Tensor | None, args: argparse.Namespace, init: Tensor | None
+) -> dict[str, Any]:
+    """Long NumPyro NUTS run: mean, covariance, sds and the mean's Monte Carlo standard error (batch means)."""
+    draws = numpyro_nuts(kind, x, y, weights, args.ref_warmup, args.ref_samples, args.seed + 1, init)["draws"]
     cov = torch.cov(draws.T)
-    return {"mean": draws.mean(0), "cov": cov, "sd": cov.diagonal().sqrt(), "method": method}
+    mcse = batch_means_mcse(draws[None])[1]
+    return {"mean": draws.mean(0), "cov": cov, "sd": cov.diagonal().sqrt(), "mcse": mcse}
+
+
+def reference_posterior(
+    kind: str, x: Tensor, y: Tensor, args: argparse.Namespace, init: Tensor | None
+) -> dict[str, Any]:
+    """Long NumPyro NUTS run (or Laplace): mean, covariance, sds and mean MCSE of the full-data posterior."""
+    if args.reference == "numpyro" and numpyro_available():
+        ref = long_run(kind, x, y, None, args, init)
+        ref["method"] = f"NumPyro NUTS, {args.ref_warmup} warmup + {args.ref_samples} draws"
+        return ref
+    draws = laplace_samples(MODELS[kind], 20_000, model_args=(x, y))["beta"].double()
+    cov = torch.cov(draws.T)
+    mcse = torch.zeros(len(cov), dtype=torch.float64)  # the Laplace reference is its own target
+    return {"mean": draws.mean(0), "cov": cov, "sd": cov.diagonal().sqrt(), "mcse": mcse, "method": "Laplace"}
+
+
+def coreset_bias(
+    core: Coreset, kind: str, x: Tensor, y: Tensor, ref: dict[str, Any], args: Any, init: Tensor | None
+) -> dict[str, Any]:
+    """Posterior-mean bias of a coreset (long NumPyro run on it vs the reference), in reference sds, with MCSE.
+
+    ``bias_rms_sd`` is the RMS over coordinates of ``|mean_coreset - mean_ref| / sd``; its Monte Carlo
+    noise floor ``bias_mcse_rms_sd`` is the RMS of the two runs' combined standard errors.
+    """
+    dense = core.dense(len(y))
+    support = dense > 0
+    run = long_run(kind, x[support], y[support], dense[support], args, init)
+    z = (run["mean"] - ref["mean"]) / ref["sd"]
+    noise = (run["mcse"].pow(2) + ref["mcse"].pow(2)).sqrt() / ref["sd"]
+    return {
+        "bias_rms_sd": float(z.pow(2).mean().sqrt()),
+        "bias_max_sd": float(z.abs().max()),
+        "bias_mcse_rms_sd": float(noise.pow(2).mean().sqrt()),
+        "bias_sd_ratio_range": [float((run["sd"] / ref["sd"]).min()), float((run["sd"] / ref["sd"]).max())],
+    }
 
 
 def score(run: dict[str, Any], ref: dict[str, Any], offset: float = 0.0) -> dict[str, Any]:
@@ -225,20 +288,35 @@ def score(run: dict[str, Any], ref: dict[str, Any], offset: float = 0.0) -> dict
     }
 
 
-def build_coreset(method: str, kind: str, x: Tensor, y: Tensor, size: int, args: argparse.Namespace) -> Coreset:
-    """Uniform subsample, or FW (+NNLS) on Fisher features with a Laplace-on-a-subsample ``pi_hat``."""
+def build_coreset(
+    method: str, kind: str, x: Tensor, y: Tensor, size: int, args: argparse.Namespace
+) -> tuple[Coreset, HilbertCoreset | None]:
+    """Uniform subsample, or FW (+NNLS, early stop) on Fisher features with a Laplace ``pi_hat``."""
     if method == "uniform":
-        return Coreset.from_dense(UniformSampling().solve(None, len(y), size, None))
+        return Coreset.from_dense(UniformSampling().solve(None, len(y), size, None)), None
     model = MODELS[kind]
-    pi_hat = laplace_samples(model, args.projection_dim, model_args=(x, y), subsample_size=args.pi_subsample)
+    sub = args.pi_subsample or None  # 0: Laplace on all data
+    pi_hat = laplace_samples(model, args.projection_dim, model_args=(x, y), subsample_size=sub)
     proj = Projector.from_model(model, pi_hat, norm="fisher", model_args=(x, y))
-    return HilbertCoreset(proj, FrankWolfe(refine_every=args.refine_every)).build(size)
+    hilbert = HilbertCoreset(proj, FrankWolfe(refine_every=args.refine_every, tol=args.fw_tol))
+    return hilbert.build(size), hilbert
+
+
+def hilbert_errors(hilbert: HilbertCoreset, kind: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> dict:
+    """Relative Hilbert error on the construction's own projection and on an independent one."""
+    own = hilbert.error() / float(hilbert.features.sum(0, dtype=torch.float64).norm())
+    model = MODELS[kind]
+    pi_hat = laplace_samples(model, args.projection_dim, model_args=(x, y), subsample_size=args.pi_subsample or None)
+    fresh = Projector.from_model(model, pi_hat, norm="fisher", model_args=(x, y))
+    total = fresh.total()
+    return {"rel_error": own, "heldout_rel_error": fresh.error(hilbert.coreset(), total) / float(total.norm())}
 
 
 def warm_up(kind: str) -> None:
     """Pay the one-time costs (forward-mode AD decompositions, lazy imports) outside every timed section."""
     x, y = synthetic_logistic(20, 3, 0)
     Projector.from_model(MODELS[kind], {"beta": torch.zeros(2, 3)}, model_args=(x, y)).project()
+    laplace_samples(MODELS[kind], 1, model_args=(x, y))
 
 
 def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -247,40 +325,51 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     pyro.set_rng_seed(args.seed)
     kind, x, y = load_dataset(name, args.seed)
     model = MODELS[kind]
-    ref = reference_posterior(kind, x, y, args)
+    start = time.process_time()
+    init = start_point(kind, x, y, args)  # the full-data runs pay for their starting point
+    init_seconds = time.process_time() - start
+    ref = reference_posterior(kind, x, y, args, init)
     out: dict[str, Any] = {"kind": kind, "num_data": len(y), "dim": x.shape[1], "reference": ref["method"]}
-    out["full_pyro"] = score(pyro_nuts(model, (x, y), args.warmup, args.samples), ref)
+    out["reference_mcse_rms_sd"] = float((ref["mcse"] / ref["sd"]).pow(2).mean().sqrt())
+    out["init_seconds"] = init_seconds
+    full_run = pyro_nuts(model, (x, y), args.warmup, args.samples, init)
+    out["full_pyro"] = score(full_run, ref, offset=init_seconds)
     sizes = [m for m in args.sizes if m < len(y)]
     out["sizes"] = sizes
     out["coresets"] = {}
-    built: dict[int, tuple[Coreset, float]] = {}
+    built: dict[int, tuple[Coreset, float, Tensor | None]] = {}
     for method in ("uniform", "fw"):
         rows = []
         for size in sizes:
             start = time.process_time()
-            core = build_coreset(method, kind, x, y, size, args)
+            core, hilbert = build_coreset(method, kind, x, y, size, args)
+            if hilbert is not None and args.init == "laplace":  # FW has Laplace draws already: pi_hat
+                core_init: Tensor | None = hilbert.projector.samples[0].reshape(x.shape[1])
+            else:
+                core_init = start_point(kind, x, y, args)
             build_seconds = time.process_time() - start
-            built[size] = (core, build_seconds)  # the FW ones (built last) are re-used for NumPyro
-            run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples)
-            rows.append(
-                {
-                    "size": size,
-                    "support": len(core.indices),
-                    "build_seconds": build_seconds,
-                    **score(run, ref, offset=build_seconds),
-                }
-            )
+            built[size] = (core, build_seconds, core_init)  # the FW ones (built last) are re-used for NumPyro
+            run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples, core_init)
+            row = {"size": size, "support": len(core.indices), "build_seconds": build_seconds}
+            row.update(score(run, ref, offset=build_seconds))
+            if hilbert is not None:  # untimed diagnostics of the FW coreset
+                row.update(hilbert_errors(hilbert, kind, x, y, args))
+                if args.reference == "numpyro" and numpyro_available():
+                    row.update(coreset_bias(core, kind, x, y, ref, args, core_init))
+            rows.append(row)
         out["coresets"][method] = rows
     if sizes and args.numpyro and numpyro_available():
         size = sizes[-1]
-        core, build_seconds = built[size]
-        full = numpyro_nuts(kind, x, y, None, args.warmup, args.samples, args.seed)
+        core, build_seconds, core_init = built[size]
+        full = numpyro_nuts(kind, x, y, None, args.warmup, args.samples, args.seed, init)
         dense = core.dense(len(y))
         support = dense > 0
-        coreset_run = numpyro_nuts(kind, x[support], y[support], dense[support], args.warmup, args.samples, args.seed)
+        coreset_run = numpyro_nuts(
+            kind, x[support], y[support], dense[support], args.warmup, args.samples, args.seed, core_init
+        )
         out["numpyro"] = {
             "size": size,
-            "full": score(full, ref),
+            "full": score(full, ref, offset=init_seconds),
             "coreset": {"build_seconds": build_seconds, **score(coreset_run, ref, build_seconds)},
         }
     return out
@@ -301,7 +390,8 @@ def construction_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
         x, y = synthetic_logistic(num, 5, args.seed)
         pyro.set_rng_seed(args.seed)
         start = time.process_time()
-        pi_hat = laplace_samples(logistic_model, args.scaling_dim, model_args=(x, y), subsample_size=args.pi_subsample)
+        sub = args.pi_subsample or None
+        pi_hat = laplace_samples(logistic_model, args.scaling_dim, model_args=(x, y), subsample_size=sub)
         t_pi = time.process_time()
         proj = Projector.from_model(logistic_model, pi_hat, norm="fisher", model_args=(x, y))
         coreset = HilbertCoreset(proj, FrankWolfe())
@@ -330,11 +420,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--projection-dim", type=int, default=200, help="J for the regression coresets")
-    parser.add_argument("--pi-subsample", type=int, default=2000, help="Laplace pi_hat on this many points")
-    parser.add_argument("--refine-every", type=int, default=20, help="FW fully corrective NNLS period")
+    parser.add_argument("--pi-subsample", type=int, default=0, help="Laplace pi_hat on this many points (0: all)")
+    parser.add_argument("--refine-every", type=int, default=10, help="FW fully corrective NNLS period")
+    parser.add_argument("--fw-tol", type=float, default=0.01, help="FW stops at this relative Hilbert error")
     parser.add_argument("--reference", choices=["numpyro", "laplace"], default="numpyro")
-    parser.add_argument("--ref-warmup", type=int, default=200)
-    parser.add_argument("--ref-samples", type=int, default=1000)
+    parser.add_argument(
+        "--init",
+        choices=["laplace", "uniform"],
+        default="laplace",
+        help="chains start at a full-data Laplace draw (its CPU time counted in every run) or Pyro's uniform init",
+    )
+    parser.add_argument("--ref-warmup", type=int, default=500, help="warmup of the long NumPyro runs")
+    parser.add_argument("--ref-samples", type=int, default=4000, help="draws of the long NumPyro runs")
     parser.add_argument("--no-numpyro", dest="numpyro", action="store_false", help="skip the NumPyro timings")
     parser.add_argument("--scaling-sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--scaling-dim", type=int, default=500, help="J for the construction-time scaling")
@@ -348,69 +445,126 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.datasets, args.sizes = ["synth_lr"], [30, 100]
-        args.warmup, args.samples, args.projection_dim, args.pi_subsample = 25, 25, 50, 300
+        args.warmup, args.samples, args.projection_dim = 25, 25, 50
         args.reference, args.numpyro, args.jobs = "laplace", False, 1
         args.scaling_sizes, args.scaling_dim, args.scaling_coreset = [1000, 10_000], 50, 10
     return args
 
 
+ERROR_COLUMNS = [
+    "dataset",
+    "N",
+    "D",
+    "M",
+    "FW support",
+    "ref MCSE (sd)",
+    "full NUTS err (sd)",
+    "uniform err",
+    "FW err",
+    "FW bias (sd)",
+    "bias MCSE (sd)",
+    "FW Hilbert err",
+    "FW held-out Hilbert err",
+    "FW cov err",
+    "FW KL",
+]
+TIME_COLUMNS = [
+    "dataset",
+    "full NUTS s",
+    "full NUTS s to 0.1",
+    "FW build s",
+    "FW total s",
+    "FW s to 0.1",
+    "time ratio (Pyro)",
+    "total time ratio (Pyro)",
+    "NumPyro full s to 0.1",
+    "NumPyro FW s to 0.1",
+    "time ratio (NumPyro)",
+]
+
+
+def summary_row(name: str, res: dict[str, Any]) -> dict[str, Any]:
+    """One dataset's numbers at the largest coreset size, keyed by the table columns."""
+    full = res["full_pyro"]
+    row: dict[str, Any] = {
+        "dataset": name,
+        "N": res["num_data"],
+        "D": res["dim"],
+        "ref MCSE (sd)": res.get("reference_mcse_rms_sd"),
+        "full NUTS err (sd)": full["mean_error_rms_sd"],
+        "full NUTS s": full["total_seconds"],
+        "full NUTS s to 0.1": full["seconds_to_tolerance"],
+    }
+    if not res["sizes"]:
+        return row
+    m = res["sizes"][-1]
+    fw = next(r for r in res["coresets"]["fw"] if r["size"] == m)
+    uni = next(r for r in res["coresets"]["uniform"] if r["size"] == m)
+    row.update(
+        {
+            "M": m,
+            "FW support": fw["support"],
+            "uniform err": uni["mean_error_rms_sd"],
+            "FW err": fw["mean_error_rms_sd"],
+            "FW bias (sd)": fw.get("bias_rms_sd"),
+            "bias MCSE (sd)": fw.get("bias_mcse_rms_sd"),
+            "FW Hilbert err": fw.get("rel_error"),
+            "FW held-out Hilbert err": fw.get("heldout_rel_error"),
+            "FW cov err": fw["cov_rel_error"],
+            "FW KL": fw["gaussian_kl"],
+            "FW build s": fw["build_seconds"],
+            "FW total s": fw["total_seconds"],
+            "FW s to 0.1": fw["seconds_to_tolerance"],
+            "time ratio (Pyro)": time_ratio(fw, full),
+            "total time ratio (Pyro)": fw["total_seconds"] / full["total_seconds"],
+        }
+    )
+    if "numpyro" in res:
+        nfull, ncore = res["numpyro"]["full"], res["numpyro"]["coreset"]
+        row["NumPyro full s to 0.1"] = nfull["seconds_to_tolerance"]
+        row["NumPyro FW s to 0.1"] = ncore["seconds_to_tolerance"]
+        row["time ratio (NumPyro)"] = time_ratio(ncore, nfull)
+    return row
+
+
 def write_outputs(folder: Path, record: dict[str, Any]) -> None:
     results, args = record["datasets"], record["config"]
-    rows = []
-    for name, res in results.items():
-        fw = {row["size"]: row for row in res["coresets"]["fw"]}
-        uni = {row["size"]: row for row in res["coresets"]["uniform"]}
-        m = res["sizes"][-1] if res["sizes"] else None
-        row = {
-            "dataset": name,
-            "N": res["num_data"],
-            "full NUTS err (sd)": res["full_pyro"]["mean_error_rms_sd"],
-            "full NUTS s": res["full_pyro"]["total_seconds"],
-            "M": m,
-        }
-        if m is not None:
-            row.update(
-                {
-                    "uniform err": uni[m]["mean_error_rms_sd"],
-                    "FW err": fw[m]["mean_error_rms_sd"],
-                    "FW cov err": fw[m]["cov_rel_error"],
-                    "FW KL": fw[m]["gaussian_kl"],
-                    "FW build s": fw[m]["build_seconds"],
-                    "FW total s": fw[m]["total_seconds"],
-                    "time ratio (Pyro)": time_ratio(fw[m], res["full_pyro"]),
-                }
-            )
-        if "numpyro" in res:
-            row["time ratio (NumPyro)"] = time_ratio(res["numpyro"]["coreset"], res["numpyro"]["full"])
-        rows.append(row)
-    columns = [
-        "dataset",
-        "N",
-        "M",
-        "full NUTS err (sd)",
-        "uniform err",
-        "FW err",
-        "FW cov err",
-        "FW KL",
-        "full NUTS s",
-        "FW build s",
-        "FW total s",
-        "time ratio (Pyro)",
-        "time ratio (NumPyro)",
-    ]
+    rows = [summary_row(name, res) for name, res in results.items()]
+    pi_hat = f"Laplace on {args['pi_subsample']} points" if args["pi_subsample"] else "Laplace on all data"
     scaling = record["construction_scaling"]
+    references = sorted({res["reference"] for res in results.values()})
     text = [
         "# Coreset regression: NUTS on coresets vs full-data NUTS",
         "",
-        f"Pyro NUTS {args['warmup']} warmup + {args['samples']} draws everywhere; errors against the reference "
-        "(per dataset in the JSON); `err` = RMS over coordinates of |posterior-mean error| / posterior sd; "
-        "`cov err` = relative Frobenius error; `KL` = KL(fitted Gaussian of coreset draws || reference's). "
-        "`time ratio` = CPU seconds until the running mean error stays <= 0.1 sd, coreset (construction "
-        "included) over full data; empty when either never gets there within its run. FW = Frank-Wolfe with "
-        f"NNLS steps every {args['refine_every']} iterations, J={args['projection_dim']} Fisher features, "
-        f"pi_hat = Laplace on {args['pi_subsample']} points.",
+        f"Pyro NUTS {args['warmup']} warmup + {args['samples']} draws for every timed run; the reference is "
+        f"{' / '.join(references)}, whose own posterior-mean Monte Carlo "
+        "standard error is `ref MCSE` (batch means, RMS over coordinates, in posterior sds). "
+        "`err` = RMS over coordinates of |posterior-mean error| / posterior sd after the timed run: it "
+        f"includes the run's Monte Carlo error (about 1/sqrt(ESS) ~ 0.05 sd at {args['samples']} draws) and "
+        "the reference's. `FW bias` separates the coreset's own error: the same metric between a second "
+        "long NumPyro run on the FW coreset and the reference, with its Monte Carlo noise floor "
+        "`bias MCSE`. `Hilbert err` = ||L - L(w)|| / ||L|| on the projection FW was built with; `held-out` "
+        "on an independent projection (fresh pi_hat draws and coordinates). `cov err` = relative "
+        "Frobenius error; `KL` = KL(fitted Gaussian of coreset draws || reference's).",
         "",
-        markdown_table(rows, columns, spec=".3g"),
+        f"FW = Frank-Wolfe with NNLS steps every {args['refine_every']} iterations, stopped at relative "
+        f"Hilbert error {args['fw_tol']} or M iterations, J={args['projection_dim']} Fisher features, "
+        f"pi_hat = {pi_hat}. "
+        + (
+            "Every chain (Pyro and NumPyro, full data and coresets) starts at a draw of the full-data Laplace "
+            "approximation; its CPU time is counted in every run (for FW it is part of pi_hat, so of the build). "
+            if args.get("init", "laplace") == "laplace"
+            else "Chains start at Pyro's / NumPyro's default uniform draw in [-2, 2]. "
+        )
+        + "Errors at the largest M:",
+        "",
+        markdown_table(rows, ERROR_COLUMNS, spec=".3g"),
+        "",
+        "CPU seconds (construction included for FW). `s to 0.1` = CPU seconds until the running "
+        "posterior-mean error stays <= 0.1 sd until the end of the run (empty: never); `time ratio` = FW's "
+        "over full data's; `total time ratio` = whole runs (construction included).",
+        "",
+        markdown_table(rows, TIME_COLUMNS, spec=".3g"),
         "",
         "## Construction time vs N (synthetic logistic regression, D=5, "
         f"J={args['scaling_dim']}, FW M={args['scaling_coreset']})",
@@ -471,6 +625,8 @@ def finish(
             "dataset": "synth_lr_1e5",
             "size": 500,
             "fw_mean_error_rms_sd": fw["mean_error_rms_sd"],
+            "fw_bias_rms_sd": fw.get("bias_rms_sd"),
+            "fw_bias_mcse_rms_sd": fw.get("bias_mcse_rms_sd"),
             "time_ratio_pyro": ratio,
             "total_time_ratio_pyro": fw["total_seconds"] / headline["full_pyro"]["total_seconds"],
             "met": ratio is not None and ratio <= 0.2,

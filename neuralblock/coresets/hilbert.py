@@ -20,7 +20,14 @@ import torch
 from torch import Tensor
 
 from neuralblock.coresets.projection import Projector
-from neuralblock.coresets.solvers import Coreset, CoresetSolver, FrankWolfe, check_size, make_solver
+from neuralblock.coresets.solvers import (
+    Coreset,
+    CoresetSolver,
+    FrankWolfe,
+    check_size,
+    feature_total,
+    make_solver,
+)
 
 __all__ = ["HilbertCoreset", "merge_coresets", "streaming_coreset"]
 
@@ -108,8 +115,9 @@ class HilbertCoreset:
     def error(self) -> float:
         """``||sum_n f_n - sum_n w_n f_n||`` over :attr:`indices`, in the projected Hilbert norm."""
         weights = self._built()
-        residual = self.features.sum(0, dtype=torch.float64) - weights @ self.features.to(torch.float64)
-        return float(residual.norm())
+        support = torch.nonzero(weights > 0).squeeze(1)
+        approx = weights[support].to(torch.float64) @ self.features[support].to(torch.float64)
+        return float((feature_total(self.features) - approx).norm())
 
 
 def merge_coresets(

@@ -41,6 +41,7 @@ __all__ = [
     "UniformSampling",
     "check_size",
     "coreset_error",
+    "feature_total",
     "frank_wolfe",
     "make_solver",
     "nnls_gram",
@@ -106,6 +107,21 @@ def _check_features(features: Tensor) -> Tensor:
     if not torch.isfinite(features.sum()):  # one reduction instead of an [n, J] mask
         raise ValueError("features contain non-finite values (NaN or inf log-likelihoods or gradients)")
     return features
+
+
+def feature_total(features: Tensor, chunk_size: int = 8192) -> Tensor:
+    """``sum_n f_n`` in float64: float64 sums of row-chunk matrix-vector products (fast in either layout).
+
+    Example:
+        >>> feature_total(torch.ones(5, 2))
+        tensor([5., 5.], dtype=torch.float64)
+    """
+    ones = features.new_ones(min(chunk_size, max(len(features), 1)))
+    total = torch.zeros(features.shape[1], dtype=torch.float64)
+    for start in range(0, len(features), chunk_size):
+        block = features[start : start + chunk_size]
+        total += (ones[: len(block)] @ block).to(torch.float64)
+    return total
 
 
 def coreset_error(features: Tensor, weights: Tensor) -> float:
@@ -248,7 +264,7 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     if not usable.any():
         raise ValueError("all feature vectors are zero: the log-likelihoods do not vary over the samples")
     sigma = norms.sum()
-    total = features.sum(0, dtype=torch.float64)
+    total = feature_total(features)
     total_sq = total @ total
     align = (features @ total.to(features.dtype)).to(torch.float64)  # <L, f_n>
     safe_norms = torch.where(usable, norms, torch.ones_like(norms))
