@@ -24,7 +24,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph
-from neuralblock.kernels.conditioning import ConditionedModel
+from neuralblock.kernels.conditioning import ConditionedModel, values_changed
 
 __all__ = ["GraphKernel", "sequential_init"]
 
@@ -98,9 +98,7 @@ class GraphKernel(MCMCKernel):
                 raise ValueError("call condition_on before setup the first time: the graph is built at setup")
             self._conditioned = ConditionedModel(self._source, values)
         else:
-            changed = set(values) != set(self._conditioned.values) or any(
-                not torch.equal(torch.as_tensor(v), self._conditioned.values[k]) for k, v in values.items()
-            )
+            changed = values_changed(self._conditioned.values, values)
             self._conditioned.set_values(values)
             if changed and self.fg is not None:
                 self._follow_conditioning(self.fg)

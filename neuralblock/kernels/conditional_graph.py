@@ -50,6 +50,7 @@ from torch import Tensor
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.base import STATE_SITE, GraphKernel
+from neuralblock.kernels.conditioning import values_changed
 
 __all__ = ["ConditionalGraphKernel"]
 
@@ -109,7 +110,7 @@ class ConditionalGraphKernel(MCMCKernel):
     def condition_on(self, values: Mapping[str, Tensor]) -> None:
         """Fix the other sites at ``values``; after ``setup`` the inner kernel's graph follows them."""
         new = {str(k): torch.as_tensor(v) for k, v in values.items()}
-        changed = new.keys() != self._values.keys() or any(not torch.equal(v, self._values[k]) for k, v in new.items())
+        changed = values_changed(self._values, new)
         self._values = new
         if changed and self.inner is not None:
             self.inner.update_graph(self._build())

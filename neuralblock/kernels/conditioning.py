@@ -29,7 +29,7 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-__all__ = ["ConditionedModel", "set_conditioning"]
+__all__ = ["ConditionedModel", "set_conditioning", "values_changed"]
 
 
 class ConditionedModel:
@@ -112,3 +112,13 @@ def set_conditioning(kernel: Any, values: Mapping[str, Tensor]) -> None:
     clear = getattr(kernel, "clear_cache", None)
     if callable(clear):
         clear()
+
+
+def values_changed(old: Mapping[str, Tensor], new: Mapping[str, Tensor]) -> bool:
+    """Whether ``new`` fixes other sites, or other values, than ``old``.
+
+    Example:
+        >>> values_changed({"a": torch.tensor(1.0)}, {"a": torch.tensor(1.0)})
+        False
+    """
+    return new.keys() != old.keys() or any(not torch.equal(torch.as_tensor(v), old[k]) for k, v in new.items())
