@@ -93,3 +93,69 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="scale"):
         fg.add_variable("x")
         fg.add_linear_gaussian(1, [], [], 0.0, -1.0)
+
+
+def _mixed_graph() -> FactorGraph:
+    """Tables, linear-Gaussian, log-linear-Gaussian, mixture and callable factors in one graph."""
+    from neuralblock.graph import CallableGroup, GaussianMixtureGroup, LogLinearGaussianGroup
+
+    g = torch.Generator().manual_seed(3)
+    fg = FactorGraph()
+    fg.add_variables(3, cardinality=3)  # 0-2 discrete
+    fg.add_table_factors(torch.tensor([[0, 1], [1, 2]]), torch.randn(2, 3, 3, generator=g))
+    cont = [fg.add_variable() for _ in range(4)]  # 3-6
+    fg.add_linear_gaussian(cont[1], [cont[0], 0], [0.5, 1.0], 0.2, 1.3)
+    fg.add_group(LogLinearGaussianGroup(torch.tensor([cont[2]]), torch.tensor([cont[3]]), *torch.rand(4, 1)))
+    points = [[fg.add_variable(), fg.add_variable()] for _ in range(3)]  # 7-12
+    means = [[fg.add_variable(), fg.add_variable()] for _ in range(2)]  # 13-16
+    active = fg.add_variables(2, cardinality=2)
+    fg.add_group(GaussianMixtureGroup(torch.tensor(points), torch.tensor(means), torch.tensor(active), 0.7))
+    fg.add_group(CallableGroup(torch.tensor([[cont[0], cont[3]]]), _difference_factor, torch.ones(1, 1)))
+    return fg
+
+
+def _difference_factor(values: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    return -0.5 * ((values[..., 0] - values[..., 1]) / params[:, 0]) ** 2
+
+
+def _random_states(fg: FactorGraph, count: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    cards = fg.cardinalities
+    states = torch.randn(count, fg.num_variables, generator=g)
+    for v in range(fg.num_variables):
+        if cards[v] > 0:
+            states[:, v] = torch.randint(int(cards[v]), (count,), generator=g).float()
+    states[:, 17] = 1.0  # a mixture is on (with none, the points' factors are -inf)
+    return states
+
+
+def test_rowwise_scaffold_equals_one_state_per_block() -> None:
+    fg = _mixed_graph()
+    blocks = [[v] for v in range(fg.num_variables)] + [[0, 3], [13, 17, 14]]
+    scaffold = fg.scaffold(blocks)
+    states = _random_states(fg, len(blocks), seed=0)
+    each = torch.stack([scaffold.local_log_density(fg, states[b])[b] for b in range(len(blocks))])
+    rowwise = scaffold.local_log_density_rows(fg, states)
+    assert torch.isfinite(rowwise).all()
+    torch.testing.assert_close(rowwise, each)
+    for group, index, segment in zip(fg.groups, scaffold.group_index, scaffold.group_segment):
+        diagonal = group.log_factors(states, index)[segment, torch.arange(index.numel())]
+        torch.testing.assert_close(group.log_factors_rows(states, index, segment), diagonal)
+        torch.testing.assert_close(super(type(group), group).log_factors_rows(states, index, segment), diagonal)
+
+
+def test_scaffold_select_and_shared_factors() -> None:
+    fg = _mixed_graph()
+    blocks = [[13, 14], [15, 16], [17], [0], [3]]  # the first three share the mixture's point factors
+    scaffold = fg.scaffold(blocks)
+    state = _random_states(fg, 1, seed=1)[0]
+    full = scaffold.local_log_density(fg, state)
+    direct = torch.tensor([sum(float(v) for v in fg.scaffold([b]).local_log_density(fg, state)) for b in blocks])
+    torch.testing.assert_close(full, direct.to(full.dtype))
+    part = scaffold.select(1, 4)
+    assert part.num_blocks == 3 and part.blocks.tolist() == scaffold.blocks[1:4].tolist()
+    torch.testing.assert_close(part.local_log_density(fg, state), full[1:4])
+    with pytest.raises(ValueError, match="block range"):
+        scaffold.select(2, 9)
+    with pytest.raises(ValueError, match="one state per block"):
+        scaffold.local_log_density_rows(fg, state[None])

@@ -19,6 +19,7 @@ from scipy import stats
 
 from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels.neural_block import speculative_block_step
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, register_motif
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -69,15 +70,15 @@ def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
     return states, torch.softmax(fg.log_joint(states).double(), 0)
 
 
-@pytest.mark.parametrize(("gibbs_prob", "evidence"), [(0.0, False), (0.3, True)])
-def test_neural_block_kernel_leaves_joint_invariant(gibbs_prob: float, evidence: bool) -> None:
+@pytest.mark.parametrize(("gibbs_prob", "evidence", "window"), [(0.0, False, None), (0.3, True, None), (0.0, False, 3)])
+def test_neural_block_kernel_leaves_joint_invariant(gibbs_prob: float, evidence: bool, window: int | None) -> None:
     fg = chain_graph(seed=4, evidence=evidence)
     states, probs = enumerate_joint(fg)
     torch.manual_seed(11)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
     chains = []
     for _ in range(4):
-        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=gibbs_prob)
+        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=gibbs_prob, window=window)
         mcmc = MCMC(kernel, num_samples=1500, warmup_steps=100, disable_progbar=True)
         mcmc.run()
         chains.append(mcmc.get_samples()["x"])
@@ -90,6 +91,43 @@ def test_neural_block_kernel_leaves_joint_invariant(gibbs_prob: float, evidence:
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f}"
     acceptance = kernel.diagnostics()["acceptance"]["test-chain-window"]
     assert 0.0 < acceptance < 1.0
+    if window is not None:  # classes were batched speculatively (some draws discarded after an accept)
+        assert kernel.diagnostics()["discarded_proposals"] > 0
+
+
+def test_speculative_step_keeps_classes_up_to_the_first_accept() -> None:
+    fg = chain_graph(seed=2)
+    torch.manual_seed(0)
+    kernel = NeuralBlockKernel(fg, proposals=[NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))])
+    kernel.setup(0)
+    sweep = kernel.sweeps[0]
+    classes = int(sweep.class_of[-1]) + 1
+    assert classes >= 2
+    state = torch.zeros(6)
+    outcomes = set()
+    for _ in range(200):
+        new, used, info = speculative_block_step(
+            fg, kernel.proposals[0], sweep.instances, sweep.scaffold, sweep.class_of, state
+        )
+        in_used = sweep.class_of < used
+        assert len(info.accepted) == int(in_used.sum())
+        accepted_classes = sweep.class_of[in_used][info.accepted]
+        assert (accepted_classes == used - 1).all()  # only the last class kept can have accepted
+        assert used == classes or info.accepted.any()  # stopping early means an accept
+        changed = (new != state).nonzero().reshape(-1)
+        allowed = sweep.instances.blocks[sweep.class_of == used - 1].reshape(-1)
+        assert torch.isin(changed, allowed).all()
+        outcomes.add((used, bool(info.accepted.any())))
+        state = new
+    assert len(outcomes) >= 2  # both stopping at an accept and running through happened
+
+
+def test_window_must_be_a_positive_int() -> None:
+    fg = chain_graph(seed=0)
+    proposal = NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="window"):
+            NeuralBlockKernel(fg, proposals=[proposal], window=bad)
 
 
 def test_instances_are_batched_in_conflict_free_classes() -> None:

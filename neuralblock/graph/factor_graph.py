@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 import torch
@@ -49,6 +49,7 @@ class BlockScaffold:
     blocks: Tensor
     group_index: list[Tensor]
     group_segment: list[Tensor]
+    _distinct: list[tuple[Tensor, Tensor] | None] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_blocks(self) -> int:
@@ -61,14 +62,71 @@ class BlockScaffold:
         return self.blocks[self.blocks >= 0]
 
     def local_log_density(self, fg: FactorGraph, state: Tensor) -> Tensor:
-        """Sum of scaffold log-factors per block, ``[..., nb]``."""
+        """Sum of scaffold log-factors per block, ``[..., nb]``.
+
+        A factor shared by several blocks' scaffolds (e.g. a point of a mixture, in every
+        pair's scaffold) is evaluated once.
+        """
         out = state.new_zeros(state.shape[:-1] + (self.num_blocks,))
+        for group, index, segment, distinct in zip(fg.groups, self.group_index, self.group_segment, self._shared()):
+            if index.numel() == 0:
+                continue
+            if distinct is None:
+                values = group.log_factors(state, index)
+            else:
+                factors, inverse = distinct
+                values = group.log_factors(state, factors)[..., inverse]
+            out = out.index_add(-1, segment, values.to(out.dtype))
+        return out
+
+    def _shared(self) -> list[tuple[Tensor, Tensor] | None]:
+        """Per group: ``(distinct factors, entry -> position)`` where blocks share factors, else ``None`` (cached)."""
+        if self._distinct is None:
+            self._distinct = []
+            for index in self.group_index:
+                factors, inverse = torch.unique(index, return_inverse=True)
+                self._distinct.append((factors, inverse) if factors.numel() < index.numel() else None)
+        return self._distinct
+
+    def local_log_density_rows(self, fg: FactorGraph, states: Tensor) -> Tensor:
+        """Block ``b``'s scaffold at its own state ``states[b]``: ``[nb]`` from ``states [nb, n]``.
+
+        Blocks that conflict can be scored this way in one pass, each against the state in
+        which only it was changed.
+
+        Example:
+            >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+            >>> _ = fg.add_table_factor([0, 1], torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+            >>> scaffold = fg.scaffold([[0], [1]])
+            >>> scaffold.local_log_density_rows(fg, torch.tensor([[1.0, 0.0], [0.0, 1.0]])).tolist()
+            [2.0, 1.0]
+        """
+        if states.dim() != 2 or states.shape[0] != self.num_blocks:
+            raise ValueError(f"need one state per block, [{self.num_blocks}, n]; got {tuple(states.shape)}")
+        out = states.new_zeros(self.num_blocks)
         for group, index, segment in zip(fg.groups, self.group_index, self.group_segment):
             if index.numel() == 0:
                 continue
-            values = group.log_factors(state, index).to(out.dtype)
-            out = out.index_add(-1, segment, values)
+            out = out.index_add(0, segment, group.log_factors_rows(states, index, segment).to(out.dtype))
         return out
+
+    def select(self, start: int, stop: int) -> BlockScaffold:
+        """The scaffold of blocks ``start .. stop - 1`` alone (renumbered from 0).
+
+        Example:
+            >>> fg = FactorGraph(); _ = fg.add_variables(3, cardinality=2)
+            >>> _ = fg.add_table_factors(torch.tensor([[0, 1], [1, 2]]), torch.zeros(2, 2, 2))
+            >>> fg.scaffold([[0], [1], [2]]).select(1, 3).group_segment[0].tolist()
+            [0, 0, 1]
+        """
+        if not 0 <= start <= stop <= self.num_blocks:
+            raise ValueError(f"block range [{start}, {stop}) is outside [0, {self.num_blocks})")
+        keep = [(segment >= start) & (segment < stop) for segment in self.group_segment]
+        return BlockScaffold(
+            self.blocks[start:stop],
+            [index[k] for index, k in zip(self.group_index, keep)],
+            [segment[k] - start for segment, k in zip(self.group_segment, keep)],
+        )
 
 
 class FactorGraph:

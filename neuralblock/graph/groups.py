@@ -6,7 +6,10 @@ batched evaluation. Every group exposes the same small protocol:
 
 * ``scopes``: a ``LongTensor [F, a]`` of variable ids (``-1`` pads short scopes);
 * ``log_factors(state, index=None)``: the log value of each factor for a batch of
-  states ``[..., n]``, returned as ``[..., F]`` (or ``[..., len(index)]``).
+  states ``[..., n]``, returned as ``[..., F]`` (or ``[..., len(index)]``);
+* ``log_factors_rows(states, index, rows)``: factor ``index[e]`` at its own state
+  ``states[rows[e]]``, returned as ``[len(index)]`` (e.g. each block's scaffold at the
+  state where only that block was changed).
 
 Example:
     >>> import torch
@@ -53,11 +56,45 @@ class FactorGroup(ABC):
     def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
         """Log values of the factors (all, or those in ``index``) for states ``[..., n]``."""
 
+    def log_factors_rows(self, states: Tensor, index: Tensor, rows: Tensor) -> Tensor:
+        """Log value of factor ``index[e]`` at state ``states[rows[e]]``, ``[len(index)]``.
+
+        This fallback evaluates every factor at every state and keeps the pairs asked for
+        (``O(len(states) * len(index))``); the built-in groups read each factor's own row.
+
+        Args:
+            states: ``[R, n]`` states.
+            index: ``LongTensor [E]`` factor rows of this group.
+            rows: ``LongTensor [E]`` the state of each entry.
+        """
+        return self.log_factors(states, index)[rows, torch.arange(index.numel())]
+
     def _select(self, index: Tensor | None) -> Tensor:
         return self.scopes if index is None else self.scopes[index]
 
 
-class TableGroup(FactorGroup):
+def _take(state: Tensor, ids: Tensor, rows: Tensor | None) -> Tensor:
+    """``state[..., ids]``; with ``rows``, entry ``e`` of ``ids`` (first dimension) is read from ``state[rows[e]]``."""
+    if rows is None:
+        return state[..., ids]
+    return state[rows.reshape(rows.shape + (1,) * (ids.dim() - 1)), ids]
+
+
+class _RowwiseGroup(FactorGroup):
+    """A group whose evaluation reads its factors' values through :func:`_take` (so rows come at no extra cost)."""
+
+    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
+        return self._log_factors(state, index, None)
+
+    def log_factors_rows(self, states: Tensor, index: Tensor, rows: Tensor) -> Tensor:
+        return self._log_factors(states, index, rows)
+
+    @abstractmethod
+    def _log_factors(self, state: Tensor, index: Tensor | None, rows: Tensor | None) -> Tensor:
+        """Shared body of :meth:`log_factors` (``rows=None``) and :meth:`log_factors_rows`."""
+
+
+class TableGroup(_RowwiseGroup):
     """Discrete factors with a log-table each; all tables share one shape.
 
     Args:
@@ -88,12 +125,11 @@ class TableGroup(FactorGroup):
         self._strides = torch.tensor(strides, dtype=torch.long)
         self._size = int(self._flat.shape[1])
 
-    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
-        scopes = self._select(index)
-        values = state[..., scopes].long()  # [..., m, a]
+    def _log_factors(self, state: Tensor, index: Tensor | None, rows: Tensor | None) -> Tensor:
+        values = _take(state, self._select(index), rows).long()  # [..., m, a]
         flat = (values * self._strides).sum(-1)  # [..., m]
-        rows = torch.arange(self.num_factors) if index is None else index
-        return self._flat.reshape(-1)[rows * self._size + flat]
+        factor = torch.arange(self.num_factors) if index is None else index
+        return self._flat.reshape(-1)[factor * self._size + flat]
 
     def __getstate__(self) -> dict:
         return {"scopes": self.scopes, "log_tables": self.log_tables}
@@ -102,7 +138,7 @@ class TableGroup(FactorGroup):
         self.__init__(state["scopes"], state["log_tables"])
 
 
-class LinearGaussianGroup(FactorGroup):
+class LinearGaussianGroup(_RowwiseGroup):
     """Linear-Gaussian CPDs ``x_child ~ N(bias + weights . x_parents, scale)``.
 
     Args:
@@ -134,17 +170,17 @@ class LinearGaussianGroup(FactorGroup):
         self.bias, self.scale = bias, scale
         self.scopes = torch.cat([child[:, None], parents], dim=1)
 
-    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
-        rows = slice(None) if index is None else index
-        x = state[..., self.child[rows]]
-        parents = self.parents[rows].clamp(min=0)
-        mean = self.bias[rows] + (state[..., parents] * self.weights[rows]).sum(-1)
-        scale = self.scale[rows]
+    def _log_factors(self, state: Tensor, index: Tensor | None, rows: Tensor | None) -> Tensor:
+        factor = slice(None) if index is None else index
+        x = _take(state, self.child[factor], rows)
+        parents = self.parents[factor].clamp(min=0)
+        mean = self.bias[factor] + (_take(state, parents, rows) * self.weights[factor]).sum(-1)
+        scale = self.scale[factor]
         z = (x - mean) / scale
         return -0.5 * z * z - scale.log() - 0.5 * math.log(2 * math.pi)
 
 
-class LogLinearGaussianGroup(FactorGroup):
+class LogLinearGaussianGroup(_RowwiseGroup):
     """Gaussian factors with a linear mean and a log-linear variance in one parent.
 
     ``child ~ N(loc_weight * parent + loc_bias, exp(logvar_weight * parent + logvar_bias))``.
@@ -188,15 +224,15 @@ class LogLinearGaussianGroup(FactorGroup):
         self.loc_weight, self.loc_bias, self.logvar_weight, self.logvar_bias = params
         self.scopes = torch.stack([child, parent], dim=1)
 
-    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
-        rows = slice(None) if index is None else index
-        y, x = state[..., self.child[rows]], state[..., self.parent[rows]]
-        log_var = self.logvar_weight[rows] * x + self.logvar_bias[rows]
-        resid = y - (self.loc_weight[rows] * x + self.loc_bias[rows])
+    def _log_factors(self, state: Tensor, index: Tensor | None, rows: Tensor | None) -> Tensor:
+        factor = slice(None) if index is None else index
+        y, x = _take(state, self.child[factor], rows), _take(state, self.parent[factor], rows)
+        log_var = self.logvar_weight[factor] * x + self.logvar_bias[factor]
+        resid = y - (self.loc_weight[factor] * x + self.loc_bias[factor])
         return -0.5 * (resid * resid * torch.exp(-log_var) + log_var + math.log(2 * math.pi))
 
 
-class GaussianMixtureGroup(FactorGroup):
+class GaussianMixtureGroup(_RowwiseGroup):
     """Points of an open-universe Gaussian mixture, with their labels summed out.
 
     Factor ``j`` is ``log p(x_j | mu, v) = log (1 / M) sum_k v_k N(x_j; mu_k, sigma^2 I)``
@@ -240,21 +276,26 @@ class GaussianMixtureGroup(FactorGroup):
         """Dimension ``D`` of the points."""
         return int(self.points.shape[1])
 
-    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
-        rows = slice(None) if index is None else index
-        x = state[..., self.points[rows]]  # [..., r, D]
-        mu = state[..., self.means]  # [..., m, D]
-        v = state[..., self.active]  # [..., m]
-        d2 = ((x.unsqueeze(-2) - mu.unsqueeze(-3)) ** 2).sum(-1) / self.sigma**2  # [..., r, m]
-        log_v = torch.log(v.clamp(min=0.0)).unsqueeze(-2)
-        count = v.sum(-1, keepdim=True)
+    def _log_factors(self, state: Tensor, index: Tensor | None, rows: Tensor | None) -> Tensor:
+        points = self.points if index is None else self.points[index]
+        x = _take(state, points, rows)  # [..., r, D]
+
+        def shared(ids: Tensor) -> Tensor:  # every factor reads all mixtures: [..., 1, *ids] or [r, *ids]
+            if rows is None:
+                return state[..., ids].unsqueeze(-ids.dim() - 1)
+            return _take(state, ids.expand(rows.shape + ids.shape), rows)
+
+        mu, v = shared(self.means), shared(self.active)  # [..., 1 | r, m, D], [..., 1 | r, m]
+        d2 = ((x.unsqueeze(-2) - mu) ** 2).sum(-1) / self.sigma**2  # [..., r, m]
+        log_v = torch.log(v.clamp(min=0.0))
+        count = v.sum(-1)
         dim = self.dim
         log_norm = -dim * math.log(self.sigma) - 0.5 * dim * math.log(2 * math.pi)
         value = torch.logsumexp(log_v - 0.5 * d2, -1) - torch.log(count.clamp(min=1.0)) + log_norm
         return torch.where(count > 0, value, torch.full_like(value, -math.inf))
 
 
-class CallableGroup(FactorGroup):
+class CallableGroup(_RowwiseGroup):
     """Factors given by a batched torch function of their scope values.
 
     ``fn(values, params)`` receives ``values [..., m, a]`` (the scope values of ``m``
@@ -289,11 +330,11 @@ class CallableGroup(FactorGroup):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self.scopes, self.fn, self.params = scopes, fn, params
 
-    def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
+    def _log_factors(self, state: Tensor, index: Tensor | None, rows: Tensor | None) -> Tensor:
         scopes = self._select(index)
         params = None if self.params is None else (self.params if index is None else self.params[index])
-        out = self.fn(state[..., scopes], params)
-        expected = state.shape[:-1] + (scopes.shape[0],)
+        out = self.fn(_take(state, scopes, rows), params)
+        expected = (state.shape[:-1] if rows is None else ()) + (scopes.shape[0],)
         if out.shape != expected:
             raise ValueError(f"factor function returned shape {tuple(out.shape)}, expected {tuple(expected)}")
         return out

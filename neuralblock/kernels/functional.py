@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch.distributions import Transform
 
-__all__ = ["GibbsInfo", "MHInfo", "gibbs_sample", "mh_accept", "random_walk_propose"]
+__all__ = ["GibbsInfo", "MHInfo", "gibbs_sample", "mh_accept", "nonfinite_ratios", "random_walk_propose"]
 
 
 class MHInfo(NamedTuple):
@@ -61,11 +61,21 @@ def mh_accept(log_alpha: Tensor) -> MHInfo:
     Returns:
         An :class:`MHInfo`.
     """
-    bad = torch.isnan(log_alpha) | (log_alpha == float("inf"))
+    bad = nonfinite_ratios(log_alpha)
     safe = torch.where(bad, torch.full_like(log_alpha, -float("inf")), log_alpha)
     log_u = torch.rand_like(log_alpha).log()
     accepted = log_u < safe
     return MHInfo(accepted, safe.clamp(max=0.0).exp(), int(bad.sum()))
+
+
+def nonfinite_ratios(log_alpha: Tensor) -> Tensor:
+    """Where an MH log ratio is broken (NaN or ``+inf``): :func:`mh_accept` rejects and counts these.
+
+    Example:
+        >>> nonfinite_ratios(torch.tensor([0.0, -float("inf"), float("inf")])).tolist()
+        [False, False, True]
+    """
+    return torch.isnan(log_alpha) | (log_alpha == float("inf"))
 
 
 def gibbs_sample(logits: Tensor, current: Tensor) -> GibbsInfo:

@@ -37,12 +37,15 @@ from torch import Tensor
 
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.base import GraphKernel
-from neuralblock.kernels.functional import MHInfo, mh_accept
+from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
-__all__ = ["NeuralBlockKernel", "neural_block_step"]
+__all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculative_block_step"]
+
+_RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
+_MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold
 
 
 @dataclass
@@ -55,6 +58,51 @@ class _BlockClass:
     members: Tensor
 
 
+@dataclass
+class _Sweep:
+    """One proposal's instances in sweep order (class by class), for speculative batches of classes."""
+
+    instances: MotifInstances
+    scaffold: BlockScaffold
+    offsets: Tensor  # [C + 1] first instance of each class
+    class_of: Tensor  # [I]
+    order: Tensor  # [I] positions in the motif's own instance order
+
+
+def propose_blocks(
+    fg: FactorGraph, proposal: NeuralBlockProposal, instances: MotifInstances, state: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw a proposal for every instance's block from the MDN, all at ``state``.
+
+    Motifs with a whitening map (:meth:`~neuralblock.motif.Motif.block_affine`) propose
+    ``B = loc + L u`` with ``u ~ q``; the map depends only on ``C`` and ``Psi``, so its
+    Jacobian is the same both ways and cancels in the MH ratio.
+
+    Args:
+        fg: the graph.
+        proposal: the neural block proposal.
+        instances: the motif instances (any, conflicting or not).
+        state: the current state ``[n]``.
+
+    Returns:
+        ``(proposed [I, b], current [I, b], log q(B | C) - log q(B' | C) [I])``.
+    """
+    with torch.no_grad():
+        features, affine = proposal.motif.encode_with_affine(fg, instances, state)
+        q = proposal(features)
+        current = state[instances.blocks]
+        if affine is None:
+            proposed = q.sample().to(state.dtype)
+            log_q_fwd, log_q_rev = q.log_prob(torch.stack([proposed, current])).unbind(0)
+        else:
+            loc, tril = affine
+            u_new = q.sample().to(state.dtype)
+            proposed = loc + (tril @ u_new.unsqueeze(-1)).squeeze(-1)
+            u_cur = torch.linalg.solve_triangular(tril, (current - loc).unsqueeze(-1), upper=False).squeeze(-1)
+            log_q_fwd, log_q_rev = q.log_prob(torch.stack([u_new, u_cur])).unbind(0)
+    return proposed, current, log_q_rev - log_q_fwd
+
+
 def neural_block_step(
     fg: FactorGraph,
     proposal: NeuralBlockProposal,
@@ -64,12 +112,11 @@ def neural_block_step(
 ) -> tuple[Tensor, MHInfo]:
     """Propose and accept every block of one conflict-free class at once.
 
-    One batched MDN forward pass proposes all blocks; one batched scaffold evaluation
-    scores current and proposed blocks; one vectorized MH test accepts each block by
-    its own exact ratio ``p(B') q(B | C) / (p(B) q(B' | C))``. The conditioning set ``C``
-    does not change when ``B`` does, so the reverse proposal uses the same ``q``. Motifs
-    with a whitening map (:meth:`~neuralblock.motif.Motif.block_affine`) propose
-    ``B = loc + L u`` with ``u ~ q``; the map depends only on ``C`` and ``Psi``.
+    One batched MDN forward pass proposes all blocks (:func:`propose_blocks`); one batched
+    scaffold evaluation scores current and proposed blocks; one vectorized MH test accepts
+    each block by its own exact ratio ``p(B') q(B | C) / (p(B) q(B' | C))``. The
+    conditioning set ``C`` does not change when ``B`` does, so the reverse proposal uses
+    the same ``q``.
 
     Args:
         fg: the graph.
@@ -81,26 +128,82 @@ def neural_block_step(
     Returns:
         The new state and the :class:`MHInfo` of the class.
     """
+    proposed, current, log_q_ratio = propose_blocks(fg, proposal, instances, state)
     with torch.no_grad():
-        features, affine = proposal.motif.encode_with_affine(fg, instances, state)
-        q = proposal(features)
-        current = state[instances.blocks]
-        if affine is None:
-            proposed = q.sample().to(state.dtype)
-            log_q_fwd, log_q_rev = q.log_prob(torch.stack([proposed, current])).unbind(0)
-        else:  # B = loc + L u; the Jacobian |L| is the same both ways and cancels in the ratio
-            loc, tril = affine
-            u_new = q.sample().to(state.dtype)
-            proposed = loc + (tril @ u_new.unsqueeze(-1)).squeeze(-1)
-            u_cur = torch.linalg.solve_triangular(tril, (current - loc).unsqueeze(-1), upper=False).squeeze(-1)
-            log_q_fwd, log_q_rev = q.log_prob(torch.stack([u_new, u_cur])).unbind(0)
         pair = torch.stack([state, state])
         pair[1, instances.blocks] = proposed
         local = scaffold.local_log_density(fg, pair)
-        info = mh_accept(local[1] - local[0] + (log_q_rev - log_q_fwd).to(local.dtype))
+        info = mh_accept(local[1] - local[0] + log_q_ratio.to(local.dtype))
     new_state = state.clone()
     new_state[instances.blocks] = torch.where(info.accepted[:, None], proposed, current)
     return new_state, info
+
+
+def speculative_block_step(
+    fg: FactorGraph,
+    proposal: NeuralBlockProposal,
+    instances: MotifInstances,
+    scaffold: BlockScaffold,
+    class_of: Tensor,
+    state: Tensor,
+) -> tuple[Tensor, int, MHInfo]:
+    """Run consecutive conflict-free classes in one batch, up to the first class that accepts.
+
+    A sweep applies the classes one after the other, each an exact MH kernel at the state
+    the previous ones left. When most proposals are rejected, that state rarely changes:
+    this step proposes every block of the next classes at the current state, scores each
+    against the state in which only it changed (:meth:`BlockScaffold.local_log_density_rows`)
+    and tests them all. The classes before the first one with an accepted block kept the
+    state, so their decisions, and that class's, are exactly those of the sequential sweep;
+    the later classes' draws are discarded (they were made at a state that is no longer
+    current) and the caller proposes them again. The chain's law is that of the sequential
+    sweep, whatever the number of classes batched.
+
+    Args:
+        fg: the graph.
+        proposal: the neural block proposal.
+        instances: the instances of the classes, class by class in sweep order.
+        scaffold: their scaffold, in the same order.
+        class_of: ``LongTensor [I]`` class of each instance, ``0, 0, 1, ...`` (non-decreasing).
+        state: the current state ``[n]``.
+
+    Returns:
+        The new state, the number of classes whose decisions were used, and the
+        :class:`MHInfo` of those classes' blocks.
+
+    Example:
+        >>> from neuralblock.motif import BlockSpec, Motif
+        >>> class Single(Motif):  # one binary variable, no context
+        ...     name, block_spec, feature_dim = "single-doc", BlockSpec([2]), 1
+        ...     def options(self): return {}
+        ...     def find_instances(self, fg): raise NotImplementedError
+        ...     def encode(self, fg, instances, state): return torch.zeros(len(instances), 1)
+        ...     def sample_training_batch(self, batch_size, generator): raise NotImplementedError
+        >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+        >>> _ = fg.add_table_factor([0, 1], torch.tensor([[3.0, 0.0], [0.0, 3.0]]))
+        >>> inst = MotifInstances(torch.tensor([[0], [1]]), torch.full((2, 1), -1), torch.zeros(2, 0))
+        >>> q = NeuralBlockProposal(Single(), components=1, hidden=(4,))
+        >>> state, used, info = speculative_block_step(
+        ...     fg, q, inst, fg.scaffold(inst.blocks), torch.tensor([0, 1]), torch.zeros(2))
+        >>> used in (1, 2), len(info.accepted) == used
+        (True, True)
+    """
+    proposed, _, log_q_ratio = propose_blocks(fg, proposal, instances, state)
+    with torch.no_grad():
+        rows = torch.arange(len(instances))
+        changed = state.expand(len(instances), -1).clone()
+        changed[rows[:, None], instances.blocks] = proposed
+        new_local = scaffold.local_log_density_rows(fg, changed)
+        log_alpha = new_local - scaffold.local_log_density(fg, state) + log_q_ratio.to(new_local.dtype)
+        info = mh_accept(log_alpha)
+    hits = class_of[info.accepted]
+    last = int(hits.min()) if hits.numel() else int(class_of[-1])
+    used = class_of <= last
+    keep = info.accepted & used  # only class ``last`` can have accepted blocks among the used ones
+    new_state = state.clone()
+    new_state[instances.blocks[keep]] = proposed[keep]
+    nonfinite = int(nonfinite_ratios(log_alpha[used]).sum())
+    return new_state, last + 1, MHInfo(info.accepted[used], info.accept_prob[used], nonfinite)
 
 
 class NeuralBlockKernel(GraphKernel):
@@ -115,11 +218,19 @@ class NeuralBlockKernel(GraphKernel):
     neural sweep over all proposals' classes. Both are exact MH/Gibbs kernels, so
     the mixture leaves the target invariant.
 
+    When classes are many and rarely accept (e.g. ``gmm_pair``, whose pairs all share the
+    points), runs of consecutive classes are proposed and tested in one batch and kept up
+    to the first class that accepts (:func:`speculative_block_step`): the same chain, with
+    far fewer network passes. ``window`` sets how many classes a batch holds; by default it
+    follows the recent rate of accepting classes (one class at a time when most accept).
+
     Args:
         model: a :class:`FactorGraph` or a Pyro model with scalar sites.
         proposals: the neural block proposals (e.g. from :func:`neuralblock.load_pretrained`).
         gibbs_prob: probability of a single-site sweep per transition.
         step_size: initial random-walk step for continuous single-site updates.
+        window: classes per speculative batch (``1`` turns batching of classes off);
+            ``None`` adapts it to ``2 /`` the recent fraction of classes that accept.
     """
 
     def __init__(
@@ -128,6 +239,7 @@ class NeuralBlockKernel(GraphKernel):
         proposals: Sequence[NeuralBlockProposal],
         gibbs_prob: float = 0.5,
         step_size: float = 0.5,
+        window: int | None = None,
     ) -> None:
         super().__init__(model)
         proposals = list(proposals)
@@ -139,8 +251,11 @@ class NeuralBlockKernel(GraphKernel):
         if not 0.0 <= gibbs_prob <= 1.0:
             raise ValueError(f"gibbs_prob must be in [0, 1], got {gibbs_prob}")
         self.proposals = [p.eval() for p in proposals]
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int or None, got {window!r}")
         self.gibbs_prob = float(gibbs_prob)
         self.step_size = float(step_size)
+        self.window = window
 
     def _label(self, i: int) -> str:
         name = self.proposals[i].motif.name
@@ -151,6 +266,7 @@ class NeuralBlockKernel(GraphKernel):
         latent = set(fg.latent.tolist())
         cards = fg.cardinalities
         self.block_classes: list[list[_BlockClass]] = []
+        self.sweeps: list[_Sweep] = []
         self.num_instances: list[int] = []
         for proposal in self.proposals:
             motif = proposal.motif
@@ -163,11 +279,19 @@ class NeuralBlockKernel(GraphKernel):
                 raise ValueError(f"motif {motif.name} found blocks whose domains differ from its block spec {expected}")
             if any(int(v) not in latent for v in blocks.reshape(-1).tolist()):
                 raise ValueError(f"motif {motif.name} proposed a block containing an observed variable")
+            colouring = fg.color_blocks(blocks, reads=instances.context)
+            sizes = torch.tensor([len(members) for members in colouring], dtype=torch.long)
+            order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
+            ordered = instances.select(order)
+            scaffold = fg.scaffold(ordered.blocks)
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
             classes = []
-            for members in fg.color_blocks(blocks, reads=instances.context):
+            for c, members in enumerate(colouring):
+                lo, hi = int(offsets[c]), int(offsets[c + 1])
                 sub = instances.select(members)
-                classes.append(_BlockClass(sub, fg.scaffold(sub.blocks), sub.blocks.reshape(-1), members))
+                classes.append(_BlockClass(sub, scaffold.select(lo, hi), sub.blocks.reshape(-1), members))
             self.block_classes.append(classes)
+            self.sweeps.append(_Sweep(ordered, scaffold, offsets, torch.repeat_interleave(sizes), order))
             self.num_instances.append(len(instances))
         if sum(self.num_instances) == 0:
             names = ", ".join(p.motif.name for p in self.proposals)
@@ -189,13 +313,14 @@ class NeuralBlockKernel(GraphKernel):
 
     def _refresh(self, fg: FactorGraph) -> None:
         """Re-read the instances' parameters (same blocks, classes, scaffolds and step sizes)."""
-        for proposal, classes in zip(self.proposals, self.block_classes):
+        for proposal, classes, sweep in zip(self.proposals, self.block_classes, self.sweeps):
             instances = proposal.motif.find_instances(fg)
             for cls in classes:
                 sub = instances.select(cls.members)
                 if not torch.equal(sub.blocks, cls.instances.blocks):
                     raise ValueError(f"motif {proposal.motif.name} found other blocks after the graph's update")
                 cls.instances = sub
+            sweep.instances = instances.select(sweep.order)
 
     def _reset_stats(self) -> None:
         n = len(self.proposals)
@@ -203,6 +328,8 @@ class NeuralBlockKernel(GraphKernel):
         self._accepted = [0] * n
         self._nonfinite = [0] * n
         self._recent = [0.0] * n
+        self._discarded = [0] * n
+        self._class_accept_rate = [1.0] * n  # running fraction of classes with an accepted block
         self._block_seconds = 0.0
         self._single_sweeps = 0
 
@@ -214,10 +341,23 @@ class NeuralBlockKernel(GraphKernel):
                 self._single_sweeps += 1
             return state
         start = time.perf_counter()
-        for i, (proposal, classes) in enumerate(zip(self.proposals, self.block_classes)):
-            accepted, proposed, nonfinite = 0, 0, 0
-            for cls in classes:
-                state, info = neural_block_step(fg, proposal, cls.instances, cls.scaffold, state)
+        for i, (proposal, classes, sweep) in enumerate(zip(self.proposals, self.block_classes, self.sweeps)):
+            accepted, proposed, nonfinite, discarded, c = 0, 0, 0, 0, 0
+            while c < len(classes):
+                width = self._window_size(i, c, fg.num_variables)
+                if width == 1:
+                    state, info = neural_block_step(fg, proposal, classes[c].instances, classes[c].scaffold, state)
+                    used = 1
+                else:
+                    lo, hi = int(sweep.offsets[c]), int(sweep.offsets[c + width])
+                    batch = sweep.instances.select(torch.arange(lo, hi))
+                    scaffold = sweep.scaffold.select(lo, hi)
+                    state, used, info = speculative_block_step(
+                        fg, proposal, batch, scaffold, sweep.class_of[lo:hi] - c, state
+                    )
+                    discarded += hi - lo - len(info.accepted)
+                self._track_class_acceptance(i, used, bool(info.accepted.any()))
+                c += used
                 accepted += int(info.accepted.sum())
                 proposed += int(info.accepted.numel())
                 nonfinite += info.num_nonfinite
@@ -226,9 +366,26 @@ class NeuralBlockKernel(GraphKernel):
                 self._accepted[i] += accepted
                 self._proposed[i] += proposed
                 self._nonfinite[i] += nonfinite
+                self._discarded[i] += discarded
         if not warmup:
             self._block_seconds += time.perf_counter() - start
         return state
+
+    def _window_size(self, i: int, first: int, num_variables: int) -> int:
+        """Classes of proposal ``i`` to batch from class ``first``: ``window`` or ``2 /`` the class acceptance rate.
+
+        Capped so that the batch's one-state-per-block copies stay under ``_MAX_SPECULATIVE_ENTRIES``.
+        """
+        offsets = self.sweeps[i].offsets
+        wanted = self.window if self.window is not None else round(2.0 / max(self._class_accept_rate[i], 1e-3))
+        width = max(1, min(len(offsets) - 1 - first, wanted))
+        fits = int(torch.searchsorted(offsets, offsets[first] + _MAX_SPECULATIVE_ENTRIES // num_variables, right=True))
+        return max(1, min(width, fits - 1 - first))
+
+    def _track_class_acceptance(self, i: int, classes: int, any_accepted: bool) -> None:
+        """Fold ``classes`` classes, the last of which had ``any_accepted``, into the running rate."""
+        decay = (1.0 - _RATE_SMOOTHING) ** classes
+        self._class_accept_rate[i] = decay * self._class_accept_rate[i] + _RATE_SMOOTHING * any_accepted
 
     def logging(self) -> dict[str, float]:
         """Latest acceptance rate per proposal (cheap)."""
@@ -245,5 +402,6 @@ class NeuralBlockKernel(GraphKernel):
             "instances": {self._label(i): n for i, n in enumerate(self.num_instances)},
             "blocks_per_second": proposed / self._block_seconds if self._block_seconds > 0 else 0.0,
             "nonfinite_rejections": float(sum(self._nonfinite)),
+            "discarded_proposals": float(sum(self._discarded)),
             "single_site_sweeps": float(self._single_sweeps),
         }
