@@ -55,8 +55,10 @@ def moment_z_scores(draws: torch.Tensor, mean: float, sd: float) -> list[float]:
     return scores
 
 
-@pytest.mark.parametrize(("kernel_name", "accept_range"), [("mh", (0.1, 0.9)), ("independence", (0.2, 0.99))])
-def test_exact_false_posterior_swap_equals_conjugate_target(kernel_name: str, accept_range: tuple) -> None:
+@pytest.mark.parametrize(
+    ("kernel_name", "accept_range"), [("mh", (0.1, 0.9)), ("independence", (0.2, 0.99)), ("elliptical", None)]
+)
+def test_exact_false_posterior_swap_equals_conjugate_target(kernel_name: str, accept_range: tuple | None) -> None:
     # the independence proposal is the exact false posterior itself; the priors differ strongly,
     # so its acceptance is well below 1 and the test exercises the Hastings ratio
     exact = ExactPosterior(Normal(*FALSE_POST))
@@ -66,14 +68,39 @@ def test_exact_false_posterior_swap_equals_conjugate_target(kernel_name: str, ac
     draws = mcmc.get_samples()["theta"]
     assert max(abs(z) for z in moment_z_scores(draws, *TARGET_POST)) < Z_MAX
     diag = kernel.diagnostics()
+    if accept_range is None:  # elliptical slice: no rejections; several evaluations when the priors disagree
+        assert 1.0 < diag["evaluations_per_iteration"] < 10.0 and diag["stuck_iterations"] == 0.0
+        return
     assert accept_range[0] < diag["acceptance_rate"] < accept_range[1] and diag["nonfinite_rejections"] == 0.0
 
 
-def test_independence_swap_rejects_a_constrained_exact_density() -> None:
+@pytest.mark.parametrize("kernel_name", ["independence", "elliptical"])
+def test_independence_and_elliptical_swaps_reject_a_constrained_exact_density(kernel_name: str) -> None:
     exact = ExactPosterior(LogNormal(0.0, 0.3))
-    kernel = PriorSwap(exact, HalfNormal(1.0), HalfNormal(2.0), kernel="independence")
+    kernel = PriorSwap(exact, HalfNormal(1.0), HalfNormal(2.0), kernel=kernel_name)
     with pytest.raises(ValueError, match="unconstrained"):
         kernel.setup(0)
+
+
+def test_elliptical_swap_matches_a_correlated_gaussian_target_on_a_positive_site() -> None:
+    # 2-D correlated false posterior on log-scale values, Gaussian priors on the logs: the swapped
+    # target is Gaussian with a closed form, and the sites are positive (constrained) ones
+    cov = torch.tensor([[0.04, 0.03], [0.03, 0.09]])
+    draws = MultivariateNormal(torch.tensor([0.5, -0.2]), cov).sample((4000,))
+    false_prior, target_prior = Normal(0.0, 1.0), Normal(1.0, 0.2)
+    kernel = PriorSwap({"s": draws.exp()}, LogNormal(0.0, 1.0), LogNormal(1.0, 0.2), kernel="elliptical")
+    fit = GaussianFit(draws)
+    fit_precision = torch.linalg.inv(fit.dist.covariance_matrix)
+    precision = fit_precision - torch.eye(2) / false_prior.scale**2 + torch.eye(2) / target_prior.scale**2
+    shift = fit_precision @ fit.mean - false_prior.loc / false_prior.scale**2 + target_prior.loc / target_prior.scale**2
+    target_cov = torch.linalg.inv(precision)
+    target_mean = target_cov @ shift
+    mcmc = MCMC(kernel, num_samples=3000, warmup_steps=100, disable_progbar=True)
+    mcmc.run()
+    logs = mcmc.get_samples()["s"].log()
+    for j in range(2):
+        z_scores = moment_z_scores(logs[:, j], float(target_mean[j]), float(target_cov[j, j].sqrt()))
+        assert max(abs(z) for z in z_scores) < Z_MAX
 
 
 def test_nuts_swap_runs_with_two_chains_and_matches_target() -> None:

@@ -7,6 +7,15 @@ Per-iteration cost depends on the false-posterior estimate only, never on the da
 
 Corrections:
 
+Kernels: ``"nuts"``/``"hmc"`` (Pyro's, in the estimate's whitened coordinates), ``"mh"``
+(preconditioned random walk), ``"independence"`` (the estimate as an independence proposal) and
+``"elliptical"``: elliptical slice sampling (Murray, Adams and MacKay, 2010) with the estimate's
+Gaussian ``N(m, L Lᵀ)`` as its reference, ``p_s(z) = N(z; m, L Lᵀ) · [p_s(z) / N(z; m, L Lᵀ)]``.
+It has no step size to tune and never rejects; when the data dominate both priors the second
+factor is nearly flat over the posterior and draws are nearly independent, and unlike the
+independence sampler it stays efficient when the new prior moves the posterior by a fraction of an
+sd in every one of many coordinates (its moves are local: an ellipse through the current point).
+
 * ``correction="semiparametric"``: the chain targets p_s built from the semiparametric estimate
   (parametric start times a kernel correction) instead of the parametric fit: asymptotically
   exact as the number of false-posterior draws grows.
@@ -44,11 +53,14 @@ __all__ = [
     "SwapMHInfo",
     "WhitenedPotential",
     "preconditioned_walk_propose",
+    "swap_elliptical_step",
     "swap_independence_step",
     "swap_mh_step",
 ]
 
-KERNELS = ("nuts", "hmc", "mh", "independence")
+KERNELS = ("nuts", "hmc", "mh", "independence", "elliptical")
+MAX_SHRINKS = 256
+"""Angles tried after which an elliptical slice step keeps the current point (the bracket's limit)."""
 CORRECTIONS = (None, "is", "semiparametric")
 
 
@@ -121,6 +133,65 @@ def swap_independence_step(
     return record, torch.where(keep, log_q_new, log_q)
 
 
+def swap_elliptical_step(
+    z: Tensor, log_density: Tensor, loc: Tensor, tril: Tensor, problem: SwapProblem, batch: int = 16
+) -> tuple[Tensor, Tensor, int]:
+    """One elliptical slice step on ``log p_s`` with the Gaussian reference ``N(loc, tril trilᵀ)``.
+
+    In whitened coordinates ``u = L⁻¹ (z - m)`` the target is ``N(u; 0, I) · exp(ℓ(u))`` with
+    ``ℓ(u) = log p_s(m + L u) + |u|² / 2``. The step draws ``ν ~ N(0, I)`` and a slice level
+    under ``ℓ(u)``, then moves along the ellipse ``u cos t + ν sin t``, shrinking the angle
+    bracket towards ``t = 0`` (the current point) until a point lies above the level. It
+    leaves ``p_s`` invariant for any ``m`` and ``L``; a good reference only makes it faster.
+
+    The bracket after a rejection depends only on the rejected angle, so the next ``batch``
+    angles the sequential algorithm would try are drawn ahead and scored in one batched
+    density call; the first one above the level is taken (the same draw as one at a time).
+
+    Args:
+        z: the current flat unconstrained point ``[D]``.
+        log_density: ``log p_s(z)``.
+        loc: the reference mean ``m [D]``.
+        tril: the reference covariance factor ``L [D, D]``.
+        problem: the swap problem.
+        batch: angles scored per density call.
+
+    Returns:
+        The new point, its ``log p_s`` and the number of angles the sequential algorithm tried.
+
+    Example:
+        >>> from torch.distributions import Normal
+        >>> problem = SwapProblem(1.0 + 0.1 * torch.randn(400, 1), Normal(0.0, 1.0), Normal(0.0, 2.0))
+        >>> z = torch.ones(1)
+        >>> new, log_p, tried = swap_elliptical_step(
+        ...     z, problem.log_density(z[None])[0], torch.ones(1), 0.1 * torch.eye(1), problem)
+        >>> new.shape, tried >= 1
+        (torch.Size([1]), True)
+    """
+    u = _whiten(z, loc, tril)
+    level = log_density + 0.5 * (u @ u) + math.log(1.0 - float(torch.rand(())))
+    nu = torch.randn_like(u)
+    angle = 2.0 * math.pi * float(torch.rand(()))
+    low, high = angle - 2.0 * math.pi, angle
+    tried = 0
+    while tried < MAX_SHRINKS:
+        angles = []
+        for fraction in torch.rand(batch).tolist():  # the angles tried if every earlier one is rejected
+            angles.append(angle)
+            low, high = (angle, high) if angle < 0.0 else (low, angle)
+            angle = low + (high - low) * fraction
+        t = torch.tensor(angles, dtype=u.dtype)[:, None]
+        candidates = u * t.cos() + nu * t.sin()  # [batch, D]
+        points = (loc + candidates @ tril.T).to(z.dtype)
+        log_p = problem.log_density(points)
+        above = (log_p + 0.5 * (candidates * candidates).sum(-1) > level).nonzero()  # NaN is never above
+        if above.numel():
+            first = int(above[0, 0])
+            return points[first], log_p[first], tried + first + 1
+        tried += batch
+    return z, log_density, MAX_SHRINKS
+
+
 WHITE_SITE = "_whitened"
 """The inner HMC/NUTS site of a preconditioned :class:`PriorSwap` (never returned to the user)."""
 
@@ -167,7 +238,10 @@ class PriorSwap(MCMCKernel):
             estimate's covariance, step adapted during warmup to ``target_accept``) or
             ``"independence"`` (MH whose proposal is the parametric false-posterior estimate itself:
             the cheapest choice when the data dominate both priors; needs a Gaussian or mixture fit,
-            or an exact density that is a distribution on unconstrained values).
+            or an exact density that is a distribution on unconstrained values) or ``"elliptical"``
+            (elliptical slice sampling around the estimate's Gaussian: no tuning, no rejections,
+            robust when the new prior shifts many coordinates; needs an estimate with a mean and
+            covariance on unconstrained values).
         estimator: ``"gaussian"`` (default) or ``"gmm"`` fitted to the draws (the parametric start
             for the corrections), or ``"semiparametric"``.
         correction: ``None``, ``"is"`` (see :meth:`importance_weights`) or ``"semiparametric"``.
@@ -306,6 +380,16 @@ class PriorSwap(MCMCKernel):
             self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
             self._log_q = proposal.log_prob(z0).to(self._log_p.dtype)
             return
+        if self.kernel_name == "elliptical":
+            self._inner = None
+            self._reference = self._whitening_frame()
+            if self._reference is None:
+                raise ValueError(
+                    "kernel='elliptical' needs a false-posterior estimate with a mean and covariance on "
+                    "unconstrained values (a Gaussian or semiparametric fit, or an exact Gaussian density)"
+                )
+            self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
+            return
         if self.kernel_name == "mh":
             self._inner = None
             dim = self.problem.layout.dim
@@ -384,6 +468,7 @@ class PriorSwap(MCMCKernel):
         self._accepted = 0
         self._proposed = 0
         self._nonfinite = 0
+        self._evaluations = 0
         self._recent_accept = 0.0
         self._elapsed = 0.0
 
@@ -395,42 +480,59 @@ class PriorSwap(MCMCKernel):
             out = self._from_inner(self._inner.sample(self._to_inner(params)))
         else:
             z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
-            same = torch.equal(z, self._z)
-            log_p = self._log_p if same else self.problem.log_density(z[None])[0]
-            if self.kernel_name == "independence":
-                log_q = self._log_q if same else self._proposal.log_prob(z).to(log_p.dtype)
-                info, self._log_q = swap_independence_step(z, log_p, log_q, self._proposal, self.problem)
+            log_p = self._log_p if torch.equal(z, self._z) else self.problem.log_density(z[None])[0]
+            if self.kernel_name == "elliptical":
+                self._elliptical(z, log_p, warmup)
             else:
-                info = swap_mh_step(z, log_p, float(self._adapter.step_size[0]), self._chol, self.problem)
-            self._z, self._log_p = info.z, info.log_density
-            accept_prob = info.mh.accept_prob.reshape(1).to(self._log_p.dtype)
-            if warmup and self.kernel_name == "mh":
-                self._adapter.update(torch.zeros(1, dtype=torch.long), accept_prob.to(self._adapter.log_step.dtype))
-            else:
-                self._accepted += int(info.mh.accepted)
-                self._proposed += 1
-                self._nonfinite += info.mh.num_nonfinite
-            self._recent_accept = 0.9 * self._recent_accept + 0.1 * float(accept_prob)
-            out = self._to_params(info.z)
+                self._metropolis(z, log_p, warmup)
+            out = self._to_params(self._z)
         if not warmup:
             self._elapsed += time.perf_counter() - start
         self._t += 1
         return out
 
+    def _elliptical(self, z: Tensor, log_p: Tensor, warmup: bool) -> None:
+        self._z, self._log_p, evaluations = swap_elliptical_step(z, log_p, *self._reference, self.problem)
+        if not warmup:
+            self._proposed += 1
+            self._evaluations += evaluations
+            self._nonfinite += int(evaluations >= MAX_SHRINKS)
+
+    def _metropolis(self, z: Tensor, log_p: Tensor, warmup: bool) -> None:
+        if self.kernel_name == "independence":
+            log_q = self._log_q if torch.equal(z, self._z) else self._proposal.log_prob(z).to(log_p.dtype)
+            info, self._log_q = swap_independence_step(z, log_p, log_q, self._proposal, self.problem)
+        else:
+            info = swap_mh_step(z, log_p, float(self._adapter.step_size[0]), self._chol, self.problem)
+        self._z, self._log_p = info.z, info.log_density
+        accept_prob = info.mh.accept_prob.reshape(1).to(self._log_p.dtype)
+        if warmup and self.kernel_name == "mh":
+            self._adapter.update(torch.zeros(1, dtype=torch.long), accept_prob.to(self._adapter.log_step.dtype))
+        else:
+            self._accepted += int(info.mh.accepted)
+            self._proposed += 1
+            self._nonfinite += info.mh.num_nonfinite
+        self._recent_accept = 0.9 * self._recent_accept + 0.1 * float(accept_prob)
+
     def logging(self) -> dict[str, Any]:
         """Short progress-bar dict (Pyro's for HMC/NUTS; smoothed acceptance for the MH kernels)."""
         if self._inner is not None:
             return dict(self._inner.logging())
+        if self.kernel_name == "elliptical":
+            return {"evals": round(self._evaluations / max(self._proposed, 1), 2)}
         return {"acc": round(self._recent_accept, 3)}
 
     def diagnostics(self) -> dict[str, float]:
-        """Acceptance, non-finite rejections (MH) or divergences (HMC/NUTS), iterations per second."""
+        """Iterations per second; acceptance (MH, HMC/NUTS), divergences, or evaluations per step (elliptical)."""
         post = max(self._t - self._warmup_steps, 0)
         out = {"iterations_per_second": post / self._elapsed if self._elapsed > 0 else 0.0}
         if self._inner is not None:
             out["divergences"] = float(len(self._inner._divergences))
             out["acceptance_rate"] = self._inner._accept_cnt / post if post else 0.0
             out["step_size"] = float(self._inner.step_size)
+        elif self.kernel_name == "elliptical":
+            out["evaluations_per_iteration"] = self._evaluations / self._proposed if self._proposed else 0.0
+            out["stuck_iterations"] = float(self._nonfinite)
         else:
             out["acceptance_rate"] = self._accepted / self._proposed if self._proposed else 0.0
             out["nonfinite_rejections"] = float(self._nonfinite)
