@@ -17,7 +17,10 @@ For each dataset, measured side by side in one process (CPU time, ``time.process
   steps, stopped early at relative Hilbert error ``--fw-tol`` (``pi_hat`` = Laplace approximation of the
   posterior, on all data by default (Newton steps, ``O(N D^2)`` each) or on a uniform subsample of
   ``--pi-subsample`` points; ``J = --projection-dim`` Fisher features), then Pyro NUTS on
-  :func:`neuralblock.coresets.weighted_model`;
+  :func:`neuralblock.coresets.weighted_model`; ``--jit`` compiles every Pyro NUTS potential (full data and
+  coresets alike, so both arms keep the same sampler settings) with the PyTorch JIT, compile time counted;
+  it cuts the per-iteration cost of both arms, the full-data one's most (its tensor work), so it raises the
+  coreset/full time ratio and is off by default;
 * NumPyro NUTS on the full data and on the FW coreset of the largest size (when JAX is installed);
 * the coreset *bias*: a second long NumPyro run on each FW coreset, compared with the reference, with the
   Monte Carlo standard error of the difference, so the coreset's error is separated from the sampler's.
@@ -156,12 +159,24 @@ def start_point(kind: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> Te
 
 
 def pyro_nuts(
-    model: Callable[..., Any], args: tuple[Tensor, ...], warmup: int, samples: int, init: Tensor | None = None
+    model: Callable[..., Any],
+    args: tuple[Tensor, ...],
+    warmup: int,
+    samples: int,
+    init: Tensor | None = None,
+    jit: bool = False,
 ) -> dict[str, Any]:
-    """Pyro NUTS from ``init`` (default: Pyro's): draws ``[S, D]`` and the CPU seconds at which each was made."""
+    """Pyro NUTS from ``init`` (default: Pyro's): draws ``[S, D]`` and the CPU seconds at which each was made.
+
+    With ``jit`` the potential is compiled with the PyTorch JIT (``jit_compile=True``); the tracing and
+    compilation happen inside the timed run.
+    """
     timer = Timer()
     start = time.process_time()
-    kernel = NUTS(model) if init is None else NUTS(model, init_strategy=init_to_value(values={"beta": init}))
+    options: dict[str, Any] = {"jit_compile": True, "ignore_jit_warnings": True} if jit else {}
+    if init is not None:
+        options["init_strategy"] = init_to_value(values={"beta": init})
+    kernel = NUTS(model, **options)
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, hook_fn=timer, disable_progbar=True)
     mcmc.run(*args)
     stamps = torch.tensor(timer.stamps[warmup:], dtype=torch.float64) - start
@@ -332,7 +347,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": kind, "num_data": len(y), "dim": x.shape[1], "reference": ref["method"]}
     out["reference_mcse_rms_sd"] = float((ref["mcse"] / ref["sd"]).pow(2).mean().sqrt())
     out["init_seconds"] = init_seconds
-    full_run = pyro_nuts(model, (x, y), args.warmup, args.samples, init)
+    full_run = pyro_nuts(model, (x, y), args.warmup, args.samples, init, args.jit)
     out["full_pyro"] = score(full_run, ref, offset=init_seconds)
     sizes = [m for m in args.sizes if m < len(y)]
     out["sizes"] = sizes
@@ -349,7 +364,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 core_init = start_point(kind, x, y, args)
             build_seconds = time.process_time() - start
             built[size] = (core, build_seconds, core_init)  # the FW ones (built last) are re-used for NumPyro
-            run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples, core_init)
+            run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples, core_init, args.jit)
             row = {"size": size, "support": len(core.indices), "build_seconds": build_seconds}
             row.update(score(run, ref, offset=build_seconds))
             if hilbert is not None:  # untimed diagnostics of the FW coreset
@@ -429,6 +444,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["laplace", "uniform"],
         default="laplace",
         help="chains start at a full-data Laplace draw (its CPU time counted in every run) or Pyro's uniform init",
+    )
+    parser.add_argument(
+        "--jit",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="compile every Pyro NUTS potential (full data and coresets alike) with the PyTorch JIT",
     )
     parser.add_argument("--ref-warmup", type=int, default=500, help="warmup of the long NumPyro runs")
     parser.add_argument("--ref-samples", type=int, default=4000, help="draws of the long NumPyro runs")
@@ -536,7 +557,9 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
     text = [
         "# Coreset regression: NUTS on coresets vs full-data NUTS",
         "",
-        f"Pyro NUTS {args['warmup']} warmup + {args['samples']} draws for every timed run; the reference is "
+        f"Pyro NUTS {args['warmup']} warmup + {args['samples']} draws for every timed run"
+        + (" (potential compiled by the PyTorch JIT, compile time counted)" if args.get("jit") else "")
+        + "; the reference is "
         f"{' / '.join(references)}, whose own posterior-mean Monte Carlo "
         "standard error is `ref MCSE` (batch means, RMS over coordinates, in posterior sds). "
         "`err` = RMS over coordinates of |posterior-mean error| / posterior sd after the timed run: it "

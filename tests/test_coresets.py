@@ -278,6 +278,23 @@ def test_weighted_model_log_density_is_the_weighted_sum(data: torch.Tensor) -> N
     assert torch.allclose(potential_fn({"theta": theta}), -expected, rtol=1e-12)
 
 
+def test_weighted_model_traces_under_the_pytorch_jit(data: torch.Tensor) -> None:
+    # NUTS(..., jit_compile=True) compiles the potential of the weighted model: same values and gradients, up to
+    # float32 rounding of the weights (under the JIT, Pyro's plate computes its N / m scale, which PlateIndices
+    # divides out, in the default dtype)
+    core = Coreset(torch.tensor([3, 10, 250]), torch.tensor([0.5, 7.0, 120.25], dtype=torch.float64))
+    model = weighted_model(gaussian_model, core)
+    _, eager, _, _ = initialize_model(model, (data,))
+    _, compiled, _, _ = initialize_model(model, (data,), jit_compile=True, skip_jit_warnings=True)
+    for theta in torch.randn(3, 2, dtype=torch.float64):
+        point = theta.clone().requires_grad_()
+        value = compiled({"theta": point})
+        (grad,) = torch.autograd.grad(value, point)
+        (expected_grad,) = torch.autograd.grad(eager({"theta": point}), point)
+        assert torch.allclose(value, eager({"theta": theta}), rtol=1e-6)
+        assert torch.allclose(grad, expected_grad, rtol=1e-6)
+
+
 def test_weighted_model_with_a_non_default_plate_dim() -> None:
     y = torch.randn(6, 3)
 
