@@ -5,8 +5,6 @@ The kernel samples the flat unconstrained vector of the swapped sites with Pyro'
 site and constrained through :meth:`pyro.infer.MCMC.get_samples` (the kernel's ``transforms``).
 Per-iteration cost depends on the false-posterior estimate only, never on the data size.
 
-Corrections:
-
 Kernels: ``"nuts"``/``"hmc"`` (Pyro's, in the estimate's whitened coordinates), ``"mh"``
 (preconditioned random walk), ``"independence"`` (the estimate as an independence proposal) and
 ``"elliptical"``: elliptical slice sampling (Murray, Adams and MacKay, 2010) with the estimate's
@@ -15,6 +13,8 @@ It has no step size to tune and never rejects; when the data dominate both prior
 factor is nearly flat over the posterior and draws are nearly independent, and unlike the
 independence sampler it stays efficient when the new prior moves the posterior by a fraction of an
 sd in every one of many coordinates (its moves are local: an ellipse through the current point).
+
+Corrections:
 
 * ``correction="semiparametric"``: the chain targets p_s built from the semiparametric estimate
   (parametric start times a kernel correction) instead of the parametric fit: asymptotically
