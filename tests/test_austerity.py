@@ -13,6 +13,7 @@ import torch
 from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size
 
+from neuralblock.kernels import austerity
 from neuralblock.kernels.austerity import AusterityMH
 
 N = 400
@@ -166,7 +167,7 @@ def test_control_variate_sum_is_exact_and_cuts_the_data_used() -> None:
     kernel.setup(0, x, y)
     z, z_new = mode + 0.1 * torch.randn(3), mode + 0.1 * torch.randn(3)
     per_section = kernel._proxy(torch.arange(N), z, z_new)
-    assert float(per_section.sum()) == pytest.approx(kernel._proxy_sum(z, z_new), rel=1e-8, abs=1e-10)
+    assert float(per_section.sum()) == pytest.approx(float(kernel._proxy_sum(z, z_new)), rel=1e-8, abs=1e-10)
     with pytest.raises(ValueError, match="control_variate"):
         kernel.condition_on({})
     p = torch.sigmoid(x @ mode)
@@ -174,7 +175,7 @@ def test_control_variate_sum_is_exact_and_cuts_the_data_used() -> None:
     assert torch.allclose(kernel._cv_hess, hessian, atol=1e-8)
     given = AusterityMH(logistic, control_variate={"w": mode}, control_variate_hessian=hessian)
     given.setup(0, x, y)
-    assert given._proxy_sum(z, z_new) == pytest.approx(kernel._proxy_sum(z, z_new), rel=1e-10)
+    assert float(given._proxy_sum(z, z_new)) == pytest.approx(float(kernel._proxy_sum(z, z_new)), rel=1e-10)
 
 
 def heavy_tailed(y: torch.Tensor) -> None:
@@ -276,7 +277,7 @@ def batched_logistic(x: torch.Tensor, y: torch.Tensor) -> None:
         pyro.sample("y", dist.Bernoulli(logits=(x[idx] * w).sum(-1)), obs=y[idx])
 
 
-def test_control_variate_point_joins_the_batched_stage_run() -> None:
+def test_control_variate_point_joins_the_batched_stage_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # the fused stage (z, z' and the control-variate point in one model run) gives the same
     # corrected log-ratios as separate runs
     torch.set_default_dtype(torch.float64)
@@ -286,10 +287,16 @@ def test_control_variate_point_joins_the_batched_stage_run() -> None:
     kernel.setup(0, x, y)
     assert kernel.sections.vectorized
     z, z_new = mode + 0.1 * torch.randn(3), mode + 0.1 * torch.randn(3)
-    batch, _ = kernel._constrain(torch.stack([z, z_new]))
     idx = torch.arange(25)
-    fused_global, fused = kernel._stage_evaluator(z, z_new, batch)(idx)
+    fused_global, fused = kernel._stage_evaluator(z, z_new)[0](idx)
+    # a stage above the fused-run size: z and z' in one run without autograd, θ̂ in its own
+    monkeypatch.setattr(austerity, "_FUSED_MAX_SECTIONS", 10)
+    stage = kernel._stage_evaluator(z, z_new)[0]
+    split_global, split = stage(idx)
+    torch.testing.assert_close(fused, split)
+    torch.testing.assert_close(fused_global, split_global)
+    torch.testing.assert_close(stage(torch.arange(25, 30))[1], kernel._stage_evaluator(z, z_new)[0](idx[:5] + 25)[1])
     kernel.sections.vectorized = False
-    separate_global, separate = kernel._stage_evaluator(z, z_new, batch)(idx)
+    separate_global, separate = kernel._stage_evaluator(z, z_new)[0](idx)
     torch.testing.assert_close(fused, separate)
     torch.testing.assert_close(fused_global, separate_global)

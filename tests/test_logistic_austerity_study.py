@@ -37,3 +37,22 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
     assert ref_mcse < min(r["mean_mcse_sd"] for r in bias)
     assert (folder / "logistic_austerity.md").read_text().count("|") > 50
     assert {p.name for p in folder.glob("*.png")} == {"logistic_risk.png", "logistic_scaling_bias.png"}
+    # first-draw crossing times never exceed the checkpoint curves' (a checkpoint sees a draw at or before it)
+    for d in saved["datasets"]:
+        for run in d["runs"].values():
+            dense, coarse = run.get("seconds_to_0.1_sd"), study.first_time_below(run["curves"], "mean_error", 0.1)
+            if coarse is not None:
+                assert dense is not None and dense <= coarse * (1 + 1e-3)
+
+
+def test_laplace_fit_with_a_subsampled_fisher_finds_the_exact_mode() -> None:
+    import torch
+
+    study = load("logistic_austerity")
+    ds = study.synthetic(20_000, 4, torch.Generator().manual_seed(1), test=10)
+    mode, cov, hessian = study.laplace_fit(ds, fisher_rows=1_000)  # Newton steps with a 1000-row Fisher
+    exact_mode, exact_cov, exact_hessian = study.laplace_fit(ds, fisher_rows=10**9)  # plain Newton
+    sd = exact_cov.diagonal().sqrt()
+    assert float(((mode - exact_mode) / sd).abs().max()) < 1e-3
+    torch.testing.assert_close(cov, exact_cov, rtol=1e-4, atol=0)  # the exact Fisher at the mode
+    torch.testing.assert_close(hessian, exact_hessian, rtol=1e-4, atol=1e-3)

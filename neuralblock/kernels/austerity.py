@@ -47,6 +47,7 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions import Distribution, biject_to
+from torch.distributions.transforms import ComposeTransform, IndependentTransform, Transform, _InverseTransform
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.subsample import IndexSampler, SectionEvaluator, SectionTerms, SequentialTestInfo, sequential_test
@@ -62,6 +63,7 @@ __all__ = [
 ]
 
 _CV_CHUNK = 65536
+_FUSED_MAX_SECTIONS = 4096  # larger stages run θ̂ apart from z and z' (autograd over one point, not three)
 
 
 def _no_more_sections(k: int) -> Tensor:
@@ -180,11 +182,13 @@ class AusterityMH(MCMCKernel):
     by the plate's indices (``with pyro.plate("data", N) as idx: ... obs=y[idx]``) so that
     only the sections the test draws are evaluated; a model that ignores the indices is
     evaluated in full, with a one-time warning. Per transition the kernel does no O(N)
-    work: index draws are O(m) (persistent permutation), and it keeps no per-section state.
+    work: index draws are O(m) (sequential rejection against a mask cleared at the drawn entries),
+    and it keeps no per-section state.
     Each stage evaluates the current and the proposed point in *one* model run when the model
     broadcasts a leading batch dimension of the global sites (checked at setup, see
     :meth:`SectionEvaluator.check_vectorized <neuralblock.subsample.SectionEvaluator.check_vectorized>`),
-    else in two.
+    else in two; with a control variate, the point ``θ̂`` joins that run, except on stages of more than
+    4096 sections, where it runs apart so that autograd covers only its run.
 
     Compound samplers: :meth:`condition_on` holds the model's other latent sites at given
     values for subsequent transitions (O(1) in ``N``); a fixed latent site inside the plate
@@ -336,6 +340,7 @@ class AusterityMH(MCMCKernel):
         self.sites = list(sites)
         by_name = {s["name"]: s for s in latent}
         self.transforms = {s: biject_to(by_name[s]["fn"].support).inv for s in self.sites}
+        self._identity = {s: _is_identity(self.transforms[s]) for s in self.sites}
         self._shapes = {s: by_name[s]["value"].shape for s in self.sites}
         self._sizes = [int(math.prod(self._shapes[s])) for s in self.sites]
         self.dim = sum(self._sizes)
@@ -513,24 +518,26 @@ class AusterityMH(MCMCKernel):
     def _test(self, z: Tensor, proposal: ProposalInfo) -> SequentialTestInfo:
         n_total, z_new = self.num_sections, proposal.value
         log_u = math.log(float(torch.rand(())))
-        batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
         if self.epsilon == 0:  # exact MH: every section in one batch, the current state's terms cached
+            batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
             cur, nxt = self._exact_terms(z, z_new, batch)
-            first, first_values, proxy_sum = n_total, nxt.sections - cur.sections, 0.0
-            log_global = float(nxt.global_term - cur.global_term)
+            first, first_values, proxy = n_total, nxt.sections - cur.sections, torch.zeros((), dtype=torch.float64)
+            global_diff = nxt.global_term - cur.global_term
             draw_more: Callable[[int], Tensor] = _no_more_sections
         else:  # one model run per stage evaluates both points (and the control-variate point) on its sections
-            stage = self._stage_evaluator(z, z_new, batch)
+            stage, log_jacobian = self._stage_evaluator(z, z_new)
             self.index_sampler.reset()
             first = min(self.batch_size, n_total)
             global_term, first_values = stage(self.index_sampler.draw(first))
-            log_global = float(global_term[1] - global_term[0])
-            proxy_sum = self._proxy_sum(z, z_new)
+            global_diff, proxy = global_term[1] - global_term[0], self._proxy_sum(z, z_new)
 
             def draw_more(k: int) -> Tensor:
                 return stage(self.index_sampler.draw(k))[1]
 
-        log_global += float(log_jacobian[1] - log_jacobian[0])
+        # one host sync for the three scalars; float64 sums in the same order as Python floats
+        terms = torch.stack([global_diff.double(), (log_jacobian[1] - log_jacobian[0]).double(), proxy.double()])
+        log_global, log_jacobian_diff, proxy_sum = terms.tolist()
+        log_global += log_jacobian_diff
         mu0 = (log_u - log_global - proposal.log_q_correction - proxy_sum) / n_total
         pending = [first_values]
 
@@ -558,34 +565,48 @@ class AusterityMH(MCMCKernel):
         self._proposed_full = (z_new.clone(), self._version, new)
         return current, new
 
-    def _stage_evaluator(
-        self, z: Tensor, z_new: Tensor, batch: dict[str, Tensor]
-    ) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+    def _stage_evaluator(self, z: Tensor, z_new: Tensor) -> tuple[Callable[[Tensor], tuple[Tensor, Tensor]], Tensor]:
         """``idx -> (global terms [2], control-variate-corrected section log-ratios [k])`` for one test.
 
+        Also returns the log-Jacobians ``[2]`` of ``z`` and ``z'`` (the points are constrained once).
         With a control variate and a model that broadcasts a batch of points, the sections
         at ``θ̂`` (with autograd, for the proxy) are evaluated in the same model run as those
-        at ``z`` and ``z'``: one run per stage instead of two.
+        at ``z`` and ``z'``: one run per stage instead of two. Stages of more than
+        ``_FUSED_MAX_SECTIONS`` sections use two runs, so that autograd covers only ``θ̂``'s:
+        there the arithmetic, not the per-run overhead, dominates.
         """
         if self._cv_point is not None and self.sections.vectorized:
             point = self._cv_point.clone().requires_grad_(True)
-            values, _ = self._constrain(torch.cat([z.detach()[None], z_new.detach()[None], point[None]]))
-            evaluate = self.sections.bind_many(self._fixed, values)
+            values, log_jacobian = self._constrain(torch.cat([z.detach()[None], z_new.detach()[None], point[None]]))
+            fused = self.sections.bind_many(self._fixed, values)
+            delta, spread = z_new - z, z + z_new - 2.0 * self._cv_point
+            split: list[Callable[[Tensor], SectionTerms]] = []
 
             def with_point(idx: Tensor) -> tuple[Tensor, Tensor]:
-                terms = evaluate(idx)
-                sections = terms.sections
-                ratios = (sections[1] - sections[0]).detach() - self._proxy_at(sections[2], point, z, z_new)
+                if idx.numel() <= _FUSED_MAX_SECTIONS:
+                    terms = fused(idx)
+                    sections, at_point = terms.sections[:2].detach(), terms.sections[2]
+                else:  # large stage: autograd through θ̂'s run only, z and z' in a run without it (less work)
+                    if not split:
+                        pair = {s: v[:2].detach() for s, v in values.items()}
+                        split.extend(
+                            [self.sections.bind_many(self._fixed, pair), self.sections.bind(self._values(point))]
+                        )
+                    with torch.no_grad():
+                        terms = split[0](idx)
+                    sections, at_point = terms.sections, split[1](idx).sections
+                ratios = sections[1] - sections[0] - self._proxy_at(at_point, point, delta, spread)
                 return terms.global_term[:2].detach(), ratios
 
-            return with_point
+            return with_point, log_jacobian[:2].detach()
+        batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
         evaluate = self.sections.bind_many(self._fixed, batch)
 
         def separate(idx: Tensor) -> tuple[Tensor, Tensor]:
             terms = evaluate(idx)
             return terms.global_term, terms.sections[1] - terms.sections[0] - self._proxy(idx, z, z_new)
 
-        return separate
+        return separate, log_jacobian
 
     def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
         """Second-order Taylor proxy of the drawn sections' log-ratios around ``θ̂`` (0 without one).
@@ -598,24 +619,25 @@ class AusterityMH(MCMCKernel):
             return torch.zeros(())
         point = self._cv_point.clone().requires_grad_(True)
         sections = self.sections.evaluate(self._values(point), idx, with_global=False).sections
-        return self._proxy_at(sections, point, z, z_new)
+        return self._proxy_at(sections, point, z_new - z, z + z_new - 2.0 * self._cv_point)
 
-    def _proxy_at(self, sections: Tensor, point: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
-        """The proxy from the drawn sections' log densities at ``point`` (= ``θ̂``, with autograd)."""
-        delta = z_new - z
-        spread = z + z_new - 2.0 * point.detach()
+    def _proxy_at(self, sections: Tensor, point: Tensor, delta: Tensor, spread: Tensor) -> Tensor:
+        """The proxy from the drawn sections' log densities at ``point`` (= ``θ̂``, with autograd).
+
+        ``delta = z' - z`` and ``spread = z + z' - 2θ̂``.
+        """
         v = torch.zeros_like(sections, requires_grad=True)
         (grad,) = torch.autograd.grad(sections, point, grad_outputs=v, create_graph=True)
         first = grad @ delta.to(grad.dtype)
         second = _grad_or_zero(first, point, create_graph=True) @ spread.to(grad.dtype)
         return _grad_or_zero(first + 0.5 * second, v).detach()
 
-    def _proxy_sum(self, z: Tensor, z_new: Tensor) -> float:
-        """The proxy summed over all ``N`` sections (exact, O(d²))."""
+    def _proxy_sum(self, z: Tensor, z_new: Tensor) -> Tensor:
+        """The proxy summed over all ``N`` sections (exact, O(d²); 0-dim, 0 without a control variate)."""
         if self._cv_grad is None or self._cv_hess is None or self._cv_point is None:
-            return 0.0
+            return torch.zeros(())
         delta, spread = z_new - z, z + z_new - 2.0 * self._cv_point
-        return float(self._cv_grad @ delta + 0.5 * delta @ self._cv_hess @ spread)
+        return self._cv_grad @ delta + 0.5 * delta @ self._cv_hess @ spread
 
     def _check_normality(self, z: Tensor, trials: int = 5) -> NormalityReport:
         n = min(self.num_sections, max(self.normality_sections, 2 * self.batch_size))
@@ -682,12 +704,25 @@ class AusterityMH(MCMCKernel):
         """
         count = points.shape[0]
         values, log_jacobian = {}, torch.zeros(count, dtype=points.dtype)
-        for s, p in zip(self.sites, torch.split(points, self._sizes, dim=1), strict=True):
-            inv = self.transforms[s].inv
+        parts = torch.split(points, self._sizes, dim=1) if len(self.sites) > 1 else (points,)
+        for s, p in zip(self.sites, parts, strict=True):
             u = p.reshape(count, *self._shapes[s])
+            if self._identity[s]:  # e.g. a real-valued site: no transform, zero log-Jacobian
+                values[s] = u
+                continue
+            inv = self.transforms[s].inv
             values[s] = inv(u)
             log_jacobian = log_jacobian + inv.log_abs_det_jacobian(u, values[s]).reshape(count, -1).sum(-1)
         return values, log_jacobian
+
+
+def _is_identity(transform: Transform) -> bool:
+    """Whether a transform is the identity (as ``biject_to`` returns for real supports), by its structure."""
+    if isinstance(transform, _InverseTransform):
+        return _is_identity(transform.inv)
+    if isinstance(transform, IndependentTransform):
+        return _is_identity(transform.base_transform)
+    return isinstance(transform, ComposeTransform) and all(_is_identity(part) for part in transform.parts)
 
 
 def _grad_or_zero(output: Tensor, wrt: Tensor, **kwargs: Any) -> Tensor:

@@ -149,8 +149,8 @@ class SectionEvaluator:
     ) -> SectionTerms:
         """Split a run's log density into the global term and per-section terms (``[P]`` and ``[P, k]`` if batched)."""
         lead = 1 if points is None else points
-        glob: Tensor = torch.zeros(lead)
-        sections: Tensor = torch.zeros(lead, size)
+        glob: Tensor | None = None
+        sections: Tensor | None = None  # sums start from the first term: fewer autograd nodes
         for site in sites:
             if is_subsample_site(site):
                 continue
@@ -167,7 +167,8 @@ class SectionEvaluator:
                 lp = lp * scale
             lp = self._lead(site, lp, points, 0 if frame is None else -frame.dim)
             if frame is None:
-                glob = glob.to(lp.dtype) + lp.reshape(lead, -1).sum(-1)
+                term = lp.reshape(lead, -1).sum(-1)
+                glob = term if glob is None else glob + term
                 continue
             dim = frame.dim
             if lp.shape[dim] != size:
@@ -176,7 +177,10 @@ class SectionEvaluator:
                         f"site {site['name']!r} has {lp.shape[dim]} entries along plate {self.plate!r}, expected {size}"
                     )
                 lp = lp.expand(*lp.shape[:dim], size, *lp.shape[lp.dim() + dim + 1 :])
-            sections = sections.to(lp.dtype) + lp.movedim(dim, 1).reshape(lead, size, -1).sum(-1)
+            per = lp if lp.dim() == 2 else lp.movedim(dim, 1).reshape(lead, size, -1).sum(-1)
+            sections = per if sections is None else sections + per
+        glob = torch.zeros(lead) if glob is None else glob
+        sections = torch.zeros(lead, size) if sections is None else sections
         if points is None:
             return SectionTerms(glob[0], sections[0])
         return SectionTerms(glob, sections)
@@ -193,8 +197,9 @@ class SectionEvaluator:
                 f"site {site['name']!r} has log-prob shape {tuple(lp.shape)}, which does not broadcast "
                 f"{points} points left of the model's {width - 1} plate dimensions"
             )
-        lp = lp.reshape((1,) * (width - lp.dim()) + lp.shape)
-        return lp.expand(points, *lp.shape[1:])
+        if lp.dim() < width:
+            lp = lp.reshape((1,) * (width - lp.dim()) + lp.shape)
+        return lp if lp.shape[0] == points else lp.expand(points, *lp.shape[1:])
 
     def evaluate(self, values: dict[str, Tensor], idx: Tensor, with_global: bool = True) -> SectionTerms:
         """Global term and per-section log-probs on the sections ``idx``.

@@ -219,9 +219,10 @@ def sequential_test(
         if values.numel() != k:
             raise ValueError(f"draw({k}) returned {values.numel()} values")
         stages += 1
-        # Chan et al.'s pairwise update of the running mean and sum of squared deviations
-        batch_mean = values.mean()
-        b_mean, b_m2 = torch.stack([batch_mean, ((values - batch_mean) ** 2).sum()]).tolist()
+        # Chan et al.'s pairwise update of the running mean and sum of squared deviations (one host sync)
+        b_var, b_mean = torch.var_mean(values, correction=0)
+        b_var, b_mean = torch.stack([b_var, b_mean]).tolist()
+        b_m2 = b_var * k
         if not (math.isfinite(b_mean) and math.isfinite(b_m2)) and not bool(torch.isfinite(values).all()):
             broken = bool((torch.isnan(values) | (values == math.inf)).any())
             return SequentialTestInfo(False, n + k < num_sections, n + k, stages, 0.0, float("nan"), broken)
