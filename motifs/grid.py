@@ -855,9 +855,7 @@ class GridMotif(Motif):
 register_motif("grid", GridMotif)
 
 
-def random_grid_bn(
-    height: int, width: int, generator: torch.Generator, deterministic: float = 0.9
-) -> FactorGraph:
+def random_grid_bn(height: int, width: int, generator: torch.Generator, deterministic: float = 0.9) -> FactorGraph:
     """A random directed grid BN from the grid motif's instantiation distribution.
 
     Node ``(r, c)`` (variable ``r * width + c``, named ``V_r_c``) has parents ``(r, c-1)``
