@@ -37,3 +37,15 @@ def test_gibbs_throughput_quick(tmp_path: Path) -> None:
     assert data["bridge_check"]["max_abs_log_joint_error"] < 1e-3
     assert all(ratio > 0 for ratio in data["ratios"].values())
     assert result["ratios"] == data["ratios"]
+
+
+@pytest.mark.timeout(120)
+def test_block_throughput_quick(tmp_path: Path) -> None:
+    bench = _load("block_throughput")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "block_throughput.json").read_text())
+    assert (tmp_path / "block_throughput.md").read_text().startswith("# Neural block throughput")
+    (row,) = data["graphs"].values()
+    assert row["instances"] == 25 and row["classes"] >= 2  # a 6x6 grid has 5x5 windows of 2x2
+    assert all(rate > 0 for rates in row["blocks_per_second"].values() for rate in rates)
+    assert row["ratio"] == result["graphs"]["random grid BN 6x6"]["ratio"] > 0
