@@ -82,6 +82,11 @@ def test_independence_and_elliptical_swaps_reject_a_constrained_exact_density(ke
         kernel.setup(0)
 
 
+def test_elliptical_reference_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="reference must be"):
+        PriorSwap(ExactPosterior(Normal(0.0, 1.0)), Normal(0.0, 1.0), Normal(0.0, 2.0), reference="vi")
+
+
 def test_elliptical_swap_matches_a_correlated_gaussian_target_on_a_positive_site() -> None:
     # 2-D correlated false posterior on log-scale values, Gaussian priors on the logs: the swapped
     # target is Gaussian with a closed form, and the sites are positive (constrained) ones
@@ -101,6 +106,33 @@ def test_elliptical_swap_matches_a_correlated_gaussian_target_on_a_positive_site
     for j in range(2):
         z_scores = moment_z_scores(logs[:, j], float(target_mean[j]), float(target_cov[j, j].sqrt()))
         assert max(abs(z) for z in z_scores) < Z_MAX
+
+
+def test_fitted_elliptical_reference_approaches_the_swapped_gaussian() -> None:
+    # correlated 2-D Gaussian false posterior, Gaussian priors: p_s is Gaussian in closed form, and
+    # the fit may only move the mean and the per-axis scales, which is enough to match its moments
+    torch.manual_seed(0)
+    cov = torch.tensor([[0.04, 0.018], [0.018, 0.09]])
+    exact = ExactPosterior(MultivariateNormal(torch.tensor([0.5, -0.2]), cov))
+    false_prior, target_prior = Normal(torch.zeros(2), 1.0), Normal(torch.ones(2), 0.2)
+    precision = torch.linalg.inv(cov) - torch.eye(2) + torch.eye(2) / 0.04
+    target_cov = torch.linalg.inv(precision)
+    target_mean = target_cov @ (torch.linalg.inv(cov) @ torch.tensor([0.5, -0.2]) + torch.ones(2) / 0.04)
+    fitted = PriorSwap(exact, false_prior, target_prior, kernel="elliptical", site_shapes={"theta": (2,)})
+    fitted.setup(0)
+    loc, tril = fitted._reference
+    target_sd = target_cov.diagonal().sqrt()
+    assert ((loc - target_mean).abs() / target_sd).max() < 0.15
+    assert ((tril @ tril.T).diagonal().sqrt() / target_sd - 1.0).abs().max() < 0.15
+    estimate = PriorSwap(exact, false_prior, target_prior, kernel="elliptical", reference="estimate")
+    estimate.setup(0)
+    assert torch.equal(estimate._reference[0], exact.density.mean)
+    # the fitted reference mixes faster: fewer angles tried per step than around the estimate
+    mcmc_fit = MCMC(fitted, num_samples=500, warmup_steps=0, disable_progbar=True)
+    mcmc_est = MCMC(estimate, num_samples=500, warmup_steps=0, disable_progbar=True)
+    mcmc_fit.run()
+    mcmc_est.run()
+    assert fitted.diagnostics()["evaluations_per_iteration"] < estimate.diagnostics()["evaluations_per_iteration"]
 
 
 def test_nuts_swap_runs_with_two_chains_and_matches_target() -> None:

@@ -27,7 +27,13 @@ from neuralblock.priorswap.estimators import (
     SemiparametricFit,
     fit_false_posterior,
 )
-from neuralblock.priorswap.kernel import PriorSwap, SwapMHInfo, preconditioned_walk_propose, swap_mh_step
+from neuralblock.priorswap.kernel import (
+    PriorSwap,
+    SwapMHInfo,
+    fit_swap_reference,
+    preconditioned_walk_propose,
+    swap_mh_step,
+)
 from neuralblock.priorswap.layout import SiteLayout, SitePrior, support_key
 from neuralblock.priorswap.swap import (
     ISResult,
@@ -56,6 +62,7 @@ __all__ = [
     "SwappedPotential",
     "effective_sample_size",
     "fit_false_posterior",
+    "fit_swap_reference",
     "importance_swap",
     "preconditioned_walk_propose",
     "support_key",

@@ -53,6 +53,7 @@ __all__ = [
     "SwapMHInfo",
     "WhitenedPotential",
     "preconditioned_walk_propose",
+    "fit_swap_reference",
     "swap_elliptical_step",
     "swap_independence_step",
     "swap_mh_step",
@@ -134,7 +135,7 @@ def swap_independence_step(
 
 
 def swap_elliptical_step(
-    z: Tensor, log_density: Tensor, loc: Tensor, tril: Tensor, problem: SwapProblem, batch: int = 16
+    z: Tensor, log_density: Tensor, loc: Tensor, tril: Tensor, problem: SwapProblem, batch: int = 8
 ) -> tuple[Tensor, Tensor, int]:
     """One elliptical slice step on ``log p_s`` with the Gaussian reference ``N(loc, tril trilᵀ)``.
 
@@ -192,6 +193,63 @@ def swap_elliptical_step(
     return z, log_density, MAX_SHRINKS
 
 
+def fit_swap_reference(
+    problem: SwapProblem, loc: Tensor, tril: Tensor, steps: int = 400, draws: int = 64, lr: float = 0.02
+) -> tuple[Tensor, Tensor]:
+    """Fit the Gaussian ``N(m + L a, L S² Lᵀ)``, ``S = diag(s)``, to p_s by variational inference.
+
+    ``(m, L)`` is the false-posterior estimate's Gaussian; only the whitened shift ``a`` and the
+    per-axis scales ``s`` are fitted (``2 D`` numbers, so a few hundred stochastic steps suffice
+    and the estimate's correlations are kept). The objective is the reparameterized evidence lower
+    bound ``E_q[log p_s] + Σ log s`` with Adam; the returned parameters average the second half
+    of the iterates (which smooths the gradient noise). Draws where p_s is not finite are left
+    out of a step's average.
+
+    Args:
+        problem: the swap problem (its ``log_density`` must be differentiable in ``z``).
+        loc: the estimate's mean ``m [D]``.
+        tril: the estimate's covariance factor ``L [D, D]``.
+        steps: Adam steps.
+        draws: reparameterized draws per step.
+        lr: Adam's learning rate (in whitened units).
+
+    Returns:
+        The fitted ``(mean [D], factor [D, D])``; the factor is ``L S``.
+
+    Raises:
+        ValueError: if p_s cannot be differentiated or is not finite at any draw.
+
+    Example:
+        >>> from torch.distributions import Normal
+        >>> problem = SwapProblem(1.0 + 0.1 * torch.randn(400, 1), Normal(0.0, 1.0), Normal(0.0, 0.1))
+        >>> loc, tril = fit_swap_reference(problem, torch.ones(1), 0.1 * torch.eye(1))
+        >>> bool(0.3 < loc.item() < 0.7 and 0.05 < tril.item() < 0.09)  # p_s = N(0.5, 0.0707²)
+        True
+    """
+    shift = torch.zeros_like(loc, requires_grad=True)
+    log_scale = torch.zeros_like(loc, requires_grad=True)
+    optimizer = torch.optim.Adam([shift, log_scale], lr=lr)
+    kept = torch.zeros(2, loc.numel(), dtype=torch.float64)
+    for step in range(steps):
+        white = shift + torch.randn(draws, loc.numel(), dtype=loc.dtype) * log_scale.exp()
+        log_p = problem.log_density((loc + white @ tril.T).to(loc.dtype))
+        finite = torch.isfinite(log_p)
+        if not bool(finite.any()):
+            raise ValueError("fit_swap_reference: p_s is not finite at any draw around the estimate's Gaussian")
+        loss = -(log_p[finite].mean() + log_scale.sum())
+        if not loss.requires_grad:
+            raise ValueError("fit_swap_reference needs a differentiable p_s; use reference='estimate'")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            log_scale.clamp_(-3.0, 3.0)
+            if step >= steps // 2:
+                kept += torch.stack([shift, log_scale]).to(torch.float64)
+    shift_mean, log_scale_mean = (kept / (steps - steps // 2)).to(loc.dtype)
+    return loc + tril @ shift_mean, tril * log_scale_mean.exp()[None, :]
+
+
 WHITE_SITE = "_whitened"
 """The inner HMC/NUTS site of a preconditioned :class:`PriorSwap` (never returned to the user)."""
 
@@ -242,6 +300,12 @@ class PriorSwap(MCMCKernel):
             (elliptical slice sampling around the estimate's Gaussian: no tuning, no rejections,
             robust when the new prior shifts many coordinates; needs an estimate with a mean and
             covariance on unconstrained values).
+        reference: elliptical only: ``"fit"`` (default) refines the estimate's Gaussian towards
+            p_s before sampling (:func:`fit_swap_reference`: its mean and its scale along each
+            of the estimate's whitened axes, by stochastic variational inference; needs a
+            differentiable p_s); ``"estimate"`` uses the estimate's Gaussian as it is. Either way
+            the reference is fixed while the chain runs, so the chain is exact; a reference
+            closer to p_s widens the slices and decorrelates the draws.
         estimator: ``"gaussian"`` (default) or ``"gmm"`` fitted to the draws (the parametric start
             for the corrections), or ``"semiparametric"``.
         correction: ``None``, ``"is"`` (see :meth:`importance_weights`) or ``"semiparametric"``.
@@ -291,9 +355,12 @@ class PriorSwap(MCMCKernel):
         target_accept: float | None = None,
         kernel_options: Mapping[str, Any] | None = None,
         precondition: bool = True,
+        reference: str = "fit",
     ) -> None:
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if reference not in ("fit", "estimate"):
+            raise ValueError(f"reference must be 'fit' or 'estimate', got {reference!r}")
         if correction not in CORRECTIONS:
             raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
         if estimator not in ("gaussian", "gmm", "semiparametric"):
@@ -327,6 +394,7 @@ class PriorSwap(MCMCKernel):
         self.target_accept = target_accept
         self.kernel_options = dict(kernel_options or {})
         self.precondition = bool(precondition)
+        self.reference = reference
         self._frame: tuple[Tensor, Tensor] | None = None
         self.potential_fn = SwappedPotential(self.problem)
         self.transforms: dict[str, Any] = self.problem.layout.unconstrained_transforms()
@@ -388,6 +456,8 @@ class PriorSwap(MCMCKernel):
                     "kernel='elliptical' needs a false-posterior estimate with a mean and covariance on "
                     "unconstrained values (a Gaussian or semiparametric fit, or an exact Gaussian density)"
                 )
+            if self.reference == "fit":
+                self._reference = fit_swap_reference(self.problem, *self._reference)
             self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
             return
         if self.kernel_name == "mh":
