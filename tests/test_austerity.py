@@ -159,6 +159,26 @@ def test_full_data_model_falls_back_with_one_warning() -> None:
     assert params["w"].shape == (3,)
 
 
+def test_setup_runs_the_full_model_once() -> None:
+    # the laziness check reuses the setup trace's terms; only an initial value forces a second full run
+    sizes: list[int] = []
+
+    def counted(x: torch.Tensor, y: torch.Tensor) -> None:
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+        with pyro.plate("data", x.shape[0]) as idx:
+            sizes.append(idx.numel())
+            pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+    kernel = AusterityMH(counted, epsilon=0.05, batch_size=50, normality_check=False)
+    kernel.setup(0, X, Y)
+    assert sizes.count(N) == 1 and kernel.sections.lazy
+    sizes.clear()
+    kernel = AusterityMH(counted, epsilon=0.05, batch_size=50, normality_check=False)
+    kernel.initial_params = {"w": torch.zeros(3)}
+    kernel.setup(0, X, Y)
+    assert sizes.count(N) == 2 and kernel.sections.lazy
+
+
 def test_control_variate_sum_is_exact_and_cuts_the_data_used() -> None:
     torch.set_default_dtype(torch.float64)
     x, y = X.double(), Y.double()

@@ -348,6 +348,7 @@ class AusterityMH(MCMCKernel):
         unknown_fixed = sorted(set(self._fixed) - set(others))
         if unknown_fixed:
             raise ValueError(f"condition_on got {unknown_fixed}, which are not latent sites outside {self.sites}")
+        from_trace = not self._fixed and self._pending_init is None  # every value the setup trace drew
         self._fixed = {name: self._fixed.get(name, site["value"].detach()) for name, site in others.items()}
         local_dims = {
             name: inside[name].dim - site["fn"].event_dim for name, site in others.items() if inside[name] is not None
@@ -362,8 +363,10 @@ class AusterityMH(MCMCKernel):
             self._pending_init = None
         else:
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
+        # the setup trace ran at exactly these values: its terms spare check_lazy a second O(N) run
+        traced = self.sections.terms_of_trace(nodes) if from_trace else None
         z0 = self._flatten(self._initial)
-        self.sections.check_lazy(self._values(z0))
+        self.sections.check_lazy(self._values(z0), traced)
         self._setup_proposal()
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
         self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])

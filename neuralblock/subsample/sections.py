@@ -218,6 +218,16 @@ class SectionEvaluator:
         """Global term and all ``N`` per-section log-probs, from one ordinary model run."""
         return self._run(values, None)
 
+    def terms_of_trace(self, sites: list[dict[str, Any]]) -> SectionTerms:
+        """Global term and all ``N`` per-section log-probs of a full run's sample sites (e.g. a setup trace).
+
+        Saves a second O(N) run when the caller already traced the model at the values of
+        interest. Sites are trace nodes (``poutine.trace(model).get_trace(...).nodes``) of type
+        ``"sample"``.
+        """
+        with torch.no_grad():
+            return self._terms(sites, self.num_sections)
+
     def bind(self, values: dict[str, Tensor]) -> Callable[[Tensor], SectionTerms]:
         """``idx -> SectionTerms`` at fixed ``values``; a non-lazy model is run in full once.
 
