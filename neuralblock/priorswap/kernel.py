@@ -194,7 +194,7 @@ def swap_elliptical_step(
 
 
 def fit_swap_reference(
-    problem: SwapProblem, loc: Tensor, tril: Tensor, steps: int = 400, draws: int = 64, lr: float = 0.02
+    problem: SwapProblem, loc: Tensor, tril: Tensor, steps: int = 200, draws: int = 64, lr: float = 0.04
 ) -> tuple[Tensor, Tensor]:
     """Fit the Gaussian ``N(m + L a, L S² Lᵀ)``, ``S = diag(s)``, to p_s by variational inference.
 
