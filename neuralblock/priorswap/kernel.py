@@ -226,11 +226,12 @@ def fit_swap_reference(
         >>> bool(0.3 < loc.item() < 0.7 and 0.05 < tril.item() < 0.09)  # p_s = N(0.5, 0.0707²)
         True
     """
-    shift = torch.zeros_like(loc, requires_grad=True)
-    log_scale = torch.zeros_like(loc, requires_grad=True)
-    optimizer = torch.optim.Adam([shift, log_scale], lr=lr)
+    params = torch.zeros(2, loc.numel(), dtype=loc.dtype, requires_grad=True)  # rows: shift a, log s
+    moment, second = torch.zeros_like(params), torch.zeros_like(params)
     kept = torch.zeros(2, loc.numel(), dtype=torch.float64)
+    beta1, beta2 = 0.9, 0.999  # Adam by hand: torch.optim's first use costs over a second of imports
     for step in range(steps):
+        shift, log_scale = params
         white = shift + torch.randn(draws, loc.numel(), dtype=loc.dtype) * log_scale.exp()
         log_p = problem.log_density((loc + white @ tril.T).to(loc.dtype))
         finite = torch.isfinite(log_p)
@@ -239,13 +240,16 @@ def fit_swap_reference(
         loss = -(log_p[finite].mean() + log_scale.sum())
         if not loss.requires_grad:
             raise ValueError("fit_swap_reference needs a differentiable p_s; use reference='estimate'")
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        (grad,) = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            log_scale.clamp_(-3.0, 3.0)
+            moment.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+            second.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            corrected = moment / (1.0 - beta1 ** (step + 1))
+            scale = (second / (1.0 - beta2 ** (step + 1))).sqrt().add_(1e-8)
+            params -= lr * corrected / scale
+            params[1].clamp_(-3.0, 3.0)
             if step >= steps // 2:
-                kept += torch.stack([shift, log_scale]).to(torch.float64)
+                kept += params.to(torch.float64)
     shift_mean, log_scale_mean = (kept / (steps - steps // 2)).to(loc.dtype)
     return loc + tril @ shift_mean, tril * log_scale_mean.exp()[None, :]
 
