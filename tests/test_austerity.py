@@ -179,6 +179,22 @@ def test_setup_runs_the_full_model_once() -> None:
     assert sizes.count(N) == 2 and kernel.sections.lazy
 
 
+def test_setup_trace_reuse_keeps_constrained_sites_lazy_and_tolerates_validation() -> None:
+    # a positive site (non-identity transform) stays lazy when the check reuses the setup trace
+    kernel = AusterityMH(normal_scale, epsilon=0.05, batch_size=50, normality_check=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernel.setup(0, DATA)
+    assert kernel.sections.lazy
+    # soft labels fail Bernoulli's support check under validation: the trace's terms cannot be
+    # reused, and the check falls back to its own (unvalidated) runs instead of raising
+    soft = torch.sigmoid(X @ torch.tensor([1.0, -0.5, 0.25]))
+    kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, normality_check=False)
+    with pyro.validation_enabled(True):
+        kernel.setup(0, X, soft)
+    assert kernel.sections.lazy
+
+
 def test_control_variate_sum_is_exact_and_cuts_the_data_used() -> None:
     torch.set_default_dtype(torch.float64)
     x, y = X.double(), Y.double()

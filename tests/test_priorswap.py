@@ -26,6 +26,7 @@ from neuralblock.priorswap import (
     SwappedModel,
     SwappedPotential,
     SwapProblem,
+    fit_swap_reference,
     importance_swap,
     swap_log_density,
 )
@@ -56,20 +57,26 @@ def moment_z_scores(draws: torch.Tensor, mean: float, sd: float) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    ("kernel_name", "accept_range"), [("mh", (0.1, 0.9)), ("independence", (0.2, 0.99)), ("elliptical", None)]
+    ("kernel_name", "accept_range"),
+    [("mh", (0.1, 0.9)), ("independence", (0.2, 0.99)), ("elliptical", None), ("elliptical-fit", None)],
 )
 def test_exact_false_posterior_swap_equals_conjugate_target(kernel_name: str, accept_range: tuple | None) -> None:
     # the independence proposal is the exact false posterior itself; the priors differ strongly,
-    # so its acceptance is well below 1 and the test exercises the Hastings ratio
+    # so its acceptance is well below 1 and the test exercises the Hastings ratio; the elliptical
+    # sampler runs around the estimate as it is (several angles per step) and around its fit
     exact = ExactPosterior(Normal(*FALSE_POST))
-    kernel = PriorSwap(exact, Normal(0.0, 1.0), Normal(2.0, 0.5), kernel=kernel_name)
+    options = {"kernel": "elliptical", "reference": "fit" if kernel_name == "elliptical-fit" else "estimate"}
+    if not kernel_name.startswith("elliptical"):
+        options = {"kernel": kernel_name}
+    kernel = PriorSwap(exact, Normal(0.0, 1.0), Normal(2.0, 0.5), **options)
     mcmc = MCMC(kernel, num_samples=3000, warmup_steps=300, disable_progbar=True)
     mcmc.run()
     draws = mcmc.get_samples()["theta"]
     assert max(abs(z) for z in moment_z_scores(draws, *TARGET_POST)) < Z_MAX
     diag = kernel.diagnostics()
     if accept_range is None:  # elliptical slice: no rejections; several evaluations when the priors disagree
-        assert 1.0 < diag["evaluations_per_iteration"] < 10.0 and diag["stuck_iterations"] == 0.0
+        low = 1.0 if kernel_name == "elliptical-fit" else 1.5  # p_s is Gaussian: a fitted reference is nearly it
+        assert low <= diag["evaluations_per_iteration"] < 10.0 and diag["stuck_iterations"] == 0.0
         return
     assert accept_range[0] < diag["acceptance_rate"] < accept_range[1] and diag["nonfinite_rejections"] == 0.0
 
@@ -85,6 +92,23 @@ def test_independence_and_elliptical_swaps_reject_a_constrained_exact_density(ke
 def test_elliptical_reference_option_is_checked() -> None:
     with pytest.raises(ValueError, match="reference must be"):
         PriorSwap(ExactPosterior(Normal(0.0, 1.0)), Normal(0.0, 1.0), Normal(0.0, 2.0), reference="vi")
+
+
+def test_fitted_reference_needs_a_differentiable_swap_density() -> None:
+    # every term computed outside autograd: the fit must refuse, not widen the reference silently
+    def detached(dist: Normal) -> object:
+        def log_prior(values: dict) -> torch.Tensor:
+            return dist.log_prob(values["theta"]).detach()
+
+        log_prior.support = {"theta": torch.distributions.constraints.real}
+        return log_prior
+
+    exact = ExactPosterior(lambda x: Normal(*FALSE_POST).log_prob(x[..., 0]).detach(), dim=1)
+    kernel = PriorSwap(
+        exact, detached(Normal(0.0, 1.0)), detached(Normal(2.0, 0.5)), kernel="elliptical", site_shapes={"theta": ()}
+    )
+    with pytest.raises(ValueError, match="differentiable"):
+        fit_swap_reference(kernel.problem, torch.full((1,), FALSE_POST[0]), torch.full((1, 1), FALSE_POST[1]))
 
 
 def test_elliptical_swap_matches_a_correlated_gaussian_target_on_a_positive_site() -> None:

@@ -363,14 +363,32 @@ class AusterityMH(MCMCKernel):
             self._pending_init = None
         else:
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
-        # the setup trace ran at exactly these values: its terms spare check_lazy a second O(N) run
-        traced = self.sections.terms_of_trace(nodes) if from_trace else None
         z0 = self._flatten(self._initial)
-        self.sections.check_lazy(self._values(z0), traced)
+        self._check_lazy(self._values(z0), nodes if from_trace else None, by_name)
         self._setup_proposal()
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
         self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])
         self._setup_control_variate()
+
+    def _check_lazy(self, values: dict[str, Tensor], nodes: list[dict] | None, by_name: dict[str, dict]) -> None:
+        """Check that the model honours injected indices, from the setup trace's terms when it has them.
+
+        With ``nodes`` (the setup trace ran at the values every site starts from), the trial run
+        is compared with that trace's per-section terms, at the trace's own values (not their
+        round trip through the transforms), which spares a second O(N) model run. Terms the
+        trace cannot give (e.g. an observation outside its support under validation) fall back
+        to that second run.
+        """
+        if nodes is not None:
+            try:
+                traced = self.sections.terms_of_trace(nodes)
+            except (ValueError, RuntimeError, IndexError):
+                traced = None
+            if traced is not None:
+                trace_values = {**self._fixed, **{s: by_name[s]["value"].detach() for s in self.sites}}
+                self.sections.check_lazy(trace_values, traced)
+                return
+        self.sections.check_lazy(values)
 
     def _find_plate(self, samples: list[dict], subsample: dict[str, dict]) -> str:
         observed_frames = [

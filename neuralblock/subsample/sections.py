@@ -223,7 +223,8 @@ class SectionEvaluator:
 
         Saves a second O(N) run when the caller already traced the model at the values of
         interest. Sites are trace nodes (``poutine.trace(model).get_trace(...).nodes``) of type
-        ``"sample"``.
+        ``"sample"``. Their distributions validate as they were built (a run under Pyro's
+        validation may raise on an observation its own runs would accept).
         """
         with torch.no_grad():
             return self._terms(sites, self.num_sections)
