@@ -364,13 +364,13 @@ class AusterityMH(MCMCKernel):
         else:
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
         z0 = self._flatten(self._initial)
-        self._check_lazy(self._values(z0), nodes if from_trace else None, by_name)
+        self._check_lazy(z0, nodes if from_trace else None, by_name)
         self._setup_proposal()
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
         self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])
         self._setup_control_variate()
 
-    def _check_lazy(self, values: dict[str, Tensor], nodes: list[dict] | None, by_name: dict[str, dict]) -> None:
+    def _check_lazy(self, z0: Tensor, nodes: list[dict] | None, by_name: dict[str, dict]) -> None:
         """Check that the model honours injected indices, from the setup trace's terms when it has them.
 
         With ``nodes`` (the setup trace ran at the values every site starts from), the trial run
@@ -388,7 +388,7 @@ class AusterityMH(MCMCKernel):
                 trace_values = {**self._fixed, **{s: by_name[s]["value"].detach() for s in self.sites}}
                 self.sections.check_lazy(trace_values, traced)
                 return
-        self.sections.check_lazy(values)
+        self.sections.check_lazy(self._values(z0))
 
     def _find_plate(self, samples: list[dict], subsample: dict[str, dict]) -> str:
         observed_frames = [

@@ -52,8 +52,8 @@ __all__ = [
     "PriorSwap",
     "SwapMHInfo",
     "WhitenedPotential",
-    "preconditioned_walk_propose",
     "fit_swap_reference",
+    "preconditioned_walk_propose",
     "swap_elliptical_step",
     "swap_independence_step",
     "swap_mh_step",
@@ -242,7 +242,7 @@ def fit_swap_reference(
         for step in range(steps):
             shift, log_scale = params
             white = shift + torch.randn(draws, loc.numel(), dtype=loc.dtype) * log_scale.exp()
-            log_p = problem.log_density((loc + white @ tril.T).to(loc.dtype))
+            log_p = problem.log_density(loc + white @ tril.T)
             if not log_p.requires_grad:
                 raise ValueError("fit_swap_reference needs a differentiable p_s; use reference='estimate'")
             finite = torch.isfinite(log_p)
