@@ -79,6 +79,34 @@ def test_compound_runs_with_two_chains() -> None:
     assert mcmc.get_samples(group_by_chain=True)["p"].shape == (2, 30)
 
 
+TRANSITIONS = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+
+
+def indexing_hmm(obs: torch.Tensor) -> None:
+    """Discrete states used as indices (``TRANSITIONS[z]``): they must reach the model as integers."""
+    scale = pyro.sample("s", dist.LogNormal(0.0, 0.5))
+    z = pyro.sample("z0", dist.Categorical(torch.tensor([0.5, 0.5])))
+    for t in range(len(obs)):
+        if t:
+            z = pyro.sample(f"z{t}", dist.Categorical(TRANSITIONS[z]))
+        pyro.sample(f"y{t}", dist.Normal(2.0 * z - 1.0, scale), obs=obs[t])
+
+
+def test_compound_passes_discrete_values_in_their_dtype_and_reruns_on_other_data() -> None:
+    pyro.set_rng_seed(0)
+    kernel = CompoundKernel([(GibbsKernel(indexing_hmm), None), (RandomWalkMH(indexing_hmm), ["s"])])
+    for length in (4, 6):  # the second run's data give the model other latent sites
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=5, disable_progbar=True)
+        mcmc.run(torch.linspace(-1.0, 1.0, length))
+        assert set(mcmc.get_samples()) == {"s", *(f"z{t}" for t in range(length))}
+    nuts = NUTS(ConditionedModel(indexing_hmm))
+    kernel = CompoundKernel([(GibbsKernel(indexing_hmm), None), (nuts, ["s"])])
+    for length in (3, 5):
+        mcmc = MCMC(kernel, num_samples=10, warmup_steps=5, disable_progbar=True)
+        mcmc.run(torch.linspace(-1.0, 1.0, length))
+        assert (mcmc.get_samples()["s"] > 0).all()
+
+
 @pytest.mark.parametrize(
     ("blocks", "message"),
     [

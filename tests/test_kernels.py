@@ -191,6 +191,33 @@ def test_kernel_rejects_bad_inputs() -> None:
         kernel.sample({"x": torch.zeros(3)})
 
 
+@pytest.mark.parametrize(
+    ("start", "message"),
+    [
+        ([0.0, 0.0, 0.0, 0.0, 0.0], "observed variable 'v4' differs from its evidence 1"),
+        ([0.0, 0.5, 0.0, 0.0, 1.0], r"discrete variable 'v1' is not in 0\.\.2"),
+        ([0.0, 3.0, 0.0, 0.0, 1.0], r"discrete variable 'v1' is not in 0\.\.2"),
+    ],
+)
+def test_initial_states_must_respect_domains_and_evidence(start: list[float], message: str) -> None:
+    kernel = GibbsKernel(random_discrete_graph(seed=0, evidence=True))
+    kernel.initial_params = {"x": torch.tensor(start)}
+    with pytest.raises(ValueError, match=message):
+        kernel.setup(0)
+    kernel.initial_params = {"x": torch.tensor([0.0, 2.0, 1.0, 0.0, 1.0])}
+    kernel.setup(0)
+    assert kernel.initial_params["x"].tolist() == [0.0, 2.0, 1.0, 0.0, 1.0]
+
+
+def test_initial_continuous_values_must_lie_in_their_support() -> None:
+    fg = FactorGraph()
+    fg.add_variable("rate", support=constraints.positive)
+    kernel = RandomWalkMH(fg)
+    kernel.initial_params = {"x": torch.tensor([-1.0])}
+    with pytest.raises(ValueError, match="'rate' is outside its support"):
+        kernel.setup(0)
+
+
 def test_functional_core() -> None:
     info = mh_accept(torch.tensor([0.0, -float("inf"), float("nan"), float("inf")]))
     assert info.accepted.tolist() == [True, False, False, False] and info.num_nonfinite == 2

@@ -19,6 +19,7 @@ from scipy import stats
 
 from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels.base import sequential_init
 from neuralblock.kernels.neural_block import speculative_block_step
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, register_motif
 from neuralblock.proposals import NeuralBlockProposal
@@ -160,6 +161,16 @@ def test_pickles_runs_two_chains_and_reports() -> None:
     assert set(diag) >= {"acceptance", "blocks_per_second", "nonfinite_rejections", "instances"}
     assert diag["instances"] == {"test-chain-window": 5}
     assert "acc_test-chain-window" in kernel.logging()
+
+
+def test_reports_before_setup_and_runs_float64_states() -> None:
+    fg = chain_graph(seed=1)
+    kernel = NeuralBlockKernel(fg, proposals=[NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))])
+    assert kernel.diagnostics()["instances"] == {} and "acc_test-chain-window" in kernel.logging()
+    start = sequential_init(fg).double()  # the network is float32
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=2, initial_params={"x": start}, disable_progbar=True)
+    mcmc.run()
+    assert kernel.diagnostics()["nonfinite_rejections"] == 0.0
 
 
 def test_rejects_bad_configuration() -> None:

@@ -96,6 +96,43 @@ def test_loading_rejects_wrong_motif_truncation_and_tampering(tmp_path) -> None:
         NeuralBlockProposal.load(tmp_path / "missing")
 
 
+def test_dotted_names_keep_their_own_files(tmp_path) -> None:
+    mrf = NeuralBlockProposal(motifs.get("grid", family="mrf", size=2), components=2, hidden=(8,))
+    bn = NeuralBlockProposal(motifs.get("grid", family="bn", size=2), components=2, hidden=(8,))
+    mrf.save(tmp_path / "run.v1")
+    bn.save(tmp_path / "run.v2")
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        "run.v1.json", "run.v1.safetensors", "run.v2.json", "run.v2.safetensors"
+    ]  # fmt: skip
+    assert NeuralBlockProposal.load(tmp_path / "run.v1").motif.spec() == mrf.motif.spec()
+    assert NeuralBlockProposal.load(tmp_path / "run.v2.json").motif.spec() == bn.motif.spec()
+
+
+def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> None:
+    proposal = NeuralBlockProposal(motifs.get("grid", family="mrf", size=2), components=2, hidden=(8,))
+    with torch.no_grad():
+        next(proposal.mdn.parameters())[0, 0] = float("nan")
+    proposal.save(tmp_path / "nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        NeuralBlockProposal.load(tmp_path / "nan")
+    NeuralBlockProposal(proposal.motif, components=2, hidden=(8,)).save(tmp_path / "p")
+    good = json.loads((tmp_path / "p.json").read_text())
+    breakages = {
+        "'motif' must be an object": lambda m: m.update(motif="grid"),
+        "'network' must be an object": lambda m: m.update(network=[]),
+        "string 'name'": lambda m: m["motif"].pop("name"),
+        "'network.hidden'": lambda m: m["network"].update(hidden=[-3]),
+        "'network.components'": lambda m: m["network"].update(components=True),
+        "'metadata' must be an object": lambda m: m.update(metadata=[1, 2]),
+    }
+    for message, breaks in breakages.items():
+        sidecar = json.loads(json.dumps(good))
+        breaks(sidecar)
+        (tmp_path / "p.json").write_text(json.dumps(sidecar))
+        with pytest.raises(ValueError, match=message):
+            NeuralBlockProposal.load(tmp_path / "p")
+
+
 def test_every_shipped_proposal_loads_and_meets_its_recorded_targets() -> None:
     names = list_pretrained()
     shipped = {"grid-mrf-2x2", "grid-bn-2x2", "crf_tags-2", "crf_tags-3", "crf_tags-4", "chain", "gmm_pair"}

@@ -425,6 +425,50 @@ class FactorGraph:
             raise ValueError("state contains NaN or inf")
         return state
 
+    def check_assignment(self, state: Tensor) -> Tensor:
+        """Validate one state ``[n]`` a chain may start from, and return it as :meth:`check_state` does.
+
+        Beyond :meth:`check_state`: discrete values are whole numbers in ``0..k-1``,
+        continuous values lie in their supports, observed variables hold their evidence.
+        It runs once per chain (at ``setup``), not per transition.
+
+        Raises:
+            ValueError: naming the first offending variable.
+
+        Example:
+            >>> fg = FactorGraph()
+            >>> a = fg.add_variable("a", 2)
+            >>> fg.check_assignment(torch.tensor([1.0])).tolist()
+            [1.0]
+            >>> fg.check_assignment(torch.tensor([0.5]))
+            Traceback (most recent call last):
+            ...
+            ValueError: initial value 0.5 of discrete variable 'a' is not in 0..1
+        """
+        state = self.check_state(state)
+        if state.dim() != 1:
+            raise ValueError(f"expected one state [{self.num_variables}], got shape {tuple(state.shape)}")
+        cards = self.cardinalities.to(state.dtype)
+        discrete = cards > 0
+        bad = discrete & ((state != state.round()) | (state < 0) | (state >= cards))
+        if bad.any():
+            v = int(bad.nonzero()[0])
+            name, top = self.names[v], self._cards[v] - 1
+            raise ValueError(f"initial value {float(state[v]):g} of discrete variable {name!r} is not in 0..{top}")
+        for v in (~discrete).nonzero().flatten().tolist():
+            if not bool(self._supports[v].check(state[v])):
+                raise ValueError(f"initial value {float(state[v]):g} of {self.names[v]!r} is outside its support")
+        if self.evidence:
+            ids = torch.tensor(list(self.evidence), dtype=torch.long)
+            wrong = state[ids] != torch.tensor(list(self.evidence.values()), dtype=state.dtype)
+            if wrong.any():
+                v = int(ids[wrong][0])
+                raise ValueError(
+                    f"initial value {float(state[v]):g} of observed variable {self.names[v]!r} differs from its "
+                    f"evidence {self.evidence[v]:g}"
+                )
+        return state
+
     def log_factors(self, state: Tensor) -> list[Tensor]:
         """Log value of every factor, per group: a list of ``[..., F_g]`` tensors."""
         state = self.check_state(state)

@@ -103,6 +103,16 @@ class GraphKernel(MCMCKernel):
             if changed and self.fg is not None:
                 self._follow_conditioning(self.fg)
 
+    def reset_conditioning(self) -> None:
+        """Forget the sites fixed by :meth:`condition_on`; the graph is rebuilt at the next ``setup``.
+
+        A compound sampler calls it before conditioning again for a new run, whose data may
+        give the model other latent sites.
+        """
+        if self.from_pyro and self._conditioned is not None:
+            self._conditioned = None
+            self.fg = None
+
     def _follow_conditioning(self, fg: FactorGraph) -> None:
         """After the conditioned values changed: new evidence values, re-tabulated tables."""
         names = set(fg.names)
@@ -176,7 +186,7 @@ class GraphKernel(MCMCKernel):
         self._prepare(self.fg)
         self._state = None
         if self._pending_init is not None:
-            state = self._params_to_state(self._pending_init)
+            state = self.fg.check_assignment(self._params_to_state(self._pending_init))
             self._pending_init = None
         elif self.from_pyro:
             state = self._prior_state(*args, **kwargs)

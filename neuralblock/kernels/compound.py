@@ -102,6 +102,7 @@ class CompoundKernel(MCMCKernel):
         self.probs = probs / probs.sum()
         self._model = model
         self._params: dict[str, Tensor] | None = None
+        self._dtypes: dict[str, torch.dtype] = {}
         self._pending_init: dict[str, Tensor] | None = None
         self._transforms: dict | None = None
         self._visits = [0] * len(blocks)
@@ -134,12 +135,13 @@ class CompoundKernel(MCMCKernel):
             if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
         }
         self.sites = self._resolve_sites(list(values))
+        self._dtypes = {name: value.dtype for name, value in values.items()}
         visits = self._expected_visits()
         transforms: dict = {}
         params: dict[str, Tensor] = {}
         for b, kernel in enumerate(self.kernels):
             own = set(self.sites[b])
-            set_conditioning(kernel, {k: v for k, v in values.items() if k not in own})
+            set_conditioning(kernel, {k: v for k, v in values.items() if k not in own}, reset=True)
             if self._pending_init is not None:
                 kernel.initial_params = {k: v for k, v in self._pending_init.items() if k in own}
             kernel.setup(int(math.ceil(warmup_steps * visits[b])), *args, **kwargs)
@@ -189,8 +191,13 @@ class CompoundKernel(MCMCKernel):
         self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
 
     def _constrained(self, params: dict[str, Tensor], names: Sequence[str]) -> dict[str, Tensor]:
+        """Constrained values in each site's own dtype (graph kernels return discrete values as floats)."""
         transforms = self._transforms or {}
-        return {k: (transforms[k].inv(params[k]) if k in transforms else params[k]) for k in names}
+        out = {}
+        for k in names:
+            value = transforms[k].inv(params[k]) if k in transforms else params[k]
+            out[k] = value if value.dtype == self._dtypes[k] else value.to(self._dtypes[k])
+        return out
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         """One compound transition: every block (cycle) or one random block, ``steps`` times each."""

@@ -55,15 +55,28 @@ class ConditionedModel:
             ValueError: a value is not finite, or the set of fixed sites changes after it was
                 first set (a kernel's structure was built for the first set).
         """
-        new = {str(k): torch.as_tensor(v) for k, v in values.items()}
-        for name, value in new.items():
-            if value.is_floating_point() and not torch.isfinite(value).all():
-                raise ValueError(f"conditioning value of site {name!r} is not finite")
-        if self.values and set(new) != set(self.values):
+        names = {str(k) for k in values}
+        if self.values and names != set(self.values):
             raise ValueError(
-                f"the conditioned sites changed from {sorted(self.values)} to {sorted(new)}; "
+                f"the conditioned sites changed from {sorted(self.values)} to {sorted(names)}; "
                 "condition on the same sites every time"
             )
+        self.reset(values)
+
+    def reset(self, values: Mapping[str, Tensor]) -> None:
+        """Fix another set of sites (before the kernel built on this model is set up again).
+
+        Raises:
+            ValueError: a value is not finite.
+
+        Example:
+            >>> import pyro, pyro.distributions as dist, torch
+            >>> cm = ConditionedModel(lambda: pyro.sample("a", dist.Normal(0.0, 1.0)), {"a": torch.tensor(1.0)})
+            >>> cm.reset({"b": torch.tensor(2.0)})
+            >>> sorted(cm.values)
+            ['b']
+        """
+        new = _finite_values(values)
         self.values.clear()
         self.values.update(new)
 
@@ -74,7 +87,16 @@ class ConditionedModel:
         return f"ConditionedModel({getattr(self.model, '__name__', self.model)!r}, sites={sorted(self.values)})"
 
 
-def set_conditioning(kernel: Any, values: Mapping[str, Tensor]) -> None:
+def _finite_values(values: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``{site: tensor}``, refusing non-finite floating-point values."""
+    new = {str(k): torch.as_tensor(v) for k, v in values.items()}
+    for name, value in new.items():
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise ValueError(f"conditioning value of site {name!r} is not finite")
+    return new
+
+
+def set_conditioning(kernel: Any, values: Mapping[str, Tensor], reset: bool = False) -> None:
     """Fix the other sites of ``kernel``'s model to ``values`` before its next ``sample``.
 
     Kernels of this package implement ``condition_on(values)``. Pyro's own kernels
@@ -84,6 +106,8 @@ def set_conditioning(kernel: Any, values: Mapping[str, Tensor]) -> None:
     Args:
         kernel: the inner kernel.
         values: ``{site: value}`` in constrained space.
+        reset: forget the sites fixed so far first (call it right before the kernel's
+            ``setup``, e.g. when a new run's data give the model other latent sites).
 
     Raises:
         TypeError: the kernel can neither be conditioned nor was built on a ConditionedModel.
@@ -100,6 +124,8 @@ def set_conditioning(kernel: Any, values: Mapping[str, Tensor]) -> None:
         2.0
     """
     if hasattr(kernel, "condition_on"):
+        if reset and callable(getattr(kernel, "reset_conditioning", None)):
+            kernel.reset_conditioning()
         kernel.condition_on(values)
         return
     model = getattr(kernel, "model", None)
@@ -108,7 +134,10 @@ def set_conditioning(kernel: Any, values: Mapping[str, Tensor]) -> None:
             f"{type(kernel).__name__} cannot be conditioned on other sites: give it a condition_on(values) "
             "method, or build it on neuralblock.kernels.ConditionedModel(model)"
         )
-    model.set_values(values)
+    if reset:
+        model.reset(values)
+    else:
+        model.set_values(values)
     clear = getattr(kernel, "clear_cache", None)
     if callable(clear):
         clear()

@@ -89,7 +89,7 @@ def propose_blocks(
     """
     with torch.no_grad():
         features, affine = proposal.motif.encode_with_affine(fg, instances, state)
-        q = proposal(features)
+        q = proposal(features.to(proposal.dtype))  # e.g. float64 states, float32 network
         current = state[instances.blocks]
         if affine is None:
             proposed = q.sample().to(state.dtype)
@@ -256,6 +256,8 @@ class NeuralBlockKernel(GraphKernel):
         self.gibbs_prob = float(gibbs_prob)
         self.step_size = float(step_size)
         self.window = window
+        self.num_instances: list[int] = []  # set at setup
+        self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
     def _label(self, i: int) -> str:
         name = self.proposals[i].motif.name

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -107,10 +108,39 @@ def code_commit() -> str:
 
 
 def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
+    """``(weights, sidecar)`` paths of a proposal: ``path`` (any other dots kept) plus each suffix."""
     base = Path(path)
     if base.suffix in {".safetensors", ".json"}:
         base = base.with_suffix("")
-    return base.with_suffix(".safetensors"), base.with_suffix(".json")
+    return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_sidecar_fields(meta: dict[str, Any], path: Path) -> None:
+    """Types of the sidecar fields a load reads (the structure check of :meth:`NeuralBlockProposal.read_sidecar`)."""
+    motif, net = meta["motif"], meta["network"]
+    problems = []
+    if not isinstance(motif, dict) or not isinstance(motif.get("name"), str):
+        problems.append("'motif' must be an object with a string 'name'")
+    elif not isinstance(motif.get("options", {}), dict):
+        problems.append("'motif.options' must be an object")
+    if not isinstance(net, dict):
+        problems.append("'network' must be an object")
+    else:
+        components, hidden = net.get("components"), net.get("hidden")
+        if not _positive_int(components):
+            problems.append(f"'network.components' must be a positive integer, got {components!r}")
+        if not isinstance(hidden, list) or not all(_positive_int(h) for h in hidden):
+            problems.append(f"'network.hidden' must be a list of positive integers, got {hidden!r}")
+    if not isinstance(meta.get("metadata", {}), dict):
+        problems.append("'metadata' must be an object")
+    if not isinstance(meta["weights_sha256"], str):
+        problems.append("'weights_sha256' must be a string")
+    if problems:
+        raise ValueError(f"proposal sidecar {path} is malformed: " + "; ".join(problems))
 
 
 class NeuralBlockProposal(nn.Module):
@@ -139,6 +169,11 @@ class NeuralBlockProposal(nn.Module):
         spec = motif.block_spec
         self.mdn = MixtureDensityNetwork(motif.feature_dim, spec.cardinalities, components, hidden, spec.scale_groups)
         self.metadata: dict[str, Any] = dict(metadata or {})
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The network's floating-point dtype (features are cast to it)."""
+        return next(self.mdn.parameters()).dtype
 
     def forward(self, features: Tensor) -> BlockMixture:
         """Proposal distribution for encoded contexts ``[..., feature_dim]``."""
@@ -183,6 +218,7 @@ class NeuralBlockProposal(nn.Module):
                 f"proposal sidecar {sidecar_path} has format version {meta['format_version']}, "
                 f"this neuralblock reads version {FORMAT_VERSION}"
             )
+        _check_sidecar_fields(meta, sidecar_path)
         return meta
 
     @classmethod
@@ -208,11 +244,16 @@ class NeuralBlockProposal(nn.Module):
         ):
             raise ValueError(f"proposal {sidecar_path.name}: network shape {net} does not match motif {motif.spec()}")
         tensors = load_checked_safetensors(weights_path, meta["weights_sha256"])
-        proposal = cls(motif, components=int(net["components"]), hidden=net["hidden"], metadata=meta.get("metadata"))
-        expected = {k: tuple(v.shape) for k, v in proposal.mdn.state_dict().items()}
+        options = {"components": net["components"], "hidden": net["hidden"], "metadata": meta.get("metadata")}
+        with torch.device("meta"):  # the sidecar's shapes, checked before any memory is allocated
+            expected = {k: tuple(v.shape) for k, v in cls(motif, **options).mdn.state_dict().items()}
         found = {k: tuple(v.shape) for k, v in tensors.items()}
         if expected != found:
             raise ValueError(f"proposal weights {weights_path.name} have tensors {found}, expected {expected}")
+        broken = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if broken:
+            raise ValueError(f"proposal weights {weights_path.name} hold NaN or inf values in {broken}")
+        proposal = cls(motif, **options)
         proposal.mdn.load_state_dict(tensors)
         proposal.eval()
         return proposal
