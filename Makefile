@@ -13,9 +13,10 @@ install: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
 
+# The suite runs on every core (pytest-xdist; tests set one torch thread each).
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 lint: install
 	$(BIN)/ruff check .
