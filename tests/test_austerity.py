@@ -8,6 +8,7 @@ import warnings
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -336,3 +337,43 @@ def test_control_variate_point_joins_the_batched_stage_run(monkeypatch: pytest.M
     separate_global, separate = kernel._stage_evaluator(z, z_new)[0](idx)
     torch.testing.assert_close(fused, separate)
     torch.testing.assert_close(fused_global, separate_global)
+
+
+def test_transforms_are_none_until_setup_so_pyro_builds_them_for_parallel_chains() -> None:
+    kernel = AusterityMH(normal_scale, epsilon=0.05, batch_size=50, normality_check=False)
+    assert kernel.transforms is None
+    with pytest.raises(RuntimeError, match="setup"):
+        kernel.sample({"var": torch.tensor(0.0)})
+    mcmc = MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True)
+    mcmc._set_transforms(DATA)  # what MCMC.run does when the chains ran in worker processes
+    assert set(mcmc.transforms) == {"var"} and float(mcmc.transforms["var"].inv(torch.tensor(-3.0))) > 0
+
+
+def test_initial_params_are_used_at_every_setup() -> None:
+    kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, normality_check=False)
+    kernel.initial_params = {"w": torch.tensor([0.5, -1.0, 2.0])}
+    for _ in range(2):  # e.g. the chains of a sequential pyro.infer.MCMC run
+        kernel.setup(0, X, Y)
+        assert kernel.initial_params["w"].tolist() == [0.5, -1.0, 2.0]
+
+
+def masked_normal_scale(y: torch.Tensor) -> None:
+    """``normal_scale`` with a Python-bool mask inside the plate."""
+    var = pyro.sample("var", dist.InverseGamma(3.0, 2.0))
+    with pyro.plate("data", y.shape[0]) as idx, poutine.mask(mask=True):
+        pyro.sample("y", dist.Normal(0.7, var.sqrt()), obs=y[idx])
+
+
+def test_python_bool_mask_inside_the_plate_matches_the_unmasked_model() -> None:
+    draws = []
+    for model in (normal_scale, masked_normal_scale):
+        pyro.set_rng_seed(0)
+        kernel = AusterityMH(model, epsilon=0.05, batch_size=50, normality_check=False)
+        kernel.setup(0, DATA)
+        assert kernel.sections.lazy
+        params, chain = kernel.initial_params, []
+        for _ in range(20):
+            params = kernel.sample(params)
+            chain.append(params["var"])
+        draws.append(torch.stack(chain))
+    assert torch.equal(draws[0], draws[1]) and draws[0].unique().numel() > 1

@@ -192,3 +192,27 @@ def test_sublinear_global_kernel_in_a_compound_sampler(global_kernel: str) -> No
     exact = torch.tensor([post_mean, p_z, p_z, p_z], dtype=torch.float64)
     z = (mean - exact) / se
     assert z.abs().max() < 4.5, (mean.tolist(), exact.tolist(), z.tolist())
+
+
+def labelled_model(y: torch.Tensor, labels: int) -> None:
+    """``global_local_model`` with a number of local labels that depends on the run's arguments."""
+    w = pyro.sample("w", dist.Normal(0.0, 2.0))
+    for k in range(labels):
+        pyro.sample(f"z{k}", dist.Bernoulli(logits=w))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(w, 1.0), obs=y[idx])
+
+
+@pytest.mark.parametrize("global_kernel", ["austerity", "lwa"])
+def test_sublinear_global_kernel_reruns_on_a_model_with_other_local_sites(global_kernel: str) -> None:
+    from neuralblock import AusterityMH, LWAKernel
+
+    if global_kernel == "austerity":
+        inner = AusterityMH(labelled_model, sites=["w"], epsilon=0.05, batch_size=20, normality_check=False)
+    else:
+        inner = LWAKernel(labelled_model, subset_size=20, sites=["w"])
+    kernel = CompoundKernel([(GibbsKernel(labelled_model), None), (inner, ["w"])])
+    for labels in (3, 5):
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=5, disable_progbar=True)
+        mcmc.run(Y_GLOBAL, labels)
+        assert set(mcmc.get_samples()) == {"w", *(f"z{k}" for k in range(labels))}

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyro
 import pyro.distributions as dist
+import pyro.infer.mcmc.api as mcmc_api
+import pyro.poutine as poutine
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -38,6 +40,7 @@ from neuralblock.kernels.summaries import (
     default_summaries,
     summarise_batch,
 )
+from neuralblock.subsample import SectionEvaluator
 
 ALPHA = 1e-3
 BATCHES = 20
@@ -363,3 +366,110 @@ def test_global_block_of_a_compound_kernel() -> None:
     total = samples["mu"] + samples["shift"]
     assert abs(float(total.mean()) - float(y.mean())) < 0.15
     assert samples["shift"].unique().numel() > 3 and samples["mu"].unique().numel() > 3  # both blocks move
+
+
+def halfnormal_model(y: torch.Tensor) -> None:
+    s = pyro.sample("s", dist.HalfNormal(5.0))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("obs", dist.Normal(0.0, s), obs=y[idx])
+
+
+def test_transforms_are_none_until_setup_so_pyro_builds_them_for_parallel_chains() -> None:
+    """With parallel chains only the workers run setup; Pyro's MCMC then sets the main-process kernel up
+    to map the draws back, but only if its ``transforms`` is ``None`` (an empty dict left them unconstrained).
+    """
+    kernel = LWAKernel(halfnormal_model, 20)
+    assert kernel.transforms is None
+    with pytest.raises(RuntimeError, match="setup"):
+        kernel.sample({"s": torch.tensor(0.0)})
+    mcmc = MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True)
+    mcmc._set_transforms(torch.randn(100))  # what MCMC.run does when the chains ran in worker processes
+    assert set(mcmc.transforms) == {"s"} and float(mcmc.transforms["s"].inv(torch.tensor(-3.0))) > 0
+
+
+def test_initial_params_start_every_chain_and_every_later_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mcmc_api.mp, "cpu_count", lambda: 1)  # chains in sequence, through one kernel
+    kernel = LWAKernel(gaussian_model, 2, step_size=1e-6, adapt_step_size=False)
+    start = torch.tensor([5.0, 8.0])
+    with pytest.warns(UserWarning, match="sequentially"):
+        mcmc = MCMC(kernel, 3, 0, num_chains=2, initial_params={"mu": start}, disable_progbar=True)
+    mcmc.run(TOY_Y)
+    mu = mcmc.get_samples(group_by_chain=True)["mu"]
+    torch.testing.assert_close(mu, start[:, None].expand(2, 3), atol=1e-4, rtol=0)
+    kernel.initial_params = {"mu": torch.tensor(-4.0)}  # set after a run: used at every later setup
+    for _ in range(2):
+        kernel.setup(0, TOY_Y)
+        assert float(kernel.initial_params["mu"]) == -4.0
+
+
+def test_remote_jumps_are_counted_once() -> None:
+    """omega = 0: every subset update is a remote (multiple-try) jump, so the two tallies agree."""
+    kernel = LWAKernel(gaussian_model, 2, epsilon=TOY_EPS, summaries=Means(), omega=0.0, subset_tries=3)
+    for _ in run_chain(kernel, 0, 200, TOY_Y):
+        pass
+    diag = kernel.diagnostics()
+    assert 0.0 < diag["subset_acceptance_rate"] < 1.0
+    assert diag["remote_jumps_accepted"] == round(200 * diag["subset_acceptance_rate"])
+    assert diag["remote_acceptance_rate"] == diag["subset_acceptance_rate"]
+
+
+def test_model_evals_count_post_warmup_only() -> None:
+    kernel = LWAKernel(gaussian_model, 2)
+    steps = list(run_chain(kernel, 5, 0, TOY_Y))
+    assert not steps and kernel.diagnostics()["model_evals"] == 0.0
+    kernel.sample(kernel.initial_params)
+    assert kernel.diagnostics()["model_evals"] > 0
+
+
+WEIGHTS = torch.linspace(0.5, 2.0, len(TOY_Y))
+
+
+def weighted_model(y: torch.Tensor) -> None:
+    """Per-datum (e.g. coreset or tempering) weights by ``poutine.scale`` inside the data plate."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", len(y)) as idx, poutine.scale(scale=WEIGHTS[idx]):
+        pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+
+def test_user_scale_inside_the_plate_is_kept() -> None:
+    kernel = LWAKernel(weighted_model, 2)
+    kernel.setup(0, TOY_Y)
+    u, mu = torch.tensor([4, 1]), torch.tensor(0.3)
+    power = len(TOY_Y) / 2
+    expected = dist.Normal(0.0, 1.0).log_prob(mu) + power * (WEIGHTS[u] * dist.Normal(mu, 1.0).log_prob(TOY_Y[u])).sum()
+    terms = SectionEvaluator(weighted_model, "data", len(TOY_Y), args=(TOY_Y,)).evaluate({"mu": mu}, u)
+    assert math.isclose(float(terms.global_term + power * terms.sections.sum()), float(expected), rel_tol=1e-6)
+    assert math.isclose(kernel.log_target({"mu": mu}, u), float(expected), rel_tol=1e-6)
+
+
+SPARSE_Y = torch.zeros(200)
+SPARSE_Y[::37] = 1.0  # a sparse event series: most windows of 10 are constant
+
+
+def bernoulli_model(y: torch.Tensor) -> None:
+    p = pyro.sample("p", dist.Beta(1.0, 1.0))
+    with pyro.plate("data", len(y)) as idx:
+        pyro.sample("obs", dist.Bernoulli(p), obs=y[idx])
+
+
+def test_constant_windows_have_finite_weights_and_the_start_window_moves() -> None:
+    assert Autocorrelations([1, 2])(torch.zeros(10)).tolist() == [0.0, 0.0]
+    kernel = LWAKernel(bernoulli_model, 10, subset="window", epsilon=0.1)
+    starts = {int(kernel.indices[0]) for _ in run_chain(kernel, 0, 100, SPARSE_Y)}
+    assert len(starts) > 5 and kernel.diagnostics()["nonfinite_rejections"] == 0.0
+
+
+def test_setup_redraws_a_start_subset_with_a_nonfinite_weight() -> None:
+    def log_total(rows: torch.Tensor) -> torch.Tensor:  # -inf for a window without an event
+        return rows.sum().log().reshape(1)
+
+    kernel = LWAKernel(bernoulli_model, 10, subset="window", summaries=log_total)
+    for _ in range(5):
+        kernel.setup(0, SPARSE_Y)
+        assert float(SPARSE_Y[kernel.indices].sum()) > 0
+
+    def nan_on_subsets(rows: torch.Tensor) -> torch.Tensor:
+        return torch.full((1,), math.nan if rows.shape[0] < len(SPARSE_Y) else 0.0)
+
+    with pytest.raises(ValueError, match="subset weight"):
+        LWAKernel(bernoulli_model, 10, subset="window", summaries=nan_on_subsets).setup(0, SPARSE_Y)

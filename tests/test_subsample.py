@@ -6,6 +6,7 @@ import math
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import pytest
 import torch
 
@@ -276,3 +277,18 @@ def test_non_broadcasting_model_is_evaluated_per_point() -> None:
         assert torch.allclose(many.sections[p], sections.evaluate({"w": batch["w"][p]}, idx).sections)
     with pytest.raises(ValueError, match="leading points"):
         sections.evaluate_many({}, {"w": torch.tensor(0.0)}, idx)
+
+
+def masked_scaled_model(mask: bool, scale: float) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", 10) as idx, poutine.mask(mask=mask), poutine.scale(scale=scale):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=Y[idx])
+
+
+def test_python_bool_masks_and_user_scales_inside_the_plate() -> None:
+    values, idx = {"mu": torch.tensor(0.5)}, torch.tensor([7, 2])
+    plain = dist.Normal(0.5, 1.0).log_prob(Y[idx])
+    for mask, scale, expected in ((True, 1.0, plain), (False, 1.0, torch.zeros(2)), (True, 2.0, 2 * plain)):
+        sections = SectionEvaluator(masked_scaled_model, "data", 10, args=(mask, scale))
+        assert sections.check_lazy(values)
+        assert torch.allclose(sections.evaluate(values, idx).sections, expected)

@@ -178,7 +178,7 @@ class AusterityMH(MCMCKernel):
     """Sublinear-time approximate MH for the global sites of a Pyro model with a data plate.
 
     Works in the unconstrained space of the updated sites (``.transforms`` as in Pyro's HMC:
-    constrained → unconstrained), on sites of any shape. The model should index its data
+    constrained → unconstrained, ``None`` until ``setup``), on sites of any shape. The model should index its data
     by the plate's indices (``with pyro.plate("data", N) as idx: ... obs=y[idx]``) so that
     only the sections the test draws are evaluated; a model that ignores the indices is
     evaluated in full, with a one-time warning. Per transition the kernel does no O(N)
@@ -277,12 +277,12 @@ class AusterityMH(MCMCKernel):
         self._cv_hess_arg = None if control_variate_hessian is None else torch.as_tensor(control_variate_hessian)
         self.normality_sections = int(normality_sections)
         self.batch_growth = float(batch_growth)
-        self.transforms: dict[str, Any] = {}
+        self.transforms: dict[str, Any] | None = None  # set by setup (None tells Pyro's MCMC to run one)
         self.sites: list[str] = []
         self.plate: str | None = None
         self.num_sections = 0
         self._fixed: dict[str, Tensor] = {}
-        self._pending_init: dict[str, Tensor] | None = None
+        self._init_arg: dict[str, Tensor] | None = None
         self._initial: dict[str, Tensor] | None = None
         self._warmup_steps, self._t = 0, 0
         self._version = 0
@@ -299,14 +299,14 @@ class AusterityMH(MCMCKernel):
 
     @property
     def initial_params(self) -> dict[str, Tensor]:
-        """Unconstrained initial values of :attr:`sites` (a prior draw at ``setup``, or those set)."""
+        """Unconstrained initial values of :attr:`sites`: those set (used at every ``setup``), else a prior draw."""
         if self._initial is None:
             raise RuntimeError("call setup() before reading initial_params")
         return self._initial
 
     @initial_params.setter
     def initial_params(self, params: dict[str, Tensor]) -> None:
-        self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
+        self._init_arg = {k: torch.as_tensor(v) for k, v in params.items()}
 
     @property
     def step_size(self) -> float:
@@ -348,19 +348,18 @@ class AusterityMH(MCMCKernel):
         unknown_fixed = sorted(set(self._fixed) - set(others))
         if unknown_fixed:
             raise ValueError(f"condition_on got {unknown_fixed}, which are not latent sites outside {self.sites}")
-        from_trace = not self._fixed and self._pending_init is None  # every value the setup trace drew
+        from_trace = not self._fixed and self._init_arg is None  # every value the setup trace drew
         self._fixed = {name: self._fixed.get(name, site["value"].detach()) for name, site in others.items()}
         local_dims = {
             name: inside[name].dim - site["fn"].event_dim for name, site in others.items() if inside[name] is not None
         }
         self.sections = SectionEvaluator(self._model, self.plate, self.num_sections, args, kwargs, local_dims)
         self.index_sampler = IndexSampler(self.num_sections)
-        if self._pending_init is not None:
-            missing = [s for s in self.sites if s not in self._pending_init]
+        if self._init_arg is not None:
+            missing = [s for s in self.sites if s not in self._init_arg]
             if missing:
                 raise ValueError(f"initial_params lack sites {missing}")
-            self._initial = {s: self._pending_init[s].reshape(self._shapes[s]) for s in self.sites}
-            self._pending_init = None
+            self._initial = {s: self._init_arg[s].reshape(self._shapes[s]) for s in self.sites}
         else:
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
         z0 = self._flatten(self._initial)
@@ -485,8 +484,15 @@ class AusterityMH(MCMCKernel):
             self._fixed[name] = torch.as_tensor(value).detach()
         self._version += 1  # lazily invalidates the cached exact-MH terms
 
+    def reset_conditioning(self) -> None:
+        """Forget the values fixed by :meth:`condition_on` (before a ``setup`` whose model may have other sites)."""
+        self._fixed = {}
+        self.sites = []  # setup finds them again; until then condition_on accepts any other site
+
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         """One austerity MH transition of the global sites."""
+        if self.transforms is None:
+            raise RuntimeError("call setup() before sample()")
         z = self._flatten(params)
         warmup = self._t < self._warmup_steps
         if self.normality_check and self.normality is None:

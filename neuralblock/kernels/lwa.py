@@ -103,6 +103,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
 from neuralblock.kernels.summaries import SummaryFn, default_summaries, summarise_batch
 from neuralblock.pyro.plates import PlateIndices, plate_dim
+from neuralblock.subsample.sections import section_scale, site_plate_frame
 
 __all__ = [
     "LWAKernel",
@@ -257,9 +258,10 @@ def subset_log_weight(summary: Tensor, full_summary: Tensor, epsilon: float) -> 
 class _SubsetLogDensity(PlateIndices):
     """Runs a model on the subset ``indices`` of plate ``plate`` at fixed latent ``values``, summing log densities.
 
-    Sites inside the plate contribute their unscaled (masked) log-probabilities times
-    ``plate_scale`` (``N / n``); other sites their log-probabilities with the model's own
-    scale and mask. Lighter than ``trace`` + ``condition``: no trace is built.
+    Sites inside the plate contribute their (masked) log-probabilities without the plate's own
+    subsampling factor, times ``plate_scale`` (``N / n``; any other ``poutine.scale``, e.g. per-datum
+    weights, is kept); other sites their log-probabilities with the model's own scale and mask.
+    Lighter than ``trace`` + ``condition``: no trace is built.
     """
 
     def __init__(self, plate: str, indices: Tensor, values: Mapping[str, Tensor], plate_scale: float) -> None:
@@ -278,10 +280,9 @@ class _SubsetLogDensity(PlateIndices):
                 raise ValueError(f"latent site {msg['name']!r} has no value (it appeared after setup?)")
             msg["value"] = self.values[msg["name"]]
         log_p = msg["fn"].log_prob(msg["value"])
-        if _in_plate(msg, self.plate):
-            self.total = self.total + scale_and_mask(log_p, 1.0, msg["mask"]).sum() * self.plate_scale
-        else:
-            self.total = self.total + scale_and_mask(log_p, msg["scale"], msg["mask"]).sum()
+        frame = site_plate_frame(msg, self.plate)
+        term = scale_and_mask(log_p, section_scale(msg, frame), msg["mask"]).sum()
+        self.total = self.total + (term if frame is None else term * self.plate_scale)
 
 
 def _log_ratio(new: float, current: float) -> float:
@@ -304,7 +305,7 @@ class LWAKernel(MCMCKernel):
 
     The exact target and the two subset updates are stated in the module docstring.
     ``θ`` (the ``sites``) lives in the unconstrained space given by ``.transforms`` (as
-    in Pyro's HMC), so constrained sites such as scales work; ``U`` is kernel state.
+    in Pyro's HMC, ``None`` until ``setup``), so constrained sites such as scales work; ``U`` is kernel state.
 
     Args:
         model: a Pyro model whose likelihood sits in a ``pyro.plate`` over the data and
@@ -406,9 +407,10 @@ class LWAKernel(MCMCKernel):
         self.subset_steps = subset_steps
         self.subset_tries = subset_tries
         self._summary_data_arg = summary_data
-        self.transforms: dict[str, Any] = {}
+        self.transforms: dict[str, Any] | None = None  # set by setup (None tells Pyro's MCMC to run one)
         self._conditioned: dict[str, Tensor] = {}
-        self._pending_init: dict[str, Tensor] | None = None
+        self._others: list[str] | None = None  # the model's other latent sites, known after setup
+        self._init_arg: dict[str, Tensor] | None = None
         self._initial_params: dict[str, Tensor] | None = None
         self._cache: tuple[dict[str, Tensor], float] | None = None
         self._warmup_steps = 0
@@ -425,9 +427,7 @@ class LWAKernel(MCMCKernel):
         trace = poutine.trace(self.model).get_trace(*args, **kwargs)
         self._find_plate(trace)
         self._find_sites(trace)
-        for name, site in trace.nodes.items():
-            if name in self.sites:
-                self.transforms[name] = biject_to(site["fn"].support).inv
+        self.transforms = {name: biject_to(trace.nodes[name]["fn"].support).inv for name in self.sites}
         self._summary_fn: SummaryFn = (
             default_summaries(self.subset) if isinstance(self._summaries_arg, str) else self._summaries_arg
         )
@@ -435,26 +435,36 @@ class LWAKernel(MCMCKernel):
         self._full_summary = torch.as_tensor(self._summary_fn(self._data)).reshape(-1)
         if not bool(torch.isfinite(self._full_summary).all()):
             raise ValueError(f"the full-data summary statistics are not finite: {self._full_summary.tolist()}")
-        n, num = self.subset_size, self.num_data
-        if self.subset == "window":
-            start = int(torch.randint(0, num - n + 1, ()))
-            self._indices = torch.arange(start, start + n)
-        else:
-            self._indices = draw_distinct(num, n)
-        self._log_nu = float(self._log_weight(self._indices))
+        self._draw_subset()
         self._base = {k: trace.nodes[k]["value"].detach() for k in self._others}
         self._base.update({k: v for k, v in self._conditioned.items() if k in self._others})
-        if self._pending_init is not None:
-            missing = sorted(set(self.sites) - set(self._pending_init))
-            if missing:
-                raise ValueError(f"initial_params lack sites {missing}")
-            init = {k: torch.as_tensor(self._pending_init[k]).detach().clone() for k in self.sites}
-            self._pending_init = None
-        else:
-            init = self._prior_init(trace)
-        self._initial_params = init
+        self._initial_params = self._prior_init(trace) if self._init_arg is None else self._given_init(self._init_arg)
         self._cache = None
         self._reset_stats()
+
+    def _draw_subset(self, tries: int = 100) -> None:
+        """A uniform start ``U`` with a finite ``log ν`` (up to ``tries`` draws)."""
+        n, num = self.subset_size, self.num_data
+        for _ in range(tries):
+            if self.subset == "window":
+                start = int(torch.randint(0, num - n + 1, ()))
+                self._indices = torch.arange(start, start + n)
+            else:
+                self._indices = draw_distinct(num, n)
+            self._log_nu = float(self._log_weight(self._indices))
+            if math.isfinite(self._log_nu):
+                return
+        raise ValueError(
+            f"the subset weight log ν(U) was not finite for {tries} uniform subsets (last {self._log_nu}): "
+            "the summary statistics of subsets of the data are NaN or infinite; check `summaries`"
+        )
+
+    def _given_init(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The set ``initial_params`` (used at every ``setup``) as fresh values of ``sites``."""
+        missing = sorted(set(self.sites) - set(params))
+        if missing:
+            raise ValueError(f"initial_params lack sites {missing}")
+        return {k: params[k].detach().clone() for k in self.sites}
 
     def _prior_init(self, trace: Any, tries: int = 100) -> dict[str, Tensor]:
         """Unconstrained prior draw of ``sites`` with a finite target on ``U`` (up to ``tries`` draws)."""
@@ -551,17 +561,16 @@ class LWAKernel(MCMCKernel):
     # -- the Pyro-facing surface --------------------------------------------------------
     @property
     def initial_params(self) -> dict[str, Tensor]:
-        """Unconstrained initial values of ``sites`` (drawn from the prior at ``setup``, or set)."""
+        """Unconstrained initial values of ``sites``: those set (used at every ``setup``), else a prior draw."""
         if self._initial_params is None:
             raise RuntimeError("call setup() before reading initial_params")
         return self._initial_params
 
     @initial_params.setter
     def initial_params(self, params: dict[str, Tensor]) -> None:
-        self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
-        if self._initial_params is not None:  # already set up: apply now
-            self._initial_params = {k: self._pending_init[k].clone() for k in self.sites}
-            self._pending_init = None
+        self._init_arg = {k: torch.as_tensor(v) for k, v in params.items()}
+        if self._initial_params is not None:  # already set up: apply now too
+            self._initial_params = self._given_init(self._init_arg)
             self._cache = None
 
     @property
@@ -588,13 +597,18 @@ class LWAKernel(MCMCKernel):
         clash = sorted(set(values) & set(getattr(self, "sites", []) or self._sites_arg or []))
         if clash:
             raise ValueError(f"condition_on cannot fix sites this kernel updates: {clash}")
-        if hasattr(self, "_others"):
+        if self._others is not None:
             unknown = sorted(set(values) - set(self._others))
             if unknown:
                 raise ValueError(f"condition_on got {unknown}, not latent sites outside `sites` ({self._others})")
             self._base.update({k: torch.as_tensor(v) for k, v in values.items()})
         self._conditioned.update({k: torch.as_tensor(v) for k, v in values.items()})
         self._cache = None
+
+    def reset_conditioning(self) -> None:
+        """Forget the values fixed by :meth:`condition_on` (before a ``setup`` whose model may have other sites)."""
+        self._conditioned = {}
+        self._others = None
 
     # -- densities --------------------------------------------------------------------------
     def log_target(self, params: Mapping[str, Tensor], indices: Tensor) -> float:
@@ -603,7 +617,12 @@ class LWAKernel(MCMCKernel):
         Args:
             params: unconstrained values of ``sites``.
             indices: the subset ``U``.
+
+        Raises:
+            RuntimeError: before ``setup``.
         """
+        if self.transforms is None:
+            raise RuntimeError("call setup() before evaluating the log target")
         values = dict(self._base)
         log_jac = 0.0
         for name in self.sites:
@@ -616,7 +635,7 @@ class LWAKernel(MCMCKernel):
         with density, pyro.validation_enabled(False):
             self.model(*self._args, **self._kwargs)
         total = log_jac + density.total
-        self._evals += 1
+        self._evals += int(self._t >= self._warmup_steps)  # a post-warmup count, as the other diagnostics
         return float(total)
 
     def _current_log_target(self, params: dict[str, Tensor]) -> float:
@@ -631,6 +650,8 @@ class LWAKernel(MCMCKernel):
     # -- the transition -------------------------------------------------------------------
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         """One transition: an MH update of ``U``, then a random-walk MH update of ``θ`` given ``U``."""
+        if self.transforms is None:
+            raise RuntimeError("call setup() before sample()")
         missing = [k for k in self.sites if k not in params]
         if missing:
             raise ValueError(f"params lack sites {missing}")
@@ -706,7 +727,6 @@ class LWAKernel(MCMCKernel):
         changed = self.subset_size - int(torch.isin(new, self._indices).sum())
         self._indices, self._log_nu = new, float(candidates[pick])
         self._cache = None
-        self._count_remote(True)
         return True, changed, 0
 
     def _adapt_scale(self, theta: dict[str, Tensor]) -> None:

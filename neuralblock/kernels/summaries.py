@@ -126,7 +126,8 @@ class Autocorrelations(_Batched):
     """Sample autocorrelations of each column at the given lags (rows in time order).
 
     ``acf(k) = sum_t (y_t - m)(y_{t+k} - m) / sum_t (y_t - m)^2`` with ``m`` the column
-    mean. The loop runs over the (few) lags; each lag is one vectorized product.
+    mean, and 0 for a constant column (e.g. a window of a sparse event series). The loop runs
+    over the (few) lags; each lag is one vectorized product.
 
     Args:
         lags: positive lags, each smaller than the number of rows the summary will see.
@@ -147,7 +148,9 @@ class Autocorrelations(_Batched):
             raise ValueError(f"autocorrelation at lag {max(self.lags)} needs more than {rows.shape[1]} rows")
         centred = rows - rows.mean(1, keepdim=True)
         acf = torch.stack([(centred[:, :-k] * centred[:, k:]).sum(1) for k in self.lags], 1)  # [K, lags, d]
-        return (acf / centred.square().sum(1, keepdim=True)).reshape(rows.shape[0], -1)
+        var = centred.square().sum(1, keepdim=True)
+        acf = torch.where(var > 0, acf / var, torch.zeros((), dtype=acf.dtype))  # 0 for a constant column
+        return acf.reshape(rows.shape[0], -1)
 
 
 class MinMax(_Batched):

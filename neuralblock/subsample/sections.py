@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["SectionEvaluator", "SectionTerms", "is_subsample_site", "site_plate_frame"]
+__all__ = ["SectionEvaluator", "SectionTerms", "is_subsample_site", "section_scale", "site_plate_frame"]
 
 
 class SectionTerms(NamedTuple):
@@ -71,6 +71,17 @@ class SectionTerms(NamedTuple):
 def site_plate_frame(site: dict[str, Any], plate: str) -> Any | None:
     """The ``CondIndepStackFrame`` of ``plate`` on a trace site, or ``None``."""
     return next((f for f in site["cond_indep_stack"] if f.name == plate), None)
+
+
+def section_scale(site: dict[str, Any], frame: Any | None) -> Any:
+    """A site's scale without the plate's own ``N/k`` subsampling factor (any other ``poutine.scale`` kept).
+
+    Args:
+        site: a sample message or trace site.
+        frame: the site's frame of the plate (:func:`site_plate_frame`), or ``None`` outside it.
+    """
+    scale = site["scale"]
+    return scale if frame is None else scale * frame.size / frame.full_size
 
 
 def is_subsample_site(site: dict[str, Any]) -> bool:
@@ -158,11 +169,9 @@ class SectionEvaluator:
             if frame is None and not with_global:
                 continue
             lp = site["fn"].log_prob(site["value"])
-            if site["mask"] is not None:
-                lp = torch.where(site["mask"], lp, torch.zeros((), dtype=lp.dtype))
-            scale = site["scale"]
-            if frame is not None:
-                scale = scale * frame.size / frame.full_size
+            if site["mask"] is not None:  # a tensor, or a Python bool from poutine.mask(mask=True)
+                lp = torch.where(torch.as_tensor(site["mask"], device=lp.device), lp, torch.zeros((), dtype=lp.dtype))
+            scale = section_scale(site, frame)
             if not _is_one(scale):
                 lp = lp * scale
             lp = self._lead(site, lp, points, 0 if frame is None else -frame.dim)
