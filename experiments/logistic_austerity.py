@@ -89,6 +89,7 @@ QUICK_EPSILONS = (0.05, 0.2)
 EXACT, SEED_TEST, PYRO_NUTS, NUMPYRO_NUTS = "exact MH", "austerity (seed test) eps=0.05", "Pyro NUTS", "NumPyro NUTS"
 INDEP_AUSTERITY, INDEP_EXACT = "austerity eps=0.05, Laplace independence", "exact MH, Laplace independence"
 CHECKPOINTS = 40
+REPLICATED = "austerity eps=0.05"  # the arm of the targets, replicated beside exact MH on the scaling sets
 NOTES = [
     "- Austerity arms: first mini-batch of `--batch-size` sections, later stages `--batch-growth` times larger",
     "  (bounds a hard decision to O(log N) model runs); the model's logits `(X[idx] * w).sum(-1)` broadcast a",
@@ -106,6 +107,8 @@ NOTES = [
     "- Pyro NUTS is skipped on the N >= 1e5, D = 50 sets: it did not finish its 100 warmup steps within",
     "  their budgets in earlier runs. The bias table runs a fixed number of transitions per arm, not a budget.",
     "- References: antithetic self-normalised importance sampling (see 'Reference accuracy').",
+    "- `time_fraction_of_exact_mean_risk`: the same target on the expected risk (mean over `--replicates`",
+    "  chains per arm, see the last section); the single-chain fraction above compares one chain with one.",
 ]
 OFFSET = ("austerity", "exact MH")  # samplers whose clock includes the Laplace fit they use
 
@@ -607,6 +610,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--batch-growth", type=float, default=2.0, help="AusterityMH batch_growth (later stages)")
     parser.add_argument("--bias-transitions", type=int, default=5000, help="transitions per arm of the bias table")
+    parser.add_argument(
+        "--replicates",
+        type=int,
+        default=3,
+        help="chains of exact MH and austerity eps=0.05 on each scaling set, for the mean-risk crossing time",
+    )
     parser.add_argument("--no-numpyro", action="store_true", help="skip NumPyro NUTS even if installed")
     parser.add_argument("--out", default="experiments/results/logistic_austerity")
     return parser.parse_args(argv)
@@ -753,7 +762,11 @@ def run_dataset(
             "moments": moment_errors(chain, ref) if chain.samples.shape[0] else {},
         }
     crossings(runs, chains, ds, ref)
+    replicated = None
+    if role == "scaling" and args.replicates > 1 and EXACT in chains and REPLICATED in chains:
+        replicated = replicate_crossing(chains, {label: methods[label] for label in (EXACT, REPLICATED)}, ds, ref, args)
     return {
+        "replicated": replicated,
         "name": ds.name, "role": role, "N": ds.size, "D": ds.dim, "budget_seconds": budget,
         "laplace_seconds": laplace_seconds, "reference_ess": ref["ess"], "reference_draws": ref["draws"],
         "reference_mean_mcse_max": float(ref["mean_mcse"].max()), "reference_sd_mcse_max": float(ref["sd_mcse"].max()),
@@ -775,6 +788,54 @@ def crossings(runs: dict[str, Any], chains: dict[str, tuple[Chain, float]], ds: 
         if level is not None:
             runs[label]["seconds_to_exact_final_risk"] = first_draw_time_below(risk, chain.seconds, level, offset)
         runs[label]["seconds_to_0.1_sd"] = first_draw_time_below(error, chain.seconds, 0.1, offset)
+
+
+def replicate_crossing(
+    chains: dict[str, tuple[Chain, float]],
+    runners: dict[str, Callable[[], Chain]],
+    ds: Dataset,
+    ref: dict[str, Any],
+    args: argparse.Namespace,
+    grid_points: int = 2_000,
+) -> dict[str, Any]:
+    """Expected risk (mean over ``--replicates`` chains) of exact MH and austerity, and its crossing time.
+
+    Korattikara et al.'s risk is an expectation over chains; one chain's risk curve is a noisy
+    estimate of it, and so is the time at which one austerity chain first reaches one exact chain's
+    final value. Here both arms run ``replicates`` chains (the study's first run plus extra runs in
+    random order), each chain's per-draw risk is read on a common time grid (its latest draw at
+    each time, Laplace fit included), and the mean curves give the level (exact MH's mean risk at
+    the end, the shortest chain's clock) and austerity's first time at or below it.
+    """
+    runs: dict[str, list[tuple[Chain, float]]] = {label: [chains[label]] for label in runners}
+    extra = [label for label in runners for _ in range(args.replicates - 1)]
+    random.Random(args.seed + ds.size).shuffle(extra)
+    for label in extra:
+        runs[label].append((runners[label](), chains[label][1]))
+    end = min(float(chain.seconds[-1]) + offset for arm in runs.values() for chain, offset in arm)
+    grid = torch.linspace(0.0, end, grid_points + 1, dtype=torch.float64)[1:]
+    mean_risk = {}
+    for label, arm in runs.items():
+        curves = []
+        for chain, offset in arm:
+            risk, _ = running_metrics(chain, ds, ref)
+            seen = torch.searchsorted(chain.seconds.double() + offset, grid, right=True)
+            curves.append(torch.where(seen > 0, risk[(seen - 1).clamp(min=0)], torch.tensor(math.inf)))
+        mean_risk[label] = torch.stack(curves).mean(0)
+    level = float(mean_risk[EXACT][-1])
+    hits = torch.nonzero(mean_risk[REPLICATED] <= level)
+    crossing = None if hits.numel() == 0 else float(grid[int(hits[0, 0])])
+    keep = torch.linspace(0, grid_points - 1, 200).round().long()  # a small record for the plot
+    return {
+        "replicates": args.replicates,
+        "end_seconds": end,
+        "exact_mean_final_risk": level,
+        "austerity_seconds_to_level": crossing,
+        "time_fraction_of_exact": None if crossing is None else crossing / end,
+        "transitions": {label: [int(chain.samples.shape[0]) for chain, _ in arm] for label, arm in runs.items()},
+        "curve_seconds": [float(f"{v:.4g}") for v in grid[keep].tolist()],
+        "mean_risk": {label: [float(f"{v:.4g}") for v in curve[keep].tolist()] for label, curve in mean_risk.items()},
+    }
 
 
 def targets(record: dict[str, Any]) -> dict[str, Any]:
@@ -804,6 +865,10 @@ def targets(record: dict[str, Any]) -> dict[str, Any]:
             out["time_fraction_of_exact_excluding_shared_laplace"] = (
                 None if t_aus is None else (t_aus - shared) / (t_exact - shared)
             )
+        replicated = {d["N"]: d["replicated"] for d in scaling if d.get("replicated")}
+        if replicated:  # the expected-risk version of the same target, per N
+            out["time_fraction_of_exact_mean_risk"] = {n: r["time_fraction_of_exact"] for n, r in replicated.items()}
+            out["mean_risk_replicates"] = next(iter(replicated.values()))["replicates"]
     nuts = [d for d in record["datasets"] if d["role"] == "nuts"]
     if nuts:
         d = nuts[0]
@@ -943,9 +1008,67 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
             ],
         ),
     ]
+    replicated = [d for d in record["datasets"] if d.get("replicated")]
+    if replicated:
+        text += [
+            "",
+            "## Expected risk: mean over replicate chains",
+            "",
+            "Korattikara et al.'s risk is an expectation over chains. Each scaling set runs exact MH and austerity",
+            "eps=0.05 `replicates` times (the first runs are the table's rows); the mean of their per-draw risk",
+            "curves on a common clock (Laplace fit included) gives exact MH's expected final risk and the time",
+            "at which austerity's expected risk first reaches it (see `logistic_mean_risk.png`).",
+            "",
+            markdown_table(
+                [
+                    {
+                        "dataset": d["name"],
+                        "replicates": d["replicated"]["replicates"],
+                        "exact transitions": d["replicated"]["transitions"][EXACT],
+                        "austerity transitions": d["replicated"]["transitions"][REPLICATED],
+                        "clock end (s)": d["replicated"]["end_seconds"],
+                        "exact mean final risk": d["replicated"]["exact_mean_final_risk"],
+                        "austerity s to it": d["replicated"]["austerity_seconds_to_level"],
+                        "time fraction": d["replicated"]["time_fraction_of_exact"],
+                    }
+                    for d in replicated
+                ],
+                [
+                    "dataset",
+                    "replicates",
+                    "exact transitions",
+                    "austerity transitions",
+                    "clock end (s)",
+                    "exact mean final risk",
+                    "austerity s to it",
+                    "time fraction",
+                ],
+            ),
+        ]
     (folder / "logistic_austerity.md").write_text("\n".join(text) + "\n")
     plot_risk(folder, record)
     plot_scaling(folder, record)
+    if replicated:
+        plot_mean_risk(folder, replicated)
+
+
+def plot_mean_risk(folder: Path, datasets: list[dict[str, Any]]) -> None:
+    """Mean risk over replicate chains vs wall time, exact MH and austerity, one panel per scaling set."""
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.3), squeeze=False)
+    for ax, d in zip(axes.flat, datasets, strict=True):
+        rep = d["replicated"]
+        for label, curve in rep["mean_risk"].items():
+            ax.loglog(rep["curve_seconds"], curve, label=label, lw=1.2)
+        ax.axhline(rep["exact_mean_final_risk"], color="grey", lw=0.8, ls="--")
+        if rep["austerity_seconds_to_level"] is not None:
+            ax.axvline(rep["austerity_seconds_to_level"], color="grey", lw=0.8, ls=":")
+        ax.set_title(f"{d['name']} ({rep['replicates']} chains each)", fontsize=9)
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("mean risk of predictive mean")
+    axes.flat[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(folder / "logistic_mean_risk.png", dpi=45)
+    plt.close(fig)
 
 
 def plot_risk(folder: Path, record: dict[str, Any]) -> None:

@@ -36,7 +36,15 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
     ref_mcse = next(d for d in saved["datasets"] if d["role"] == "bias")["reference_mean_mcse_max"]
     assert ref_mcse < min(r["mean_mcse_sd"] for r in bias)
     assert (folder / "logistic_austerity.md").read_text().count("|") > 50
-    assert {p.name for p in folder.glob("*.png")} == {"logistic_risk.png", "logistic_scaling_bias.png"}
+    assert {p.name for p in folder.glob("*.png")} == {
+        "logistic_risk.png", "logistic_scaling_bias.png", "logistic_mean_risk.png"
+    }  # fmt: skip
+    for d in (d for d in saved["datasets"] if d["role"] == "scaling"):
+        rep = d["replicated"]
+        assert rep["replicates"] == 3 and all(len(counts) == 3 for counts in rep["transitions"].values())
+        assert len(rep["curve_seconds"]) == len(rep["mean_risk"]["exact MH"]) == 200
+        assert rep["exact_mean_final_risk"] > 0 and rep["end_seconds"] > 0
+    assert set(record["targets"]["time_fraction_of_exact_mean_risk"]) == {d["N"] for d in saved["datasets"][:2]}
     # first-draw crossing times never exceed the checkpoint curves' (a checkpoint sees a draw at or before it)
     for d in saved["datasets"]:
         for run in d["runs"].values():
