@@ -121,6 +121,22 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_resume_inside_a_logging_window_keeps_the_loss_and_the_tensorboard_points(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+        acc = EventAccumulator(str(run / "runs"))
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in ("train/loss", "val/kl")}
+
+    options = dict(log_every=5, val_every=20)
+    _, full = train(_config(tmp_path / "full", logdir=str(tmp_path / "full" / "runs"), **options))
+    train(_config(tmp_path / "part", logdir=str(tmp_path / "part" / "runs"), **options), stop_after=37)
+    _, resumed = train(_config(tmp_path / "part", logdir=str(tmp_path / "part" / "runs"), resume=True, **options))
+    assert resumed["train/loss"] == full["train/loss"]  # the window 36..40 spans the interruption
+    assert scalars(tmp_path / "part") == scalars(tmp_path / "full")  # no point at or before step 37 purged
+
+
 def test_resume_can_extend_steps(tmp_path):
     schedule = dict(lr_schedule="step", lr_step_size=15, lr_gamma=0.5)
     full, _ = train(_config(tmp_path / "full", steps=40, **schedule))
@@ -276,6 +292,13 @@ def test_register_proposal_updates_index(tmp_path) -> None:
     assert entry["file"] == "toy-a" and entry["metrics"] == {"kl": 0.01}
     with pytest.raises(ValueError, match="not inside the library folder"):
         register_proposal(stem, "toy-a", index_path=tmp_path / "elsewhere" / "index.json")
+    for name, kl in (("toy-0", 0.5), ("toy-0.5", 0.25)):  # a dotted stem reads its own sidecar
+        (tmp_path / "lib" / f"{name}.json").write_text(
+            json.dumps({"motif": {"name": name}, "metadata": {"validation": {"kl": kl}}})
+        )
+    register_proposal(tmp_path / "lib" / "toy-0.5", "toy-dotted", index_path=index)
+    entry = json.loads(index.read_text())["proposals"]["toy-dotted"]
+    assert entry["motif"] == {"name": "toy-0.5"} and entry["metrics"] == {"kl": 0.25}
 
 
 def test_expected_acceptance_matches_pairwise_sum() -> None:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from neuralblock.proposals import atomic_write_bytes
+from neuralblock.proposals import atomic_write_bytes, proposal_files
 
 __all__ = ["DEFAULT_INDEX", "register_proposal"]
 
@@ -33,7 +33,7 @@ def register_proposal(stem: str | Path, name: str, index_path: str | Path = DEFA
         ValueError: the sidecar is missing or unreadable, or the proposal lies outside the index folder.
     """
     stem, index_path = Path(stem), Path(index_path)
-    sidecar = stem.with_suffix(".json")
+    _, sidecar = proposal_files(stem)
     try:
         meta = json.loads(sidecar.read_text())
     except (OSError, json.JSONDecodeError) as err:

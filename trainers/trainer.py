@@ -469,6 +469,7 @@ def _train(
 
     step, examples_seen, training_seconds, skipped = 0, 0, 0.0, 0
     resumed_loss = float("nan")
+    resumed_window = (0.0, 0)  # this rank's loss sum and step count in the unfinished logging window
     history: list[dict[str, float]] = []
     if config.resume:
         assert ckpt_path is not None  # validate() guarantees it
@@ -499,6 +500,8 @@ def _train(
         skipped = int(ckpt.get("skipped_steps", 0))
         history = [dict(h) for h in ckpt["history"]]
         resumed_loss = float(ckpt.get("last_loss", float("nan")))
+        if "window" in ckpt:
+            resumed_window = (float(ckpt["window"]["losses"][ddp.rank]), int(ckpt["window"]["steps"]))
         log.info("resumed %s at step %d from %s", config.motif, step, ckpt_path)
     elif ckpt_path is not None and ckpt_path.exists() and ddp.is_main:
         log.warning(
@@ -522,7 +525,8 @@ def _train(
     if ddp.is_main and config.logdir is not None:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(config.logdir, purge_step=step if config.resume else None)
+        # a resumed run drops the events an interrupted run wrote after its checkpoint (steps > step)
+        writer = SummaryWriter(config.logdir, purge_step=step + 1 if config.resume else None)
         if not config.resume:
             writer.add_text("config", "\n".join(f"    {k}: {v!r}" for k, v in config_dict.items()), 0)
 
@@ -539,7 +543,7 @@ def _train(
         return metrics
 
     def save_checkpoint(at_step: int) -> None:
-        state = generator.get_state()
+        state = (generator.get_state(), window_loss)
         if ddp.active:
             states: list[Any] = [None] * ddp.world_size
             dist.all_gather_object(states, state)
@@ -554,7 +558,8 @@ def _train(
             "model": proposal.mdn.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
-            "generators": torch.stack([s.cpu() for s in states]),
+            "generators": torch.stack([s.cpu() for s, _ in states]),
+            "window": {"losses": [w for _, w in states], "steps": window_steps},
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "python_rng": random.getstate(),
@@ -579,7 +584,7 @@ def _train(
     if step == 0 and not config.resume:
         validate(0)
     last_loss = resumed_loss
-    window_loss, window_steps, window_start, window_val = 0.0, 0, time.perf_counter(), 0.0
+    (window_loss, window_steps), window_start, window_val = resumed_window, time.perf_counter(), 0.0
     params = [p for p in proposal.mdn.parameters()]
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     dtype = next(proposal.mdn.parameters()).dtype
@@ -607,7 +612,7 @@ def _train(
         if progress is not None:
             progress.update(1)
 
-        if step % config.log_every == 0 or step == end:
+        if step % config.log_every == 0 or step == config.steps:  # not at stop_after: a resume continues the window
             mean_loss = torch.tensor(window_loss / window_steps, dtype=torch.float64, device=device)
             if ddp.active:
                 dist.all_reduce(mean_loss)

@@ -8,7 +8,13 @@ from neuralblock.proposals.library import (
     pretrained_index,
 )
 from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
-from neuralblock.proposals.proposal import FORMAT_VERSION, NeuralBlockProposal, atomic_write_bytes, code_commit
+from neuralblock.proposals.proposal import (
+    FORMAT_VERSION,
+    NeuralBlockProposal,
+    atomic_write_bytes,
+    code_commit,
+    proposal_files,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -22,4 +28,5 @@ __all__ = [
     "load_proposal",
     "pretrained_dir",
     "pretrained_index",
+    "proposal_files",
 ]

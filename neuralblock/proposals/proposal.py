@@ -47,7 +47,14 @@ from torch import Tensor, nn
 from neuralblock.motif import Motif, get_motif
 from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
 
-__all__ = ["FORMAT_VERSION", "NeuralBlockProposal", "atomic_write_bytes", "code_commit", "load_checked_safetensors"]
+__all__ = [
+    "FORMAT_VERSION",
+    "NeuralBlockProposal",
+    "atomic_write_bytes",
+    "code_commit",
+    "load_checked_safetensors",
+    "proposal_files",
+]
 
 FORMAT_VERSION = 1
 
@@ -107,8 +114,13 @@ def code_commit() -> str:
         return "unknown"
 
 
-def _paths(path: str | os.PathLike) -> tuple[Path, Path]:
-    """``(weights, sidecar)`` paths of a proposal: ``path`` (any other dots kept) plus each suffix."""
+def proposal_files(path: str | os.PathLike) -> tuple[Path, Path]:
+    """``(weights, sidecar)`` paths of a proposal: ``path`` (any other dots kept) plus each suffix.
+
+    Example:
+        >>> [p.name for p in proposal_files("runs/grid-v1.0")]
+        ['grid-v1.0.safetensors', 'grid-v1.0.json']
+    """
     base = Path(path)
     if base.suffix in {".safetensors", ".json"}:
         base = base.with_suffix("")
@@ -193,7 +205,7 @@ class NeuralBlockProposal(nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``path.safetensors`` and ``path.json`` (each atomically)."""
-        weights_path, sidecar_path = _paths(path)
+        weights_path, sidecar_path = proposal_files(path)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.mdn.state_dict().items()}
         blob = save_safetensors(tensors, metadata={"format_version": str(FORMAT_VERSION)})
         digest = hashlib.sha256(blob).hexdigest()
@@ -203,7 +215,7 @@ class NeuralBlockProposal(nn.Module):
     @classmethod
     def read_sidecar(cls, path: str | os.PathLike) -> dict[str, Any]:
         """Parse and check the structure of a sidecar file."""
-        _, sidecar_path = _paths(path)
+        _, sidecar_path = proposal_files(path)
         if not sidecar_path.exists():
             raise FileNotFoundError(f"proposal sidecar {sidecar_path} not found")
         try:
@@ -229,7 +241,7 @@ class NeuralBlockProposal(nn.Module):
             ValueError: mismatched motif or network, truncated or tampered files.
             FileNotFoundError: missing weights or sidecar.
         """
-        weights_path, sidecar_path = _paths(path)
+        weights_path, sidecar_path = proposal_files(path)
         meta = cls.read_sidecar(path)
         spec = meta["motif"]
         if motif is None:
