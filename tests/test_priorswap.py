@@ -286,6 +286,53 @@ def test_bad_inputs_raise_clear_errors() -> None:
         PriorSwap({"s": -torch.rand(50)}, {"s": HalfCauchy(1.0)}, {"s": HalfNormal(1.0)})
 
 
+def test_semiparametric_estimate_with_preconditioned_and_elliptical_kernels() -> None:
+    draws = Gamma(20.0, 10.0).sample((400,))[:, None]
+    for kernel_name in ("nuts", "elliptical"):
+        kernel = PriorSwap(draws, Normal(0.0, 5.0), Laplace(0.0, 1.0), kernel=kernel_name, estimator="semiparametric")
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, disable_progbar=True)
+        mcmc.run()
+        assert torch.isfinite(mcmc.get_samples()["theta"]).all()
+        if kernel_name == "nuts":
+            assert kernel._frame is not None  # preconditioned by the parametric start, not silently off
+    with pytest.raises(ValueError, match="already targets it"):
+        PriorSwap(draws, Normal(0.0, 5.0), Laplace(0.0, 1.0), estimator="semiparametric", correction="is")
+
+
+def test_matrix_valued_constrained_sites_and_float64_draws() -> None:
+    scales = HalfNormal(torch.ones(2, 3)).sample((300,)).double() + 0.5  # float64 draws of a [2, 3] site
+    false_prior = {"s": torch.distributions.Independent(HalfNormal(torch.ones(2, 3)), 2)}
+    target_prior = {"s": torch.distributions.Independent(Gamma(torch.full((2, 3), 2.0), 2.0), 2)}
+    problem = SwapProblem({"s": scales}, false_prior, target_prior)
+    z = problem.z[:4]
+    batched = problem.log_density(z)
+    one_by_one = torch.stack([problem.log_density(z[i : i + 1])[0] for i in range(4)])
+    assert torch.allclose(batched, one_by_one)
+    theta, _ = problem.layout.to_constrained(z)
+    assert torch.allclose(problem.layout.to_unconstrained(theta), z)
+    for kernel_name in ("nuts", "mh"):
+        kernel = PriorSwap({"s": scales}, false_prior, target_prior, kernel=kernel_name)
+        mcmc = MCMC(kernel, num_samples=10, warmup_steps=10, disable_progbar=True)
+        mcmc.run()
+        draws = mcmc.get_samples()["s"]
+        assert draws.shape == (10, 2, 3) and (draws > 0).all()
+
+
+def test_supports_are_compared_by_value() -> None:
+    from torch.distributions import Beta, Uniform
+
+    draws = torch.rand(200, 3) * 0.8 + 0.1
+    PriorSwap(draws, Beta(torch.ones(3), torch.ones(3)), Uniform(torch.zeros(3), torch.ones(3)))  # the same set
+    with pytest.raises(ValueError, match="support"):
+        PriorSwap(draws, Uniform(torch.zeros(3), torch.ones(3)), Uniform(torch.zeros(3), torch.tensor([1.0, 1.0, 1.1])))
+
+
+def test_gaussian_mixture_fit_survives_a_collapsed_component() -> None:
+    draws = torch.cat([torch.randn(700, 2, generator=torch.Generator().manual_seed(0)), torch.zeros(300, 2)])
+    fit = GaussianMixtureFit(draws, num_components=3)
+    assert torch.isfinite(fit.log_prob(torch.tensor([[0.0, 0.0], [1.0, -1.0]]))).all()
+
+
 def test_swap_log_density_matches_formula() -> None:
     problem = SwapProblem(ExactPosterior(Normal(0.5, 0.2)), Normal(0.0, 1.0), Laplace(1.0, 0.5))
     z = torch.linspace(-1.0, 2.0, 7)[:, None]

@@ -34,7 +34,7 @@ from neuralblock.priorswap.kernel import (
     preconditioned_walk_propose,
     swap_mh_step,
 )
-from neuralblock.priorswap.layout import SiteLayout, SitePrior, support_key
+from neuralblock.priorswap.layout import SiteLayout, SitePrior, same_support, support_key
 from neuralblock.priorswap.swap import (
     ISResult,
     SwappedModel,
@@ -65,6 +65,7 @@ __all__ = [
     "fit_swap_reference",
     "importance_swap",
     "preconditioned_walk_propose",
+    "same_support",
     "support_key",
     "swap_log_density",
     "swap_mh_step",

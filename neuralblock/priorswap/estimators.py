@@ -260,7 +260,9 @@ class GaussianMixtureFit(FalsePosteriorDensity):
             means = (resp.T @ x) / nk[:, None]
             centred = x[None, :, :] - means[:, None, :]  # [K, T, D]
             covs = torch.einsum("kt,ktd,kte->kde", resp.T, centred, centred) / nk[:, None, None]
-            ridge = jitter * covs.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=1e-300)
+            # relative to each component's scale, floored by the draws' overall scale: a component that
+            # collapses onto repeated draws (a stuck chain's) keeps a positive definite covariance
+            ridge = jitter * covs.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=float(cov.diagonal().mean()))
             covs = covs + ridge[:, None, None] * torch.eye(dim, dtype=x.dtype)
             self.num_iters += 1
             if current - previous < tol:
@@ -358,6 +360,11 @@ class SemiparametricFit(FalsePosteriorDensity):
     def log_prob(self, x: Tensor) -> Tensor:
         """Log density of ``x [..., D]`` (normalized only asymptotically)."""
         return self.parametric.log_prob(x) + self.log_correction(x)
+
+    @property
+    def mean(self) -> Tensor | None:
+        """The parametric start's mean (the centre a sampler's preconditioning and reference use)."""
+        return getattr(self.parametric, "mean", None)
 
     def scale_tril(self) -> Tensor | None:
         """The parametric start's covariance factor."""

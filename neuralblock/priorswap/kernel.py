@@ -384,6 +384,11 @@ class PriorSwap(MCMCKernel):
         is_density = isinstance(false_posterior, FalsePosteriorDensity)
         if correction is not None and is_density:
             raise ValueError(f"correction={correction!r} needs false-posterior draws, not a density")
+        if correction == "is" and estimator == "semiparametric":
+            raise ValueError(
+                "correction='is' reweights a chain on the parametric estimate toward the semiparametric one; "
+                "with estimator='semiparametric' the chain already targets it: use correction=None"
+            )
         parametric = "gaussian" if estimator == "semiparametric" else estimator
         self.problem = SwapProblem(
             false_posterior,
@@ -410,6 +415,8 @@ class PriorSwap(MCMCKernel):
         self.precondition = bool(precondition)
         self.reference = reference
         self._frame: tuple[Tensor, Tensor] | None = None
+        # the sampler's float type: that of the false-posterior draws (float64 draws stay float64)
+        self._dtype = self.problem.z.dtype if self.problem.z is not None else torch.get_default_dtype()
         self.potential_fn = SwappedPotential(self.problem)
         self.transforms: dict[str, Any] = self.problem.layout.unconstrained_transforms()
         self._pending_init: dict[str, Tensor] | None = None
@@ -446,7 +453,7 @@ class PriorSwap(MCMCKernel):
         """Choose the initial point and build the inner sampler (model arguments are not needed)."""
         self._reset_stats(warmup_steps)
         if self._pending_init is not None:
-            z0 = self.potential_fn.flat(self._pending_init).to(torch.get_default_dtype())
+            z0 = self.potential_fn.flat(self._pending_init).to(self._dtype)
             self._pending_init = None
         else:
             z0 = self._default_init()
@@ -508,8 +515,7 @@ class PriorSwap(MCMCKernel):
         mean = self._density_mean()
         if tril is None or mean is None or tril.shape != (mean.numel(), mean.numel()):
             return None
-        dtype = torch.get_default_dtype()
-        return mean.to(dtype), tril.detach().to(dtype)
+        return mean.to(self._dtype), tril.detach().to(self._dtype)
 
     def _density_mean(self) -> Tensor | None:
         """The estimate's mean in unconstrained coordinates (``None`` if it has none)."""
@@ -519,7 +525,7 @@ class PriorSwap(MCMCKernel):
             mean = getattr(getattr(density, "density", None), "mean", None)
         if not isinstance(mean, Tensor) or mean.numel() != problem.layout.dim:
             return None
-        mean = mean.detach().reshape(-1).to(torch.get_default_dtype())
+        mean = mean.detach().reshape(-1).to(self._dtype)
         return problem.layout.to_unconstrained(mean) if density.space == "constrained" else mean.clone()
 
     def _default_init(self) -> Tensor:
@@ -530,7 +536,7 @@ class PriorSwap(MCMCKernel):
             log_p = problem.log_density(candidates).nan_to_num(nan=-math.inf)
             return candidates[int(log_p.argmax())].clone()
         mean = self._density_mean()
-        return mean if mean is not None else torch.zeros(problem.layout.dim)
+        return mean if mean is not None else torch.zeros(problem.layout.dim, dtype=self._dtype)
 
     def _to_inner(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if self._frame is None or not params:

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.distributions import Distribution, biject_to, constraints
 from torch.distributions.constraints import Constraint
 
-__all__ = ["DEFAULT_SITE", "PriorLike", "SiteLayout", "SitePrior", "as_sample_dict", "support_key"]
+__all__ = ["DEFAULT_SITE", "PriorLike", "SiteLayout", "SitePrior", "as_sample_dict", "same_support", "support_key"]
 
 DEFAULT_SITE = "theta"
 
@@ -70,11 +70,44 @@ def support_key(support: Constraint | None) -> str:
         >>> support_key(HalfNormal(1.0).support)
         'GreaterThanEq(lower_bound=0.0)'
     """
+    return repr(_base_constraint(support)).replace("GreaterThan(", "GreaterThanEq(")
+
+
+def same_support(a: Constraint | None, b: Constraint | None) -> bool:
+    """Whether two supports are the same set: same kind, bounds equal after broadcasting.
+
+    Independent wrappers are removed and open/closed lower bounds are not told apart (as in
+    :func:`support_key`); bounds are compared as numbers, so ``Interval(0, 1)`` equals an
+    interval with tensor bounds of zeros and ones, and bounds that differ in any element differ.
+
+    Example:
+        >>> from torch.distributions import Beta, Uniform
+        >>> same_support(Beta(torch.ones(3), torch.ones(3)).support, Uniform(torch.zeros(3), torch.ones(3)).support)
+        True
+        >>> same_support(Uniform(0.0, torch.tensor([1.0, 2.0])).support, constraints.unit_interval)
+        False
+    """
+    if support_key(a).split("(")[0] != support_key(b).split("(")[0]:
+        return False
+    a, b = _base_constraint(a), _base_constraint(b)
+    for bound in ("lower_bound", "upper_bound"):
+        x, y = getattr(a, bound, None), getattr(b, bound, None)
+        if (x is None) != (y is None):
+            return False
+        if x is not None:
+            x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+            try:
+                if not bool((x == y).all()):
+                    return False
+            except RuntimeError:  # shapes that do not broadcast
+                return False
+    return True
+
+
+def _base_constraint(support: Constraint | None) -> Constraint:
     while isinstance(support, constraints.independent):
         support = support.base_constraint
-    if support is None:
-        return "Real()"
-    return repr(support).replace("GreaterThan(", "GreaterThanEq(")
+    return constraints.real if support is None else support
 
 
 class SiteLayout:
@@ -147,24 +180,28 @@ class SiteLayout:
         if not self.constrained_sites:
             return z, z.new_zeros(z.shape[:-1])
         theta = z.clone()
-        log_det = z.new_zeros(z.shape[:-1])
-        for name in self.constrained_sites:
-            sl = self.slices[name]
-            transform = self.bijections[name]
-            value = transform(z[..., sl])
-            theta[..., sl] = value
-            log_det = log_det + transform.log_abs_det_jacobian(z[..., sl], value).reshape(z.shape[:-1] + (-1,)).sum(-1)
+        batch = z.shape[:-1]
+        log_det = z.new_zeros(batch)
+        for name in self.constrained_sites:  # each site's transform sees the site's own shape
+            transform, u = self.bijections[name], self._site_values(z, name)
+            value = transform(u)
+            theta[..., self.slices[name]] = value.reshape(batch + (-1,))
+            log_det = log_det + transform.log_abs_det_jacobian(u, value).reshape(batch + (-1,)).sum(-1)
         return theta, log_det
 
     def to_unconstrained(self, theta: Tensor) -> Tensor:
         """Map flat constrained ``theta [..., D]`` to unconstrained ``z`` (checks the supports)."""
         z = theta.clone()
         for name in self.constrained_sites:
-            sl = self.slices[name]
-            if not bool(self.supports[name].check(theta[..., sl]).all()):
+            value = self._site_values(theta, name)
+            if not bool(self.supports[name].check(value).all()):
                 raise ValueError(f"values of site {name!r} lie outside its support {self.supports[name]}")
-            z[..., sl] = self.bijections[name].inv(theta[..., sl])
+            z[..., self.slices[name]] = self.bijections[name].inv(value).reshape(theta.shape[:-1] + (-1,))
         return z
+
+    def _site_values(self, flat: Tensor, name: str) -> Tensor:
+        """Site ``name``'s part of ``flat [..., D]`` in its own shape ``[..., *shape]``."""
+        return flat[..., self.slices[name]].reshape(flat.shape[:-1] + self.shapes[name])
 
     def unconstrained_transforms(self) -> dict[str, Any]:
         """Pyro-style ``transforms`` (constrained -> unconstrained) for the non-real sites."""

@@ -33,6 +33,7 @@ from neuralblock.priorswap.layout import (
     SiteLayout,
     SitePrior,
     as_sample_dict,
+    same_support,
     support_key,
 )
 
@@ -160,7 +161,7 @@ class SwapProblem:
     def _check_supports(self, sites: list[str]) -> None:
         false_s, target_s = self.false_prior.supports(sites), self.target_prior.supports(sites)
         for name in sites:
-            if name in false_s and name in target_s and support_key(false_s[name]) != support_key(target_s[name]):
+            if name in false_s and name in target_s and not same_support(false_s[name], target_s[name]):
                 raise ValueError(
                     f"site {name!r}: the target prior's support {support_key(target_s[name])} differs from the "
                     f"false prior's support {support_key(false_s[name])}; prior swapping needs the same support"
