@@ -104,6 +104,16 @@ def test_csmc_input_errors() -> None:
         linear_gaussian_ssm(torch.zeros(3), **MODEL)
     with pytest.raises(TypeError, match="values"):
         ParticleGibbs(partial(linear_gaussian_ssm, torch.zeros(2, 3)), torch.zeros(2, 3)).condition_on([1.0])
+    state_space = partial(linear_gaussian_ssm, torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="must hold floats"):
+        ParticleGibbs(state_space, torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \[S, T\]"):
+        ParticleGibbs(state_space, torch.zeros(6))
+    kernel = ParticleGibbs(state_space, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"shape \(2, 3\)"):
+        kernel.initial_params = {"h": torch.zeros(3, 2)}
+    with pytest.raises(ValueError, match="finite"):
+        kernel.initial_params = {"h": torch.full((2, 3), float("nan"))}
 
 
 def test_degenerate_weights_are_counted_not_crashing() -> None:

@@ -296,7 +296,9 @@ def write_mar(path: PathLike, marginals: Tensor, cardinalities: Sequence[int] | 
     for row, card in zip(marginals.tolist(), cards):
         parts.append(str(card))
         parts.extend(f"{p:.{digits}g}" for p in row[:card])
-    Path(path).write_text("MAR\n" + " ".join(parts) + "\n")
+    from neuralblock.proposals import atomic_write_bytes  # here: the io package stays import-light
+
+    atomic_write_bytes(Path(path), ("MAR\n" + " ".join(parts) + "\n").encode())
 
 
 def _starts_line(toks: Tokens) -> bool:

@@ -288,6 +288,19 @@ def kalman_smoother(
 # -- the MCMCKernel shell ------------------------------------------------------------------
 
 
+def _checked_path(path: Tensor, shape: torch.Size | None) -> Tensor:
+    """A latent path ``[S, T]`` of finite floats (of ``shape`` when given)."""
+    path = torch.as_tensor(path)
+    if not path.is_floating_point():
+        raise TypeError(f"a latent path must hold floats (continuous states), got dtype {path.dtype}")
+    if path.dim() != 2 or (shape is not None and path.shape != shape):
+        expected = "[S, T]" if shape is None else str(tuple(shape))
+        raise ValueError(f"a latent path must have shape {expected}, got {tuple(path.shape)}")
+    if not torch.isfinite(path).all():
+        raise ValueError("a latent path must be finite")
+    return path
+
+
 class ParticleGibbs(MCMCKernel):
     """Particle Gibbs update of a latent path site given fixed global parameters.
 
@@ -329,9 +342,7 @@ class ParticleGibbs(MCMCKernel):
     ) -> None:
         if not callable(state_space):
             raise TypeError(f"state_space must be callable, got {type(state_space).__name__}")
-        initial_path = torch.as_tensor(initial_path)
-        if initial_path.dim() != 2:
-            raise ValueError(f"initial_path must be [S, T], got shape {tuple(initial_path.shape)}")
+        initial_path = _checked_path(initial_path, None)
         if int(num_particles) < 2:
             raise ValueError(f"num_particles must be >= 2, got {num_particles}")
         self.state_space = state_space
@@ -382,10 +393,7 @@ class ParticleGibbs(MCMCKernel):
 
     @initial_params.setter
     def initial_params(self, params: Mapping[str, Tensor]) -> None:
-        path = torch.as_tensor(params[self.site])
-        if path.shape != self._initial_path.shape:
-            raise ValueError(f"initial {self.site!r} must have shape {tuple(self._initial_path.shape)}")
-        self._initial_path = path.clone()
+        self._initial_path = _checked_path(params[self.site], self._initial_path.shape).clone()
 
     def sweep(self, path: Tensor) -> tuple[Tensor, CSMCInfo]:
         """One conditional-SMC sweep from ``path`` under the current values (no bookkeeping)."""
