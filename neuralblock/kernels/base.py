@@ -50,6 +50,7 @@ class GraphKernel(MCMCKernel):
         self._t = 0
         self._elapsed = 0.0
         self._conditioned: ConditionedModel | None = None
+        self._sites_may_change = False  # set by reset_conditioning
         self.transforms: dict = {}
 
     # -- the Pyro-facing surface ------------------------------------------------------
@@ -93,10 +94,14 @@ class GraphKernel(MCMCKernel):
         """
         if not self.from_pyro:
             raise TypeError(f"{type(self).__name__} on a FactorGraph has no Pyro sites to condition on")
+        may_change, self._sites_may_change = self._sites_may_change, False
         if self._conditioned is None:
             if self.fg is not None:
                 raise ValueError("call condition_on before setup the first time: the graph is built at setup")
             self._conditioned = ConditionedModel(self._source, values)
+        elif may_change and set(values) != set(self._conditioned.values):  # a new run's model: rebuild at setup
+            self._conditioned = ConditionedModel(self._source, values)
+            self.fg = None
         else:
             changed = values_changed(self._conditioned.values, values)
             self._conditioned.set_values(values)
@@ -104,14 +109,12 @@ class GraphKernel(MCMCKernel):
                 self._follow_conditioning(self.fg)
 
     def reset_conditioning(self) -> None:
-        """Forget the sites fixed by :meth:`condition_on`; the graph is rebuilt at the next ``setup``.
+        """Let the next :meth:`condition_on` fix another set of sites (the graph is then rebuilt at ``setup``).
 
         A compound sampler calls it before conditioning again for a new run, whose data may
-        give the model other latent sites.
+        give the model other latent sites; the same sites keep the graph built for them.
         """
-        if self.from_pyro and self._conditioned is not None:
-            self._conditioned = None
-            self.fg = None
+        self._sites_may_change = True
 
     def _follow_conditioning(self, fg: FactorGraph) -> None:
         """After the conditioned values changed: new evidence values, re-tabulated tables."""
