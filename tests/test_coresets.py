@@ -295,6 +295,17 @@ def test_weighted_model_traces_under_the_pytorch_jit(data: torch.Tensor) -> None
         assert torch.allclose(grad, expected_grad, rtol=1e-6)
 
 
+def test_a_plate_with_a_fixed_subsample_size_is_a_clear_error() -> None:
+    def minibatch_model(y: torch.Tensor) -> None:
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y), subsample_size=5) as idx:
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+    model = weighted_model(minibatch_model, Coreset(torch.tensor([1, 2]), torch.tensor([10.0, 10.0])))
+    with pytest.raises(ValueError, match="without subsample_size"):
+        poutine.trace(model).get_trace(torch.randn(20))
+
+
 def test_weighted_model_with_a_non_default_plate_dim() -> None:
     y = torch.randn(6, 3)
 

@@ -61,6 +61,13 @@ class PlateIndices(Messenger):
     def _pyro_sample(self, msg: Message) -> None:
         if msg["name"] == self.plate and isinstance(msg["fn"], _Subsample):
             self.size = int(msg["fn"].size)
+            fixed = msg["fn"].subsample_size
+            if fixed is not None and fixed != self.size and fixed != len(self.indices):
+                raise ValueError(
+                    f"plate {self.plate!r} fixes subsample_size={fixed}, but neuralblock runs the data plate on "
+                    f"index sets of its own ({len(self.indices)} here): write pyro.plate({self.plate!r}, "
+                    f"{self.size}) without subsample_size"
+                )
             if len(self.indices) and int(self.indices.max()) >= self.size:
                 raise ValueError(
                     f"index {int(self.indices.max())} is out of range for plate {self.plate!r} of size {self.size}"
