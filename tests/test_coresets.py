@@ -122,6 +122,18 @@ def test_frank_wolfe_tolerance_stops_early_and_keeps_the_invariants() -> None:
         FrankWolfe(refine_every=-1)
 
 
+def test_frank_wolfe_stops_on_the_exact_error_with_float32_features() -> None:
+    # a large common component: the running error ||L||^2 - 2<L, L(w)> + ||L(w)||^2 cancels to ~sqrt(eps) ||L||
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        torch.randn(400, 30, generator=g)  # the third draw made the running error stop early before the fix
+    features = (torch.randn(400, 30, generator=g) + 30.0).float()
+    result = frank_wolfe(features, 300, refine_every=0, tol=1e-5)
+    scale = float(features.double().sum(0).norm())
+    if len(result.errors) < 300:  # it stopped: the error it met the tolerance with is the true one
+        assert coreset_error(features.double(), result.weights) <= 1e-5 * scale
+
+
 def test_nnls_matches_the_kkt_conditions() -> None:
     rows = torch.randn(25, 12, dtype=torch.float64)
     target = torch.randn(12, dtype=torch.float64)

@@ -298,10 +298,19 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
                 lw_l, lw_sq = refined @ total, refined @ refined
                 error = torch.clamp(total_sq - 2 * lw_l + lw_sq, min=0).sqrt()
                 stop = tol > 0 and bool(error <= stop_at)
+        if stop:  # the running error cancels to ~sqrt(eps) ||L|| in the features' dtype: confirm it directly
+            error = _direct_error(features, weights, total)
+            stop = bool(error <= stop_at)
         errors.append(error if not errors else torch.minimum(error, errors[-1]))
         if stop:
             break
     return FWResult(weights, torch.stack(errors))
+
+
+def _direct_error(features: Tensor, weights: Tensor, total: Tensor) -> Tensor:
+    """``||L - L(w)||`` in float64 from the support's rows (O(M J), no cancellation)."""
+    support = torch.nonzero(weights > 0).squeeze(1)
+    return (total - features[support].to(torch.float64).T @ weights[support].to(torch.float64)).norm()
 
 
 def _refit(features: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor | None]:
