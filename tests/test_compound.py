@@ -79,6 +79,19 @@ def test_compound_runs_with_two_chains() -> None:
     assert mcmc.get_samples(group_by_chain=True)["p"].shape == (2, 30)
 
 
+def test_random_schedule_ends_every_inner_warmup_with_the_compound_warmup() -> None:
+    pyro.set_rng_seed(1)
+    gibbs, walk = GibbsKernel(mixture_model), RandomWalkMH(mixture_model)
+    kernel = CompoundKernel([(gibbs, None), (walk, ["p"])], schedule="random", weights=[3, 1], steps=[2, 1])
+    kernel.setup(37)
+    params = kernel.initial_params
+    for _ in range(37):
+        params = kernel.sample(params)
+    # each inner kernel has run exactly its warmup transitions: the next one is a sampling transition
+    assert gibbs._t == gibbs._warmup_steps and walk._t == walk._warmup_steps
+    assert gibbs._warmup_steps + 2 * walk._warmup_steps == 2 * 37
+
+
 TRANSITIONS = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
 
 

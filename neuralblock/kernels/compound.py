@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,6 +102,8 @@ class CompoundKernel(MCMCKernel):
         self._model = model
         self._params: dict[str, Tensor] | None = None
         self._dtypes: dict[str, torch.dtype] = {}
+        self._warmup_order: Tensor | None = None
+        self._t = 0
         self._pending_init: dict[str, Tensor] | None = None
         self._transforms: dict | None = None
         self._visits = [0] * len(blocks)
@@ -136,7 +137,7 @@ class CompoundKernel(MCMCKernel):
         }
         self.sites = self._resolve_sites(list(values))
         self._dtypes = {name: value.dtype for name, value in values.items()}
-        visits = self._expected_visits()
+        visits = self._warmup_visits(int(warmup_steps))
         transforms: dict = {}
         params: dict[str, Tensor] = {}
         for b, kernel in enumerate(self.kernels):
@@ -144,7 +145,7 @@ class CompoundKernel(MCMCKernel):
             set_conditioning(kernel, {k: v for k, v in values.items() if k not in own}, reset=True)
             if self._pending_init is not None:
                 kernel.initial_params = {k: v for k, v in self._pending_init.items() if k in own}
-            kernel.setup(int(math.ceil(warmup_steps * visits[b])), *args, **kwargs)
+            kernel.setup(visits[b] * self.steps[b], *args, **kwargs)  # its warmup ends with the compound's
             init = kernel.initial_params
             if set(init) != own:
                 raise ValueError(
@@ -157,6 +158,7 @@ class CompoundKernel(MCMCKernel):
         self._params = params
         self._transforms = transforms
         self._visits = [0] * len(self.kernels)
+        self._t = 0
         self._final_diagnostics = None
 
     def _resolve_sites(self, latent: list[str]) -> list[list[str]]:
@@ -174,10 +176,19 @@ class CompoundKernel(MCMCKernel):
             raise ValueError(f"latent sites {rest} are sampled by no block; add them to a block or pass sites=None")
         return resolved
 
-    def _expected_visits(self) -> list[float]:
+    def _warmup_visits(self, warmup_steps: int) -> list[int]:
+        """Visits of each block during warmup; a random schedule draws its warmup order now.
+
+        Each inner kernel then adapts for exactly its warmup visits (times its steps), so no
+        adaptation runs into the sampling phase, whatever the random order.
+        """
         if self.schedule == "cycle":
-            return [float(s) for s in self.steps]
-        return [float(p) * s for p, s in zip(self.probs.tolist(), self.steps)]
+            self._warmup_order = None
+            return [warmup_steps] * len(self.kernels)
+        self._warmup_order = torch.multinomial(self.probs, warmup_steps, replacement=True) if warmup_steps else None
+        if self._warmup_order is None:
+            return [0] * len(self.kernels)
+        return torch.bincount(self._warmup_order, minlength=len(self.kernels)).tolist()
 
     @property
     def initial_params(self) -> dict[str, Tensor]:
@@ -206,8 +217,11 @@ class CompoundKernel(MCMCKernel):
         current = dict(params)
         if self.schedule == "cycle":
             order = range(len(self.kernels))
+        elif self._warmup_order is not None and self._t < len(self._warmup_order):
+            order = [int(self._warmup_order[self._t])]  # the warmup order drawn at setup
         else:
             order = [int(torch.multinomial(self.probs, 1))]
+        self._t += 1
         for b in order:
             kernel, own = self.kernels[b], self.sites[b]
             others = [k for k in current if k not in own]
