@@ -203,6 +203,24 @@ def test_bayes_round_trip(tmp_path: Path) -> None:
     assert float(torch.logsumexp(got, 0)) == pytest.approx(0.0, abs=1e-6)  # a normalized BN
 
 
+@pytest.mark.parametrize(
+    ("factors", "message"),
+    [
+        ([[1, 0], [0, 1]], r"the parent links form a cycle"),  # x0 | x1 and x1 | x0
+        ([[0]], r"variables \['x1'\] have no CPT"),
+        ([[0], [0], [1]], r"variable 'x0' is the child of 2 CPTs"),
+    ],
+)
+def test_bayes_networks_need_one_cpt_per_variable_and_no_cycle(
+    tmp_path: Path, factors: list[list[int]], message: str
+) -> None:
+    scopes = "".join(f"{len(scope)} {' '.join(map(str, scope))}\n" for scope in factors)
+    tables = "".join(f"{2 ** len(scope)}\n{' '.join(['0.5'] * 2 ** len(scope))}\n" for scope in factors)
+    text = f"BAYES\n2\n2 2\n{len(factors)}\n{scopes}\n{tables}"
+    with pytest.raises(ValueError, match=message):
+        read_uai(_write(tmp_path, text, "bad.uai"))
+
+
 def test_markov_with_evidence_file_and_dict(tmp_path: Path) -> None:
     path = _write(tmp_path, SMALL_BAYES.replace("BAYES", "MARKOV"), "small.uai")
     single = _write(tmp_path, "2 0 1 2 2\n", "single.evid")

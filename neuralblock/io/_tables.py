@@ -10,7 +10,7 @@ import torch
 
 from neuralblock.graph import FactorGraph
 
-__all__ = ["ParsedTables", "build_graph", "table_size"]
+__all__ = ["ParsedTables", "build_graph", "check_bayes_structure", "table_size"]
 
 CPT_TOLERANCE = 1e-3
 
@@ -54,6 +54,8 @@ def build_graph(
     Raises:
         ValueError: a CPT row does not sum to 1.
     """
+    if conditional:
+        check_bayes_structure(names, tables, source)
     runs: list[tuple[tuple[int, ...], int, int]] = []  # (shape, start, stop)
     for f, scope in enumerate(tables.scopes):
         shape = tuple(cards[v] for v in scope)
@@ -85,6 +87,41 @@ def build_graph(
     for scopes, log_tables in batches:
         fg.add_table_factors(scopes, log_tables)
     return fg
+
+
+def check_bayes_structure(names: Sequence[str], tables: ParsedTables, source: str) -> None:
+    """A Bayesian network's CPTs: one per variable (its last scope variable), parents forming a DAG.
+
+    Raises:
+        ValueError: a variable has no CPT or several, or the parent links form a cycle (the
+            product of the tables would not be a normalised joint distribution).
+
+    Example:
+        >>> tables = ParsedTables([[0], [0, 1], [1, 0]], [[0.5, 0.5]] * 3, [1, 2, 3])
+        >>> check_bayes_structure(["a", "b"], tables, "net.uai")
+        Traceback (most recent call last):
+        ...
+        ValueError: net.uai line 3: variable 'a' is the child of 2 CPTs (lines [1, 3]), expected one
+    """
+    import networkx as nx
+
+    owners: dict[int, list[int]] = {}
+    for f, scope in enumerate(tables.scopes):
+        owners.setdefault(scope[-1], []).append(f)
+    for child, factors in owners.items():
+        if len(factors) > 1:
+            lines = [tables.lines[f] for f in factors]
+            raise ValueError(
+                f"{source} line {lines[-1]}: variable {names[child]!r} is the child of {len(factors)} CPTs "
+                f"(lines {lines}), expected one"
+            )
+    orphans = [names[v] for v in range(len(names)) if v not in owners]
+    if orphans:
+        raise ValueError(f"{source}: variables {orphans[:5]} have no CPT; a Bayesian network has one per variable")
+    links = nx.DiGraph((parent, scope[-1]) for scope in tables.scopes for parent in scope[:-1])
+    if not nx.is_directed_acyclic_graph(links):
+        cycle = [names[u] for u, _ in nx.find_cycle(links)]
+        raise ValueError(f"{source}: the parent links form a cycle {cycle}; a Bayesian network is acyclic")
 
 
 def table_size(cards: Sequence[int], scope: Sequence[int]) -> int:
