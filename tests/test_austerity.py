@@ -234,6 +234,8 @@ def test_normality_check_warns_on_heavy_tails() -> None:
 def test_bad_input_raises() -> None:
     with pytest.raises(ValueError, match="epsilon"):
         AusterityMH(logistic, epsilon=0.6)
+    with pytest.raises(ValueError, match="epsilon"):
+        AusterityMH(logistic, epsilon=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_size"):
         AusterityMH(logistic, batch_size=1)
     with pytest.raises(TypeError, match="proposal"):

@@ -267,6 +267,9 @@ def test_bad_input_raises_named_errors() -> None:
         LWAKernel(gaussian_model, 0)
     with pytest.raises(ValueError, match="epsilon"):
         LWAKernel(gaussian_model, 2, epsilon=-1.0)
+    with pytest.raises(ValueError, match="epsilon"):
+        LWAKernel(gaussian_model, 2, epsilon=True)  # type: ignore[arg-type]
+    assert LWAKernel(gaussian_model, np.int64(2)).subset_size == 2  # a NumPy integer is an int
     with pytest.raises(ValueError, match="subset must be"):
         LWAKernel(gaussian_model, 2, subset="random")
     with pytest.raises(TypeError, match="summaries"):

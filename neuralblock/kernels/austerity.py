@@ -251,7 +251,7 @@ class AusterityMH(MCMCKernel):
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
-        if not (isinstance(epsilon, int | float) and 0.0 <= epsilon < 0.5):
+        if isinstance(epsilon, bool) or not (isinstance(epsilon, int | float) and 0.0 <= epsilon < 0.5):
             raise ValueError(f"epsilon must be a number in [0, 0.5), got {epsilon!r}")
         if not (isinstance(batch_size, int) and batch_size >= 2):
             raise ValueError(f"batch_size must be an integer >= 2, got {batch_size!r}")

@@ -86,6 +86,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -368,9 +369,10 @@ class LWAKernel(MCMCKernel):
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
-        if isinstance(subset_size, bool) or not isinstance(subset_size, int) or subset_size < 1:
+        if isinstance(subset_size, bool) or not isinstance(subset_size, numbers.Integral) or subset_size < 1:
             raise ValueError(f"subset_size must be a positive int, got {subset_size!r}")
-        if not (isinstance(epsilon, int | float) and epsilon > 0):
+        subset_size = int(subset_size)  # e.g. a NumPy integer
+        if isinstance(epsilon, bool) or not (isinstance(epsilon, int | float) and epsilon > 0):
             raise ValueError(f"epsilon must be a positive number (inf for uniform subsets), got {epsilon!r}")
         if not (isinstance(summaries, str) and summaries == "default") and not callable(summaries):
             raise TypeError(f"summaries must be 'default' or a callable, got {summaries!r}")
