@@ -49,6 +49,7 @@ from torch import Tensor, nn
 
 from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
+from neuralblock.proposals import proposal_files
 
 __all__ = [
     "CRF_FORMAT",
@@ -628,10 +629,8 @@ _RESERVED = {"format", "version", "feature_version", "tags", "num_features", "sh
 
 
 def _crf_paths(path: str | os.PathLike) -> tuple[Path, Path]:
-    p = Path(path)
-    if p.suffix in (".safetensors", ".json"):
-        p = p.with_suffix("")
-    return p.with_suffix(".safetensors"), p.with_suffix(".json")
+    """``(weights, sidecar)`` of a CRF file stem: named as proposal files are (dots kept)."""
+    return proposal_files(path)
 
 
 def default_crf_path() -> Path:

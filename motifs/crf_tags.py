@@ -64,6 +64,7 @@ from neuralblock.graph import FactorGraph
 from neuralblock.graph.groups import TableGroup
 from neuralblock.io import data_path
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, register_motif
+from neuralblock.proposals import proposal_files
 
 __all__ = ["NUM_TAGS", "CrfTagsMotif"]
 
@@ -447,7 +448,7 @@ def _sentence_cache(crf_path: str | os.PathLike | None) -> dict[str, Tensor]:
     Cached per CRF file (path, size and modification time), so building several motifs is cheap.
     """
     path = Path(crf_path) if crf_path is not None else default_crf_path()
-    weights = path.with_suffix(".safetensors")
+    weights, _ = proposal_files(path)
     stat = weights.stat() if weights.is_file() else None
     key = (str(weights.resolve()), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1)
     if key in _SENTENCE_CACHE:

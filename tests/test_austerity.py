@@ -351,12 +351,14 @@ def test_transforms_are_none_until_setup_so_pyro_builds_them_for_parallel_chains
     assert set(mcmc.transforms) == {"var"} and float(mcmc.transforms["var"].inv(torch.tensor(-3.0))) > 0
 
 
-def test_initial_params_are_used_at_every_setup() -> None:
+def test_initial_params_start_each_chain_they_are_set_for() -> None:
     kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, normality_check=False)
-    kernel.initial_params = {"w": torch.tensor([0.5, -1.0, 2.0])}
-    for _ in range(2):  # e.g. the chains of a sequential pyro.infer.MCMC run
+    for start in ([0.5, -1.0, 2.0], [1.5, 0.0, -2.0]):  # Pyro's sequential MCMC sets them before each chain
+        kernel.initial_params = {"w": torch.tensor(start)}
         kernel.setup(0, X, Y)
-        assert kernel.initial_params["w"].tolist() == [0.5, -1.0, 2.0]
+        assert kernel.initial_params["w"].tolist() == start
+    kernel.setup(0, X, Y)  # nothing set since: a prior draw
+    assert kernel.initial_params["w"].tolist() != [1.5, 0.0, -2.0]
 
 
 def masked_normal_scale(y: torch.Tensor) -> None:

@@ -73,10 +73,14 @@ def test_compound_with_pyro_nuts_on_a_conditioned_model() -> None:
 
 
 def test_compound_runs_with_two_chains() -> None:
-    kernel = CompoundKernel([(GibbsKernel(mixture_model), None), (RandomWalkMH(mixture_model), ["p"])])
+    gibbs = GibbsKernel(mixture_model)
+    kernel = CompoundKernel([(gibbs, None), (RandomWalkMH(mixture_model), ["p"])])
     mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, num_chains=2, disable_progbar=True)
     mcmc.run()
     assert mcmc.get_samples(group_by_chain=True)["p"].shape == (2, 30)
+    graph = gibbs.fg
+    MCMC(kernel, num_samples=5, warmup_steps=2, disable_progbar=True).run()
+    assert gibbs.fg is graph  # the same conditioned sites: the graph built for them is kept
 
 
 def test_random_schedule_ends_every_inner_warmup_with_the_compound_warmup() -> None:

@@ -209,6 +209,17 @@ def test_initial_states_must_respect_domains_and_evidence(start: list[float], me
     assert kernel.initial_params["x"].tolist() == [0.0, 2.0, 1.0, 0.0, 1.0]
 
 
+def test_float64_starts_keep_continuous_evidence() -> None:
+    fg, _, _ = gaussian_chain()
+    fg.set_evidence({"x3": 0.1})
+    kernel = RandomWalkMH(fg)
+    start = fg.initial_state()
+    start[3] = 0.1
+    kernel.initial_params = {"x": start.double()}  # 0.1 in float32, then float64: 0.10000000149...
+    kernel.setup(0)
+    assert float(kernel.initial_params["x"][3]) == 0.1
+
+
 def test_initial_continuous_values_must_lie_in_their_support() -> None:
     fg = FactorGraph()
     fg.add_variable("rate", support=constraints.positive)

@@ -390,7 +390,7 @@ def test_transforms_are_none_until_setup_so_pyro_builds_them_for_parallel_chains
     assert set(mcmc.transforms) == {"s"} and float(mcmc.transforms["s"].inv(torch.tensor(-3.0))) > 0
 
 
-def test_initial_params_start_every_chain_and_every_later_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_initial_params_start_every_chain_and_the_next_setup(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mcmc_api.mp, "cpu_count", lambda: 1)  # chains in sequence, through one kernel
     kernel = LWAKernel(gaussian_model, 2, step_size=1e-6, adapt_step_size=False)
     start = torch.tensor([5.0, 8.0])
@@ -399,10 +399,12 @@ def test_initial_params_start_every_chain_and_every_later_setup(monkeypatch: pyt
     mcmc.run(TOY_Y)
     mu = mcmc.get_samples(group_by_chain=True)["mu"]
     torch.testing.assert_close(mu, start[:, None].expand(2, 3), atol=1e-4, rtol=0)
-    kernel.initial_params = {"mu": torch.tensor(-4.0)}  # set after a run: used at every later setup
-    for _ in range(2):
-        kernel.setup(0, TOY_Y)
-        assert float(kernel.initial_params["mu"]) == -4.0
+    kernel.initial_params = {"mu": torch.tensor(-4.0)}  # set after a run: applied now and at the next setup
+    assert float(kernel.initial_params["mu"]) == -4.0
+    kernel.setup(0, TOY_Y)
+    assert float(kernel.initial_params["mu"]) == -4.0
+    kernel.setup(0, TOY_Y)  # nothing set since: a prior draw, as for every kernel of the package
+    assert float(kernel.initial_params["mu"]) != -4.0
 
 
 def test_remote_jumps_are_counted_once() -> None:

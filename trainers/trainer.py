@@ -585,6 +585,7 @@ def _train(
         validate(0)
     last_loss = resumed_loss
     (window_loss, window_steps), window_start, window_val = resumed_window, time.perf_counter(), 0.0
+    timed_steps = 0  # steps since window_start (a resumed window's earlier steps ran in another process)
     params = [p for p in proposal.mdn.parameters()]
     max_norm = config.grad_clip if config.grad_clip > 0 else float("inf")
     dtype = next(proposal.mdn.parameters()).dtype
@@ -609,6 +610,7 @@ def _train(
         examples_seen += config.batch_size * ddp.world_size
         window_loss += float(loss.detach())
         window_steps += 1
+        timed_steps += 1
         if progress is not None:
             progress.update(1)
 
@@ -623,11 +625,12 @@ def _train(
                 writer.add_scalar("train/loss", last_loss, step)
                 writer.add_scalar("lr", optimizer.param_groups[0]["lr"], step)
                 writer.add_scalar("grad_norm", float(grad_norm), step)
-                rate = window_steps * config.batch_size * ddp.world_size / elapsed
+                rate = timed_steps * config.batch_size * ddp.world_size / elapsed
                 writer.add_scalar("examples_per_second", rate, step)
             if progress is not None:
                 progress.set_postfix(_postfix(last_loss, history), refresh=False)
             window_loss, window_steps, window_start, window_val = 0.0, 0, time.perf_counter(), 0.0
+            timed_steps = 0
 
         if ddp.is_main and ((config.val_every and step % config.val_every == 0) or step == config.steps):
             val_start = time.perf_counter()

@@ -241,8 +241,8 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
         tol: stop at a relative error ``||L - L(w)|| / ||L|| <= tol`` (0: run all ``size`` iterations).
 
     Returns:
-        The weights and the error after each iteration (non-increasing; fewer than ``size`` entries
-        when ``tol`` stopped it).
+        The weights of the iterate with the least error, and the least error after each iteration
+        (non-increasing; fewer than ``size`` entries when ``tol`` stopped it).
 
     Example:
         >>> result = frank_wolfe(torch.eye(2), 2)
@@ -273,12 +273,15 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     penalty = torch.where(usable, 0.0, -torch.inf).to(torch.float64)  # never pick a zero feature vector
     stop_at = tol * total_sq.sqrt()
     weights = torch.zeros_like(norms)
-    # running quantities: b_n = <L(w), f_n>, lw_l = <L(w), L>, lw_sq = ||L(w)||^2
-    b, lw_l, lw_sq = torch.zeros_like(norms), torch.zeros(()), torch.zeros(())
+    # running quantities in float64: b_n = <L(w), f_n> and the vector L(w) itself (O(J) to update), so the
+    # error ||L - L(w)|| is taken directly, without the cancellation of ||L||^2 - 2<L, L(w)> + ||L(w)||^2
+    b, lw = torch.zeros_like(norms), torch.zeros_like(total)
     errors: list[Tensor] = []
+    best = weights  # the iterate of least error: near convergence float32 products can make a step go up
     for it in range(size):
         f = int(((align - b) * inv_norms + penalty).argmax())
         # direction d = scale_f f_f - L(w); gamma = <d, L - L(w)> / ||d||^2 clipped to [0, 1]
+        lw_l, lw_sq = lw @ total, lw @ lw
         num = scale[f] * (align[f] - b[f]) - (lw_l - lw_sq)
         den = sigma**2 - 2 * scale[f] * b[f] + lw_sq
         if it == 0 or (den > 0 and num > 0):
@@ -286,31 +289,25 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
             weights *= 1 - gamma
             weights[f] += gamma * scale[f]
             column = (features @ features[f]).to(torch.float64)
-            lw_sq = (1 - gamma) ** 2 * lw_sq + 2 * gamma * (1 - gamma) * scale[f] * b[f] + gamma**2 * sigma**2
-            lw_l = (1 - gamma) * lw_l + gamma * scale[f] * align[f]
+            lw = (1 - gamma) * lw + gamma * scale[f] * features[f].to(torch.float64)
             b = (1 - gamma) * b + gamma * scale[f] * column
-        error = torch.clamp(total_sq - 2 * lw_l + lw_sq, min=0).sqrt()
+        error = (total - lw).norm()
         stop = tol > 0 and bool(error <= stop_at)
         if refine_every and ((it + 1) % refine_every == 0 or it == size - 1 or stop):
             weights, refined = _refit(features, weights, total)
             if refined is not None:
                 b = (features @ refined.to(features.dtype)).to(torch.float64)
-                lw_l, lw_sq = refined @ total, refined @ refined
-                error = torch.clamp(total_sq - 2 * lw_l + lw_sq, min=0).sqrt()
+                lw = refined
+                error = (total - lw).norm()
                 stop = tol > 0 and bool(error <= stop_at)
-        if stop:  # the running error cancels to ~sqrt(eps) ||L|| in the features' dtype: confirm it directly
-            error = _direct_error(features, weights, total)
-            stop = bool(error <= stop_at)
-        errors.append(error if not errors else torch.minimum(error, errors[-1]))
+        if not errors or error < errors[-1]:
+            errors.append(error)
+            best = weights.clone()
+        else:
+            errors.append(errors[-1])
         if stop:
             break
-    return FWResult(weights, torch.stack(errors))
-
-
-def _direct_error(features: Tensor, weights: Tensor, total: Tensor) -> Tensor:
-    """``||L - L(w)||`` in float64 from the support's rows (O(M J), no cancellation)."""
-    support = torch.nonzero(weights > 0).squeeze(1)
-    return (total - features[support].to(torch.float64).T @ weights[support].to(torch.float64)).norm()
+    return FWResult(best, torch.stack(errors))
 
 
 def _refit(features: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor | None]:

@@ -458,15 +458,18 @@ class FactorGraph:
         for v in (~discrete).nonzero().flatten().tolist():
             if not bool(self._supports[v].check(state[v])):
                 raise ValueError(f"initial value {float(state[v]):g} of {self.names[v]!r} is outside its support")
-        if self.evidence:
+        if self.evidence:  # up to float32 rounding (a state cast to float64), then exactly the evidence
             ids = torch.tensor(list(self.evidence), dtype=torch.long)
-            wrong = state[ids] != torch.tensor(list(self.evidence.values()), dtype=state.dtype)
+            observed = torch.tensor(list(self.evidence.values()), dtype=torch.float64)
+            wrong = (state[ids].double() - observed).abs() > 1e-6 * (1.0 + observed.abs())
             if wrong.any():
                 v = int(ids[wrong][0])
                 raise ValueError(
                     f"initial value {float(state[v]):g} of observed variable {self.names[v]!r} differs from its "
                     f"evidence {self.evidence[v]:g}"
                 )
+            state = state.clone()
+            state[ids] = observed.to(state.dtype)
         return state
 
     def log_factors(self, state: Tensor) -> list[Tensor]:

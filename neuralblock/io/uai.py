@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from neuralblock._files import atomic_write_bytes
 from neuralblock.graph import FactorGraph
 from neuralblock.io._tables import ParsedTables, build_graph, table_size
 from neuralblock.io._tokens import PathLike, Tokens, read_text
@@ -296,8 +297,6 @@ def write_mar(path: PathLike, marginals: Tensor, cardinalities: Sequence[int] | 
     for row, card in zip(marginals.tolist(), cards):
         parts.append(str(card))
         parts.extend(f"{p:.{digits}g}" for p in row[:card])
-    from neuralblock.proposals import atomic_write_bytes  # here: the io package stays import-light
-
     atomic_write_bytes(Path(path), ("MAR\n" + " ".join(parts) + "\n").encode())
 
 

@@ -299,7 +299,7 @@ class AusterityMH(MCMCKernel):
 
     @property
     def initial_params(self) -> dict[str, Tensor]:
-        """Unconstrained initial values of :attr:`sites`: those set (used at every ``setup``), else a prior draw."""
+        """Unconstrained initial values of :attr:`sites`: those set before this ``setup``, else a prior draw."""
         if self._initial is None:
             raise RuntimeError("call setup() before reading initial_params")
         return self._initial
@@ -360,6 +360,7 @@ class AusterityMH(MCMCKernel):
             if missing:
                 raise ValueError(f"initial_params lack sites {missing}")
             self._initial = {s: self._init_arg[s].reshape(self._shapes[s]) for s in self.sites}
+            self._init_arg = None  # set values start the next chain only (Pyro's MCMC sets them before each chain)
         else:
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
         z0 = self._flatten(self._initial)

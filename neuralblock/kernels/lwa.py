@@ -441,6 +441,7 @@ class LWAKernel(MCMCKernel):
         self._base = {k: trace.nodes[k]["value"].detach() for k in self._others}
         self._base.update({k: v for k, v in self._conditioned.items() if k in self._others})
         self._initial_params = self._prior_init(trace) if self._init_arg is None else self._given_init(self._init_arg)
+        self._init_arg = None  # set values start the next chain only (Pyro's MCMC sets them before each chain)
         self._cache = None
         self._reset_stats()
 
@@ -563,7 +564,7 @@ class LWAKernel(MCMCKernel):
     # -- the Pyro-facing surface --------------------------------------------------------
     @property
     def initial_params(self) -> dict[str, Tensor]:
-        """Unconstrained initial values of ``sites``: those set (used at every ``setup``), else a prior draw."""
+        """Unconstrained initial values of ``sites``: those set before this ``setup`` (or since), else a prior draw."""
         if self._initial_params is None:
             raise RuntimeError("call setup() before reading initial_params")
         return self._initial_params

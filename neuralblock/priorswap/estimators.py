@@ -260,9 +260,10 @@ class GaussianMixtureFit(FalsePosteriorDensity):
             means = (resp.T @ x) / nk[:, None]
             centred = x[None, :, :] - means[:, None, :]  # [K, T, D]
             covs = torch.einsum("kt,ktd,kte->kde", resp.T, centred, centred) / nk[:, None, None]
-            # relative to each component's scale, floored by the draws' overall scale: a component that
-            # collapses onto repeated draws (a stuck chain's) keeps a positive definite covariance
-            ridge = jitter * covs.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=float(cov.diagonal().mean()))
+            # relative to each component's scale, floored by a small fraction of the draws' overall scale: a
+            # component that collapses onto repeated draws (a stuck chain's) keeps a positive definite covariance
+            floor = 1e-3 * float(cov.diagonal().mean())
+            ridge = jitter * covs.diagonal(dim1=-2, dim2=-1).mean(-1).clamp(min=floor)
             covs = covs + ridge[:, None, None] * torch.eye(dim, dtype=x.dtype)
             self.num_iters += 1
             if current - previous < tol:

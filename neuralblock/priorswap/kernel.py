@@ -322,7 +322,9 @@ class PriorSwap(MCMCKernel):
             closer to p_s widens the slices and decorrelates the draws.
         estimator: ``"gaussian"`` (default) or ``"gmm"`` fitted to the draws (the parametric start
             for the corrections), or ``"semiparametric"``.
-        correction: ``None``, ``"is"`` (see :meth:`importance_weights`) or ``"semiparametric"``.
+        correction: ``None``, ``"is"`` (see :meth:`importance_weights`; not with
+            ``estimator="semiparametric"``, whose chain already targets the corrected estimate) or
+            ``"semiparametric"``.
         site: site name for tensor draws and single distributions.
         supports: explicit supports per site (default: the priors').
         site_shapes: shapes per site when ``false_posterior`` is a density and the false prior a callable.

@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
+from neuralblock._files import atomic_write_bytes
 from neuralblock.motif import Motif, get_motif
 from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
 
@@ -57,22 +57,6 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file in the same folder + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_checked_safetensors(path: Path, sha256: object) -> dict[str, Tensor]:

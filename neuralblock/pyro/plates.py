@@ -62,7 +62,7 @@ class PlateIndices(Messenger):
         if msg["name"] == self.plate and isinstance(msg["fn"], _Subsample):
             self.size = int(msg["fn"].size)
             fixed = msg["fn"].subsample_size
-            if fixed is not None and fixed != self.size and fixed != len(self.indices):
+            if fixed is not None and fixed != len(self.indices):
                 raise ValueError(
                     f"plate {self.plate!r} fixes subsample_size={fixed}, but neuralblock runs the data plate on "
                     f"index sets of its own ({len(self.indices)} here): write pyro.plate({self.plate!r}, "

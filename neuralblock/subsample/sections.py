@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from pyro.distributions.util import scale_and_mask
 from torch import Tensor
 
 __all__ = ["SectionEvaluator", "SectionTerms", "is_subsample_site", "section_scale", "site_plate_frame"]
@@ -168,12 +169,8 @@ class SectionEvaluator:
             frame = site_plate_frame(site, self.plate)
             if frame is None and not with_global:
                 continue
-            lp = site["fn"].log_prob(site["value"])
-            if site["mask"] is not None:  # a tensor, or a Python bool from poutine.mask(mask=True)
-                lp = torch.where(torch.as_tensor(site["mask"], device=lp.device), lp, torch.zeros((), dtype=lp.dtype))
-            scale = section_scale(site, frame)
-            if not _is_one(scale):
-                lp = lp * scale
+            # the mask may be a tensor or a Python bool (poutine.mask(mask=True)); Pyro's helper takes both
+            lp = scale_and_mask(site["fn"].log_prob(site["value"]), section_scale(site, frame), site["mask"])
             lp = self._lead(site, lp, points, 0 if frame is None else -frame.dim)
             if frame is None:
                 term = lp.reshape(lead, -1).sum(-1)
@@ -453,7 +450,3 @@ def _num_points(batch: dict[str, Tensor]) -> int:
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(f"batch values must share one leading points dimension, got sizes {sorted(sizes)}")
     return sizes.pop()
-
-
-def _is_one(scale: Any) -> bool:
-    return isinstance(scale, int | float) and scale == 1
