@@ -121,6 +121,7 @@ def test_degenerate_weights_are_counted_not_crashing() -> None:
     ssm = linear_gaussian_ssm(y, **MODEL)._replace(observation_log_prob=lambda x, t: torch.full_like(x, -torch.inf))
     path, info = csmc_step(torch.zeros(2, 3), ssm, num_particles=4)
     assert torch.isfinite(path).all() and info.num_degenerate == 6
+    assert info.mean_ess == 0.0 and bool((info.log_evidence == -torch.inf).all())  # not counted as full ESS
 
 
 def test_particle_gibbs_kernel_in_pyro_mcmc_two_chains_and_conditioning() -> None:

@@ -75,8 +75,10 @@ class CSMCInfo(NamedTuple):
     """Diagnostics of one conditional-SMC sweep.
 
     Attributes:
-        log_evidence: the sweep's estimate of ``log p(y_{1:T})`` per series, ``[S]``.
-        mean_ess: mean over steps and series of the relative effective sample size in (0, 1].
+        log_evidence: the sweep's estimate of ``log p(y_{1:T})`` per series, ``[S]`` (``-inf`` for a
+            series with a step where no particle had finite weight).
+        mean_ess: mean over steps and series of the relative effective sample size in [0, 1] (0 at a
+            step where no particle had finite weight).
         changed: fraction of path entries ``(s, t)`` that differ from the reference.
         num_degenerate: steps x series where no particle had finite weight (weights reset to uniform).
     """
@@ -87,13 +89,19 @@ class CSMCInfo(NamedTuple):
     num_degenerate: int
 
 
-def _normalize(log_w: Tensor) -> tuple[Tensor, Tensor, int]:
-    """Finite log-weights, their log-sum per series, and the count of all-``-inf`` rows."""
+def _normalize(log_w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Finite log-weights, their log-sum per series, and the all-``-inf`` rows ``[S]`` (reset to uniform)."""
     log_w = log_w.nan_to_num(nan=-math.inf, posinf=-math.inf, neginf=-math.inf)
-    top = log_w.amax(-1, keepdim=True)
-    dead = ~torch.isfinite(top)
-    log_w = torch.where(dead, torch.zeros_like(log_w), log_w)
-    return log_w, torch.logsumexp(log_w, -1), int(dead.sum())
+    dead = ~torch.isfinite(log_w.amax(-1))
+    log_w = torch.where(dead[:, None], torch.zeros_like(log_w), log_w)
+    return log_w, torch.logsumexp(log_w, -1), dead
+
+
+def _step_terms(log_w: Tensor, log_z: Tensor, dead: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """A step's log-evidence increments ``[S]`` and ESS sum: a dead row has zero evidence and no effective sample."""
+    evidence = torch.where(dead, torch.full_like(log_z, -math.inf), log_z - math.log(n))
+    ess = torch.where(dead, torch.zeros_like(log_z), (2 * log_z - torch.logsumexp(2 * log_w, -1)).exp())
+    return evidence, ess.sum()
 
 
 def _resample(log_w: Tensor, num: int) -> Tensor:
@@ -138,10 +146,10 @@ def csmc_step(
     n = int(num_particles)
     x = ssm.initial_sample(n).to(reference.dtype)
     x[:, 0] = reference[:, 0]
-    log_w, log_z, degenerate = _normalize(ssm.observation_log_prob(x, 0))
-    log_evidence = log_z - math.log(n)
+    log_w, log_z, dead = _normalize(ssm.observation_log_prob(x, 0))
+    log_evidence, ess_sum = _step_terms(log_w, log_z, dead, n)
+    degenerate = dead.sum()
     particles, ancestors = [x], []
-    ess_sum = (2 * log_z - torch.logsumexp(2 * log_w, -1)).exp().sum()
     for t in range(1, steps):
         free = _resample(log_w, n - 1)
         if ancestor_sampling:
@@ -153,9 +161,8 @@ def csmc_step(
         x = ssm.transition_sample(x.gather(1, anc), t)
         x[:, 0] = reference[:, t]
         log_w, log_z, dead = _normalize(ssm.observation_log_prob(x, t))
-        degenerate += dead
-        log_evidence = log_evidence + log_z - math.log(n)
-        ess_sum = ess_sum + (2 * log_z - torch.logsumexp(2 * log_w, -1)).exp().sum()
+        evidence, ess = _step_terms(log_w, log_z, dead, n)
+        degenerate, log_evidence, ess_sum = degenerate + dead.sum(), log_evidence + evidence, ess_sum + ess
         particles.append(x)
         ancestors.append(anc)
     k = gibbs_sample(log_w, torch.zeros(num_series)).values.long()[:, None]
@@ -168,7 +175,7 @@ def csmc_step(
         log_evidence=log_evidence,
         mean_ess=float(ess_sum) / (n * num_series * steps),
         changed=float((path != reference).to(torch.float64).mean()),
-        num_degenerate=degenerate,
+        num_degenerate=int(degenerate),
     )
     return path, info
 
