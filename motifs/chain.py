@@ -322,6 +322,7 @@ class ChainMotif(Motif):
                     continue
                 valid = group.parents >= 0
                 arity = valid.sum(1)
+                has_prior[group.child[arity == 0]] = True  # a prior stored as an all-padding row
                 parent = torch.where(valid, group.parents, -1).max(1).values
                 weight = (group.weights * valid).sum(1)
                 single = arity == 1

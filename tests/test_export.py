@@ -70,3 +70,16 @@ def test_tensorboard_hook_writes_traces_and_acceptance(tmp_path: Path) -> None:
 def test_tensorboard_hook_rejects_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="every"):
         TensorBoardHook(tmp_path, every=0)
+
+
+def test_tensorboard_hook_writes_each_parallel_worker_to_its_chain_folder(tmp_path: Path, monkeypatch) -> None:
+    import multiprocessing
+
+    class Worker:
+        name = "1"  # Pyro names a parallel chain's worker process by its chain id
+
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: Worker())
+    hook = TensorBoardHook(tmp_path)
+    hook(None, {"mu": torch.tensor(0.5)}, "Sample", 0)  # no chain id in a worker's stage
+    hook.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["chain1"]

@@ -67,6 +67,14 @@ def test_colouring_is_conflict_free_and_uses_two_colours_on_grids(side: int) -> 
     assert sorted(torch.cat(classes).tolist()) == list(range(side * side))
 
 
+def test_blocks_sharing_a_variable_without_factors_conflict() -> None:
+    fg = FactorGraph()
+    fg.add_variables(3, cardinality=2)
+    fg.add_table_factor([0], torch.zeros(2))
+    fg.add_table_factor([2], torch.zeros(2))
+    assert [c.tolist() for c in fg.color_blocks([[0, 1], [1, 2]])] == [[0], [1]]  # both write variable 1
+
+
 def test_bad_inputs_raise_clear_errors() -> None:
     fg = FactorGraph()
     fg.add_variable("a", 2)

@@ -209,6 +209,23 @@ def test_initial_states_must_respect_domains_and_evidence(start: list[float], me
     assert kernel.initial_params["x"].tolist() == [0.0, 2.0, 1.0, 0.0, 1.0]
 
 
+def test_update_graph_moves_the_chain_to_new_evidence() -> None:
+    def graph(observed: int) -> FactorGraph:
+        fg = FactorGraph()
+        a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+        fg.add_table_factor([a, b], torch.tensor([[30.0, 0.0], [0.0, 30.0]]))
+        fg.set_evidence({"b": observed})
+        return fg
+
+    kernel = GibbsKernel(graph(0))
+    kernel.setup(0)
+    params = kernel.initial_params
+    assert params["x"].tolist() == [0.0, 0.0]
+    kernel.update_graph(graph(1))
+    params = kernel.sample(params)  # the params still hold the old evidence value
+    assert params["x"].tolist() == [1.0, 1.0]
+
+
 def test_float64_starts_keep_continuous_evidence() -> None:
     fg, _, _ = gaussian_chain()
     fg.set_evidence({"x3": 0.1})

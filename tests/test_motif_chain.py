@@ -76,6 +76,29 @@ def test_instances_skip_states_with_foreign_factors_and_handle_two_chains() -> N
     assert all(4 not in b for b in blocks) and [2, 3] in blocks and [5, 6] in blocks
 
 
+def test_a_prior_stored_as_a_padded_row_is_a_prior() -> None:
+    from neuralblock.graph import LinearGaussianGroup
+
+    def chain(padded: bool) -> FactorGraph:
+        fg = FactorGraph()
+        x = [fg.add_variable(f"x{t}") for t in range(10)]
+        fg.add_linear_gaussian(x[0], [], [], 0.0, 1.0)
+        child, parents = torch.tensor(x[1:]), torch.tensor([[p] for p in x[:-1]])
+        if padded:  # the extra prior on x4 as an arity-0 row of the transitions' group
+            child, parents = torch.cat([child, torch.tensor([x[4]])]), torch.cat([parents, torch.tensor([[-1]])])
+        else:
+            fg.add_linear_gaussian(x[4], [], [], 0.0, 1.0)
+        rows = len(child)
+        fg.add_group(
+            LinearGaussianGroup(child, parents, torch.full((rows, 1), 0.9), torch.zeros(rows), torch.ones(rows))
+        )
+        return fg
+
+    blocks = ChainMotif().find_instances(chain(padded=True)).blocks.tolist()
+    assert blocks == ChainMotif().find_instances(chain(padded=False)).blocks.tolist()
+    assert blocks and all(4 not in b for b in blocks)
+
+
 def _coupling(values: torch.Tensor, params: torch.Tensor | None) -> torch.Tensor:
     return -0.5 * (values[..., 0] - values[..., 1]) ** 2
 

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import re
 import warnings
 from collections.abc import Mapping
@@ -130,7 +131,11 @@ class TensorBoardHook:
     def __call__(self, kernel: Any, params: Mapping[str, Tensor], stage: str, i: int) -> None:
         is_warmup = stage.startswith("Warmup")
         match = re.search(r"\[(\d+)\]", stage)
-        chain = f"chain{match.group(1)}" if match else ""
+        if match:  # sequential chains: Pyro puts the chain id in the stage
+            chain = f"chain{match.group(1)}"
+        else:  # parallel chains: Pyro names each worker process by its chain id
+            worker = multiprocessing.current_process().name
+            chain = f"chain{worker}" if worker.isdigit() else ""
         writer = self._writer(chain)
         step = self._steps[chain]
         self._steps[chain] = step + 1

@@ -541,8 +541,8 @@ class FactorGraph:
     ) -> nx.Graph:
         """Blocks joined when they cannot be updated in parallel.
 
-        Two blocks conflict when one intersects the other's block or Markov blanket
-        (equivalently: they share a scaffold factor), or, when ``reads`` is given, the
+        Two blocks conflict when they intersect or one intersects the other's Markov blanket
+        (they share a scaffold factor or a variable), or, when ``reads`` is given, the
         extra variables the other's proposal conditions on. Non-conflicting blocks read
         only variables the others do not write, so updating them together is exact.
 
@@ -556,18 +556,19 @@ class FactorGraph:
         for b, row in enumerate(rows):
             for f in self.scaffold_factors(row):
                 owner.setdefault(f, []).append(b)
+        writers: dict[int, list[int]] = {}
+        for b, row in enumerate(rows):
+            for v in row:
+                writers.setdefault(v, []).append(b)
         conflict = nx.Graph()
         conflict.add_nodes_from(range(len(rows)))
-        for members in owner.values():
+        # blocks sharing a scaffold factor, or writing the same variable (one with no factor has no scaffold)
+        for members in [*owner.values(), *writers.values()]:
             conflict.add_edges_from((a, c) for i, a in enumerate(members) for c in members[i + 1 :])
         if reads is not None:
             read_rows = [[v for v in row if v >= 0] for row in _pad_blocks(reads).tolist()]
             if len(read_rows) != len(rows):
                 raise ValueError(f"reads has {len(read_rows)} rows for {len(rows)} blocks")
-            writers: dict[int, list[int]] = {}
-            for b, row in enumerate(rows):
-                for v in row:
-                    writers.setdefault(v, []).append(b)
             for b, row in enumerate(read_rows):
                 conflict.add_edges_from((b, w) for v in row for w in writers.get(v, []) if w != b)
         return conflict

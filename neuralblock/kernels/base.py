@@ -51,6 +51,7 @@ class GraphKernel(MCMCKernel):
         self._elapsed = 0.0
         self._conditioned: ConditionedModel | None = None
         self._sites_may_change = False  # set by reset_conditioning
+        self._evidence: tuple[Tensor, Tensor] | None = None  # (ids, values), set at setup
         self.transforms: dict = {}
 
     # -- the Pyro-facing surface ------------------------------------------------------
@@ -122,14 +123,21 @@ class GraphKernel(MCMCKernel):
         evidence = {k: float(v) for k, v in self._conditioned.values.items() if k in names}
         if evidence:  # a conditioned discrete site the bridge made an evidence variable
             fg.set_evidence(evidence)
-            if self._state is not None:
-                for name, value in evidence.items():
-                    self._state[fg.variable_id(name)] = value
+            self._follow_evidence(fg)
         tables = [group for group in fg.groups if callable(getattr(group, "refresh", None))]
         for group in tables:
             group.refresh()
         if tables or evidence:
             self._refresh(fg)
+
+    def _follow_evidence(self, fg: FactorGraph) -> None:
+        """Cache the evidence (ids and values) every later state is given, and give it to the current state."""
+        self._evidence = None
+        if fg.evidence:
+            ids = torch.tensor(list(fg.evidence), dtype=torch.long)
+            self._evidence = (ids, torch.tensor(list(fg.evidence.values()), dtype=torch.float64))
+            if self._state is not None:
+                self._state[ids] = self._evidence[1].to(self._state.dtype)
 
     def update_graph(self, fg: FactorGraph) -> None:
         """Follow new parameter values: take ``fg``'s parameters into the kernel's graph, in place.
@@ -157,6 +165,7 @@ class GraphKernel(MCMCKernel):
         """
         own = self._graph()
         own.update_parameters(fg)
+        self._follow_evidence(own)
         self._refresh(own)
 
     def _refresh(self, fg: FactorGraph) -> None:
@@ -187,7 +196,7 @@ class GraphKernel(MCMCKernel):
         self._elapsed = 0.0
         self._reset_stats()
         self._prepare(self.fg)
-        self._state = None
+        self._state, self._evidence = None, None  # a user's start is checked against the evidence, not overwritten
         if self._pending_init is not None:
             state = self.fg.check_assignment(self._params_to_state(self._pending_init))
             self._pending_init = None
@@ -196,6 +205,7 @@ class GraphKernel(MCMCKernel):
         else:
             state = sequential_init(self.fg)
         self._state = state
+        self._follow_evidence(self.fg)
 
     def _prior_state(self, *args, **kwargs) -> Tensor:
         """Ancestral draw of a Pyro model's latent sites from its prior."""
@@ -238,7 +248,10 @@ class GraphKernel(MCMCKernel):
         if not self.from_pyro:
             if STATE_SITE not in params:
                 raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
-            return fg.check_state(params[STATE_SITE].reshape(-1)).clone()
+            state = fg.check_state(params[STATE_SITE].reshape(-1)).clone()
+            if self._evidence is not None:  # observed variables hold the graph's current evidence
+                state[self._evidence[0]] = self._evidence[1].to(state.dtype)
+            return state
         state = self._state.clone() if self._state is not None else fg.initial_state()
         latent = fg.latent.tolist()
         missing = [fg.names[v] for v in latent if fg.names[v] not in params]

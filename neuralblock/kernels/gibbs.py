@@ -138,6 +138,7 @@ class GibbsKernel(GraphKernel):
         super().__init__(model)
         self._variables_arg = variables
         self.plan: GibbsPlan | None = None
+        self._reset_stats()  # diagnostics() answer before setup (e.g. in the parent of worker chains)
 
     def _prepare(self, fg: FactorGraph) -> None:
         latent = set(fg.latent.tolist())

@@ -139,6 +139,8 @@ class RandomWalkMH(GraphKernel):
         self.initial_step_size = step_size
         self.target_accept = target_accept
         self.adapt_step_size = adapt_step_size
+        self.plan: RandomWalkPlan | None = None
+        self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
     def _prepare(self, fg: FactorGraph) -> None:
         variables = continuous_latent(fg, self._variables_arg, "RandomWalkMH")
@@ -180,5 +182,5 @@ class RandomWalkMH(GraphKernel):
             "acceptance_rate": self._accepted / self._proposed if self._proposed else 0.0,
             "updates_per_second": self._proposed / self._elapsed if self._elapsed > 0 else 0.0,
             "nonfinite_rejections": float(self._nonfinite),
-            "mean_step_size": float(self.adapter.step_size.mean()),
+            "mean_step_size": float(self.adapter.step_size.mean()) if self.plan is not None else self.initial_step_size,
         }
