@@ -67,6 +67,16 @@ def test_colouring_is_conflict_free_and_uses_two_colours_on_grids(side: int) -> 
     assert sorted(torch.cat(classes).tolist()) == list(range(side * side))
 
 
+def test_log_joint_refuses_discrete_values_outside_their_domains() -> None:
+    fg = FactorGraph()
+    a, b = fg.add_variable("a", 2), fg.add_variable("b", 3)
+    fg.add_table_factor([a, b], torch.zeros(2, 3))
+    for state, name in (([-1.0, 0.0], "a"), ([0.5, 1.0], "a"), ([[0.0, 1.0], [1.0, 3.0]], "b")):
+        with pytest.raises(ValueError, match=f"discrete variable '{name}' is not in"):
+            fg.log_joint(torch.tensor(state))  # a flat table gather would read another entry
+    assert fg.log_factors(torch.tensor([1.0, 2.0]))[0].shape == (1,)
+
+
 def test_blocks_sharing_a_variable_without_factors_conflict() -> None:
     fg = FactorGraph()
     fg.add_variables(3, cardinality=2)

@@ -448,13 +448,7 @@ class FactorGraph:
         state = self.check_state(state)
         if state.dim() != 1:
             raise ValueError(f"expected one state [{self.num_variables}], got shape {tuple(state.shape)}")
-        cards = self.cardinalities.to(state.dtype)
-        discrete = cards > 0
-        bad = discrete & ((state != state.round()) | (state < 0) | (state >= cards))
-        if bad.any():
-            v = int(bad.nonzero()[0])
-            name, top = self.names[v], self._cards[v] - 1
-            raise ValueError(f"initial value {float(state[v]):g} of discrete variable {name!r} is not in 0..{top}")
+        discrete = self._check_domains(state, "initial value")
         for v in (~discrete).nonzero().flatten().tolist():
             if not bool(self._supports[v].check(state[v])):
                 raise ValueError(f"initial value {float(state[v]):g} of {self.names[v]!r} is outside its support")
@@ -472,14 +466,38 @@ class FactorGraph:
             state[ids] = observed.to(state.dtype)
         return state
 
+    def _check_domains(self, state: Tensor, what: str) -> Tensor:
+        """Raise unless every discrete value of ``state [..., n]`` is a whole number in its domain.
+
+        Returns the discrete-variable mask ``[n]``. Table lookups are flat gathers: a value
+        out of its domain would read another entry (or another factor's table) silently.
+        """
+        cards = self.cardinalities.to(state.dtype)
+        discrete = cards > 0
+        bad = discrete & ((state != state.round()) | (state < 0) | (state >= cards))
+        if bad.any():
+            where = bad.nonzero()[0]
+            v = int(where[-1])
+            name, top = self.names[v], self._cards[v] - 1
+            value = float(state[tuple(where.tolist())])
+            raise ValueError(f"{what} {value:g} of discrete variable {name!r} is not in 0..{top}")
+        return discrete
+
     def log_factors(self, state: Tensor) -> list[Tensor]:
         """Log value of every factor, per group: a list of ``[..., F_g]`` tensors."""
         state = self.check_state(state)
+        self._check_domains(state, "value")
         return [g.log_factors(state) for g in self.groups]
 
     def log_joint(self, state: Tensor) -> Tensor:
-        """Unnormalized log density of a batch of states ``[..., n]`` -> ``[...]``."""
+        """Unnormalized log density of a batch of states ``[..., n]`` -> ``[...]``.
+
+        Raises:
+            ValueError: the shape is wrong, a value is not finite, or a discrete value lies outside
+                its domain.
+        """
         state = self.check_state(state)
+        self._check_domains(state, "value")
         total = state.new_zeros(state.shape[:-1])
         for group in self.groups:
             total = total + group.log_factors(state).sum(-1)
