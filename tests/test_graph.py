@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.distributions import constraints
@@ -65,6 +67,20 @@ def test_colouring_is_conflict_free_and_uses_two_colours_on_grids(side: int) -> 
         chosen = set(members.tolist())
         assert all(not chosen & set(fg.markov_blanket(v)) for v in chosen)
     assert sorted(torch.cat(classes).tolist()) == list(range(side * side))
+
+
+def test_evidence_and_linear_gaussian_parameters_are_checked() -> None:
+    from torch.distributions import constraints
+
+    fg = FactorGraph()
+    z, rate = fg.add_variable("z", 2), fg.add_variable("rate", support=constraints.positive)
+    for evidence, message in (({"z": math.inf}, "'z' must be finite"), ({"z": math.nan}, "'z' must be finite")):
+        with pytest.raises(ValueError, match=message):
+            fg.set_evidence(evidence)
+    with pytest.raises(ValueError, match="'rate' is outside its support"):
+        fg.set_evidence({"rate": -1.0})
+    with pytest.raises(ValueError, match="weights and bias must be finite"):
+        fg.add_linear_gaussian(rate, [z], [1.0], math.nan, 1.0)
 
 
 def test_log_joint_refuses_discrete_values_outside_their_domains() -> None:

@@ -255,10 +255,12 @@ class FactorGraph:
             vid = self.variable_id(key)
             value = float(value)
             card = self._cards[vid]
+            if not math.isfinite(value):
+                raise ValueError(f"evidence for {self.names[vid]!r} must be finite, got {value}")
             if card > 0 and (value != int(value) or not 0 <= value < card):
                 raise ValueError(f"evidence {value} for {self.names[vid]!r} is not in 0..{card - 1}")
-            if card == 0 and not math.isfinite(value):
-                raise ValueError(f"evidence for {self.names[vid]!r} must be finite, got {value}")
+            if card == 0 and not bool(self._supports[vid].check(torch.tensor(value))):
+                raise ValueError(f"evidence {value} for {self.names[vid]!r} is outside its support")
             self.evidence[vid] = value
 
     # ------------------------------------------------------------------ factors
@@ -339,6 +341,8 @@ class FactorGraph:
             raise ValueError(f"linear-Gaussian child {child} must be a continuous variable")
         if not scale > 0 or not math.isfinite(scale):
             raise ValueError(f"linear-Gaussian scale must be finite and positive, got {scale}")
+        if not all(math.isfinite(float(x)) for x in (*weights, bias)):
+            raise ValueError(f"linear-Gaussian weights and bias must be finite, got {list(weights)} and {bias}")
         bucket = self._pending_gauss.setdefault(len(parents), [])
         fid = self._register([child, *parents], "gauss", len(parents), len(bucket))
         bucket.append((child, parents, weights, float(bias), float(scale)))
