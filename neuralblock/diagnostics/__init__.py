@@ -70,8 +70,10 @@ def empirical_marginals(samples: Tensor | Mapping[str, Tensor], fg: FactorGraph)
 def marginal_error(samples: Tensor | Mapping[str, Tensor], fg: FactorGraph, exact: Tensor) -> float:
     """Mean absolute error of sampled single-variable marginals against exact ones.
 
-    The mean runs over the latent discrete variables and over all their values
-    (the UAI convention: ``mean_v mean_x |p_hat(v=x) - p(v=x)|``).
+    The mean runs over every (variable, value) pair of the latent discrete variables,
+    ``sum_v sum_x |p_hat(v=x) - p(v=x)| / sum_v k_v``; with equal cardinalities this is the
+    UAI convention ``mean_v mean_x |p_hat(v=x) - p(v=x)|`` (a variable with more values
+    weighs more otherwise).
 
     Args:
         samples: state draws ``[..., n]`` or a ``get_samples()`` dict.
