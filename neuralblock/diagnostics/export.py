@@ -68,7 +68,8 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
     attrs: dict[str, Any] = {"inference_library": "pyro + neuralblock", "kernel": type(mcmc.kernel).__name__}
     kernel_diag = getattr(mcmc.kernel, "diagnostics", None)
     if callable(kernel_diag):
-        with contextlib.suppress(TypeError, ZeroDivisionError):  # Pyro's HMC cannot report after cleanup
+        # Pyro's HMC cannot report after cleanup; a third-party kernel may not before setup (parallel chains)
+        with contextlib.suppress(TypeError, ZeroDivisionError, AttributeError):
             attrs["kernel_diagnostics"] = repr(kernel_diag())
     if diagnostics:
         attrs["pyro_diagnostics"] = repr(_safe_pyro_diagnostics(mcmc))
