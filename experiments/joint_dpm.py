@@ -562,9 +562,46 @@ def run_cycle(arm: Arm, cycle: int, args: argparse.Namespace) -> None:
     )
 
 
-def first_time(records: list[dict[str, float]], level: float) -> float | None:
-    """First clock time at which the running accuracy is at least ``level`` (None if never)."""
-    return next((r["seconds"] for r in records if r["accuracy"] >= level - 1e-12), None)
+def first_time(records: list[dict[str, float]], level: float, warmup_cycles: int = 0) -> float | None:
+    """First clock time after warmup at which the running accuracy is at least ``level`` (None if never).
+
+    Warmup records show one state's accuracy, not the running average: they are skipped.
+
+    Example:
+        >>> records = [{"cycle": 1, "seconds": 1.0, "accuracy": 0.9}, {"cycle": 2, "seconds": 2.0, "accuracy": 0.8},
+        ...            {"cycle": 3, "seconds": 3.0, "accuracy": 0.9}]
+        >>> first_time(records, 0.85), first_time(records, 0.85, warmup_cycles=1)
+        (1.0, 3.0)
+    """
+    return next((r["seconds"] for r in records if r["cycle"] > warmup_cycles and r["accuracy"] >= level - 1e-12), None)
+
+
+def passage_times(runs: dict[str, Any], warmup_cycles: int) -> dict[str, Any]:
+    """From each arm's records: its first time at exact MH's final accuracy and the target's ratios.
+
+    Returns ``{"exact_final_accuracy", "exact_seconds", "exact_seconds_to_final_accuracy", "arms": {label: ...}}``.
+    """
+    exact = runs[EXACT]["records"]
+    final, t_budget = exact[-1]["accuracy"], exact[-1]["seconds"]
+    t_reach = first_time(exact, final, warmup_cycles)
+    t_tol = first_time(exact, final - TOLERANCE, warmup_cycles)
+    arms = {}
+    for label, run in runs.items():
+        reach = first_time(run["records"], final, warmup_cycles)
+        arms[label] = {
+            "seconds_to_exact_final_accuracy": reach,
+            "ratio_to_exact_budget": None if reach is None else reach / t_budget,
+            "ratio_to_exact_first_passage": None if reach is None or not t_reach else reach / t_reach,
+            "ratio_to_exact_first_passage_within_tolerance": _ratio(
+                first_time(run["records"], final - TOLERANCE, warmup_cycles), t_tol
+            ),
+        }
+    return {
+        "exact_final_accuracy": final,
+        "exact_seconds": t_budget,
+        "exact_seconds_to_final_accuracy": t_reach,
+        "arms": arms,
+    }
 
 
 def run_seed(seed: int, args: argparse.Namespace, epsilons: tuple[float, ...], progress: tqdm) -> dict[str, Any]:
@@ -593,20 +630,15 @@ def run_seed(seed: int, args: argparse.Namespace, epsilons: tuple[float, ...], p
             torch_states[arm.label] = torch.get_rng_state()
         cycle += 1
         progress.set_postfix(seed=seed, cycle=cycle, t=f"{min(a.seconds for a in arms):.0f}s")
-    record = summarise(seed, data, arms)
+    record = summarise(seed, data, arms, args.warmup_cycles)
     record["kernel_costs"] = kernel_costs(arms, args, 40 if args.quick else 200)
     return record
 
 
-def summarise(seed: int, data: Data, arms: list[Arm]) -> dict[str, Any]:
+def summarise(seed: int, data: Data, arms: list[Arm], warmup_cycles: int) -> dict[str, Any]:
     """Per-arm records, time split, data fraction and the target's ratios for one seed."""
-    exact = arms[0]
-    final = exact.records[-1]["accuracy"]
-    t_exact_budget = exact.records[-1]["seconds"]
-    t_exact_reach = first_time(exact.records, final)
     runs: dict[str, Any] = {}
     for arm in arms:
-        reach = first_time(arm.records, final)
         n = max(arm.w_transitions, 1)
         runs[arm.label] = {
             "epsilon": arm.epsilon,
@@ -619,23 +651,19 @@ def summarise(seed: int, data: Data, arms: list[Arm]) -> dict[str, Any]:
             "data_fraction_per_w_update": arm.sections_used / max(arm.sections_total, 1.0),
             "final_accuracy": arm.records[-1]["accuracy"],
             "final_clusters": arm.records[-1]["clusters"],
-            "seconds_to_exact_final_accuracy": reach,
-            "ratio_to_exact_budget": None if reach is None else reach / t_exact_budget,
-            "ratio_to_exact_first_passage": None if reach is None or not t_exact_reach else reach / t_exact_reach,
-            "ratio_to_exact_first_passage_within_tolerance": _ratio(
-                first_time(arm.records, final - TOLERANCE), first_time(exact.records, final - TOLERANCE)
-            ),
             "records": [{k: float(f"{v:.4g}") for k, v in r.items()} for r in arm.records],
         }
-    return {
-        "seed": seed,
-        "oracle_accuracy": data.oracle_accuracy,
-        "true_clusters": int(len(np.unique(data.z_true))),
-        "exact_final_accuracy": final,
-        "exact_seconds": t_exact_budget,
-        "exact_seconds_to_final_accuracy": t_exact_reach,
-        "runs": runs,
-    }
+    record = {"seed": seed, "oracle_accuracy": data.oracle_accuracy, "true_clusters": int(len(np.unique(data.z_true)))}
+    return with_passage_times({**record, "runs": runs}, warmup_cycles)
+
+
+def with_passage_times(seed_record: dict[str, Any], warmup_cycles: int) -> dict[str, Any]:
+    """``seed_record`` with :func:`passage_times` filled in (also to recompute them from a saved record)."""
+    passages = passage_times(seed_record["runs"], warmup_cycles)
+    for label, times in passages.pop("arms").items():
+        seed_record["runs"][label].update(times)
+    seed_record.update(passages)
+    return seed_record
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -703,6 +731,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.rewrite:  # summaries and outputs of a finished run, recomputed from its JSON record
         path = Path(args.rewrite)
         record = json.loads(path.read_text())
+        for seed_record in record["seeds"]:
+            with_passage_times(seed_record, int(record["config"]["warmup_cycles"]))
         record["targets"] = targets(record["seeds"])
         write_outputs(path.parent, record)
         return record
@@ -771,6 +801,7 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
         "issue's reading); `/ exact first passage`: over exact MH's own first time at that accuracy (like for like);",
         f"`(-{TOLERANCE})`: the same first-passage ratio at exact MH's final accuracy minus {TOLERANCE} (the curves",
         "plateau after a few seconds, where the strict level is decided by the running average's last digits).",
+        "First times count post-warmup cycles only (a warmup record shows one state's accuracy, not the average).",
         "",
     ]
     for label, row in record["targets"].items():
