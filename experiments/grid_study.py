@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument("--random-sizes", type=int, nargs="*", default=RANDOM_SIZES)
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")
+    parser.add_argument(
+        "--checkpoints",
+        type=int,
+        default=120,
+        help="error checkpoints per run (log-spaced): errors at equal time are read at this resolution",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="CI scale")
     parser.add_argument("--out", default="experiments/results/grid_study")
@@ -202,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         run = {"seed": args.seed + s}
         for label, make in makers.items():
             pyro.set_rng_seed(args.seed + s)
-            run[label] = run_for_seconds(make, fg, exact, args.seconds, progress=False)
+            run[label] = run_for_seconds(make, fg, exact, args.seconds, progress=False, num_points=args.checkpoints)
         gibbs_final = run["Gibbs"]["errors"][-1]
         reach = time_to_reach(run["NB+Gibbs"], gibbs_final)
         run["nb_time_to_gibbs_final_fraction"] = None if reach is None else reach / run["Gibbs"]["seconds"][-1]

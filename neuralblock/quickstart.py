@@ -46,11 +46,13 @@ def run_for_seconds(
     exact: torch.Tensor,
     seconds: float,
     progress: bool,
+    num_points: int = 14,
 ) -> dict:
     """Calibrate the sweep cost on a short run, then sample for about ``seconds`` of wall time.
 
     The first sweeps pay one-off costs (lazy torch initialisation, caches), so a few untimed
-    sweeps run before the 20 timed ones.
+    sweeps run before the 20 timed ones. ``num_points``: about how many (log-spaced) error
+    checkpoints to record; comparisons at equal time are read at this resolution.
     """
     probe = make_kernel()
     probe.setup(0)
@@ -62,7 +64,9 @@ def run_for_seconds(
         params = probe.sample(params)
     per_sweep = (time.perf_counter() - start) / 20
     sweeps = max(int(seconds / per_sweep), 10)
-    return trace_marginal_error(make_kernel(), fg, exact, sweeps, warmup_steps=20, progress=progress, num_points=14)
+    return trace_marginal_error(
+        make_kernel(), fg, exact, sweeps, warmup_steps=20, progress=progress, num_points=num_points
+    )
 
 
 def error_at(trace: dict, seconds: float) -> float:
