@@ -237,10 +237,19 @@ def numpyro_nuts(
 
 
 def long_run(
-    kind: str, x: Tensor, y: Tensor, weights: Tensor | None, args: argparse.Namespace, init: Tensor | None
+    kind: str,
+    x: Tensor,
+    y: Tensor,
+    weights: Tensor | None,
+    args: argparse.Namespace,
+    init: Tensor | None,
+    stream: int = 1,
 ) -> dict[str, Any]:
-    """Long NumPyro NUTS run: mean, covariance, sds and the mean's Monte Carlo standard error (batch means)."""
-    draws = numpyro_nuts(kind, x, y, weights, args.ref_warmup, args.ref_samples, args.seed + 1, init)["draws"]
+    """Long NumPyro NUTS run: mean, covariance, sds and the mean's Monte Carlo standard error (batch means).
+
+    ``stream`` offsets the seed: runs whose errors are combined as independent need different streams.
+    """
+    draws = numpyro_nuts(kind, x, y, weights, args.ref_warmup, args.ref_samples, args.seed + stream, init)["draws"]
     cov = torch.cov(draws.T)
     mcse = batch_means_mcse(draws[None])[1]
     return {"mean": draws.mean(0), "cov": cov, "sd": cov.diagonal().sqrt(), "mcse": mcse}
@@ -270,7 +279,7 @@ def coreset_bias(
     """
     dense = core.dense(len(y))
     support = dense > 0
-    run = long_run(kind, x[support], y[support], dense[support], args, init)
+    run = long_run(kind, x[support], y[support], dense[support], args, init, stream=2)  # independent of the reference
     z = (run["mean"] - ref["mean"]) / ref["sd"]
     noise = (run["mcse"].pow(2) + ref["mcse"].pow(2)).sqrt() / ref["sd"]
     return {
