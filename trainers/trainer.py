@@ -472,7 +472,8 @@ def _train(
     resumed_window = (0.0, 0)  # this rank's loss sum and step count in the unfinished logging window
     history: list[dict[str, float]] = []
     if config.resume:
-        assert ckpt_path is not None  # validate() guarantees it
+        if ckpt_path is None:  # validate() rules this out; kept as an error, not an assert
+            raise ConfigError("resume needs an output path to find the checkpoint")
         try:
             ckpt = load_checkpoint(ckpt_path)
         except FileNotFoundError as err:

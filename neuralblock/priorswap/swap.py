@@ -336,6 +336,7 @@ def importance_swap(
         1000
     """
     problem = SwapProblem(false_samples, false_prior, target_prior, estimator=None, site=site, supports=supports)
-    assert problem.samples is not None
+    if problem.samples is None:
+        raise TypeError("importance_swap needs false-posterior draws, not a density")
     theta = problem.layout.flatten(problem.samples)
     return normalized_weights(problem.log_prior_ratio(theta), problem.samples, warn_fraction)
