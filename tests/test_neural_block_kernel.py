@@ -20,7 +20,7 @@ from scipy import stats
 from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.kernels.base import sequential_init
-from neuralblock.kernels.neural_block import speculative_block_step
+from neuralblock.kernels.neural_block import speculative_block_step, speculative_width
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, register_motif
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -121,6 +121,20 @@ def test_speculative_step_keeps_classes_up_to_the_first_accept() -> None:
         outcomes.add((used, bool(info.accepted.any())))
         state = new
     assert len(outcomes) >= 2  # both stopping at an accept and running through happened
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.99, 0.7, 0.5, 0.2, 0.05, 0.01, 1e-4])
+@pytest.mark.parametrize("cap", [1, 3, 200])
+def test_speculative_width_minimises_the_expected_cost_per_decided_class(rate: float, cap: int) -> None:
+    """The width is the brute-force minimiser of ``(1 + c w) / E[classes decided]``, within the cap."""
+    cost = 0.25
+    clamped = max(rate, 1e-3)
+    per_class = [(1 + cost * w) * clamped / (1 - (1 - clamped) ** w) for w in range(1, cap + 1)]
+    width = speculative_width(rate, cap, cost)
+    assert 1 <= width <= cap
+    assert per_class[width - 1] == pytest.approx(min(per_class), rel=1e-12)
+    if rate >= 0.9:  # most classes accept: batching classes only wastes proposals
+        assert width == 1
 
 
 def test_window_must_be_a_positive_int() -> None:

@@ -46,6 +46,37 @@ __all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculat
 
 _RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
 _MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold
+_CLASS_COST = 0.25  # marginal cost of one more class in a speculative batch, in units of a batch's fixed cost
+
+
+def speculative_width(rate: float, cap: int, class_cost: float = _CLASS_COST) -> int:
+    """Classes per speculative batch that minimise the expected cost per class decided.
+
+    A batch of ``w`` classes costs ``1 + class_cost * w`` (a fixed part, the network call and
+    bookkeeping, plus a part per class) and decides the classes up to the first one with an
+    accepted block: ``(1 - (1 - rate)^w) / rate`` of them in expectation, when a class accepts
+    with probability ``rate``. The cost per decided class is unimodal in ``w``: the search
+    stops at its minimum (one class when most classes accept; about ``√(2 / (class_cost ·
+    rate))`` when few do).
+
+    Args:
+        rate: recent fraction of classes with an accepted block (clamped to ``[1e-3, 1]``).
+        cap: the largest width allowed.
+        class_cost: the per-class cost relative to the fixed cost of a batch.
+
+    Example:
+        >>> speculative_width(0.99, 50), speculative_width(0.01, 50), speculative_width(0.01, 4)
+        (1, 27, 4)
+    """
+    rate = min(max(rate, 1e-3), 1.0)
+    keep = 1.0 - rate
+    best, best_cost = 1, 1.0 + class_cost
+    for width in range(2, cap + 1):
+        cost = (1.0 + class_cost * width) * rate / (1.0 - keep**width)
+        if cost >= best_cost:
+            break
+        best, best_cost = width, cost
+    return best
 
 
 @dataclass
@@ -222,7 +253,8 @@ class NeuralBlockKernel(GraphKernel):
     points), runs of consecutive classes are proposed and tested in one batch and kept up
     to the first class that accepts (:func:`speculative_block_step`): the same chain, with
     far fewer network passes. ``window`` sets how many classes a batch holds; by default it
-    follows the recent rate of accepting classes (one class at a time when most accept).
+    follows the recent rate of accepting classes (:func:`speculative_width`; one class at a
+    time when most accept).
 
     Args:
         model: a :class:`FactorGraph` or a Pyro model with scalar sites.
@@ -230,7 +262,8 @@ class NeuralBlockKernel(GraphKernel):
         gibbs_prob: probability of a single-site sweep per transition.
         step_size: initial random-walk step for continuous single-site updates.
         window: classes per speculative batch (``1`` turns batching of classes off);
-            ``None`` adapts it to ``2 /`` the recent fraction of classes that accept.
+            ``None`` adapts it to the recent fraction of classes that accept
+            (:func:`speculative_width`).
     """
 
     def __init__(
@@ -374,15 +407,16 @@ class NeuralBlockKernel(GraphKernel):
         return state
 
     def _window_size(self, i: int, first: int, num_variables: int) -> int:
-        """Classes of proposal ``i`` to batch from class ``first``: ``window`` or ``2 /`` the class acceptance rate.
+        """Classes of proposal ``i`` to batch from class ``first``: ``window``, or :func:`speculative_width`.
 
         Capped so that the batch's one-state-per-block copies stay under ``_MAX_SPECULATIVE_ENTRIES``.
         """
         offsets = self.sweeps[i].offsets
-        wanted = self.window if self.window is not None else round(2.0 / max(self._class_accept_rate[i], 1e-3))
-        width = max(1, min(len(offsets) - 1 - first, wanted))
         fits = int(torch.searchsorted(offsets, offsets[first] + _MAX_SPECULATIVE_ENTRIES // num_variables, right=True))
-        return max(1, min(width, fits - 1 - first))
+        cap = max(1, min(len(offsets) - 1 - first, fits - 1 - first))
+        if self.window is not None:
+            return min(self.window, cap)
+        return speculative_width(self._class_accept_rate[i], cap)
 
     def _track_class_acceptance(self, i: int, classes: int, any_accepted: bool) -> None:
         """Fold ``classes`` classes, the last of which had ``any_accepted``, into the running rate."""
