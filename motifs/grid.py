@@ -674,7 +674,7 @@ class GridMotif(Motif):
         state = fg.check_state(state)
         extra = instances.extra
         num = len(instances)
-        tables = instances.params.reshape(num, -1, _ENTRIES)
+        tables = instances.params.reshape(num, extra["factors"].shape[1], _ENTRIES)  # R rows, also for I = 0
         mb_values = state[..., extra["mb_vars"]]  # [..., I, R, 3]
         slots = _slot_tables(
             tables.to(state.dtype),

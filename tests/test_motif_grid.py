@@ -125,6 +125,14 @@ def test_bn_instance_counts(height: int, width: int, size: int, expected: int) -
     assert inst.blocks[0].tolist() == first
 
 
+@pytest.mark.parametrize("family", ["mrf", "bn"])
+def test_encode_of_no_instances_is_empty(family: str) -> None:
+    fg = ising_grid(4, 4) if family == "mrf" else bn_grid(4, 4)
+    motif = GridMotif(family)
+    none = motif.find_instances(fg).select(torch.zeros(0, dtype=torch.long))
+    assert motif.encode(fg, none, torch.zeros(fg.num_variables)).shape == (0, motif.feature_dim)
+
+
 def test_shipped_grid_instance_counts() -> None:
     mrf, bn = GridMotif("mrf"), GridMotif("bn")
     assert len(mrf.find_instances(read_uai(uai_grid("Grids_11")))) == 100  # 10x10 torus
