@@ -251,6 +251,20 @@ def test_read_mar_pads_and_uses_last_block(tmp_path: Path) -> None:
     assert torch.allclose(read_mar(_write(tmp_path, text, "a.MAR")), torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.9, 0.0]]))
 
 
+def test_read_mar_reads_the_uai_2010_layout(tmp_path: Path) -> None:
+    """UAI 2010 puts a count of evidence samples before the marginals; one sample is read, several refused."""
+    want = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.9, 0.0]])
+    text = "MAR\n1\n2 3 0.2 0.3 0.5 2 0.1 0.9\n"
+    assert torch.allclose(read_mar(_write(tmp_path, text, "a.MAR")), want)
+    text = "MAR\n2 2 0.5 0.5 1 1.0\n-BEGIN-\n1\n2 3 0.2 0.3 0.5 2 0.1 0.9\n"
+    assert torch.allclose(read_mar(_write(tmp_path, text, "b.MAR")), want)
+    two = "MAR\n2\n1 2 0.2 0.8\n1 2 0.3 0.7\n"
+    with pytest.raises(ValueError, match="2 evidence samples"):
+        read_mar(_write(tmp_path, two, "c.MAR"))
+    with pytest.raises(ValueError, match="sums to"):  # the UAI 2014 reading's error, for a file neither layout fits
+        read_mar(_write(tmp_path, "MAR\n1\n2 0.5 0.6\n", "d.MAR"))
+
+
 def test_data_paths() -> None:
     assert data_path().name == "data"
     assert uai_grid("Grids_11.uai") == uai_grid("Grids_11")

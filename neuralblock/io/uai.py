@@ -184,7 +184,11 @@ def read_evid(path: PathLike) -> dict[int, int]:
 def read_mar(path: PathLike) -> Tensor:
     """Read a UAI ``.MAR`` file of single-variable marginals.
 
-    If the file holds several ``-BEGIN-`` blocks (anytime solvers), the last one is read.
+    Both layouts are read: the UAI 2014 one (``MAR``, then the number of variables and
+    each variable's cardinality and entries) and the UAI 2010 one, where a count of
+    evidence samples precedes them (a count of 1 is read; several samples are refused,
+    since each is a different query). If the file holds several ``-BEGIN-`` blocks
+    (anytime solvers), the last one is read.
 
     Args:
         path: the ``.MAR`` file.
@@ -194,7 +198,8 @@ def read_mar(path: PathLike) -> Tensor:
         are padded with zeros.
 
     Raises:
-        ValueError: malformed file, negative entries, or a row not summing to 1 (within 1e-3).
+        ValueError: malformed file, negative entries, a row not summing to 1 (within
+            1e-3), or a UAI 2010 file with several evidence samples.
 
     Example:
         >>> from neuralblock.io import read_mar, uai_grid
@@ -210,6 +215,34 @@ def read_mar(path: PathLike) -> Tensor:
         raise toks.error(f"expected the 'MAR' header, got {header!r}", line)
     if "-BEGIN-" in toks.tokens:
         toks.pos = len(toks.tokens) - toks.tokens[::-1].index("-BEGIN-")
+    start = toks.pos
+    try:
+        rows = _read_marginals(toks)
+    except ValueError as uai2014_error:  # maybe the UAI 2010 layout: a count of evidence samples first
+        toks.pos = start
+        rows = _read_uai2010_marginals(toks, uai2014_error)
+    width = max((len(r) for r in rows), default=0)
+    out = torch.zeros(len(rows), width, dtype=torch.float64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.float64)
+    return out.to(torch.get_default_dtype())
+
+
+def _read_uai2010_marginals(toks: Tokens, uai2014_error: ValueError) -> list[list[float]]:
+    """The UAI 2010 layout (a count of evidence samples, then the marginals); ``uai2014_error`` if it does not fit."""
+    line = toks.line()
+    try:
+        samples = toks.integer("the number of evidence samples", 1)
+        rows = _read_marginals(toks, last=samples == 1)
+    except ValueError:
+        raise uai2014_error from None
+    if samples != 1:
+        raise toks.error(f"the file holds {samples} evidence samples; read_mar reads files with one", line)
+    return rows
+
+
+def _read_marginals(toks: Tokens, last: bool = True) -> list[list[float]]:
+    """The number of variables, then each one's cardinality and marginal (``last``: up to the end or ``-BEGIN-``)."""
     n = toks.integer("the number of variables", 0)
     rows: list[list[float]] = []
     for i in range(n):
@@ -219,13 +252,9 @@ def read_mar(path: PathLike) -> Tensor:
         if abs(math.fsum(row) - 1.0) > MAR_TOLERANCE:
             raise toks.error(f"marginal of variable {i} sums to {math.fsum(row):.6g}, expected 1", line)
         rows.append(row)
-    if not toks.at_end() and toks.peek() != "-BEGIN-":
+    if last and not toks.at_end() and toks.peek() != "-BEGIN-":
         raise toks.error(f"unexpected token {toks.peek()!r} after {n} marginals")
-    width = max((len(r) for r in rows), default=0)
-    out = torch.zeros(n, width, dtype=torch.float64)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.float64)
-    return out.to(torch.get_default_dtype())
+    return rows
 
 
 def read_pr(path: PathLike) -> float:
