@@ -244,6 +244,23 @@ def stochastic_volatility_graph(
 
 
 # ------------------------------------------------------------------------------ the motif
+def _chain_states(fg: FactorGraph, cards: Tensor, observed: Tensor) -> Tensor:
+    """``[n]`` bool: continuous variables that are latent, or observed and the parent of a one-parent row.
+
+    An observed chain state (``x_t`` given as evidence) still has its observation or the
+    next state as a child; an observation is an observed leaf.
+    """
+    is_parent = torch.zeros(len(cards), dtype=torch.bool)
+    for group in fg.groups:
+        if isinstance(group, LinearGaussianGroup) and group.parents.shape[1] > 0:
+            valid = group.parents >= 0
+            single = valid.sum(1) == 1
+            is_parent[torch.where(valid, group.parents, -1).max(1).values[single]] = True
+        elif isinstance(group, LogLinearGaussianGroup):
+            is_parent[group.parent] = True
+    return (cards == 0) & (~observed | is_parent)
+
+
 class ChainMotif(Motif):
     """Middle two states of six consecutive states of a univariate state-space chain.
 
@@ -291,7 +308,9 @@ class ChainMotif(Motif):
         observations are linear-Gaussian or log-linear-Gaussian rows with an observed
         child. A block state must be latent and continuous, have at most one incoming and
         one outgoing transition and one observation, and touch no other factor (a
-        parentless prior belongs at a chain's start). Context states may be observed.
+        parentless prior belongs at a chain's start). Context states may be observed: an
+        observed continuous variable that is itself a parent (of its observation or of
+        the next state) is a chain state, an observed leaf is an observation.
 
         Returns:
             ``blocks [I, 2]``, ``context [I, 6]`` (``x_{t-2}, x_{t-1}, x_{t+2}, x_{t+3}``,
@@ -315,6 +334,7 @@ class ChainMotif(Motif):
         dirty = torch.zeros(n, dtype=torch.bool)
         has_prior = torch.zeros(n, dtype=torch.bool)
         ones = torch.ones(1, dtype=torch.long)
+        chain_state = _chain_states(fg, cards, observed)
         for group in fg.groups:
             if isinstance(group, LinearGaussianGroup):
                 if group.parents.shape[1] == 0:  # a prior: fine at a chain's start, not inside a block
@@ -326,9 +346,9 @@ class ChainMotif(Motif):
                 parent = torch.where(valid, group.parents, -1).max(1).values
                 weight = (group.weights * valid).sum(1)
                 single = arity == 1
-                child_obs = observed[group.child]
-                is_trans = single & ~child_obs & latent_cont[parent.clamp(min=0)]
-                is_obs = single & child_obs & latent_cont[parent.clamp(min=0)]
+                from_state = chain_state[parent.clamp(min=0)]
+                is_trans = single & chain_state[group.child] & from_state
+                is_obs = single & ~chain_state[group.child] & observed[group.child] & from_state
                 other = (arity > 1) | (single & ~is_trans & ~is_obs)
                 c, p = group.child[is_trans], parent[is_trans]
                 prev[c] = p

@@ -173,10 +173,24 @@ def test_bad_family_is_rejected() -> None:
         ChainMotif("nonlinear")
 
 
-def test_neural_block_kernel_with_chain_blocks_keeps_the_gaussian_posterior() -> None:
-    # 3 chains x 1000 draws (30 batch means); 14 z-scores (means and variances of 7 states) with
-    # |z| < 4.5: false-failure rate below 1e-3.
-    fg = linear_chain(7, seed=5, observed_every=1)
+def test_observed_chain_states_are_context_not_observations() -> None:
+    """An observed x_5 (a parent of y_5 and x_6) only removes the blocks that contain it."""
+    fg = linear_chain(12)
+    fg.set_evidence({5: 0.3, 11: -0.2})  # an interior and the last state
+    inst = ChainMotif().find_instances(fg)
+    assert inst.blocks.tolist() == [[2, 3], [3, 4], [6, 7], [7, 8], [8, 9]]
+    assert inst.context[1, :4].tolist() == [1, 2, 5, 6] and inst.context[4, :4].tolist() == [6, 7, 10, 11]
+
+
+@pytest.mark.parametrize(("steps", "evidence"), [(7, None), (9, 4)])
+def test_neural_block_kernel_with_chain_blocks_keeps_the_gaussian_posterior(steps: int, evidence: int | None) -> None:
+    # 3 chains x 1000 draws (30 batch means); up to 16 z-scores (means and variances of the latent
+    # states) with |z| < 4.5: false-failure rate below 1e-3. With an observed interior state, the
+    # blocks on either side of it read it as context.
+    fg = linear_chain(steps, seed=5, observed_every=1)
+    if evidence is not None:
+        fg.set_evidence({evidence: 0.4})
+        assert len(ChainMotif().find_instances(fg)) == 2
     state = fg.initial_state(torch.Generator().manual_seed(0))
     precision, post_mean = latent_precision_and_mean(fg, state)
     post_var = torch.linalg.inv(precision).diagonal()
@@ -189,7 +203,7 @@ def test_neural_block_kernel_with_chain_blocks_keeps_the_gaussian_posterior() ->
         mcmc = MCMC(kernel, num_samples=1000, warmup_steps=100, disable_progbar=True)
         mcmc.run()
         chains.append(mcmc.get_samples()["x"][:, fg.latent])
-    draws = torch.stack(chains)  # [3, 1000, 7]
+    draws = torch.stack(chains)  # [3, 1000, latent states]
     assert kernel.diagnostics()["acceptance"]["chain"] > 0.05
     stats = torch.cat([draws, (draws - post_mean) ** 2], -1)
     mean, se = batch_means_mcse(stats, num_batches=10)
