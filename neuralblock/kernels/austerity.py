@@ -553,17 +553,18 @@ class AusterityMH(MCMCKernel):
             global_diff = nxt.global_term - cur.global_term
             draw_more: Callable[[int], Tensor] = _no_more_sections
         else:  # one model run per stage evaluates both points (and the control-variate point) on its sections
-            stage, log_jacobian = self._stage_evaluator(z, z_new)
+            directions = self._directions(z, z_new)
+            stage, log_jacobian = self._stage_evaluator(z, z_new, directions)
             self.index_sampler.reset()
             first = min(self.batch_size, n_total)
             global_term, first_values = stage(self.index_sampler.draw(first))
-            global_diff, proxy = global_term[1] - global_term[0], self._proxy_sum(z, z_new)
+            global_diff, proxy = global_term[1] - global_term[0], self._proxy_sum(z, z_new, directions)
 
             def draw_more(k: int) -> Tensor:
                 return stage(self.index_sampler.draw(k))[1]
 
         # one host sync for the three scalars; float64 sums in the same order as Python floats
-        terms = torch.stack([global_diff.double(), (log_jacobian[1] - log_jacobian[0]).double(), proxy.double()])
+        terms = torch.stack([global_diff, log_jacobian[1] - log_jacobian[0], proxy]).double()
         log_global, log_jacobian_diff, proxy_sum = terms.tolist()
         log_global += log_jacobian_diff
         mu0 = (log_u - log_global - proposal.log_q_correction - proxy_sum) / n_total
@@ -593,7 +594,9 @@ class AusterityMH(MCMCKernel):
         self._proposed_full = (z_new.clone(), self._version, new)
         return current, new
 
-    def _stage_evaluator(self, z: Tensor, z_new: Tensor) -> tuple[Callable[[Tensor], tuple[Tensor, Tensor]], Tensor]:
+    def _stage_evaluator(
+        self, z: Tensor, z_new: Tensor, directions: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Callable[[Tensor], tuple[Tensor, Tensor]], Tensor]:
         """``idx -> (global terms [2], control-variate-corrected section log-ratios [k])`` for one test.
 
         Also returns the log-Jacobians ``[2]`` of ``z`` and ``z'`` (the points are constrained once).
@@ -604,26 +607,30 @@ class AusterityMH(MCMCKernel):
         there the arithmetic, not the per-run overhead, dominates.
         """
         if self._cv_point is not None and self.sections.vectorized:
-            point = self._cv_point.clone().requires_grad_(True)
-            values, log_jacobian = self._constrain(torch.cat([z.detach()[None], z_new.detach()[None], point[None]]))
+            # the three points are one leaf: autograd reaches θ̂'s row without cat/slice nodes in each backward pass
+            leaf = torch.stack([z.detach(), z_new.detach(), self._cv_point]).requires_grad_(True)
+            values, log_jacobian = self._constrain(leaf)
             fused = self.sections.bind_many(self._fixed, values)
-            delta, spread = z_new - z, z + z_new - 2.0 * self._cv_point
+            delta, spread = self._directions(z, z_new) if directions is None else directions
             split: list[Callable[[Tensor], SectionTerms]] = []
+            point: list[Tensor] = []
 
             def with_point(idx: Tensor) -> tuple[Tensor, Tensor]:
                 if idx.numel() <= _FUSED_MAX_SECTIONS:
                     terms = fused(idx)
-                    sections, at_point = terms.sections[:2].detach(), terms.sections[2]
+                    sections = terms.sections.detach()
+                    proxy = self._proxy_at(terms.sections, leaf, delta, spread, row=2)
                 else:  # large stage: autograd through θ̂'s run only, z and z' in a run without it (less work)
                     if not split:
+                        point.append(self._cv_point.clone().requires_grad_(True))
                         pair = {s: v[:2].detach() for s, v in values.items()}
                         split.extend(
-                            [self.sections.bind_many(self._fixed, pair), self.sections.bind(self._values(point))]
+                            [self.sections.bind_many(self._fixed, pair), self.sections.bind(self._values(point[0]))]
                         )
                     with torch.no_grad():
                         terms = split[0](idx)
-                    sections, at_point = terms.sections, split[1](idx).sections
-                ratios = sections[1] - sections[0] - self._proxy_at(at_point, point, delta, spread)
+                    sections, proxy = terms.sections, self._proxy_at(split[1](idx).sections, point[0], delta, spread)
+                ratios = sections[1] - sections[0] - proxy
                 return terms.global_term[:2].detach(), ratios
 
             return with_point, log_jacobian[:2].detach()
@@ -649,22 +656,38 @@ class AusterityMH(MCMCKernel):
         sections = self.sections.evaluate(self._values(point), idx, with_global=False).sections
         return self._proxy_at(sections, point, z_new - z, z + z_new - 2.0 * self._cv_point)
 
-    def _proxy_at(self, sections: Tensor, point: Tensor, delta: Tensor, spread: Tensor) -> Tensor:
+    def _proxy_at(
+        self, sections: Tensor, point: Tensor, delta: Tensor, spread: Tensor, row: int | None = None
+    ) -> Tensor:
         """The proxy from the drawn sections' log densities at ``point`` (= ``θ̂``, with autograd).
 
-        ``delta = z' - z`` and ``spread = z + z' - 2θ̂``.
+        ``delta = z' - z`` and ``spread = z + z' - 2θ̂``. With ``row``, ``point`` is a leaf ``[P, d]`` of
+        several points, ``sections`` their terms ``[P, k]``, and the proxy is that of row ``row``: the
+        coefficients of ``v[row]`` in derivatives taken with respect to ``point[row]``, i.e. the same
+        values as from a run on that row alone.
         """
         v = torch.zeros_like(sections, requires_grad=True)
         (grad,) = torch.autograd.grad(sections, point, grad_outputs=v, create_graph=True)
-        first = grad @ delta.to(grad.dtype)
-        second = _grad_or_zero(first, point, create_graph=True) @ spread.to(grad.dtype)
-        return _grad_or_zero(first + 0.5 * second, v).detach()
+        first = (grad if row is None else grad[row]) @ delta.to(grad.dtype)
+        hess_delta = _grad_or_zero(first, point, create_graph=True)
+        second = (hess_delta if row is None else hess_delta[row]) @ spread.to(grad.dtype)
+        proxy = _grad_or_zero(first + 0.5 * second, v).detach()
+        return proxy if row is None else proxy[row]
 
-    def _proxy_sum(self, z: Tensor, z_new: Tensor) -> Tensor:
-        """The proxy summed over all ``N`` sections (exact, O(d²); 0-dim, 0 without a control variate)."""
+    def _directions(self, z: Tensor, z_new: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``(δ, spread) = (z' - z, z + z' - 2θ̂)`` of the proxy, ``None`` without a control variate."""
+        if self._cv_point is None:
+            return None
+        return z_new - z, z + z_new - 2.0 * self._cv_point
+
+    def _proxy_sum(self, z: Tensor, z_new: Tensor, directions: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The proxy summed over all ``N`` sections (exact, O(d²); 0-dim, 0 without a control variate).
+
+        ``directions``: :meth:`_directions` of ``z`` and ``z'`` if already computed.
+        """
         if self._cv_grad is None or self._cv_hess is None or self._cv_point is None:
             return torch.zeros(())
-        delta, spread = z_new - z, z + z_new - 2.0 * self._cv_point
+        delta, spread = self._directions(z, z_new) if directions is None else directions
         return self._cv_grad @ delta + 0.5 * delta @ self._cv_hess @ spread
 
     def _check_normality(self, z: Tensor, trials: int = 5) -> NormalityReport:
@@ -714,6 +737,8 @@ class AusterityMH(MCMCKernel):
         return torch.cat([torch.as_tensor(params[s]).detach().reshape(-1) for s in self.sites])
 
     def _unflatten(self, z: Tensor) -> dict[str, Tensor]:
+        if len(self.sites) == 1:
+            return {self.sites[0]: z.detach().reshape(self._shapes[self.sites[0]])}
         parts = torch.split(z.detach(), self._sizes)
         return {s: p.reshape(self._shapes[s]) for s, p in zip(self.sites, parts, strict=True)}
 
@@ -734,7 +759,8 @@ class AusterityMH(MCMCKernel):
         values, log_jacobian = {}, torch.zeros(count, dtype=points.dtype)
         parts = torch.split(points, self._sizes, dim=1) if len(self.sites) > 1 else (points,)
         for s, p in zip(self.sites, parts, strict=True):
-            u = p.reshape(count, *self._shapes[s])
+            shape = (count, *self._shapes[s])
+            u = p if p.shape == shape else p.reshape(shape)  # no view node for autograd to traverse
             if self._identity[s]:  # e.g. a real-valued site: no transform, zero log-Jacobian
                 values[s] = u
                 continue

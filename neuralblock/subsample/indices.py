@@ -89,7 +89,7 @@ class IndexSampler:
             self._rest_start += k
         elif self.cursor == 0:  # nothing taken yet: k candidates are accepted unless some repeat
             candidates = torch.randint(self.num_sections, (k,))
-            if k > 1 and candidates.unique().numel() < k:
+            if k > 1 and _has_repeats(candidates):
                 out = self._reject(k, candidates)
             else:
                 out = self._first = candidates
@@ -142,3 +142,10 @@ class IndexSampler:
         else:
             rest = torch.nonzero(~self._taken).reshape(-1)
         self._rest, self._rest_start = rest[torch.randperm(rest.numel())], 0
+
+
+def _has_repeats(values: Tensor) -> bool:
+    """Whether a ``LongTensor`` has repeated entries (a Python set for small ones: less overhead than ``unique``)."""
+    if values.numel() <= 4096:
+        return len(set(values.tolist())) < values.numel()
+    return values.unique().numel() < values.numel()
