@@ -40,6 +40,16 @@ def test_inference_data_keeps_discrete_sites_and_summarises() -> None:
     assert "visits" in idata.posterior.attrs["kernel_diagnostics"]
 
 
+def test_inference_data_keeps_each_chains_kernel_diagnostics() -> None:
+    """With two chains (worker processes), each chain's own report is kept, not the parent's unused kernel's."""
+    pytest.importorskip("arviz")
+    mcmc = run()
+    text = to_inference_data(mcmc).posterior.attrs["kernel_diagnostics"]
+    assert "'chain 0'" in text and "'chain 1'" in text
+    assert text == repr({"chain 0": mcmc._diagnostics[0], "chain 1": mcmc._diagnostics[1]})
+    assert mcmc._diagnostics[0] != mcmc.kernel.diagnostics()  # the parent's kernel never ran a chain
+
+
 def test_inference_data_rejects_an_empty_run() -> None:
     pytest.importorskip("arviz")
 

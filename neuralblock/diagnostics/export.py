@@ -42,7 +42,8 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
     Unlike ``arviz.from_pyro`` it never re-runs the model (our kernels may sample
     factor graphs, conditioned models or subsampled likelihoods), keeps discrete sites
     (as integers when every draw is a whole number) and stores the kernel's
-    ``diagnostics()`` in ``idata.posterior.attrs["kernel_diagnostics"]`` (as text).
+    ``diagnostics()`` in ``idata.posterior.attrs["kernel_diagnostics"]`` (as text; with several
+    chains, one entry per chain, as each chain's kernel reported at its end).
 
     Args:
         mcmc: a ``pyro.infer.MCMC`` object after ``run``.
@@ -66,8 +67,12 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
         raise ValueError("the MCMC run holds no samples; call mcmc.run(...) first")
     posterior = {name: _as_numpy(value) for name, value in samples.items()}
     attrs: dict[str, Any] = {"inference_library": "pyro + neuralblock", "kernel": type(mcmc.kernel).__name__}
+    per_chain = getattr(mcmc, "_diagnostics", None)  # Pyro keeps each chain's kernel.diagnostics(), workers' too
     kernel_diag = getattr(mcmc.kernel, "diagnostics", None)
-    if callable(kernel_diag):
+    if isinstance(per_chain, list) and per_chain and all(d is not None for d in per_chain):
+        chains = {f"chain {i}": d for i, d in enumerate(per_chain)}
+        attrs["kernel_diagnostics"] = repr(per_chain[0] if len(per_chain) == 1 else chains)
+    elif callable(kernel_diag):
         # Pyro's HMC cannot report after cleanup; a third-party kernel may not before setup (parallel chains)
         with contextlib.suppress(TypeError, ZeroDivisionError, AttributeError):
             attrs["kernel_diagnostics"] = repr(kernel_diag())
