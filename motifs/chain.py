@@ -310,7 +310,8 @@ class ChainMotif(Motif):
         one outgoing transition and one observation, and touch no other factor (a
         parentless prior belongs at a chain's start). Context states may be observed: an
         observed continuous variable that is itself a parent (of its observation or of
-        the next state) is a chain state, an observed leaf is an observation.
+        the next state) is a chain state, an observed leaf is an observation (so an observed
+        last state without an observation of its own reads as one, and the last block is lost).
 
         Returns:
             ``blocks [I, 2]``, ``context [I, 6]`` (``x_{t-2}, x_{t-1}, x_{t+2}, x_{t+3}``,

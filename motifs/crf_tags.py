@@ -409,12 +409,12 @@ class CrfTagsMotif(Motif):
         dtype = unary.dtype
         return torch.cat(
             [
-                _center(unary).reshape(count, -1),
+                _center(unary).reshape(count, unary.shape[1:].numel()),
                 left,
                 left_absent.to(dtype)[:, None],
                 right,
                 right_absent.to(dtype)[:, None],
-                _center(internal, dims=2).reshape(count, -1),
+                _center(internal, dims=2).reshape(count, internal.shape[1:].numel()),
             ],
             -1,
         )

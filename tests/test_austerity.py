@@ -316,16 +316,32 @@ def batched_logistic(x: torch.Tensor, y: torch.Tensor) -> None:
         pyro.sample("y", dist.Bernoulli(logits=(x[idx] * w).sum(-1)), obs=y[idx])
 
 
-def test_control_variate_point_joins_the_batched_stage_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def matrix_and_scale(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Two global sites: a ``[2, 2]`` weight matrix (no transform) and a positive scale (log transform)."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2, 2]).to_event(2))
+    s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        lin = (x[idx] * w.reshape(w.shape[:-2] + (4,))).sum(-1)
+        pyro.sample("y", dist.Normal(lin, s), obs=y[idx])
+
+
+@pytest.mark.parametrize("two_sites", [False, True])
+def test_control_variate_point_joins_the_batched_stage_run(monkeypatch: pytest.MonkeyPatch, two_sites: bool) -> None:
     # the fused stage (z, z' and the control-variate point in one model run) gives the same
-    # corrected log-ratios as separate runs
+    # corrected log-ratios as separate runs, also with a matrix site and a constrained one
     torch.set_default_dtype(torch.float64)
-    x, y = X.double(), Y.double()
-    mode = torch.tensor([1.0, -0.5, 0.25])
-    kernel = AusterityMH(batched_logistic, epsilon=0.05, batch_size=40, control_variate={"w": mode})
+    if two_sites:
+        x = torch.randn(60, 4)
+        y = x @ torch.tensor([1.0, -0.5, 0.3, 0.2]) + 0.7 * torch.randn(60)
+        model, mode = matrix_and_scale, {"w": torch.tensor([[1.0, -0.5], [0.3, 0.2]]), "s": torch.tensor(0.7)}
+    else:
+        x, y = X.double(), Y.double()
+        model, mode = batched_logistic, {"w": torch.tensor([1.0, -0.5, 0.25])}
+    kernel = AusterityMH(model, epsilon=0.05, batch_size=40, control_variate=mode)
     kernel.setup(0, x, y)
     assert kernel.sections.vectorized
-    z, z_new = mode + 0.1 * torch.randn(3), mode + 0.1 * torch.randn(3)
+    point = kernel._cv_point  # θ̂ in the unconstrained flat space
+    z, z_new = point + 0.1 * torch.randn(point.numel()), point + 0.1 * torch.randn(point.numel())
     idx = torch.arange(25)
     fused_global, fused = kernel._stage_evaluator(z, z_new)[0](idx)
     # a stage above the fused-run size: z and z' in one run without autograd, θ̂ in its own

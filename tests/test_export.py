@@ -41,13 +41,14 @@ def test_inference_data_keeps_discrete_sites_and_summarises() -> None:
 
 
 def test_inference_data_keeps_each_chains_kernel_diagnostics() -> None:
-    """With two chains (worker processes), each chain's own report is kept, not the parent's unused kernel's."""
+    """Each chain's own report is kept; the parent's kernel holds only the last chain's (none with workers)."""
     pytest.importorskip("arviz")
     mcmc = run()
     text = to_inference_data(mcmc).posterior.attrs["kernel_diagnostics"]
     assert "'chain 0'" in text and "'chain 1'" in text
+    for report in mcmc._diagnostics:  # 10 warmup + 40 draws per chain, each block visited every step
+        assert report["visits"] == [50, 50] and report["block 0 (GibbsKernel)"]["sweeps"] == 40.0
     assert text == repr({"chain 0": mcmc._diagnostics[0], "chain 1": mcmc._diagnostics[1]})
-    assert mcmc._diagnostics[0] != mcmc.kernel.diagnostics()  # the parent's kernel never ran a chain
 
 
 def test_inference_data_rejects_an_empty_run() -> None:

@@ -51,8 +51,11 @@ def test_find_instances_counts_windows(crf, n):
     sents = [[f"w{i}" for i in range(length)] for length in lengths]
     motif = CrfTagsMotif(n)
     for sent, length in zip(sents, lengths):
-        inst = motif.find_instances(crf.sentence_graph(sent))
+        fg = crf.sentence_graph(sent)
+        inst = motif.find_instances(fg)
         assert len(inst) == max(0, length - n + 1)
+        none = inst.select(torch.zeros(0, dtype=torch.long))
+        assert motif.encode(fg, none, torch.zeros(fg.num_variables)).shape == (0, motif.feature_dim)
         if len(inst):
             assert inst.blocks.tolist() == [list(range(s, s + n)) for s in range(length - n + 1)]
             left = [s - 1 for s in range(length - n + 1)]

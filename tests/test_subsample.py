@@ -127,6 +127,18 @@ def _ordered_chi2(sequences: torch.Tensor, n: int) -> tuple[float, int]:
     return chi2, cells - 1
 
 
+@pytest.mark.parametrize("size", [2, 4096, 4097, 10_000])
+def test_repeat_check_on_either_side_of_the_set_threshold(size: int) -> None:
+    from neuralblock.subsample.indices import _SET_CHECK_MAX, _has_repeats
+
+    assert _SET_CHECK_MAX == 4096
+    distinct = torch.randperm(3 * size)[:size]
+    assert not _has_repeats(distinct)
+    repeated = distinct.clone()
+    repeated[-1] = repeated[0]
+    assert _has_repeats(repeated)
+
+
 def test_index_sampler_draws_every_ordered_sample_equally_often() -> None:
     # Every path: a first draw with repeated candidates (N=6, k=3 repeats with prob 0.44), a later
     # draw by rejection against the taken mask, and the listed remainder once half are taken.

@@ -654,7 +654,7 @@ class AusterityMH(MCMCKernel):
             return torch.zeros(())
         point = self._cv_point.clone().requires_grad_(True)
         sections = self.sections.evaluate(self._values(point), idx, with_global=False).sections
-        return self._proxy_at(sections, point, z_new - z, z + z_new - 2.0 * self._cv_point)
+        return self._proxy_at(sections, point, *self._directions(z, z_new))
 
     def _proxy_at(
         self, sections: Tensor, point: Tensor, delta: Tensor, spread: Tensor, row: int | None = None
@@ -674,11 +674,10 @@ class AusterityMH(MCMCKernel):
         proxy = _grad_or_zero(first + 0.5 * second, v).detach()
         return proxy if row is None else proxy[row]
 
-    def _directions(self, z: Tensor, z_new: Tensor) -> tuple[Tensor, Tensor] | None:
-        """``(δ, spread) = (z' - z, z + z' - 2θ̂)`` of the proxy, ``None`` without a control variate."""
-        if self._cv_point is None:
-            return None
-        return z_new - z, z + z_new - 2.0 * self._cv_point
+    def _directions(self, z: Tensor, z_new: Tensor) -> tuple[Tensor, Tensor]:
+        """``(δ, spread) = (z' - z, z + z' - 2θ̂)`` of the proxy (``θ̂ = 0`` without a control variate, unused then)."""
+        point = self._cv_point if self._cv_point is not None else torch.zeros_like(z)
+        return z_new - z, z + z_new - 2.0 * point
 
     def _proxy_sum(self, z: Tensor, z_new: Tensor, directions: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """The proxy summed over all ``N`` sections (exact, O(d²); 0-dim, 0 without a control variate).

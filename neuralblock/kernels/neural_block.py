@@ -42,7 +42,7 @@ from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
-__all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculative_block_step"]
+__all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculative_block_step", "speculative_width"]
 
 _RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
 _MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold

@@ -144,8 +144,11 @@ class IndexSampler:
         self._rest, self._rest_start = rest[torch.randperm(rest.numel())], 0
 
 
+_SET_CHECK_MAX = 4096  # draws up to this size are checked for repeats with a Python set (less overhead than unique)
+
+
 def _has_repeats(values: Tensor) -> bool:
     """Whether a ``LongTensor`` has repeated entries (a Python set for small ones: less overhead than ``unique``)."""
-    if values.numel() <= 4096:
+    if values.numel() <= _SET_CHECK_MAX:
         return len(set(values.tolist())) < values.numel()
     return values.unique().numel() < values.numel()
