@@ -124,6 +124,23 @@ def test_conditional_graph_kernel_rejects_bad_sites() -> None:
     unknown.condition_on({"w": torch.tensor(0.0)})
     with pytest.raises(ValueError, match="not a latent sample site"):
         unknown.setup(0, Y)
+    twice = ConditionalGraphKernel(chain_model, {"x": [0, 0, 1, 2, 3, 4, 5, 6]}, chain_graph, RandomWalkMH)
+    twice.condition_on({"w": torch.tensor(0.0)})
+    with pytest.raises(ValueError, match="overlapping graph variables"):
+        twice.setup(0, Y)
+
+    def with_extra(values: dict[str, torch.Tensor], y: torch.Tensor) -> FactorGraph:
+        fg = chain_graph(values, y)
+        extra = fg.add_variable("extra")
+        fg.add_linear_gaussian(extra, [], [], 0.0, 1.0)
+        return fg
+
+    hidden = ConditionalGraphKernel(chain_model, {"x": list(range(T))}, with_extra, RandomWalkMH)
+    hidden.condition_on({"w": torch.tensor(0.0)})
+    with pytest.raises(ValueError, match=r"\['extra'\] belong to no site"):
+        hidden.setup(0, Y)
+    with pytest.raises(ValueError, match="site 'w' is not finite"):
+        hidden.condition_on({"w": torch.tensor(float("nan"))})
 
 
 def test_update_parameters_rejects_a_changed_support() -> None:

@@ -181,6 +181,9 @@ def test_kernel_rejects_bad_inputs() -> None:
         RandomWalkMH(fg, variables=["x3"]).setup(0)
     with pytest.raises(ValueError, match="step_size"):
         RandomWalkMH(fg, step_size=0.0)
+    for bad in (0.0, 1.0, 2.0):
+        with pytest.raises(ValueError, match="target_accept"):
+            RandomWalkMH(fg, target_accept=bad)
     with pytest.raises(TypeError, match="FactorGraph or a Pyro model"):
         GibbsKernel(42)
     kernel = RandomWalkMH(fg)

@@ -172,3 +172,18 @@ def test_bad_input_raises_clear_errors() -> None:
     gmm.set_evidence({"v[0]": 1.0})
     with pytest.raises(ValueError, match="two mixtures"):
         SplitMergeGMM(gmm)
+
+
+def test_reports_before_setup_and_refuses_a_zero_density_start() -> None:
+    """No move leaves a state with no active mixture (births' ratios are non-finite): setup says so."""
+    gmm = gmm_graph(torch.tensor([[0.0], [1.0], [2.0]]), 3, 1.0, 2.0, 0.5)
+    kernel = SplitMergeGMM(gmm, gibbs_prob=0.0)
+    assert kernel.diagnostics()["proposed"]["birth"] == 0.0 and "M" not in kernel.logging()
+    layout = mixture_layout(gmm)
+    empty = gmm.initial_state()
+    empty[layout.active] = 0.0
+    kernel.initial_params = {"x": empty}
+    with pytest.raises(ValueError, match="zero density"):
+        kernel.setup(0)
+    kernel.setup(0)  # the default start has a finite density
+    assert kernel.logging()["M"] >= 1

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.base import STATE_SITE, GraphKernel
-from neuralblock.kernels.conditioning import values_changed
+from neuralblock.kernels.conditioning import _finite_values, values_changed
 
 __all__ = ["ConditionalGraphKernel"]
 
@@ -109,7 +109,7 @@ class ConditionalGraphKernel(MCMCKernel):
 
     def condition_on(self, values: Mapping[str, Tensor]) -> None:
         """Fix the other sites at ``values``; after ``setup`` the inner kernel's graph follows them."""
-        new = {str(k): torch.as_tensor(v) for k, v in values.items()}
+        new = _finite_values(values)
         changed = values_changed(self._values, new)
         self._values = new
         if changed and self.inner is not None:
@@ -140,6 +140,15 @@ class ConditionalGraphKernel(MCMCKernel):
                 raise ValueError(f"site {name!r} maps to observed graph variables")
             self._ids[name] = ids
             self._shapes[name] = (value.shape, value.dtype)
+        mapped = torch.cat(list(self._ids.values()))
+        if mapped.unique().numel() != mapped.numel():
+            raise ValueError("the sites map to overlapping graph variables: each variable belongs to one site")
+        unmapped = sorted(latent - set(mapped.tolist()))
+        if unmapped:  # the inner kernel would sample them, but the model and the other kernels never see them
+            raise ValueError(
+                f"latent graph variables {[fg.names[v] for v in unmapped[:5]]} belong to no site; map every latent "
+                "variable of the conditional graph to a site"
+            )
         self.inner = self.make_kernel(fg)
         if not isinstance(self.inner, GraphKernel) or self.inner.from_pyro:
             raise TypeError("kernel(fg) must return a GraphKernel built on the given FactorGraph")
@@ -150,14 +159,16 @@ class ConditionalGraphKernel(MCMCKernel):
         self._state = self.inner.initial_params[STATE_SITE]
 
     def _to_state(self, params: Mapping[str, Tensor], state: Tensor) -> Tensor:
-        """``state`` with the sites' values from ``params`` and the graph's current evidence."""
+        """``state`` with the sites' values from ``params``.
+
+        Observed variables keep ``state``'s values: the graph's initial state at setup, and
+        later the inner kernel overwrites them with the graph's current evidence itself.
+        """
         state = state.clone()
         for name, ids in self._ids.items():
             if name not in params:
                 raise ValueError(f"params lack site {name!r}")
             state[ids] = torch.as_tensor(params[name]).reshape(-1).to(state.dtype)
-        for v, value in self.inner_graph.evidence.items():
-            state[v] = value
         return state
 
     def _to_params(self, state: Tensor) -> dict[str, Tensor]:

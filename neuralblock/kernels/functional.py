@@ -45,7 +45,7 @@ class GibbsInfo(NamedTuple):
     """
 
     values: Tensor
-    num_stuck: int
+    num_stuck: Tensor
 
 
 def mh_accept(log_alpha: Tensor) -> MHInfo:

@@ -135,6 +135,8 @@ class RandomWalkMH(GraphKernel):
         super().__init__(model)
         if not step_size > 0:
             raise ValueError(f"step_size must be positive, got {step_size}")
+        if not 0.0 < target_accept < 1.0:
+            raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
         self._variables_arg = variables
         self.initial_step_size = step_size
         self.target_accept = target_accept

@@ -54,7 +54,7 @@ import itertools
 import math
 import time
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -98,7 +98,7 @@ class MoveTuning(NamedTuple):
     """Shape parameters of the proposals (none affects exactness; distances in units of ``sigma``).
 
     Attributes:
-        split_scale: spread of smart-split and merge means, times ``sigma / sqrt(points + 1)``.
+        split_scale: spread of smart-split, merge and birth means, times ``sigma / sqrt(points + 1)``.
         dumb_scale: spread of dumb-split means around the split mixture's mean.
         merge_bandwidth: length scale of the smart merge's preference for close pairs.
         birth_radius: kernel radius of the mean-shift centres that seed births.
@@ -181,30 +181,43 @@ def mixture_layout(fg: FactorGraph) -> MixtureLayout:
         raise ValueError("SplitMergeGMM: the mixtures' activity bits must be binary variables")
     if not (cards[group.means] == 0).all():
         raise ValueError("SplitMergeGMM: the mixture means must be continuous variables")
-    loc = torch.empty(group.means.shape)
-    scale = torch.empty(group.means.shape)
-    for k, row in enumerate(group.means.tolist()):
-        for d, var in enumerate(row):
-            factors = torch.tensor(fg.neighbors(var), dtype=torch.long)
-            where, rows = fg.factor_location(factors)
-            priors = [
-                (fg.groups[g], r)
-                for g, r in zip(where.tolist(), rows.tolist())
-                if isinstance(fg.groups[g], LinearGaussianGroup)
-                and int(fg.groups[g].child[r]) == var
-                and bool((fg.groups[g].parents[r] < 0).all())
-            ]
-            if len(priors) != 1:
-                raise ValueError(
-                    f"SplitMergeGMM: mean {fg.names[var]!r} needs exactly one parentless N(c, tau^2) prior "
-                    f"(a linear-Gaussian factor), found {len(priors)}"
-                )
-            prior, r = priors[0]
-            loc[k, d], scale[k, d] = float(prior.bias[r]), float(prior.scale[r])
+    loc, scale = _mean_priors(fg, group.means)
     latent = torch.zeros(fg.num_variables, dtype=torch.bool)
     latent[fg.latent] = True
     movable = latent[group.means].all(-1) & latent[group.active]
     return MixtureLayout(group.points, group.means, group.active, group.sigma, loc, scale, movable)
+
+
+def _mean_priors(fg: FactorGraph, means: Tensor) -> tuple[Tensor, Tensor]:
+    """``(c, tau)`` of each mean coordinate's parentless linear-Gaussian prior, ``[m, D]`` each (a loop over groups).
+
+    Raises:
+        ValueError: a mean coordinate without exactly one such prior.
+    """
+    flat = means.reshape(-1)
+    position = torch.full((fg.num_variables,), -1, dtype=torch.long)
+    position[flat] = torch.arange(flat.numel())
+    count = torch.zeros(flat.numel(), dtype=torch.long)
+    loc = torch.zeros(flat.numel(), dtype=torch.float64)
+    scale = torch.zeros(flat.numel(), dtype=torch.float64)
+    dtype = torch.get_default_dtype()  # float64 priors stay float64
+    for group in fg.groups:
+        if not isinstance(group, LinearGaussianGroup):
+            continue
+        hit = (group.parents < 0).all(1) & (position[group.child] >= 0)
+        if hit.any():
+            dtype = torch.promote_types(dtype, group.bias.dtype)
+        rows = position[group.child[hit]]
+        count.index_add_(0, rows, torch.ones_like(rows))
+        loc[rows], scale[rows] = group.bias[hit].to(torch.float64), group.scale[hit].to(torch.float64)
+    bad = torch.nonzero(count != 1).reshape(-1)
+    if bad.numel():
+        first = int(bad[0])
+        raise ValueError(
+            f"SplitMergeGMM: mean {fg.names[int(flat[first])]!r} needs exactly one parentless N(c, tau^2) prior "
+            f"(a linear-Gaussian factor), found {int(count[first])}"
+        )
+    return loc.reshape(means.shape).to(dtype), scale.reshape(means.shape).to(dtype)
 
 
 # ------------------------------------------------------------------------------ proposal geometry
@@ -230,7 +243,7 @@ class _GaussianMixture(NamedTuple):
         return self.loc[k] + self.scale[k] * torch.randn_like(self.loc[k])
 
     def log_prob(self, value: Tensor) -> Tensor:
-        """Log density of ``value`` (a scalar tensor)."""
+        """Log density (a 0-dim tensor) of ``value``, shaped like ``loc[0]``."""
         z = (value - self.loc) / self.scale
         per = (-0.5 * z * z - self.scale.log()).reshape(len(self.loc), -1).sum(-1)
         return torch.logsumexp(self.log_weights + per, 0) - 0.5 * value.numel() * math.log(2 * math.pi)
@@ -456,7 +469,8 @@ class SplitMergeGMM(GraphKernel):
             model has no such group, so it is refused.
         gibbs_prob: probability of a single-site sweep per transition.
         moves_per_sweep: move attempts per split-merge transition (default: the number of
-            mixture pairs, as many as a neural block sweep over all pairs proposes).
+            pairs of all ``m`` mixtures, movable or not, as many as a neural block sweep over
+            all pairs proposes).
         move_weights: relative probability of each move type (default all equal); a move and
             its reverse must both be positive or both zero.
         step_size: initial random-walk step for the single-site sweep.
@@ -511,6 +525,20 @@ class SplitMergeGMM(GraphKernel):
         self._kind_cdf = list(itertools.accumulate(weights[k] / total for k in self._kinds))
         self.move_log_probs = {k: math.log(w / total) if w > 0 else -math.inf for k, w in weights.items()}
         self._checked_layout(model)  # fail early on a graph that is not an open-universe GMM
+        self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        """Set up as any graph kernel; refuse a start of zero density (no move could leave it).
+
+        Raises:
+            ValueError: the starting state has log density ``-inf`` (e.g. no active mixture for the points).
+        """
+        super().setup(warmup_steps, *args, **kwargs)
+        if self._state is not None and not bool(torch.isfinite(self._graph().log_joint(self._state))):
+            raise ValueError(
+                "SplitMergeGMM: the starting state has zero density (e.g. no active mixture for the points); "
+                "start from a state with a finite log density, such as neuralblock.kernels.base.sequential_init(fg)"
+            )
 
     @staticmethod
     def _checked_layout(fg: FactorGraph) -> MixtureLayout:
@@ -594,7 +622,7 @@ class SplitMergeGMM(GraphKernel):
     def logging(self) -> dict[str, float]:
         """Latest acceptance per move type (from the last split-merge sweep) and the number of active mixtures."""
         out = {f"acc_{k}": round(a, 3) for k, a in self._recent.items()}
-        if self._state is not None:
+        if self._state is not None and hasattr(self, "layout"):
             out["M"] = float(self._state[self.layout.active].sum())
         return out
 
