@@ -122,7 +122,7 @@ def test_encode_exact_conditional_matches_brute_force(crf, n):
     assert torch.equal(motif.encode(fg, inst.select(torch.tensor([1])), moved)[:, 0], features[:, 1])
 
 
-def test_training_batch_shapes_determinism_and_timing():
+def test_training_batch_shapes_and_determinism():
     for n in (2, 3, 4):
         motif = CrfTagsMotif(n)
         a = motif.sample_training_batch(64, torch.Generator().manual_seed(5))
