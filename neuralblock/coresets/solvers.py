@@ -220,8 +220,9 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     ``L = sum_n f_n``, ``sigma_n = ||f_n||`` and ``sigma = sum_n sigma_n``. Each of the ``size``
     iterations moves towards the vertex ``(sigma / sigma_f) e_f`` best aligned with the residual, with
     exact line search, so the error is non-increasing and at most ``size`` weights are non-zero.
-    One iteration costs one ``[n, J]`` matrix-vector product; everything else is kept as running
-    inner products.
+    An iteration that picks a new vertex costs one ``[n, J]`` matrix-vector product (its column of inner
+    products ``<f_f, f_n>``); a vertex picked again re-uses its cached column (up to ``J / 2`` columns, so the
+    cache never outgrows the features), and everything else is kept as running inner products.
 
     With ``refine_every = k > 0`` the iteration is *fully corrective* every ``k`` iterations and at the
     end: the weights on the current support are re-optimised by non-negative least squares
@@ -277,9 +278,12 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     # error ||L - L(w)|| is taken directly, without the cancellation of ||L||^2 - 2<L, L(w)> + ||L(w)||^2
     b, lw = torch.zeros_like(norms), torch.zeros_like(total)
     errors: list[Tensor] = []
-    best = weights  # the iterate of least error: near convergence float32 products can make a step go up
+    best = weights.clone()  # the iterate of least error: near convergence float32 products can make a step go up
+    score = torch.empty_like(norms)  # per-iteration O(n) work in place: fresh [n] buffers cost page faults
+    columns: dict[int, Tensor] = {}  # <f_f, f_n> of picked vertices: FW returns to its support points often
+    cache_limit = features.shape[1] // 2  # float64 columns: at most the features' own memory
     for it in range(size):
-        f = int(((align - b) * inv_norms + penalty).argmax())
+        f = int(torch.sub(align, b, out=score).mul_(inv_norms).add_(penalty).argmax())
         # direction d = scale_f f_f - L(w); gamma = <d, L - L(w)> / ||d||^2 clipped to [0, 1]
         lw_l, lw_sq = lw @ total, lw @ lw
         num = scale[f] * (align[f] - b[f]) - (lw_l - lw_sq)
@@ -288,9 +292,13 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
             gamma = torch.ones(()) if it == 0 else torch.clamp(num / den, max=1.0)  # start at a vertex
             weights *= 1 - gamma
             weights[f] += gamma * scale[f]
-            column = (features @ features[f]).to(torch.float64)
+            column = columns.get(f)
+            if column is None:
+                column = (features @ features[f]).to(torch.float64)
+                if len(columns) < cache_limit:
+                    columns[f] = column
             lw = (1 - gamma) * lw + gamma * scale[f] * features[f].to(torch.float64)
-            b = (1 - gamma) * b + gamma * scale[f] * column
+            b.mul_(1 - gamma).add_(column, alpha=float(gamma * scale[f]))
         error = (total - lw).norm()
         stop = tol > 0 and bool(error <= stop_at)
         if refine_every and ((it + 1) % refine_every == 0 or it == size - 1 or stop):
@@ -302,7 +310,7 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
                 stop = tol > 0 and bool(error <= stop_at)
         if not errors or error < errors[-1]:
             errors.append(error)
-            best = weights.clone()
+            best.copy_(weights)
         else:
             errors.append(errors[-1])
         if stop:
