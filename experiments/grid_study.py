@@ -36,6 +36,7 @@ from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
 from neuralblock.quickstart import error_at, run_for_seconds
+from neuralblock.subsample import student_t_sf
 
 UAI = [f"Grids_{i}" for i in range(11, 19)]
 STRONG = {"Grids_11", "Grids_12", "Grids_13", "Grids_14", "Grids_16", "Grids_17", "Grids_18"}  # f >= 5
@@ -123,9 +124,10 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     for name, entry in record["instances"].items():
         runs = entry["runs"]
         common = [min(r["NB+Gibbs"]["seconds"][-1], r["Gibbs"]["seconds"][-1]) for r in runs]
-        nb = sum(error_at(r["NB+Gibbs"], t) for r, t in zip(runs, common)) / len(runs)
-        gibbs = sum(error_at(r["Gibbs"], t) for r, t in zip(runs, common)) / len(runs)
-        gap, gap_se = seed_difference(runs, common)
+        nb_errors = [error_at(r["NB+Gibbs"], t) for r, t in zip(runs, common)]
+        gibbs_errors = [error_at(r["Gibbs"], t) for r, t in zip(runs, common)]
+        nb, gibbs = sum(nb_errors) / len(runs), sum(gibbs_errors) / len(runs)
+        gap, gap_se, p_value = paired_difference(nb_errors, gibbs_errors)
         fractions = [r["nb_time_to_gibbs_final_fraction"] for r in runs]
         reached = [f for f in fractions if f is not None]
         frac = max(reached) if len(reached) == len(fractions) else None
@@ -138,13 +140,14 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
             "nb_wins": nb < gibbs,
             "difference": gap,
             "difference_se": gap_se,
+            "difference_p_value": p_value,
             "worst_fraction": frac,
             "mean_curve_fraction": mean_frac,
             "strongly_coupled": strong,
         }
         summary_rows.append(
             f"| {name} | {entry['num_variables']} | {'yes' if strong else 'no'} | {nb:.4f} | {gibbs:.4f} | "
-            f"{'NB' if nb < gibbs else 'Gibbs'} | {_signed(gap, gap_se)} | {_fraction(mean_frac)} | "
+            f"{'NB' if nb < gibbs else 'Gibbs'} | {_signed(gap, gap_se, p_value)} | {_fraction(mean_frac)} | "
             f"{_fraction(frac)} | {acc:.3f} |"
         )
         plot_error_traces(
@@ -156,12 +159,8 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     wins = sum(summary["nb_wins"] for summary in named.values())
     strong = {n: summary for n, summary in named.items() if summary["strongly_coupled"]}
     halved = sum(1 for summary in strong.values() if (summary["mean_curve_fraction"] or 2.0) <= 0.5)
-    clear = {  # seed-mean differences beyond two standard errors of the mean over seeds
-        side: sum(
-            1
-            for x in named.values()
-            if x["difference_se"] is not None and sign * x["difference"] > 2 * x["difference_se"]
-        )
+    clear = {  # paired t-test over seeds, two-sided p < 0.05
+        side: sum(1 for x in named.values() if (x["difference_p_value"] or 1.0) < 0.05 and sign * x["difference"] > 0)
         for side, sign in (("NB", -1.0), ("Gibbs", 1.0))
     }
     table = "\n".join(
@@ -170,7 +169,8 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
             "over seeds. `NB time / Gibbs time` is the time at which NB+Gibbs reaches Gibbs's final error, "
             "as a fraction of Gibbs's time (`-`: not reached): on the seed-mean error curves, and for the "
             "worst seed. `NB - Gibbs` is the mean over seeds of each seed's error difference at equal time, "
-            "+- its standard error over seeds: where both samplers lock into modes, single seeds scatter widely.",
+            "+- its standard error over seeds, and the two-sided p-value of a paired t-test: where both samplers "
+            "lock into modes, single seeds scatter widely.",
             "",
             "| instance | vars | strongly coupled | NB+Gibbs error | Gibbs error | better | NB - Gibbs (+- SE) | "
             "NB time / Gibbs time (seed mean) | (worst seed) | NB acceptance |",
@@ -179,7 +179,7 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
             "",
             f"NB+Gibbs beats Gibbs at equal wall time on {wins} of the {len(named)} UAI and UAI-2008 instances run; "
             f"on {halved} of the {len(strong)} strongly coupled ones its seed-mean error reaches Gibbs's final "
-            "error in at most half of Gibbs's time. Beyond two standard errors over seeds, NB+Gibbs is better on "
+            "error in at most half of Gibbs's time. At p < 0.05 (paired over seeds), NB+Gibbs is better on "
             f"{clear['NB']} and Gibbs on {clear['Gibbs']} of the {len(named)}; the others are within seed noise.",
         ]
     )
@@ -190,23 +190,29 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     return table
 
 
-def seed_difference(runs: list[dict], times: list[float]) -> tuple[float, float | None]:
-    """Mean over seeds of NB+Gibbs's minus Gibbs's error at each seed's common time, and its standard error.
+def paired_difference(nb: list[float], gibbs: list[float]) -> tuple[float, float | None, float | None]:
+    """Mean over seeds of the paired error differences ``nb - gibbs``, its standard error and t-test p-value.
+
+    The p-value is two-sided, from Student's t with ``seeds - 1`` degrees of freedom; the standard
+    error and p-value are ``None`` for one seed, the p-value also when all differences are equal.
 
     Example:
-        >>> nb = [{"seconds": [1.0], "errors": [e]} for e in (0.1, 0.3)]
-        >>> gibbs = [{"seconds": [1.0], "errors": [e]} for e in (0.2, 0.6)]
-        >>> runs = [{"NB+Gibbs": a, "Gibbs": b} for a, b in zip(nb, gibbs)]
-        >>> [round(v, 3) for v in seed_difference(runs, [1.0, 1.0])]
-        [-0.2, 0.1]
+        >>> mean, se, p = paired_difference([0.1, 0.3, 0.2], [0.2, 0.6, 0.4])
+        >>> round(mean, 3), round(se, 3), round(p, 3)
+        (-0.2, 0.058, 0.074)
     """
-    gaps = torch.tensor([error_at(r["NB+Gibbs"], t) - error_at(r["Gibbs"], t) for r, t in zip(runs, times)])
-    se = float(gaps.std() / math.sqrt(len(gaps))) if len(gaps) > 1 else None
-    return float(gaps.mean()), se
+    gaps = torch.tensor(nb, dtype=torch.float64) - torch.tensor(gibbs, dtype=torch.float64)
+    if len(gaps) < 2:
+        return float(gaps.mean()), None, None
+    se = float(gaps.std() / math.sqrt(len(gaps)))
+    p_value = 2 * student_t_sf(abs(float(gaps.mean())) / se, len(gaps) - 1) if se > 0 else None
+    return float(gaps.mean()), se, p_value
 
 
-def _signed(value: float, se: float | None) -> str:
-    return f"{value:+.3f}" if se is None else f"{value:+.3f} +- {se:.3f}"
+def _signed(value: float, se: float | None, p_value: float | None) -> str:
+    if se is None:
+        return f"{value:+.3f}"
+    return f"{value:+.3f} +- {se:.3f}" + ("" if p_value is None else f" (p {p_value:.2g})")
 
 
 def _fraction(value: float | None) -> str:

@@ -281,7 +281,7 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     best = weights.clone()  # the iterate of least error: near convergence float32 products can make a step go up
     score = torch.empty_like(norms)  # per-iteration O(n) work in place: fresh [n] buffers cost page faults
     columns: dict[int, Tensor] = {}  # <f_f, f_n> of picked vertices: FW returns to its support points often
-    cache_limit = features.shape[1] // 2  # float64 columns: at most the features' own memory
+    cache_limit = features.shape[1] // 2  # float64 columns: at most the memory of float32 features
     for it in range(size):
         f = int(torch.sub(align, b, out=score).mul_(inv_norms).add_(penalty).argmax())
         # direction d = scale_f f_f - L(w); gamma = <d, L - L(w)> / ||d||^2 clipped to [0, 1]
