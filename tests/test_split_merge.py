@@ -72,9 +72,9 @@ def _posterior_terms(
     return torch.tensor(bits, dtype=torch.float64), weights, torch.stack(loc), torch.tensor(var, dtype=torch.float64)
 
 
-def _exact_patterns(points: torch.Tensor, m: int, sigma: float, tau: float, p: float) -> dict[tuple[int, ...], float]:
-    """P(v) of an open-universe GMM in closed form (:func:`_posterior_terms` summed over the labels)."""
-    bits, weights, _, _ = _posterior_terms(points, m, sigma, tau, p)
+def _exact_patterns(terms: tuple[torch.Tensor, ...]) -> dict[tuple[int, ...], float]:
+    """P(v) of an open-universe GMM in closed form: the terms of :func:`_posterior_terms` summed over the labels."""
+    bits, weights, _, _ = terms
     out: dict[tuple[int, ...], float] = {}
     for v, weight in zip(bits.long().tolist(), weights.tolist()):
         out[tuple(v)] = out.get(tuple(v), 0.0) + weight
@@ -91,7 +91,7 @@ def _mean_features(mu: torch.Tensor) -> torch.Tensor:
     return torch.stack([mu.sum(-1), torch.exp(-0.5 * mu.square().sum(-1) / WIDTH**2)], -1)
 
 
-def _exact_mean_moments(points: torch.Tensor, m: int, sigma: float, tau: float, p: float) -> torch.Tensor:
+def _exact_mean_moments(terms: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """``[2, 2]``: ``E[sum_k 1{v_k = b} f(mu_k)]`` for ``b = 0, 1`` and each feature ``f`` of :func:`_mean_features`.
 
     Under ``mu ~ N(a, s^2 I_D)`` (:func:`_posterior_terms`): ``E[sum_d mu_d] = sum_d a_d`` and
@@ -100,7 +100,7 @@ def _exact_mean_moments(points: torch.Tensor, m: int, sigma: float, tau: float, 
     the prior) and whose z-scores have a heavy left tail. Inactive means follow the prior (``b = 0``:
     ``0`` and ``(h^2 / (h^2 + tau^2))^(D/2) E[m - M]``).
     """
-    bits, weights, loc, var = _posterior_terms(points, m, sigma, tau, p)
+    bits, weights, loc, var = terms
     spread = WIDTH**2 + var
     kernel = (WIDTH**2 / spread) ** (loc.shape[-1] / 2) * torch.exp(-0.5 * loc.square().sum(-1) / spread)
     features = torch.stack([loc.sum(-1), kernel], -1)  # [T, m, 2]
@@ -138,7 +138,7 @@ def _posterior_z_scores(
 
 def test_closed_form_matches_the_quadrature() -> None:
     points = torch.tensor([[-1.5], [-1.0], [2.0]])
-    closed = _exact_patterns(points, 2, SIGMA, TAU, P_ACTIVE)
+    closed = _exact_patterns(_posterior_terms(points, 2, SIGMA, TAU, P_ACTIVE))
     quadrature = _exact_bit_marginals(points[:, 0], SIGMA, TAU, P_ACTIVE)
     assert all(abs(closed[v] - quadrature[v]) < 1e-6 for v in quadrature)
 
@@ -155,7 +155,8 @@ def test_moves_alone_keep_the_exact_posterior(points: torch.Tensor, m: int, draw
     # gibbs_prob = 0: the split/merge/birth/death moves alone must leave p(v, mu | x) invariant.
     fg = gmm_graph(points, m, SIGMA, TAU, P_ACTIVE)
     kernel = SplitMergeGMM(fg, gibbs_prob=0.0, moves_per_sweep=2)
-    exact = _exact_patterns(points, m, SIGMA, TAU, P_ACTIVE), _exact_mean_moments(points, m, SIGMA, TAU, P_ACTIVE)
+    terms = _posterior_terms(points, m, SIGMA, TAU, P_ACTIVE)  # enumerated once for both references
+    exact = _exact_patterns(terms), _exact_mean_moments(terms)
     z_patterns, z_means = _posterior_z_scores(kernel, fg, *exact, draws_per_chain=draws)
     accepted = kernel.diagnostics()["acceptance"]
     assert all(accepted[k] > 0.05 for k in MOVES), accepted
@@ -168,7 +169,7 @@ def test_mixed_with_single_site_keeps_the_exact_gmm_posterior() -> None:
     exact = _exact_bit_marginals(points[:, 0], SIGMA, TAU, P_ACTIVE)
     fg = gmm_graph(points, 2, SIGMA, TAU, P_ACTIVE)
     kernel = SplitMergeGMM(fg, gibbs_prob=0.3)
-    moments = _exact_mean_moments(points, 2, SIGMA, TAU, P_ACTIVE)
+    moments = _exact_mean_moments(_posterior_terms(points, 2, SIGMA, TAU, P_ACTIVE))
     z_patterns, z_means = _posterior_z_scores(kernel, fg, exact, moments, draws_per_chain=500)
     assert kernel.diagnostics()["single_site_sweeps"] > 0
     assert z_patterns.abs().max() < Z_MAX, z_patterns
