@@ -210,7 +210,7 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     locked = [n for n, x in named.items() if max(x["late_drift"].values()) * 5 < min(x["seed_spread"].values())]
     table += (
         f" On {len(locked)} of the {len(named)} both samplers' late drift is under a fifth of their seed spread: "
-        "there, the errors are set by the modes single chains fall into early, and more time does not change them."
+        "there, the errors are set by the modes single chains fall into early, and the rest of the run barely moves them."
     )
     record["wins_on_uai_instances"] = wins
     record["strong_instances_within_half_time"] = halved
