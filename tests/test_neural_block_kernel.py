@@ -16,6 +16,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 from scipy import stats
+from torch.distributions import constraints
 
 from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
@@ -206,6 +207,57 @@ def test_rejects_bad_configuration() -> None:
     single.add_table_factor([0], torch.zeros(3))
     with pytest.raises(ValueError, match="no instance"):
         NeuralBlockKernel(single, proposals=[proposal]).setup(0)
+
+
+class FixedInstances(ChainWindow):
+    """Returns given blocks and context (and features of a given shape) whatever the graph."""
+
+    name = "test-fixed-instances"
+
+    def __init__(self, blocks: list, context: list | None = None, spec=None, feature_rows: int | None = None) -> None:
+        self.blocks, self.context, self.feature_rows = blocks, context, feature_rows
+        if spec is not None:
+            self.block_spec = spec
+
+    def find_instances(self, fg: FactorGraph) -> MotifInstances:
+        blocks = torch.tensor(self.blocks, dtype=torch.long)
+        context = torch.tensor(self.context or [[-1, -1]] * len(self.blocks), dtype=torch.long)
+        return MotifInstances(blocks, context, torch.zeros(len(self.blocks), 0))
+
+    def encode(self, fg: FactorGraph, instances: MotifInstances, state: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((self.feature_rows or len(instances)), self.feature_dim, dtype=state.dtype)
+
+
+@pytest.mark.parametrize(
+    ("motif", "error"),
+    [
+        (FixedInstances([[0, 0]]), "same variable twice"),
+        (FixedInstances([[0, 6]]), r"ids outside 0\.\.5"),
+        (FixedInstances([[-1, 0]]), r"ids outside 0\.\.5"),
+        (FixedInstances([[0, 1]], context=[[-2, 3]]), r"context ids outside -1\.\.5"),
+        (FixedInstances([[4, 5]]), "observed variable 'x5'"),
+    ],
+)
+def test_rejects_instances_it_cannot_update_exactly(motif: Motif, error: str) -> None:
+    fg = chain_graph(seed=1, evidence=True)
+    with pytest.raises(ValueError, match=error):
+        NeuralBlockKernel(fg, proposals=[NeuralBlockProposal(motif, components=2, hidden=(8,))]).setup(0)
+
+
+def test_rejects_bounded_continuous_blocks_and_misshapen_features() -> None:
+    fg = FactorGraph()
+    fg.add_variable("scale", support=constraints.positive)
+    fg.add_variable("loc")
+    motif = FixedInstances([[0], [1]], context=[[-1, -1]] * 2, spec=BlockSpec([0]))
+    with pytest.raises(ValueError, match="'scale', whose support is"):
+        NeuralBlockKernel(fg, proposals=[NeuralBlockProposal(motif, components=2, hidden=(8,))]).setup(0)
+    chain = chain_graph(seed=1)
+    misshapen = FixedInstances([[0, 1], [2, 3], [4, 5]], feature_rows=1)
+    proposal = NeuralBlockProposal(misshapen, components=2, hidden=(8,))
+    kernel = NeuralBlockKernel(chain, proposals=[proposal], gibbs_prob=0.0)
+    kernel.setup(0)
+    with pytest.raises(ValueError, match=r"features of shape \(1, 8\)"):
+        kernel.sample(kernel.initial_params)
 
 
 def grid_bn(height: int, width: int, seed: int) -> FactorGraph:

@@ -34,12 +34,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.distributions import constraints
 
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
 from neuralblock.kernels.single_site import SingleSiteSweep
-from neuralblock.motif import MotifInstances
+from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
 __all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculative_block_step", "speculative_width"]
@@ -120,6 +121,11 @@ def propose_blocks(
     """
     with torch.no_grad():
         features, affine = proposal.motif.encode_with_affine(fg, instances, state)
+        if features.shape[:-1] != instances.blocks.shape[:-1]:
+            raise ValueError(
+                f"motif {proposal.motif.name} encoded {len(instances)} instances as features of shape "
+                f"{tuple(features.shape)}; expected [{len(instances)}, feature_dim]"
+            )
         q = proposal(features.to(proposal.dtype))  # e.g. float64 states, float32 network
         current = state[instances.blocks]
         if affine is None:
@@ -237,6 +243,35 @@ def speculative_block_step(
     return new_state, last + 1, MHInfo(info.accepted[used], info.accept_prob[used], nonfinite)
 
 
+def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, latent: set[int]) -> None:
+    """Reject instances the neural block step cannot update exactly, naming the motif and the problem."""
+    blocks, context, n = instances.blocks, instances.context, fg.num_variables
+    if blocks.is_floating_point() or context.is_floating_point():
+        raise TypeError(f"motif {motif.name} returned non-integer variable ids")
+    if len(instances) == 0:
+        return
+    if blocks.min() < 0 or blocks.max() >= n:
+        raise ValueError(f"motif {motif.name} returned block variable ids outside 0..{n - 1}")
+    if context.numel() and (context.min() < -1 or context.max() >= n):
+        raise ValueError(f"motif {motif.name} returned context ids outside -1..{n - 1} (-1 pads)")
+    if (blocks.sort(-1).values.diff(dim=-1) == 0).any():
+        raise ValueError(f"motif {motif.name} returned a block that holds the same variable twice")
+    expected = torch.tensor(motif.block_spec.cardinalities, dtype=torch.long)
+    if not (fg.cardinalities[blocks] == expected).all():
+        raise ValueError(f"motif {motif.name} found blocks whose domains differ from its block spec {expected}")
+    observed = sorted({int(v) for v in blocks.reshape(-1).tolist()} - latent)
+    if observed:
+        raise ValueError(f"motif {motif.name} proposed a block containing observed variable {fg.names[observed[0]]!r}")
+    real = type(constraints.real)
+    bounded = [int(v) for v in blocks[:, expected == 0].reshape(-1).tolist() if type(fg.support(int(v))) is not real]
+    if bounded:
+        raise ValueError(
+            f"motif {motif.name} proposes Gaussian moves for {fg.names[bounded[0]]!r}, whose support is "
+            f"{fg.support(bounded[0])}: neural blocks move continuous variables on the real line only "
+            "(model the variable unconstrained, e.g. its log)"
+        )
+
+
 class NeuralBlockKernel(GraphKernel):
     """MH with neural block proposals over every motif instance, mixed with single-site updates.
 
@@ -299,7 +334,6 @@ class NeuralBlockKernel(GraphKernel):
 
     def _prepare(self, fg: FactorGraph) -> None:
         latent = set(fg.latent.tolist())
-        cards = fg.cardinalities
         self.block_classes: list[list[_BlockClass]] = []
         self.sweeps: list[_Sweep] = []
         self.num_instances: list[int] = []
@@ -309,11 +343,7 @@ class NeuralBlockKernel(GraphKernel):
             blocks = instances.blocks
             if blocks.dim() != 2 or blocks.shape[1] != motif.block_spec.size:
                 raise ValueError(f"motif {motif.name} returned blocks of shape {tuple(blocks.shape)}")
-            expected = torch.tensor(motif.block_spec.cardinalities, dtype=torch.long)
-            if len(instances) and not (cards[blocks] == expected).all():
-                raise ValueError(f"motif {motif.name} found blocks whose domains differ from its block spec {expected}")
-            if any(int(v) not in latent for v in blocks.reshape(-1).tolist()):
-                raise ValueError(f"motif {motif.name} proposed a block containing an observed variable")
+            _check_blocks(fg, motif, instances, latent)
             colouring = fg.color_blocks(blocks, reads=instances.context)
             sizes = torch.tensor([len(members) for members in colouring], dtype=torch.long)
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
