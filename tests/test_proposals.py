@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
 import pytest
 import torch
+from safetensors.torch import save as save_safetensors
 from scipy import stats
 
 import motifs
@@ -124,6 +126,9 @@ def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> 
         "'network.hidden'": lambda m: m["network"].update(hidden=[-3]),
         "'network.components'": lambda m: m["network"].update(components=True),
         "'metadata' must be an object": lambda m: m.update(metadata=[1, 2]),
+        "'network.type'": lambda m: m["network"].update(type="Transformer"),
+        "format version True": lambda m: m.update(format_version=True),
+        "format version 1.0": lambda m: m.update(format_version=1.0),
     }
     for message, breaks in breakages.items():
         sidecar = json.loads(json.dumps(good))
@@ -131,6 +136,25 @@ def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> 
         (tmp_path / "p.json").write_text(json.dumps(sidecar))
         with pytest.raises(ValueError, match=message):
             NeuralBlockProposal.load(tmp_path / "p")
+    (tmp_path / "p.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        NeuralBlockProposal.load(tmp_path / "p")
+    (tmp_path / "p.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="lacks fields"):
+        NeuralBlockProposal.load(tmp_path / "p")
+
+
+def test_loading_rejects_weights_of_another_dtype_even_with_a_matching_digest(tmp_path) -> None:
+    proposal = NeuralBlockProposal(motifs.get("grid", family="mrf", size=2), components=2, hidden=(8,))
+    proposal.save(tmp_path / "p")
+    tensors = {k: v.half() for k, v in proposal.mdn.state_dict().items()}
+    blob = save_safetensors(tensors)
+    (tmp_path / "p.safetensors").write_bytes(blob)
+    sidecar = json.loads((tmp_path / "p.json").read_text())
+    sidecar["weights_sha256"] = hashlib.sha256(blob).hexdigest()
+    (tmp_path / "p.json").write_text(json.dumps(sidecar))
+    with pytest.raises(ValueError, match=r"\['torch.float16'\] tensors"):
+        NeuralBlockProposal.load(tmp_path / "p")
 
 
 def test_every_shipped_proposal_loads_and_meets_its_recorded_targets() -> None:

@@ -131,6 +131,8 @@ def _check_sidecar_fields(meta: dict[str, Any], path: Path) -> None:
             problems.append(f"'network.components' must be a positive integer, got {components!r}")
         if not isinstance(hidden, list) or not all(_positive_int(h) for h in hidden):
             problems.append(f"'network.hidden' must be a list of positive integers, got {hidden!r}")
+        if net.get("type", "MixtureDensityNetwork") != "MixtureDensityNetwork":
+            problems.append(f"'network.type' must be 'MixtureDensityNetwork', got {net.get('type')!r}")
     if not isinstance(meta.get("metadata", {}), dict):
         problems.append("'metadata' must be an object")
     if not isinstance(meta["weights_sha256"], str):
@@ -204,12 +206,13 @@ class NeuralBlockProposal(nn.Module):
             raise FileNotFoundError(f"proposal sidecar {sidecar_path} not found")
         try:
             meta = json.loads(sidecar_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
             raise ValueError(f"proposal sidecar {sidecar_path} is not valid JSON: {err}") from err
         required = {"format_version", "motif", "network", "weights_sha256"}
         if not isinstance(meta, dict) or not required <= set(meta):
-            raise ValueError(f"proposal sidecar {sidecar_path} lacks fields {sorted(required - set(meta or {}))}")
-        if meta["format_version"] != FORMAT_VERSION:
+            present = set(meta) if isinstance(meta, dict) else set()
+            raise ValueError(f"proposal sidecar {sidecar_path} lacks fields {sorted(required - present)}")
+        if not _positive_int(meta["format_version"]) or meta["format_version"] != FORMAT_VERSION:
             raise ValueError(
                 f"proposal sidecar {sidecar_path} has format version {meta['format_version']}, "
                 f"this neuralblock reads version {FORMAT_VERSION}"
@@ -246,7 +249,10 @@ class NeuralBlockProposal(nn.Module):
         found = {k: tuple(v.shape) for k, v in tensors.items()}
         if expected != found:
             raise ValueError(f"proposal weights {weights_path.name} have tensors {found}, expected {expected}")
-        broken = [k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        kinds = sorted({str(v.dtype) for v in tensors.values() if v.dtype not in (torch.float32, torch.float64)})
+        if kinds:
+            raise ValueError(f"proposal weights {weights_path.name} hold {kinds} tensors; expected float32 or float64")
+        broken = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
         if broken:
             raise ValueError(f"proposal weights {weights_path.name} hold NaN or inf values in {broken}")
         proposal = cls(motif, **options)
