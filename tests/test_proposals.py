@@ -139,7 +139,7 @@ def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> 
     (tmp_path / "p.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match="not valid JSON"):
         NeuralBlockProposal.load(tmp_path / "p")
-    (tmp_path / "p.json").write_text("[1, 2]")
+    (tmp_path / "p.json").write_text("5")
     with pytest.raises(ValueError, match="lacks fields"):
         NeuralBlockProposal.load(tmp_path / "p")
 

@@ -243,6 +243,13 @@ def speculative_block_step(
     return new_state, last + 1, MHInfo(info.accepted[used], info.accept_prob[used], nonfinite)
 
 
+def _is_real(support: constraints.Constraint) -> bool:
+    """Whether a support is the whole real line (``real``, also wrapped in ``independent``)."""
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return isinstance(support, type(constraints.real))
+
+
 def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, latent: set[int]) -> None:
     """Reject instances the neural block step cannot update exactly, naming the motif and the problem."""
     blocks, context, n = instances.blocks, instances.context, fg.num_variables
@@ -262,8 +269,7 @@ def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, late
     observed = sorted({int(v) for v in blocks.reshape(-1).tolist()} - latent)
     if observed:
         raise ValueError(f"motif {motif.name} proposed a block containing observed variable {fg.names[observed[0]]!r}")
-    real = type(constraints.real)
-    bounded = [int(v) for v in blocks[:, expected == 0].reshape(-1).tolist() if type(fg.support(int(v))) is not real]
+    bounded = [int(v) for v in blocks[:, expected == 0].reshape(-1).tolist() if not _is_real(fg.support(int(v)))]
     if bounded:
         raise ValueError(
             f"motif {motif.name} proposes Gaussian moves for {fg.names[bounded[0]]!r}, whose support is "
