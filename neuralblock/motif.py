@@ -175,7 +175,12 @@ class Motif(ABC):
 
     @abstractmethod
     def find_instances(self, fg: FactorGraph) -> MotifInstances:
-        """Every instance of the motif in ``fg`` (blocks exclude observed variables)."""
+        """Every instance of the motif in ``fg``.
+
+        Each block holds distinct latent variables whose domains match :attr:`block_spec`
+        (continuous ones with real-line support); context ids are variables or ``-1`` padding.
+        :class:`~neuralblock.kernels.NeuralBlockKernel` rejects instances that break this.
+        """
 
     @abstractmethod
     def encode(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> Tensor:
