@@ -210,7 +210,8 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     locked = [n for n, x in named.items() if max(x["late_drift"].values()) * 5 < min(x["seed_spread"].values())]
     table += (
         f" On {len(locked)} of the {len(named)} both samplers' late drift is under a fifth of their seed spread: "
-        "the rest of the run barely moves the errors, consistent with each chain staying in the modes it fell into early."
+        "the rest of the run barely moves the errors, consistent with each chain staying in the modes it fell "
+        "into early."
     )
     record["wins_on_uai_instances"] = wins
     record["mode_locked_instances"] = locked
