@@ -269,7 +269,7 @@ def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, late
     observed = sorted({int(v) for v in blocks.reshape(-1).tolist()} - latent)
     if observed:
         raise ValueError(f"motif {motif.name} proposed a block containing observed variable {fg.names[observed[0]]!r}")
-    bounded = [int(v) for v in blocks[:, expected == 0].reshape(-1).tolist() if not _is_real(fg.support(int(v)))]
+    bounded = [v for v in blocks[:, expected == 0].unique().tolist() if not _is_real(fg.support(v))]
     if bounded:
         raise ValueError(
             f"motif {motif.name} proposes Gaussian moves for {fg.names[bounded[0]]!r}, whose support is "
