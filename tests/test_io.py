@@ -324,8 +324,8 @@ GOOD_MARKOV = """MARKOV
             r"line 8: expected a number in table entries, got 'abc'",
         ),
         ("MRF\n2\n2 2\n2\n1 0\n2 0 1\n", r"line 1: unknown network type 'MRF', expected MARKOV or BAYES"),
-        ("MARKOV\n2.5\n2 2\n", r"line 2: expected an integer for the number of variables, got '2\.5'"),
-        ("MARKOV\n2\n2 0\n", r"line 3: the cardinality of variable 1 is 0, out of range 1\.\.inf"),
+        ("MARKOV\n2.5\n2 2\n", r"line 2: expected an integer \(ASCII digits\) for the number of variables, got '2\.5'"),
+        ("MARKOV\n2\n2 0\n", r"line 3: the cardinality of variable 1 is 0, out of range 1\.\.65536"),
         (
             "MARKOV\n2\n2 2\n2\n1 0\n2 0 5\n",
             r"line 6: a variable id in the scope of factor 1 is 5, out of range 0\.\.1",
@@ -352,7 +352,7 @@ def test_good_markov_parses(tmp_path: Path) -> None:
         ("1 5 0", r"evidence variable 5 is out of range 0\.\.1"),
         ("1 1 2", r"evidence value 2 for variable 1 is out of range 0\.\.1"),
         ("2 0 1 1", r"bad\.evid line 1: unexpected end of file, expected the value of observed variable 1"),
-        ("1 0 x", r"line 1: expected an integer for the value of observed variable 0, got 'x'"),
+        ("1 0 x", r"line 1: expected an integer \(ASCII digits\) for the value of observed variable 0, got 'x'"),
         ("2\n1 0 1\n1 1 1\n", r"line 1: expected one evidence sample, got 2"),
         ("1 0 1 extra", r"line 1: unexpected token 'extra' after 1 observations"),
         ("2 0 1 0 0", r"line 1: variable 0 is observed twice"),
@@ -456,7 +456,7 @@ def test_small_erg(tmp_path: Path) -> None:
         ("/* Probabilities */", "/* Tables */", r"line 6: expected the '/\* Probabilities \*/' section"),
         ("B\nC\n", "B\n", r"line 20: expected 3 variable names, got 2"),
         ("B\nC\n", "A\nC\n", r"line 19: variable name 'A' is used twice"),
-        ("3\n2 2 2\n", "3\n2 x 2\n", r"line 2: expected an integer for the cardinality of variable 1, got 'x'"),
+        ("3\n2 2 2\n", "3\n2 x 2\n", r"line 2: expected an integer \(ASCII digits\) for the cardinality of variable 1"),
     ],
 )
 def test_malformed_erg(tmp_path: Path, old: str, new: str, message: str) -> None:
@@ -475,3 +475,164 @@ def test_truncated_and_corrupt_gzip(tmp_path: Path) -> None:
     path.write_bytes(gzip.compress(text[: len(text) // 2].encode()))
     with pytest.raises(ValueError, match=r"t\.erg\.gz line \d+: expected \d+ CPT entries|unexpected end of file"):
         read_erg(path)
+
+
+# ---------------------------------------------------------------------- hardening (issue 23)
+def _peak_bytes(call) -> tuple[BaseException | None, int, float]:
+    """Run ``call``; return the exception it raised, the peak traced allocation and the seconds it took."""
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    start = time.perf_counter()
+    error = None
+    try:
+        call()
+    except Exception as err:  # noqa: BLE001 - the caller checks the type
+        error = err
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return error, peak, seconds
+
+
+def test_gzip_bomb_fails_fast_in_little_memory(tmp_path: Path) -> None:
+    # the issue's bomb: 100 MiB of "1 " compressed to about 200 KB; it used 2 GB and 25 s
+    bomb = tmp_path / "bomb.uai.gz"
+    bomb.write_bytes(gzip.compress(b"1 " * (50 * 2**20), 9))
+    error, peak, seconds = _peak_bytes(lambda: read_uai(bomb))
+    assert isinstance(error, ValueError) and "bomb.uai.gz line 1: unknown network type '1'" in str(error)
+    assert peak < 8 * 2**20 and seconds < 1.0
+    # a valid model followed by a bomb of blanks or numbers stops at the byte limit, still in little memory
+    head = b"MARKOV\n1\n2\n1\n1 0\n2 0.5 0.5\n"
+    for tail, message in ((b" ", "after decompression"), (b"7 ", "unexpected token '7' after the last factor table")):
+        bomb.write_bytes(gzip.compress(head + tail * (3 * 2**20), 9))
+        error, peak, seconds = _peak_bytes(lambda: read_uai(bomb))  # noqa: B023
+        if tail == b" ":
+            assert error is None  # under the limit: blanks are fine
+            continue
+        assert isinstance(error, ValueError) and message in str(error) and peak < 8 * 2**20
+
+
+def test_byte_limit_applies_on_disk_and_after_decompression(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURALBLOCK_MAX_READ_BYTES", str(2**20))
+    text = GOOD_MARKOV + " " * (2 * 2**20)
+    big = _write(tmp_path, text, "big.uai")
+    with pytest.raises(ValueError, match=r"big\.uai: the file has \d+ bytes, more than the limit of 1048576"):
+        read_uai(big)
+    packed = tmp_path / "packed.uai.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    error, peak, seconds = _peak_bytes(lambda: read_uai(packed))
+    assert isinstance(error, ValueError)
+    assert "packed.uai.gz: more than 1048576 bytes after decompression" in str(error)
+    assert peak < 4 * 2**20 and seconds < 1.0
+    monkeypatch.setenv("NEURALBLOCK_MAX_READ_BYTES", "lots")
+    with pytest.raises(ValueError, match="NEURALBLOCK_MAX_READ_BYTES must be a positive integer"):
+        read_uai(big)
+
+
+@pytest.mark.parametrize("reader", [read_uai, read_evid, read_mar, read_pr, read_erg])
+def test_non_regular_files_are_refused_before_reading(tmp_path: Path, reader) -> None:
+    link = tmp_path / "zero.uai"
+    link.symlink_to("/dev/zero")
+    error, peak, seconds = _peak_bytes(lambda: reader(link))
+    assert isinstance(error, ValueError) and "zero.uai" in str(error) and "not a regular file" in str(error)
+    assert peak < 2**20 and seconds < 0.5
+    folder = tmp_path / "folder.uai"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"folder\.uai: .* is a directory, expected a file"):
+        reader(folder)
+    with pytest.raises(FileNotFoundError, match=r"missing\.uai: no such file"):
+        reader(tmp_path / "missing.uai")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # the issue's huge cardinality: refused where it is declared, before any kernel sees it
+        ("MARKOV\n2\n1000000000 2\n1\n1 1\n2 0.5 0.5\n", r"line 3: the cardinality of variable 0 is 1000000000, out"),
+        ("MARKOV\n5000000\n", r"line 2: the number of variables is 5000000, out of range 0\.\.4194304"),
+        ("MARKOV\n1\n2\n5000000\n", r"line 4: the number of factors is 5000000, out of range 0\.\.4194304"),
+        (
+            "MARKOV\n1024\n" + " ".join(["65536"] * 1024) + "\n",
+            r"line 3: 1024 variables with cardinalities up to 65536 need a 1024 x 65536 table of states",
+        ),
+        (  # one table of 2**48 entries: refused at its size, before a single entry is read
+            "MARKOV\n3\n65536 65536 65536\n1\n3 0 1 2\n281474976710656 0.5\n",
+            r"line 6: the tables up to factor 0 hold 281474976710656 entries, more than the limit of 33554432",
+        ),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0 0\n", r"line 6: the table of factor 0 is all zeros"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.0 0e5\n", r"line 6: the table of factor 0 is all zeros"),
+        # accepted junk that is now refused
+        ("MARKOV\n+2\n2 2\n", r"line 2: expected an integer \(ASCII digits\) for the number of variables, got '\+2'"),
+        ("MARKOV\n\uff12\n2 2\n", r"line 2: expected an integer \(ASCII digits\) for the number of variables"),
+        ("MARKOV\n1_0\n2 2\n", r"line 2: expected an integer \(ASCII digits\) for the number of variables, got '1_0'"),
+        ("MARKOV\n" + "1" * 40 + "\n", r"line 2: the number of variables has 40 digits, more than 18"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 \u0661\n", r"line 6: expected a number in table entries, got '\u0661'"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 1_0\n", r"line 6: expected a number in table entries, got '1_0'"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 inf\n", r"line 6: non-finite entry 'inf' in table entries"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 1e999\n", r"line 6: non-finite entry '1e999' in table entries"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 0x1p3\n", r"line 6: expected a number in table entries, got '0x1p3'"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 " + "1" * 100 + "\n", r"line 6: a number in table entries has 100 characters"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 0.5\n/* trailing comment */\n", r"line 7: unexpected token '/\* trailing"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 0.5 junk", r"line 6: unexpected token 'junk' after the last factor table"),
+        ("MARKOV\n1\n2\n1\n1 0\n2 0.5 " + "x" * 70000, r"line 6: a token longer than 65536 characters"),
+        ("MARKOV\n2\n2 2\n1\n2 0 1 1\n4 1 1 1 1\n", r"line 5: factor 0 declares 2 scope variables but its line lists"),
+    ],
+)
+def test_refused_at_read_time(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=r"bad\.uai " + message):
+        read_uai(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "MARKOV\n1\n2\n1\n1 0\n2 +0.5 .5\n",  # signed and point-first reals, as strtod reads them
+        "MARKOV\n1\n2\n1\n1 0\n2 5E-1 0.\n",
+        "markov\r\n1\r\n2\r\n1\r\n1 0\r\n2 0.5 0.5",  # lower case, CRLF, no final newline
+        "MARKOV\n1\n002\n1\n1 0\n2 0.5 0.4",  # leading zeros; a last number cut short is still a number
+    ],
+)
+def test_documented_valid_input(tmp_path: Path, text: str) -> None:
+    fg = read_uai(_write(tmp_path, text, "ok.uai"))
+    assert fg.num_variables == 1 and fg.num_factors == 1
+
+
+@pytest.mark.parametrize(
+    ("evid", "message"),
+    [
+        ("1 0 \u0661", r"bad\.evid line 1: expected an integer \(ASCII digits\) for the value of observed variable 0"),
+        ("1 0 " + "9" * 5000, r"bad\.evid line 1: the value of observed variable 0 has 5000 digits, more than 18"),
+        ("\uff11 0 1", r"bad\.evid line 1: expected an integer \(ASCII digits\) for the number of observed variables"),
+        ("1 0 +1", r"bad\.evid line 1: expected an integer \(ASCII digits\) for the value of observed variable 0"),
+        ("1\n" + "9" * 5000 + " 0 1", r"bad\.evid line 2: the number of observed variables has 5000 digits"),
+    ],
+)
+def test_evidence_errors_name_the_file(tmp_path: Path, evid: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_evid(_write(tmp_path, evid, "bad.evid"))
+
+
+def test_streaming_keeps_lines_across_chunks(tmp_path: Path) -> None:
+    # a table spread over a line longer than one 64 KiB chunk, then an error on the next line
+    entries = " ".join(["0.5"] * 40000)
+    text = f"MARKOV\n1\n40000\n1\n1 0\n40000 {entries}\n  oops\n"
+    with pytest.raises(ValueError, match=r"bad\.uai line 7: unexpected token 'oops'"):
+        read_uai(_write(tmp_path, text))
+    fg = read_uai(_write(tmp_path, text.replace("  oops\n", "\n"), "ok.uai"))
+    assert fg.cardinalities.tolist() == [40000]
+    # a comment cut by a chunk boundary is still one token
+    pad = " " * (2**16 - 3)
+    erg = GOOD_ERG.replace("/* Probabilities */", pad + "/* Probabilities */")
+    assert read_erg(_write(tmp_path, erg, "p.erg")).names == ["A", "B", "C"]
+
+
+def test_mar_and_pr_limits(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"a\.MAR line 2: 5000 marginals with cardinalities up to 65536"):
+        read_mar(_write(tmp_path, "MAR\n5000 65536 1", "a.MAR"))
+    with pytest.raises(ValueError, match=r"a\.PR line 2: expected a number for log10 Z, got '\+\+1'"):
+        read_pr(_write(tmp_path, "PR\n++1\n", "a.PR"))
+    assert read_pr(_write(tmp_path, "PR\n-BEGIN-\n1.5\n-BEGIN-\n-2.5\n", "b.PR")) == -2.5
+    with pytest.raises(ValueError, match=r"c\.PR line 3: unexpected token 'x' after log10 Z"):
+        read_pr(_write(tmp_path, "PR\n1.5\nx\n", "c.PR"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -10,9 +11,34 @@ import torch
 
 from neuralblock.graph import FactorGraph
 
-__all__ = ["ParsedTables", "build_graph", "check_bayes_structure", "table_size"]
+__all__ = [
+    "MAX_CARDINALITY",
+    "MAX_FACTORS",
+    "MAX_STATES",
+    "MAX_TABLE_ENTRIES",
+    "MAX_VARIABLES",
+    "ParsedTables",
+    "build_graph",
+    "check_bayes_structure",
+    "check_states",
+    "table_size",
+]
 
 CPT_TOLERANCE = 1e-3
+
+# Read-time limits: a file beyond them is refused (naming the line) before anything is allocated
+# for it, so that no reader or kernel later tries to build tables that cannot fit in memory.
+MAX_VARIABLES = 2**22
+"""Most variables in one file."""
+MAX_FACTORS = 2**22
+"""Most factors in one file."""
+MAX_CARDINALITY = 2**16
+"""Largest cardinality of one variable."""
+MAX_TABLE_ENTRIES = 2**25
+"""Most table entries in one file (each table and all together; 256 MiB as float64)."""
+MAX_STATES = 2**25
+"""Most entries of a ``[variables, largest cardinality]`` table, the size of the per-value
+tables that marginals and the Gibbs kernels build (256 MiB as float64)."""
 
 
 @dataclass
@@ -21,12 +47,12 @@ class ParsedTables:
 
     Attributes:
         scopes: per factor, its variable ids (table axis order).
-        values: per factor, its flat table (last scope variable fastest).
+        values: per factor, its flat table (last scope variable fastest), an ``array('d')`` or a list.
         lines: per factor, the line of its table (for error messages).
     """
 
     scopes: list[list[int]] = field(default_factory=list)
-    values: list[list[float]] = field(default_factory=list)
+    values: list[array | list[float]] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
 
 
@@ -66,8 +92,10 @@ def build_graph(
     batches = []
     for shape, start, stop in runs:
         count = stop - start
-        flat = [x for row in tables.values[start:stop] for x in row]
-        table = torch.tensor(flat, dtype=torch.float64).reshape((count, *shape))
+        flat = array("d")
+        for row in tables.values[start:stop]:
+            flat.extend(row)
+        table = torch.frombuffer(flat, dtype=torch.float64).reshape((count, *shape))
         if conditional:
             sums = table.reshape(count, -1, shape[-1]).sum(-1)
             bad = ((sums - 1.0).abs() > CPT_TOLERANCE).nonzero()
@@ -127,3 +155,27 @@ def check_bayes_structure(names: Sequence[str], tables: ParsedTables, source: st
 def table_size(cards: Sequence[int], scope: Sequence[int]) -> int:
     """Number of entries of a table over ``scope``."""
     return math.prod(cards[v] for v in scope)
+
+
+def check_states(cards: Sequence[int], source: str, line: int) -> None:
+    """Refuse ``n`` variables whose ``[n, largest cardinality]`` table exceeds :data:`MAX_STATES`.
+
+    Raises:
+        ValueError: naming ``source`` and ``line`` (the line of the cardinalities).
+
+    Example:
+        >>> check_states([2] * 3, "a.uai", 3)
+        >>> check_states([2**16] * 2**10, "a.uai", 3)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: a.uai line 3: 1024 variables with cardinalities up to 65536 need a 1024 x 65536 table ...
+    """
+    if not cards:
+        return
+    widest = max(cards)
+    if len(cards) * widest > MAX_STATES:
+        raise ValueError(
+            f"{source} line {line}: {len(cards)} variables with cardinalities up to {widest} need a "
+            f"{len(cards)} x {widest} table of states ({len(cards) * widest} entries), more than the limit "
+            f"of {MAX_STATES}"
+        )

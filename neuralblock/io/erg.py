@@ -22,8 +22,16 @@ Example:
 from __future__ import annotations
 
 from neuralblock.graph import FactorGraph
-from neuralblock.io._tables import ParsedTables, build_graph, table_size
-from neuralblock.io._tokens import PathLike, Tokens, read_text
+from neuralblock.io._tables import (
+    MAX_CARDINALITY,
+    MAX_TABLE_ENTRIES,
+    MAX_VARIABLES,
+    ParsedTables,
+    build_graph,
+    check_states,
+    table_size,
+)
+from neuralblock.io._tokens import PathLike, Tokens, _show
 
 __all__ = ["read_erg"]
 
@@ -50,10 +58,18 @@ def read_erg(path: PathLike) -> FactorGraph:
         >>> read_erg(erg_grid("90-16-1"))
         FactorGraph(256 variables (256 discrete), 256 factors, 0 observed)
     """
-    text, source = read_text(path)
-    toks = Tokens(text, source)
-    n = toks.integer("the number of variables", 0)
-    cards = [toks.integer(f"the cardinality of variable {i}", 1) for i in range(n)]
+    with Tokens.open(path) as toks:
+        names, cards, tables = _read_erg(toks)
+        source = toks.source
+    return build_graph(names, cards, tables, source, conditional=True)
+
+
+def _read_erg(toks: Tokens) -> tuple[list[str], list[int], ParsedTables]:
+    """Names, cardinalities and CPTs of an ERG file, every bound checked."""
+    n = toks.integer("the number of variables", 0, MAX_VARIABLES)
+    line = toks.line()
+    cards = [toks.integer(f"the cardinality of variable {i}", 1, MAX_CARDINALITY) for i in range(n)]
+    check_states(cards, toks.source, line)
 
     tables = ParsedTables()
     for i in range(n):
@@ -67,6 +83,7 @@ def read_erg(path: PathLike) -> FactorGraph:
         tables.scopes.append([*parents, i])
 
     toks.comment("Probabilities")
+    total = 0
     for i, scope in enumerate(tables.scopes):
         line = toks.line()
         size = toks.integer(f"the CPT size of variable {i}", 0)
@@ -76,6 +93,11 @@ def read_erg(path: PathLike) -> FactorGraph:
                 f"CPT size {size} of variable {i} does not match its parents {scope[:-1]} "
                 f"(product of cardinalities = {expected})",
                 line,
+            )
+        total += size
+        if total > MAX_TABLE_ENTRIES:
+            raise toks.error(
+                f"the CPTs up to variable {i} hold {total} entries, more than the limit of {MAX_TABLE_ENTRIES}", line
             )
         tables.values.append(toks.table(size, f"CPT entries of variable {i}", line=line))
         tables.lines.append(line)
@@ -91,10 +113,10 @@ def read_erg(path: PathLike) -> FactorGraph:
             if name.startswith("/*"):
                 raise toks.error(f"expected {n} variable names, got {i}", line)
             if name in seen:
-                raise toks.error(f"variable name {name!r} is used twice (variables {seen[name]} and {i})", line)
+                raise toks.error(f"variable name {_show(name)} is used twice (variables {seen[name]} and {i})", line)
             seen[name] = i
             names[i] = name
         token = toks.peek()
     if token is not None and not token.startswith("/*"):
-        raise toks.error(f"unexpected token {token!r} after the CPTs")
-    return build_graph(names, cards, tables, source, conditional=True)
+        raise toks.error(f"unexpected token {_show(token)} after the CPTs")
+    return names, cards, tables

@@ -11,6 +11,26 @@
 Every malformed input raises ``ValueError("<file> line <n>: <problem>")``; no reader
 returns a partially built graph.
 
+What the readers accept, and what they refuse:
+
+* Files are read in 64 KiB chunks and parsed as they stream in (see ``_tokens``), so a bad
+  file fails at its first bad token. Only regular files up to 128 MiB (also after gzip
+  decompression; ``NEURALBLOCK_MAX_READ_BYTES`` changes it) are read.
+* Integers (counts, cardinalities, ids, sizes, evidence) are plain ASCII digits: ``+2``,
+  ``2_0``, full-width or other Unicode digits and numbers of more than 18 digits are refused.
+  Real numbers are ASCII decimals with an optional sign and exponent (``+0.5`` and ``1e-3``
+  are fine, as C's ``strtod`` reads them); ``nan``, ``inf`` and overflowing numbers are refused.
+* Sizes that cannot fit are refused at the line that declares them: more than 2**22
+  variables or factors, a cardinality above 2**16, more than 2**25 table entries in all, or
+  ``n`` variables whose ``[n, largest cardinality]`` table of states exceeds 2**25 entries.
+* A ``.uai`` table whose entries are all zero is refused: it gives every assignment
+  probability 0, so the model has total probability 0. (Zeros spread over several tables can
+  still leave no assignment with positive probability; the sampling kernels detect that.)
+* Any token after the last table (or the last evidence pair, marginal or ``log10 Z``) is refused.
+  A file cut inside its last number cannot be told from a file whose last number is shorter:
+  it is read as written (a BAYES CPT that no longer sums to 1 is refused).
+* Keywords (``MARKOV``, ``BAYES``, ``MAR``, ``PR``) are matched case-insensitively.
+
 Example:
     >>> from neuralblock.io import read_uai, read_mar, read_pr, uai_grid
     >>> fg = read_uai(uai_grid("Grids_12"))
@@ -25,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -33,8 +54,18 @@ from torch import Tensor
 
 from neuralblock._files import atomic_write_bytes
 from neuralblock.graph import FactorGraph
-from neuralblock.io._tables import ParsedTables, build_graph, table_size
-from neuralblock.io._tokens import PathLike, Tokens, read_text
+from neuralblock.io._tables import (
+    MAX_CARDINALITY,
+    MAX_FACTORS,
+    MAX_STATES,
+    MAX_TABLE_ENTRIES,
+    MAX_VARIABLES,
+    ParsedTables,
+    build_graph,
+    check_states,
+    table_size,
+)
+from neuralblock.io._tokens import PathLike, Tokens, _show
 
 __all__ = ["read_evid", "read_mar", "read_pr", "read_uai", "write_mar"]
 
@@ -69,46 +100,10 @@ def read_uai(path: PathLike, evid: PathLike | Mapping[int | str, int] | None = N
         >>> fg
         FactorGraph(400 variables (400 discrete), 1160 factors, 1 observed)
     """
-    text, source = read_text(path)
-    toks = Tokens(text, source)
-    line = toks.line()
-    kind = toks.next("the network type (MARKOV or BAYES)").upper()
-    if kind not in ("MARKOV", "BAYES"):
-        raise toks.error(f"unknown network type {kind!r}, expected MARKOV or BAYES", line)
-    n = toks.integer("the number of variables", 0)
-    cards = [toks.integer(f"the cardinality of variable {i}", 1) for i in range(n)]
-    m = toks.integer("the number of factors", 0)
-
-    tables = ParsedTables()
-    for f in range(m):
-        line, first_on_line = toks.line(), _starts_line(toks)
-        k = toks.integer(f"the scope size of factor {f}", 0, n)
-        if kind == "BAYES" and k == 0:
-            raise toks.error(f"factor {f} of a BAYES network has an empty scope (no child)", line)
-        scope = [toks.integer(f"a variable id in the scope of factor {f}", 0, n - 1) for _ in range(k)]
-        if first_on_line:
-            on_line = toks.line_counts[line]  # the scope is written one per line
-            if on_line != k + 1:
-                raise toks.error(f"factor {f} declares {k} scope variables but its line lists {on_line - 1}", line)
-        if len(set(scope)) != k:
-            raise toks.error(f"scope {scope} of factor {f} repeats a variable", line)
-        tables.scopes.append(scope)
-
-    for f, scope in enumerate(tables.scopes):
-        line = toks.line()
-        size = toks.integer(f"the table size of factor {f}", 0)
-        expected = table_size(cards, scope)
-        if size != expected:
-            raise toks.error(
-                f"table size {size} of factor {f} does not match its scope {scope} "
-                f"(product of cardinalities = {expected})",
-                line,
-            )
-        tables.values.append(toks.table(size, "table entries", line=line))
-        tables.lines.append(line)
-    if not toks.at_end():
-        raise toks.error(f"unexpected token {toks.peek()!r} after the last factor table")
-
+    with Tokens.open(path) as toks:
+        source = toks.source
+        kind, cards, tables = _read_network(toks)
+    n = len(cards)
     names = [f"x{i}" for i in range(n)]
     evidence: dict[int | str, int] = {}
     if evid is not None:
@@ -134,6 +129,63 @@ def read_uai(path: PathLike, evid: PathLike | Mapping[int | str, int] | None = N
     return fg
 
 
+def _read_network(toks: Tokens) -> tuple[str, list[int], ParsedTables]:
+    """The network type, the cardinalities and the factors of a ``.uai`` file, every bound checked."""
+    line = toks.line()
+    kind = toks.next("the network type (MARKOV or BAYES)").upper()
+    if kind not in ("MARKOV", "BAYES"):
+        raise toks.error(f"unknown network type {_show(kind)}, expected MARKOV or BAYES", line)
+    n = toks.integer("the number of variables", 0, MAX_VARIABLES)
+    line = toks.line()
+    cards = [toks.integer(f"the cardinality of variable {i}", 1, MAX_CARDINALITY) for i in range(n)]
+    check_states(cards, toks.source, line)
+    m = toks.integer("the number of factors", 0, MAX_FACTORS)
+
+    tables = ParsedTables()
+    for f in range(m):
+        line, first_on_line = toks.line(), toks.starts_line()
+        k = toks.integer(f"the scope size of factor {f}", 0, n)
+        if kind == "BAYES" and k == 0:
+            raise toks.error(f"factor {f} of a BAYES network has an empty scope (no child)", line)
+        if first_on_line:  # the scope is written one per line
+            listed = toks.count_on_line(k + 1) if toks.line() == line else 0
+            if listed != k:
+                lists = f"more than {k}" if listed > k else str(listed)
+                raise toks.error(f"factor {f} declares {k} scope variables but its line lists {lists}", line)
+        scope = [toks.integer(f"a variable id in the scope of factor {f}", 0, n - 1) for _ in range(k)]
+        if len(set(scope)) != k:
+            raise toks.error(f"scope {scope} of factor {f} repeats a variable", line)
+        tables.scopes.append(scope)
+
+    total = 0
+    for f, scope in enumerate(tables.scopes):
+        line = toks.line()
+        size = toks.integer(f"the table size of factor {f}", 0)
+        expected = table_size(cards, scope)
+        if size != expected:
+            raise toks.error(
+                f"table size {size} of factor {f} does not match its scope {scope} "
+                f"(product of cardinalities = {expected})",
+                line,
+            )
+        total += size
+        if total > MAX_TABLE_ENTRIES:
+            raise toks.error(
+                f"the tables up to factor {f} hold {total} entries, more than the limit of {MAX_TABLE_ENTRIES}", line
+            )
+        values = toks.table(size, "table entries", line=line)
+        if not any(values):
+            raise toks.error(
+                f"the table of factor {f} is all zeros: every assignment has probability 0, so the model has none",
+                line,
+            )
+        tables.values.append(values)
+        tables.lines.append(line)
+    if not toks.at_end():
+        raise toks.error(f"unexpected token {_show(toks.peek() or '')} after the last factor table")
+    return kind, cards, tables
+
+
 def read_evid(path: PathLike) -> dict[int, int]:
     """Read a UAI evidence file.
 
@@ -154,30 +206,38 @@ def read_evid(path: PathLike) -> dict[int, int]:
         >>> read_evid(uai_grid("Grids_11", "evid"))
         {}
     """
-    text, source = read_text(path)
-    toks = Tokens(text, source)
-    if toks.at_end():
-        return {}
-    count = len(toks.tokens)
-    first = toks.tokens[0]
-    single_line = first.isdigit() and count == 1 + 2 * int(first)
-    if not single_line and count > 1 and toks.line_counts[toks.lines[0]] == 1:
-        # UAI 2010: the number of samples alone on the first line, then one sample
-        line = toks.line()
-        samples = toks.integer("the number of evidence samples", 0)
-        if samples != 1:
-            raise toks.error(f"expected one evidence sample, got {samples}", line)
-    k = toks.integer("the number of observed variables", 0)
+    with Tokens.open(path) as toks:
+        if toks.at_end():
+            return {}
+        alone = toks.count_on_line(2) == 1  # a first line with one number may be the UAI 2010 sample count
+        start = toks.mark()
+        try:
+            evidence = _read_observations(toks)
+        except ValueError:
+            if not alone or toks.pos == start + 1 and toks.at_end():
+                raise
+            toks.reset(start)  # UAI 2010: the number of samples alone on the first line, then one sample
+            line = toks.line()
+            samples = toks.integer("the number of evidence samples", 0)
+            if samples != 1:
+                raise toks.error(f"expected one evidence sample, got {samples}", line) from None
+            evidence = _read_observations(toks)
+        return evidence
+
+
+def _read_observations(toks: Tokens) -> dict[int, int]:
+    """``k v1 e1 .. vk ek`` up to the end of the file."""
+    k = toks.integer("the number of observed variables", 0, MAX_VARIABLES)
     evidence: dict[int, int] = {}
     for i in range(k):
         line = toks.line()
-        var = toks.integer(f"the id of observed variable {i}", 0)
-        value = toks.integer(f"the value of observed variable {var}", 0)
+        var = toks.integer(f"the id of observed variable {i}", 0, MAX_VARIABLES - 1)
+        value = toks.integer(f"the value of observed variable {var}", 0, MAX_CARDINALITY - 1)
         if var in evidence and evidence[var] != value:
             raise toks.error(f"variable {var} is observed twice ({evidence[var]} and {value})", line)
         evidence[var] = value
     if not toks.at_end():
-        raise toks.error(f"unexpected token {toks.peek()!r} after {k} observations")
+        raise toks.error(f"unexpected token {_show(toks.peek() or '')} after {k} observations")
     return evidence
 
 
@@ -207,20 +267,16 @@ def read_mar(path: PathLike) -> Tensor:
         >>> mar.shape, round(float(mar[0].sum()), 4)
         (torch.Size([100, 2]), 1.0)
     """
-    text, source = read_text(path)
-    toks = Tokens(text, source)
-    line = toks.line()
-    header = toks.next("the 'MAR' header")
-    if header.upper() != "MAR":
-        raise toks.error(f"expected the 'MAR' header, got {header!r}", line)
-    if "-BEGIN-" in toks.tokens:
-        toks.pos = len(toks.tokens) - toks.tokens[::-1].index("-BEGIN-")
-    start = toks.pos
-    try:
-        rows = _read_marginals(toks)
-    except ValueError as uai2014_error:  # maybe the UAI 2010 layout: a count of evidence samples first
-        toks.pos = start
-        rows = _read_uai2010_marginals(toks, uai2014_error)
+    with Tokens.open(path) as toks:
+        line = toks.line()
+        header = toks.next("the 'MAR' header")
+        if header.upper() != "MAR":
+            raise toks.error(f"expected the 'MAR' header, got {_show(header)}", line)
+        if toks.peek() != "-BEGIN-":
+            rows = _read_marginal_block(toks)
+        while toks.peek() == "-BEGIN-":  # anytime solvers: several solutions, the last one counts
+            toks.next("-BEGIN-")
+            rows = _read_marginal_block(toks)
     width = max((len(r) for r in rows), default=0)
     out = torch.zeros(len(rows), width, dtype=torch.float64)
     for i, row in enumerate(rows):
@@ -228,7 +284,19 @@ def read_mar(path: PathLike) -> Tensor:
     return out.to(torch.get_default_dtype())
 
 
-def _read_uai2010_marginals(toks: Tokens, uai2014_error: ValueError) -> list[list[float]]:
+def _read_marginal_block(toks: Tokens) -> list[array]:
+    """One solution, in the UAI 2014 layout or else the UAI 2010 one (up to the end or the next ``-BEGIN-``)."""
+    start = toks.mark()
+    try:
+        rows = _read_marginals(toks)
+    except ValueError as uai2014_error:  # maybe the UAI 2010 layout: a count of evidence samples first
+        toks.reset(start)
+        rows = _read_uai2010_marginals(toks, uai2014_error)
+    toks.release()
+    return rows
+
+
+def _read_uai2010_marginals(toks: Tokens, uai2014_error: ValueError) -> list[array]:
     """The UAI 2010 layout (a count of evidence samples, then the marginals); ``uai2014_error`` if it does not fit."""
     line = toks.line()
     try:
@@ -241,19 +309,28 @@ def _read_uai2010_marginals(toks: Tokens, uai2014_error: ValueError) -> list[lis
     return rows
 
 
-def _read_marginals(toks: Tokens, last: bool = True) -> list[list[float]]:
+def _read_marginals(toks: Tokens, last: bool = True) -> list[array]:
     """The number of variables, then each one's cardinality and marginal (``last``: up to the end or ``-BEGIN-``)."""
-    n = toks.integer("the number of variables", 0)
-    rows: list[list[float]] = []
+    line = toks.line()
+    n = toks.integer("the number of variables", 0, MAX_VARIABLES)
+    rows: list[array] = []
+    total, widest = 0, 0
     for i in range(n):
         line = toks.line()
-        card = toks.integer(f"the cardinality of variable {i}", 1)
+        card = toks.integer(f"the cardinality of variable {i}", 1, MAX_CARDINALITY)
+        total, widest = total + card, max(widest, card)
+        if n * widest > MAX_STATES:
+            raise toks.error(
+                f"{n} marginals with cardinalities up to {widest} need a {n} x {widest} table, more than "
+                f"the limit of {MAX_STATES} entries",
+                line,
+            )
         row = toks.table(card, f"marginal entries of variable {i}", line=line)
         if abs(math.fsum(row) - 1.0) > MAR_TOLERANCE:
             raise toks.error(f"marginal of variable {i} sums to {math.fsum(row):.6g}, expected 1", line)
         rows.append(row)
     if last and not toks.at_end() and toks.peek() != "-BEGIN-":
-        raise toks.error(f"unexpected token {toks.peek()!r} after {n} marginals")
+        raise toks.error(f"unexpected token {_show(toks.peek() or '')} after {n} marginals")
     return rows
 
 
@@ -274,18 +351,20 @@ def read_pr(path: PathLike) -> float:
         >>> read_pr(uai_grid("Grids_15", "PR"))
         291.733
     """
-    text, source = read_text(path)
-    toks = Tokens(text, source)
-    line = toks.line()
-    header = toks.next("the 'PR' header")
-    if header.upper() != "PR":
-        raise toks.error(f"expected the 'PR' header, got {header!r}", line)
-    if "-BEGIN-" in toks.tokens:
-        toks.pos = len(toks.tokens) - toks.tokens[::-1].index("-BEGIN-")
-    value = toks.number("log10 Z")
-    if not toks.at_end() and toks.peek() != "-BEGIN-":
-        raise toks.error(f"unexpected token {toks.peek()!r} after log10 Z")
-    return value
+    with Tokens.open(path) as toks:
+        line = toks.line()
+        header = toks.next("the 'PR' header")
+        if header.upper() != "PR":
+            raise toks.error(f"expected the 'PR' header, got {_show(header)}", line)
+        if toks.peek() == "-BEGIN-":  # anytime solvers: several values, the last one counts
+            toks.next("-BEGIN-")
+        while True:
+            value = toks.number("log10 Z")
+            if toks.at_end():
+                return value
+            if toks.peek() != "-BEGIN-":
+                raise toks.error(f"unexpected token {_show(toks.peek() or '')} after log10 Z")
+            toks.next("-BEGIN-")
 
 
 def write_mar(path: PathLike, marginals: Tensor, cardinalities: Sequence[int] | Tensor | None = None) -> None:
@@ -327,8 +406,3 @@ def write_mar(path: PathLike, marginals: Tensor, cardinalities: Sequence[int] | 
         parts.append(str(card))
         parts.extend(f"{p:.{digits}g}" for p in row[:card])
     atomic_write_bytes(Path(path), ("MAR\n" + " ".join(parts) + "\n").encode())
-
-
-def _starts_line(toks: Tokens) -> bool:
-    """Whether the next token is the first one on its line."""
-    return toks.pos < len(toks.tokens) and (toks.pos == 0 or toks.lines[toks.pos - 1] != toks.lines[toks.pos])
