@@ -127,8 +127,12 @@ def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> 
         "'network.components'": lambda m: m["network"].update(components=True),
         "'metadata' must be an object": lambda m: m.update(metadata=[1, 2]),
         "'network.type'": lambda m: m["network"].update(type="Transformer"),
-        "format version True": lambda m: m.update(format_version=True),
-        "format version 1.0": lambda m: m.update(format_version=1.0),
+        r"format_version True \(bool\); expected the integer 1": lambda m: m.update(format_version=True),
+        r"format_version 1.0 \(float\); expected the integer 1": lambda m: m.update(format_version=1.0),
+        r"format_version '1' \(str\); expected the integer 1": lambda m: m.update(format_version="1"),
+        r"format version 2; this neuralblock reads version 1 only \(the file was written by a newer": (
+            lambda m: m.update(format_version=2)
+        ),
     }
     for message, breaks in breakages.items():
         sidecar = json.loads(json.dumps(good))
@@ -142,6 +146,42 @@ def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> 
     (tmp_path / "p.json").write_text("5")
     with pytest.raises(ValueError, match="lacks fields"):
         NeuralBlockProposal.load(tmp_path / "p")
+
+
+def test_unbounded_or_odd_files_are_refused_before_reading(tmp_path) -> None:
+    """Issue 23: /dev/zero links, directories, oversized files, huge integers and a motif name."""
+    import time
+
+    proposal = NeuralBlockProposal(motifs.get("grid", family="mrf", size=2), components=2, hidden=(8,))
+    proposal.save(tmp_path / "p")
+    good_sidecar = (tmp_path / "p.json").read_bytes()
+    for name, label in (("p.safetensors", "weights file"), ("p.json", "proposal sidecar")):
+        saved = (tmp_path / name).read_bytes()
+        (tmp_path / name).unlink()
+        (tmp_path / name).symlink_to("/dev/zero")
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match=rf"{label} .*{name} is not a regular file"):
+            NeuralBlockProposal.load(tmp_path / "p")
+        assert time.perf_counter() - start < 1.0
+        (tmp_path / name).unlink()
+        (tmp_path / name).mkdir()
+        with pytest.raises(ValueError, match=rf"{label} .*{name} is a directory, expected a file"):
+            NeuralBlockProposal.load(tmp_path / "p")
+        (tmp_path / name).rmdir()
+        (tmp_path / name).write_bytes(saved)
+    with open(tmp_path / "p.json", "ab") as handle:  # sparse: 17 MiB on paper, nothing on disk
+        handle.truncate(17 << 20)
+    with pytest.raises(ValueError, match=r"proposal sidecar .*p\.json has \d+ bytes, more than the limit of 16777216"):
+        NeuralBlockProposal.load(tmp_path / "p")
+    (tmp_path / "p.json").write_bytes(good_sidecar.replace(b'"format_version": 1', b'"format_version": ' + b"9" * 5000))
+    with pytest.raises(ValueError, match=r"not valid JSON: an integer of 5000 digits \(at most 100"):
+        NeuralBlockProposal.load(tmp_path / "p")
+    (tmp_path / "p.json").write_bytes(good_sidecar)
+    with pytest.raises(TypeError, match=r"motif must be a neuralblock Motif or None, got str; build it with motifs"):
+        NeuralBlockProposal.load(tmp_path / "p", motif="grid")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
+        NeuralBlockProposal.load(3)  # type: ignore[arg-type]
+    assert NeuralBlockProposal.load(tmp_path / "p").motif.spec() == proposal.motif.spec()
 
 
 def test_loading_rejects_weights_of_another_dtype_even_with_a_matching_digest(tmp_path) -> None:

@@ -43,7 +43,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import Tensor, nn
 
-from neuralblock._files import atomic_write_bytes
+from neuralblock._files import atomic_write_bytes, read_bounded
 from neuralblock.motif import Motif, get_motif
 from neuralblock.proposals.mdn import BlockMixture, MixtureDensityNetwork
 
@@ -57,6 +57,12 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+MAX_WEIGHTS_BYTES = 1 << 30
+"""Largest weights file :meth:`NeuralBlockProposal.load` reads (1 GiB; refused from its size, before reading)."""
+MAX_SIDECAR_BYTES = 16 << 20
+"""Largest sidecar file read (16 MiB)."""
+MAX_JSON_INT_DIGITS = 100
+"""Longest integer accepted in a sidecar (Python's own limit, 4300 digits, gives an unclear error)."""
 
 
 def load_checked_safetensors(path: Path, sha256: object) -> dict[str, Tensor]:
@@ -64,12 +70,11 @@ def load_checked_safetensors(path: Path, sha256: object) -> dict[str, Tensor]:
 
     Raises:
         FileNotFoundError: the file is missing.
-        ValueError: the digest differs (truncated, corrupted or replaced file) or the bytes
-            are not a valid safetensors file. Both messages name the file.
+        ValueError: not a regular file or larger than :data:`MAX_WEIGHTS_BYTES` (refused before
+            reading), the digest differs (truncated, corrupted or replaced file) or the bytes
+            are not a valid safetensors file. The messages name the file.
     """
-    if not path.exists():
-        raise FileNotFoundError(f"weights file {path} not found")
-    blob = path.read_bytes()
+    blob = read_bounded(path, MAX_WEIGHTS_BYTES, "weights file")
     digest = hashlib.sha256(blob).hexdigest()
     if digest != sha256:
         raise ValueError(
@@ -109,6 +114,18 @@ def proposal_files(path: str | os.PathLike) -> tuple[Path, Path]:
     if base.suffix in {".safetensors", ".json"}:
         base = base.with_suffix("")
     return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
+
+
+def _json_int(text: str) -> int:
+    """``parse_int`` for sidecars: refuse integers longer than :data:`MAX_JSON_INT_DIGITS` digits."""
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_JSON_INT_DIGITS} are accepted)")
+    return int(text)
+
+
+def _short_repr(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def _positive_int(value: Any) -> bool:
@@ -202,20 +219,26 @@ class NeuralBlockProposal(nn.Module):
     def read_sidecar(cls, path: str | os.PathLike) -> dict[str, Any]:
         """Parse and check the structure of a sidecar file."""
         _, sidecar_path = proposal_files(path)
-        if not sidecar_path.exists():
-            raise FileNotFoundError(f"proposal sidecar {sidecar_path} not found")
+        data = read_bounded(sidecar_path, MAX_SIDECAR_BYTES, "proposal sidecar")
         try:
-            meta = json.loads(sidecar_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+            meta = json.loads(data.decode("utf-8"), parse_int=_json_int)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, _json_int
             raise ValueError(f"proposal sidecar {sidecar_path} is not valid JSON: {err}") from err
         required = {"format_version", "motif", "network", "weights_sha256"}
         if not isinstance(meta, dict) or not required <= set(meta):
             present = set(meta) if isinstance(meta, dict) else set()
             raise ValueError(f"proposal sidecar {sidecar_path} lacks fields {sorted(required - present)}")
-        if not _positive_int(meta["format_version"]) or meta["format_version"] != FORMAT_VERSION:
+        version = meta["format_version"]
+        if not _positive_int(version):
             raise ValueError(
-                f"proposal sidecar {sidecar_path} has format version {meta['format_version']}, "
-                f"this neuralblock reads version {FORMAT_VERSION}"
+                f"proposal sidecar {sidecar_path} has format_version {_short_repr(version)} "
+                f"({type(version).__name__}); expected the integer {FORMAT_VERSION}"
+            )
+        if version != FORMAT_VERSION:
+            writer = "a newer" if version > FORMAT_VERSION else "an older"
+            raise ValueError(
+                f"proposal sidecar {sidecar_path} has format version {version}; this neuralblock reads "
+                f"version {FORMAT_VERSION} only (the file was written by {writer} neuralblock)"
             )
         _check_sidecar_fields(meta, sidecar_path)
         return meta
@@ -225,9 +248,17 @@ class NeuralBlockProposal(nn.Module):
         """Load a proposal file, checking it against ``motif`` (default: the motif its sidecar names).
 
         Raises:
-            ValueError: mismatched motif or network, truncated or tampered files.
+            ValueError: mismatched motif or network, truncated or tampered files, or a path that
+                is not a regular file of bounded size (a directory, ``/dev/zero``, over
+                :data:`MAX_WEIGHTS_BYTES` or :data:`MAX_SIDECAR_BYTES`), refused before reading.
             FileNotFoundError: missing weights or sidecar.
+            TypeError: ``motif`` is not a :class:`Motif` (e.g. a motif name).
         """
+        if motif is not None and not isinstance(motif, Motif):
+            hint = f"; build it with motifs.get({motif!r}, ...)" if isinstance(motif, str) else ""
+            raise TypeError(f"motif must be a neuralblock Motif or None, got {type(motif).__name__}{hint}")
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
         weights_path, sidecar_path = proposal_files(path)
         meta = cls.read_sidecar(path)
         spec = meta["motif"]
