@@ -418,7 +418,7 @@ def bad_batch_shape() -> None:
         (subsampled, (torch.zeros(5),), ValueError, r"site 'obs' is in the subsampled plate 'data' \(2 of 5\)"),
         (dependent_support, (), ValueError, r"support of latent site 'u' depends on the latent sites \['s'\]"),
         (delta_latent, (), ValueError, r"latent site 'd' has a Delta distribution"),
-        (bad_batch_shape, (), ValueError, r"site 'y' has log_prob of shape \(3, 1, 2\)"),
+        (bad_batch_shape, (), ValueError, r"site 'y' has a log-probability of shape \(2, 1, 2\) under enum"),
         ("not a model", (), TypeError, r"model must be callable, got str"),
     ],
 )

@@ -22,7 +22,7 @@ from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.export import to_inference_data
 from neuralblock.exact import log_partition, marginals
 from neuralblock.kernels import AusterityMH, CompoundKernel, NeuralBlockKernel
-from neuralblock.pyro import PyroTableGroup, from_pyro_model
+from neuralblock.pyro import CompiledTableGroup, from_pyro_model
 
 SIZE = 5
 LOGITS = 3.0 * torch.randn(SIZE, SIZE, 2, 2, generator=torch.Generator().manual_seed(11))
@@ -70,7 +70,7 @@ def exact_grid_marginals(fg) -> torch.Tensor:
 
 def test_bridge_turns_the_pyro_grid_bn_into_child_last_tables_the_motif_finds() -> None:
     fg = from_pyro_model(grid_bn)
-    assert all(isinstance(g, PyroTableGroup) for g in fg.groups)
+    assert all(isinstance(g, CompiledTableGroup) for g in fg.groups)
     assert sorted(fg.names[v] for v in fg.evidence) == sorted(f"x_{r}_{c}" for r, c in EVIDENCE)
     proposal = load_pretrained("grid-bn-2x2")
     instances = proposal.motif.find_instances(fg)

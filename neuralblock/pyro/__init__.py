@@ -32,15 +32,20 @@ from neuralblock.pyro.bridge import (
     state_to_samples,
     to_pyro_model,
 )
+from neuralblock.pyro.compile import CompiledTableGroup, PyroGraph, SiteLayout, compile_pyro_model
 from neuralblock.pyro.plates import PlateIndices, plate_dim
 
 __all__ = [
+    "CompiledTableGroup",
     "FactorGraphModel",
     "PlateIndices",
+    "PyroGraph",
     "PyroModelGroup",
     "PyroTableGroup",
     "from_pyro_model",
     "plate_dim",
+    "SiteLayout",
+    "compile_pyro_model",
     "samples_to_state",
     "state_to_samples",
     "to_pyro_model",

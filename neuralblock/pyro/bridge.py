@@ -25,6 +25,13 @@ from torch.distributions import constraints, transform_to
 
 from neuralblock.graph.factor_graph import FactorGraph
 from neuralblock.graph.groups import FactorGroup, TableGroup
+from neuralblock.pyro.compile import (
+    PyroGraph,
+    compile_pyro_model,
+    is_all_discrete,
+    site_values_to_state,
+    state_to_site_values,
+)
 
 __all__ = [
     "FactorGraphModel",
@@ -159,6 +166,8 @@ def state_to_samples(fg: FactorGraph, state: Tensor) -> dict[str, Tensor]:
         {'a': tensor(1), 'b': tensor(0.5000)}
     """
     state = fg.check_state(state)
+    if isinstance(fg, PyroGraph):
+        return state_to_site_values(fg, state)
     cards = fg.cardinalities.tolist()
     site_dtypes: dict[str, torch.dtype] = {}
     for group in fg.groups:
@@ -190,6 +199,14 @@ def samples_to_state(fg: FactorGraph, samples: Mapping[str, Tensor]) -> Tensor:
     """
     if not isinstance(samples, Mapping):
         raise TypeError(f"samples must be a mapping from site names to tensors, got {type(samples).__name__}")
+    if isinstance(fg, PyroGraph):
+        shapes = [
+            torch.as_tensor(samples[name]).shape[: -len(layout.shape) or None]
+            for name, layout in fg.sites.items()
+            if name in samples
+        ]
+        batch = torch.broadcast_shapes(*shapes) if shapes else torch.Size()
+        return site_values_to_state(fg, samples, torch.zeros(batch + (fg.num_variables,)))
     missing = [name for v, name in enumerate(fg.names) if v not in fg.evidence and name not in samples]
     if missing:
         raise ValueError(f"samples lack the latent variables {missing}")
@@ -581,6 +598,8 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     if not callable(model):
         raise TypeError(f"model must be callable, got {type(model).__name__}")
     trace = _trace(model, args, kwargs)
+    if is_all_discrete(trace):
+        return compile_pyro_model(model, args, kwargs)
 
     latent: list[str] = []
     cards: list[int] = []
