@@ -315,3 +315,140 @@ def test_expected_acceptance_matches_pairwise_sum() -> None:
     brute = torch.logsumexp(torch.minimum(pairs, pairs.transpose(-1, -2)).flatten(-2), -1).exp()
     assert torch.allclose(expected_acceptance(log_p, log_q), brute, atol=1e-6)
     assert torch.allclose(expected_acceptance(log_p, log_p), torch.ones(4), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- issue 23: checked before work
+def _no_training(monkeypatch):
+    """Make any training attempt fail the test: usage errors must come before the first step."""
+    import trainers.train_motif as cli
+
+    def fail(*args, **kwargs):
+        raise AssertionError("training started before the usage error")
+
+    monkeypatch.setattr(cli, "train", fail)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--out", "/proc/a"], "cannot write the weights /proc/a.safetensors: /proc is not writable"),
+        (
+            ["--out", "{t}/x/c0", "--checkpoint", "{t}/x/c0.json"],
+            "the checkpoint path {t}/x/c0.json is also the sidecar",
+        ),
+        (["--out", "{t}/x/d", "--logdir", "{t}/x/d.json"], "the logdir path {t}/x/d.json is also the sidecar path"),
+        (["--out", "{t}/x/e", "--checkpoint", "{t}/x/e.safetensors"], "is also the weights path"),
+        (["--out", "{t}/x/f", "--logdir", "{t}/file"], "the logdir path {t}/file is a file; expected a folder"),
+        (["--out", "{t}/folder"], "the weights path {t}/folder.safetensors is a folder; expected a file"),
+        (["--out", "{t}/file/a"], "cannot write the weights {t}/file/a.safetensors: {t}/file is not a folder"),
+        (["--out", "{t}/x/g", "--register", "g"], "--register: the proposal {t}/x/g is not inside the library folder"),
+        (["--out", "{t}/lib/g", "--library", "{t}/lib", "--register", "a/b"], "--register needs a name without '/'"),
+        (["--out", "{t}/x/h", "--resume"], "--resume given but no checkpoint at {t}/x/h.ckpt"),
+        (["--out", "{t}/x/i", "--checkpoint", "{t}/junk.ckpt", "--resume"], "is not a readable training checkpoint"),
+        (
+            ["--seed", "99999999999999999999"],
+            "must be an integer in 0..9223372036854710272, got '99999999999999999999'",
+        ),
+        (["--seed", "-1"], "must be an integer in 0..9223372036854710272"),
+        (["--seed", "1" * 5000], "expected an integer in 0..9223372036854710272, got '1111"),
+        (["--steps", "\uff15"], "expected a positive integer, got '\uff15'"),
+    ],
+)
+def test_cli_usage_errors_come_before_any_work(tmp_path, monkeypatch, capsys, args, message):
+    _no_training(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "folder.safetensors").mkdir()
+    (tmp_path / "junk.ckpt").write_bytes(b"\x80\x04not a pickle")
+    argv = ["--motif", "toy", "--no-progress"] + [a.format(t=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message.format(t=tmp_path) in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()  # nothing created for a refused run
+
+
+def test_cli_damaged_checkpoint_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    train(_config(tmp_path, steps=4, val_size=0))
+    ckpt = torch.load(tmp_path / "toy.ckpt", weights_only=True)
+    del ckpt["optimizer"]
+    torch.save(ckpt, tmp_path / "toy.ckpt")
+    _no_training(monkeypatch)
+    with pytest.raises(SystemExit) as info:
+        main(["--motif", "toy", "--out", str(tmp_path / "toy"), "--resume", "--steps", "8", "--no-progress"])
+    assert info.value.code == 2 and "is not a complete training checkpoint: it lacks ['optimizer']" in (
+        capsys.readouterr().err
+    )
+
+
+def test_every_epilog_example_parses(tmp_path, monkeypatch):
+    import shlex
+
+    import trainers.train_motif as cli
+
+    monkeypatch.chdir(tmp_path)
+    commands = [line.strip() for line in cli.EPILOG.splitlines() if "train-motif --motif" in line]
+    commands += [line.strip() for line in cli.EPILOG.splitlines() if "train_motif.py --motif" in line]
+    assert len(commands) >= 4
+    parser = cli.build_parser()
+    for command in commands:
+        words = shlex.split(command)
+        env = {}
+        while "=" in words[0]:
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value.replace("~", str(tmp_path))
+        start = next(i for i, w in enumerate(words) if w == "--motif")
+        argv = words[start:]
+        if "--plugin" in words:
+            continue  # names a module the reader writes
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        if "--resume" in argv:  # nothing to resume yet: a usage error; the same command without it is fine
+            with pytest.raises(SystemExit):
+                cli.config_from_args(parser.parse_args(argv), parser)
+            argv.remove("--resume")
+        config = cli.config_from_args(parser.parse_args(argv), parser)
+        assert (config.motif, config.motif_options) in (("grid", {"size": 2}), ("chain", {"family": "linear"}))
+        for key in env:
+            monkeypatch.delenv(key)
+
+
+def test_stale_temporary_files_are_removed_on_the_next_start(tmp_path):
+    stale = [tmp_path / ".toy.ckpt.x1y2.tmp", tmp_path / ".toy.json.abcd.tmp", tmp_path / ".toy.safetensors.q.tmp"]
+    for path in stale:
+        path.write_bytes(b"half a file")
+    keep = tmp_path / ".other.ckpt.x1y2.tmp"
+    keep.write_bytes(b"someone else's")
+    train(_config(tmp_path, steps=2, val_size=0))
+    assert not any(p.exists() for p in stale) and keep.exists()
+
+
+def test_resume_with_more_steps_says_what_the_cosine_schedule_does(tmp_path, caplog):
+    train(_config(tmp_path, steps=10, val_size=0))
+    with caplog.at_level("WARNING", logger="trainers.trainer"):
+        train(_config(tmp_path, steps=20, val_size=0, resume=True))
+    assert "the cosine schedule is stretched to the new total from step 10" in caplog.text
+
+
+def test_register_into_a_user_library(tmp_path, monkeypatch, capsys):
+    from neuralblock import list_pretrained, load_pretrained
+
+    library = tmp_path / "my-library"
+    monkeypatch.setenv("NEURALBLOCK_LIBRARY", str(library))
+    monkeypatch.chdir(tmp_path)
+    shipped = list_pretrained()
+    argv = ["--motif", "toy", "--steps", "2", "--batch-size", "8", "--hidden", "8", "--val-size", "8"]
+    code = main([*argv, "--no-progress", "--register", "mine"])
+    assert code == 0 and f"registered 'mine' in {library / 'index.json'}" in capsys.readouterr().out
+    assert (library / "toy.safetensors").exists()  # the default --out lies in the library
+    assert list_pretrained() == sorted([*shipped, "mine"])
+    assert load_pretrained("mine").motif.spec()["name"] == "toy"
+    if shipped:  # a user entry named like a shipped one is shadowed by it
+        index = json.loads((library / "index.json").read_text())
+        index["proposals"][shipped[0]] = index["proposals"]["mine"]
+        (library / "index.json").write_text(json.dumps(index))
+        assert load_pretrained(shipped[0]).motif.spec()["name"] != "toy"
+    (library / "index.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="is not a valid library index"):
+        load_pretrained("mine")

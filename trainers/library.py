@@ -1,4 +1,4 @@
-"""Register trained proposals in the shipped library index (``pretrained/index.json``).
+"""Register trained proposals in a library index: the shipped ``pretrained/index.json`` or a user library's.
 
 Example:
     >>> import json, tempfile, pathlib
@@ -17,10 +17,24 @@ from pathlib import Path
 from typing import Any
 
 from neuralblock.proposals import atomic_write_bytes, proposal_files
+from neuralblock.proposals.library import read_library_index, user_library_dir
 
-__all__ = ["DEFAULT_INDEX", "register_proposal"]
+__all__ = ["DEFAULT_INDEX", "library_folder", "register_proposal"]
 
 DEFAULT_INDEX = Path(__file__).resolve().parents[1] / "pretrained" / "index.json"
+
+
+def library_folder(option: str | Path | None = None) -> Path:
+    """The library ``--register`` writes to: ``option``, else ``NEURALBLOCK_LIBRARY``, else the shipped ``pretrained/``.
+
+    Example:
+        >>> library_folder("/tmp/my-proposals")
+        PosixPath('/tmp/my-proposals')
+    """
+    if option is not None and str(option).strip():
+        return Path(option).expanduser()
+    user = user_library_dir()
+    return user if user is not None else DEFAULT_INDEX.parent
 
 
 def register_proposal(stem: str | Path, name: str, index_path: str | Path = DEFAULT_INDEX) -> dict[str, Any]:
@@ -53,8 +67,8 @@ def register_proposal(stem: str | Path, name: str, index_path: str | Path = DEFA
     index_path.parent.mkdir(parents=True, exist_ok=True)
     with open(index_path.with_suffix(".lock"), "w") as lock:  # serialize concurrent registrations
         fcntl.flock(lock, fcntl.LOCK_EX)
-        index = json.loads(index_path.read_text()) if index_path.exists() else {"format_version": 1, "proposals": {}}
-        index.setdefault("proposals", {})[name] = entry
+        index = {"format_version": 1, "proposals": read_library_index(index_path)}
+        index["proposals"][name] = entry
         index["proposals"] = dict(sorted(index["proposals"].items()))
         atomic_write_bytes(index_path, (json.dumps(index, indent=2) + "\n").encode())
     return entry

@@ -28,8 +28,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
-from trainers.library import DEFAULT_INDEX, register_proposal  # noqa: E402
-from trainers.trainer import ConfigError, TrainConfig, train  # noqa: E402
+from trainers.library import library_folder, register_proposal  # noqa: E402
+from trainers.trainer import MAX_SEED, ConfigError, TrainConfig, check_resume, check_writable, train  # noqa: E402
 
 __all__ = ["build_parser", "import_plugin", "main", "parse_option_value"]
 
@@ -40,22 +40,30 @@ OUT.safetensors + OUT.json (weights + checked sidecar with config and validation
 
 Progress goes to a tqdm bar and to TensorBoard (tensorboard --logdir runs). A checkpoint is
 written every --checkpoint-every steps; rerun the same command with --resume to continue
-after an interruption (you may raise --steps, nothing else that changes training).
+after an interruption, bit for bit. You may raise --steps when resuming (nothing else that
+changes training); with the cosine schedule the remaining schedule is then stretched to the
+new total, so the result differs from a run started with that many steps.
+
+Every output path (--out, --checkpoint, --logdir, the library of --register) is checked before
+the first step: writable, and no two the same.
 """
 
 EPILOG = """\
 examples:
-  # a 2x2 grid block proposal, 2000 steps, written to pretrained/grid-2x2.{safetensors,json}
-  train-motif --motif grid --size 2x2 --steps 2000
+  # a 2x2 grid block proposal, 2000 steps, written to pretrained/grid-2.{safetensors,json}
+  train-motif --motif grid --size 2 --steps 2000
 
   # any motif option with --option KEY=VALUE (int/float/bool/str parsed automatically)
-  python trainers/train_motif.py --motif chain --option length=3 --hidden 64,64 --seed 1
+  python trainers/train_motif.py --motif chain --option family=linear --hidden 64,64 --seed 1
 
-  # continue an interrupted run, or extend it to more steps
-  train-motif --motif grid --size 2x2 --steps 4000 --resume
+  # continue an interrupted run (same command plus --resume)
+  train-motif --motif grid --size 2 --steps 2000 --resume
+
+  # train into your own library (searched by load_pretrained after the shipped one)
+  NEURALBLOCK_LIBRARY=~/nb-proposals train-motif --motif grid --size 2 --register my-grid
 
   # two CPU processes with DDP (each rank draws --batch-size instantiations per step)
-  torchrun --nproc_per_node=2 trainers/train_motif.py --motif grid --size 2x2
+  torchrun --nproc_per_node=2 trainers/train_motif.py --motif grid --size 2
 
   # a motif you wrote yourself: a module that calls neuralblock.register_motif
   train-motif --plugin my_package.my_motif --motif mine --steps 500
@@ -129,12 +137,15 @@ def _motif_names() -> list[str]:
 
 
 def _checked_number(text: str, kind: type, ok: Callable[[float], bool], expected: str) -> Any:
+    shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
+    if kind is int and not re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", text):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {shown}")
     try:
         value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {shown}") from None
     if not ok(value):
-        raise argparse.ArgumentTypeError(f"must be {expected}, got {text}")
+        raise argparse.ArgumentTypeError(f"must be {expected}, got {shown}")
     return value
 
 
@@ -144,6 +155,10 @@ def _positive_int(text: str) -> int:
 
 def _non_negative_int(text: str) -> int:
     return _checked_number(text, int, lambda v: v >= 0, "a non-negative integer")
+
+
+def _seed(text: str) -> int:
+    return _checked_number(text, int, lambda v: 0 <= v <= MAX_SEED, f"an integer in 0..{MAX_SEED}")
 
 
 def _positive_float(text: str) -> float:
@@ -235,7 +250,12 @@ def build_parser(motif_choices: Sequence[str] | None = None) -> argparse.Argumen
         metavar="W1,W2,...",
         help="MDN hidden widths (default 128,128)",
     )
-    opt.add_argument("--seed", type=int, default=defaults.seed, help="seed of init and data (default %(default)s)")
+    opt.add_argument(
+        "--seed",
+        type=_seed,
+        default=defaults.seed,
+        help=f"seed of init and data, 0..{MAX_SEED} (default %(default)s)",
+    )
     opt.add_argument(
         "--device",
         default=defaults.device,
@@ -282,7 +302,15 @@ def build_parser(motif_choices: Sequence[str] | None = None) -> argparse.Argumen
         "--register",
         metavar="NAME",
         default=None,
-        help="add the trained proposal to pretrained/index.json under NAME (its --out must be inside pretrained/)",
+        help="add the trained proposal to the library's index.json under NAME (its --out must be inside the "
+        "library; default --out: LIBRARY/<motif>[-<option values>])",
+    )
+    val.add_argument(
+        "--library",
+        metavar="DIR",
+        default=None,
+        help="library folder for --register (default: $NEURALBLOCK_LIBRARY, else the shipped pretrained/); "
+        "load_pretrained and list_pretrained search $NEURALBLOCK_LIBRARY after the shipped library",
     )
     return parser
 
@@ -322,7 +350,10 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             if flag in options:
                 parser.error(f"--{flag} and --option {flag}=... both given")
             options[flag] = value
+    library = library_folder(args.library)
     out = args.out or default_out(args.motif, options)
+    if args.register is not None and args.out is None:
+        out = str(library / Path(out).name)
     logdir = args.logdir or str(Path("runs") / Path(out).name)
     config = TrainConfig(
         motif=args.motif,
@@ -350,9 +381,35 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         import motifs
 
         motifs.get(config.motif, **config.motif_options)  # bad option keys fail here, before any work
-    except ValueError as err:
+        config.check_paths()
+        if args.register is not None:
+            _check_register(args.register, config.out, library)
+        if config.resume:
+            check_resume(config)
+    except ValueError as err:  # ConfigError included
         parser.error(str(err))
     return config
+
+
+def _check_register(name: str, out: str | None, library: Path) -> None:
+    """Before training: ``--register NAME`` needs a valid name, ``--out`` inside the library and a writable index."""
+    from neuralblock.proposals.library import read_library_index
+
+    if not name.strip() or name != name.strip() or "/" in name:
+        raise ConfigError(f"--register needs a name without '/' or surrounding blanks, got {name!r}")
+    if out is None:
+        raise ConfigError("--register needs an output (--out)")
+    try:
+        Path(out).resolve().relative_to(library.resolve())
+    except ValueError:
+        raise ConfigError(
+            f"--register: the proposal {out} is not inside the library folder {library}; "
+            "put --out inside it, or choose the library with --library or NEURALBLOCK_LIBRARY"
+        ) from None
+    index = library / "index.json"
+    if index.exists():
+        read_library_index(library)  # a broken index fails now, not after training
+    check_writable(library, "library index", index)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -374,8 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = {k: v for k, v in metrics.items() if k != "history"}
         print(f"wrote {config.out}.safetensors and {config.out}.json")
         if args.register and metrics.get("finished"):
-            register_proposal(config.out, args.register)
-            print(f"registered {args.register!r} in {DEFAULT_INDEX}")
+            index = library_folder(args.library) / "index.json"
+            register_proposal(config.out, args.register, index_path=index)
+            print(f"registered {args.register!r} in {index}")
         print(json.dumps(summary, indent=2, default=str))
     return 0
 

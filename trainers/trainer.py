@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
 import io
 import logging
 import math
 import os
 import random
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,7 +51,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from neuralblock.motif import BlockSpec, Motif, TrainingBatch, get_motif
-from neuralblock.proposals import MixtureDensityNetwork, NeuralBlockProposal, atomic_write_bytes, code_commit
+from neuralblock.proposals import (
+    MixtureDensityNetwork,
+    NeuralBlockProposal,
+    atomic_write_bytes,
+    code_commit,
+    proposal_files,
+)
 from trainers.metrics import enumerated_log_q, exact_kl, expected_acceptance, expected_nll, mc_acceptance
 
 __all__ = [
@@ -57,7 +65,10 @@ __all__ = [
     "ConfigError",
     "TrainConfig",
     "evaluate",
+    "check_resume",
+    "check_writable",
     "load_checkpoint",
+    "remove_stale_temporaries",
     "resolve_device",
     "train",
 ]
@@ -83,6 +94,8 @@ RESUMABLE_KEYS = frozenset(
     }
 )
 _VAL_SEED_SALT = 0x5EED_7A1D
+MAX_SEED = 2**63 - 2**16
+"""Largest ``seed`` (ranks seed ``seed + rank``; torch generators take up to 64 bits)."""
 
 
 class ConfigError(ValueError):
@@ -96,7 +109,11 @@ class TrainConfig:
     Attributes:
         motif: registered motif name (see ``motifs.names()``).
         motif_options: keyword options for :func:`neuralblock.get_motif`.
-        steps: total optimizer steps (may be extended when resuming).
+        steps: total optimizer steps. A resumed run may raise it: with the ``constant`` and ``step``
+            schedules it then continues exactly as a run given that many steps from the start;
+            the ``cosine`` schedule is stretched to the new total from the resume step on, so that
+            run differs from one started with the larger total (a warning says so). Resuming with
+            the same ``steps`` always continues exactly.
         batch_size: instantiations per step *per rank* (global batch = ``batch_size * world_size``).
         lr: peak Adam learning rate.
         components: MDN mixture components.
@@ -179,6 +196,8 @@ class TrainConfig:
         for key, value in non_negative.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{key} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be an integer in 0..{MAX_SEED}, got {self.seed!r}")
         if not isinstance(self.log_every, int) or self.log_every <= 0:
             raise ConfigError(f"log_every must be a positive integer, got {self.log_every!r}")
         if not self.hidden or any(h <= 0 for h in self.hidden):
@@ -197,6 +216,43 @@ class TrainConfig:
             )
         if self.resume and self.checkpoint_path is None:
             raise ConfigError("resume needs a checkpoint path (set checkpoint or out)")
+
+    def output_paths(self) -> dict[str, Path]:
+        """Every path the run writes: ``weights``, ``sidecar``, ``checkpoint`` (files) and ``logdir`` (a folder)."""
+        paths: dict[str, Path] = {}
+        if self.out is not None:
+            paths["weights"], paths["sidecar"] = proposal_files(self.out)
+        if self.checkpoint_path is not None:
+            paths["checkpoint"] = self.checkpoint_path
+        if self.logdir is not None:
+            paths["logdir"] = Path(self.logdir)
+        return paths
+
+    def check_paths(self) -> None:
+        """Check, before any work, that every output path is writable and that no two of them clash.
+
+        Nothing is created: each missing folder's nearest existing ancestor must be a folder
+        in which a file can be created (probed with a temporary file, removed at once).
+
+        Raises:
+            ConfigError: naming the path and the problem.
+        """
+        paths = self.output_paths()
+        seen: dict[Path, str] = {}
+        for role, path in paths.items():
+            resolved = path.resolve()
+            if resolved in seen:
+                raise ConfigError(
+                    f"the {role} path {path} is also the {seen[resolved]} path: the run would overwrite one "
+                    "with the other; choose distinct --out, --checkpoint and --logdir"
+                )
+            seen[resolved] = role
+        for role, path in paths.items():
+            is_folder = role == "logdir"
+            if path.exists() and path.is_dir() != is_folder:
+                kind = "a file" if is_folder else "a folder"
+                raise ConfigError(f"the {role} path {path} is {kind}; expected {'a folder' if is_folder else 'a file'}")
+            check_writable(path if is_folder and path.is_dir() else path.parent, role, path)
 
     @property
     def checkpoint_path(self) -> Path | None:
@@ -219,6 +275,42 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown TrainConfig keys {unknown}")
         return cls(**data)
+
+
+def check_writable(folder: Path, role: str, path: Path) -> None:
+    """Raise ``ConfigError`` unless a file can be created in ``folder`` or in its nearest existing ancestor."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot write the {role} {path}: {probe} is not a folder")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".train-motif-probe.", suffix=".tmp")
+    except OSError as err:
+        raise ConfigError(f"cannot write the {role} {path}: {probe} is not writable ({err.strerror or err})") from None
+    os.close(fd)
+    os.unlink(name)
+
+
+def remove_stale_temporaries(paths: list[Path]) -> list[Path]:
+    """Delete the temporary files that killed runs left next to ``paths`` (``.NAME.*.tmp`` of atomic writes).
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for path in paths:
+        if not path.parent.is_dir():
+            continue
+        for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            try:
+                stale.unlink()
+            except OSError:  # gone already, or not ours to remove: leave it
+                continue
+            removed.append(stale)
+    return removed
 
 
 # ---------------------------------------------------------------------------------- device / dist
@@ -394,6 +486,52 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{path} is not a readable training checkpoint: {err}") from err
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} is not a neuralblock training checkpoint (format {CHECKPOINT_FORMAT})")
+    missing = sorted(_CHECKPOINT_KEYS - set(ckpt))
+    if missing:
+        raise ValueError(f"{path} is not a complete training checkpoint: it lacks {missing}")
+    counts = {k: ckpt[k] for k in ("step", "examples_seen", "world_size")}
+    bad = [k for k, v in counts.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+    if bad or not isinstance(ckpt["config"], dict) or not isinstance(ckpt["history"], list):
+        raise ValueError(f"{path} is a damaged training checkpoint (bad {bad or ['config or history']})")
+    return ckpt
+
+
+_CHECKPOINT_KEYS = frozenset(
+    {"format", "step", "config", "model", "optimizer", "scheduler", "generators", "torch_rng", "python_rng"}
+    | {"examples_seen", "training_seconds", "world_size", "history"}
+)
+
+
+def check_resume(config: TrainConfig, world_size: int | None = None) -> dict[str, Any]:
+    """Load the checkpoint a ``resume`` run continues and check it against ``config``, before any work.
+
+    Args:
+        config: the resuming run.
+        world_size: processes of this run (default: ``WORLD_SIZE`` from the environment, else 1).
+
+    Returns:
+        The checkpoint.
+
+    Raises:
+        ConfigError: no checkpoint, an unreadable or damaged one, or one whose config or process
+            count differs from this run's in anything but steps and output settings.
+    """
+    path = config.checkpoint_path
+    if path is None:
+        raise ConfigError("resume needs a checkpoint path (set checkpoint or out)")
+    try:
+        ckpt = load_checkpoint(path)
+    except FileNotFoundError as err:
+        raise ConfigError(f"--resume given but {err}; run without --resume to start fresh") from err
+    except ValueError as err:
+        raise ConfigError(f"cannot resume: {err}") from err
+    _check_resume(ckpt["config"], config.to_dict(), int(ckpt["step"]), path)
+    world = _Dist.from_env().world_size if world_size is None else world_size
+    if int(ckpt["world_size"]) != world:
+        raise ConfigError(
+            f"cannot resume from {path}: it was written by {ckpt['world_size']} processes, "
+            f"this run has {world} (each rank owns a data stream)"
+        )
     return ckpt
 
 
@@ -433,6 +571,7 @@ def train(config: TrainConfig, *, stop_after: int | None = None) -> tuple[Neural
             resume whose checkpoint config differs in anything but ``steps`` and output paths.
     """
     config.validate()
+    config.check_paths()
     import motifs  # noqa: F401  (registers the concrete motifs)
 
     try:
@@ -474,19 +613,22 @@ def _train(
     if config.resume:
         if ckpt_path is None:  # validate() rules this out; kept as an error, not an assert
             raise ConfigError("resume needs an output path to find the checkpoint")
+        ckpt = check_resume(config, ddp.world_size)
         try:
-            ckpt = load_checkpoint(ckpt_path)
-        except FileNotFoundError as err:
-            raise ConfigError(f"--resume given but {err}; run without --resume to start fresh") from err
-        _check_resume(ckpt["config"], config_dict, int(ckpt["step"]), ckpt_path)
-        if int(ckpt["world_size"]) != ddp.world_size:
-            raise ConfigError(
-                f"cannot resume from {ckpt_path}: it was written by {ckpt['world_size']} processes, "
-                f"this run has {ddp.world_size} (each rank owns a data stream)"
+            proposal.mdn.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scheduler.load_state_dict(ckpt["scheduler"])
+        except (KeyError, RuntimeError, TypeError, ValueError) as err:
+            raise ConfigError(f"cannot resume from {ckpt_path}: its saved states do not fit this run ({err})") from err
+        if config.steps != int(ckpt["config"]["steps"]) and config.lr_schedule == "cosine" and ddp.is_main:
+            log.warning(
+                "resuming with steps=%d instead of %d: the cosine schedule is stretched to the new total from "
+                "step %d on, so the result differs from a run started with steps=%d",
+                config.steps,
+                int(ckpt["config"]["steps"]),
+                int(ckpt["step"]),
+                config.steps,
             )
-        proposal.mdn.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
         # The schedule may have been extended (more steps): take the lr from the new schedule.
         for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = base * lr_lambda(scheduler.last_epoch)
@@ -504,7 +646,10 @@ def _train(
         if "window" in ckpt:
             resumed_window = (float(ckpt["window"]["losses"][ddp.rank]), int(ckpt["window"]["steps"]))
         log.info("resumed %s at step %d from %s", config.motif, step, ckpt_path)
-    elif ckpt_path is not None and ckpt_path.exists() and ddp.is_main:
+    if ddp.is_main:
+        for stale in remove_stale_temporaries([p for k, p in config.output_paths().items() if k != "logdir"]):
+            log.info("removed %s, a temporary file left by an interrupted run", stale)
+    if not config.resume and ckpt_path is not None and ckpt_path.exists() and ddp.is_main:
         log.warning(
             "starting fresh: the existing checkpoint %s will be overwritten (pass resume to continue)", ckpt_path
         )

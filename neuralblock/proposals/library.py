@@ -1,4 +1,11 @@
-"""The shipped proposal library in ``pretrained/`` (indexed by ``pretrained/index.json``).
+"""The proposal libraries: the shipped one in ``pretrained/`` and an optional user library.
+
+Each library is a folder with an ``index.json`` (``{"proposals": {name: {"file": stem, ...}}}``)
+and the proposal files it names. The shipped library comes with the package; a user library
+is any folder named by the environment variable ``NEURALBLOCK_LIBRARY`` (``train-motif
+--register NAME`` writes there when it is set, or into ``--library DIR``).
+:func:`list_pretrained` and :func:`load_pretrained` search the shipped library first, then
+the user library (a user name that a shipped proposal already has is shadowed by it).
 
 Example:
     >>> names = list_pretrained()
@@ -15,9 +22,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from neuralblock._files import read_bounded
 from neuralblock.proposals.proposal import NeuralBlockProposal
 
-__all__ = ["list_pretrained", "load_pretrained", "load_proposal", "pretrained_dir", "pretrained_index"]
+__all__ = [
+    "LIBRARY_ENV",
+    "list_pretrained",
+    "load_pretrained",
+    "load_proposal",
+    "pretrained_dir",
+    "pretrained_index",
+    "read_library_index",
+    "user_library_dir",
+]
+
+LIBRARY_ENV = "NEURALBLOCK_LIBRARY"
+"""Environment variable naming the user library folder."""
+MAX_INDEX_BYTES = 16 << 20
 
 
 def pretrained_dir() -> Path:
@@ -28,33 +49,80 @@ def pretrained_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def pretrained_index() -> dict[str, dict[str, Any]]:
-    """Name -> entry (file, motif, metrics) of every shipped proposal."""
-    index_path = pretrained_dir() / "index.json"
+def user_library_dir() -> Path | None:
+    """The user library folder named by ``NEURALBLOCK_LIBRARY`` (``None`` when unset or empty)."""
+    text = os.environ.get(LIBRARY_ENV, "").strip()
+    return Path(text).expanduser() if text else None
+
+
+def read_library_index(folder: Path) -> dict[str, dict[str, Any]]:
+    """Name -> entry of the library in ``folder`` (empty when it has no ``index.json``).
+
+    Args:
+        folder: the library folder, or its index file itself (a path ending in ``.json``).
+
+    Raises:
+        ValueError: an index that is not a bounded regular file of valid JSON with a ``proposals`` object.
+    """
+    folder = Path(folder)
+    index_path = folder if folder.suffix == ".json" else folder / "index.json"
     if not index_path.exists():
         return {}
     try:
-        index = json.loads(index_path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{index_path} is not valid JSON: {err}") from err
-    return index.get("proposals", {})
+        index = json.loads(read_bounded(index_path, MAX_INDEX_BYTES, "library index").decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"{index_path} is not a valid library index: {err}") from err
+    proposals = index.get("proposals", {}) if isinstance(index, dict) else None
+    if not isinstance(proposals, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("file"), str) for e in proposals.values()
+    ):
+        expected = "{'proposals': {name: {'file': stem, ...}}}"
+        raise ValueError(f"{index_path} is not a valid library index: expected {expected}")
+    return proposals
+
+
+def _libraries() -> list[Path]:
+    folders = [pretrained_dir()]
+    user = user_library_dir()
+    if user is not None and user.resolve() != folders[0].resolve():
+        folders.append(user)
+    return folders
+
+
+def _find(name: str) -> tuple[Path, dict[str, Any]] | None:
+    for folder in _libraries():
+        entry = read_library_index(folder).get(name)
+        if entry is not None:
+            return folder, entry
+    return None
+
+
+def pretrained_index() -> dict[str, dict[str, Any]]:
+    """Name -> entry (file, motif, metrics) of every proposal: the shipped ones, then the user library's."""
+    merged: dict[str, dict[str, Any]] = {}
+    for folder in _libraries():
+        for name, entry in read_library_index(folder).items():
+            merged.setdefault(name, entry)
+    return merged
 
 
 def list_pretrained() -> list[str]:
-    """Names of the shipped proposals."""
+    """Names of the shipped proposals and of those in the user library (``NEURALBLOCK_LIBRARY``)."""
     return sorted(pretrained_index())
 
 
 def load_pretrained(name: str) -> NeuralBlockProposal:
-    """Load a shipped proposal by name (see :func:`list_pretrained`).
+    """Load a proposal by name from the shipped library, else from the user library (see :func:`list_pretrained`).
 
     Raises:
-        ValueError: an unknown name (the message lists the shipped ones) or a bad file.
+        ValueError: an unknown name (the message lists the known ones) or a bad file.
     """
-    index = pretrained_index()
-    if name not in index:
-        raise ValueError(f"no pretrained proposal {name!r}; shipped: {', '.join(sorted(index)) or '(none)'}")
-    return NeuralBlockProposal.load(pretrained_dir() / index[name]["file"])
+    found = _find(name)
+    if found is None:
+        known = ", ".join(list_pretrained()) or "(none)"
+        raise ValueError(f"no pretrained proposal {name!r}; known: {known}")
+    folder, entry = found
+    return NeuralBlockProposal.load(folder / entry["file"])
 
 
 def load_proposal(
