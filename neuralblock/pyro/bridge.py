@@ -206,7 +206,7 @@ def samples_to_state(fg: FactorGraph, samples: Mapping[str, Tensor]) -> Tensor:
             if name in samples
         ]
         batch = torch.broadcast_shapes(*shapes) if shapes else torch.Size()
-        return site_values_to_state(fg, samples, torch.zeros(batch + (fg.num_variables,)))
+        return site_values_to_state(fg, samples, fg.initial_state().expand(batch + (fg.num_variables,)))
     missing = [name for v, name in enumerate(fg.names) if v not in fg.evidence and name not in samples]
     if missing:
         raise ValueError(f"samples lack the latent variables {missing}")

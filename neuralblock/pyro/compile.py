@@ -52,7 +52,10 @@ __all__ = [
     "SiteLayout",
     "compile_pyro_model",
     "is_all_discrete",
+    "params_to_state",
+    "prior_states",
     "site_values_to_state",
+    "state_to_params",
     "state_to_site_values",
 ]
 
@@ -161,6 +164,66 @@ def site_values_to_state(fg: PyroGraph, values: Mapping[str, Tensor], state: Ten
         value = value.reshape(batch + (layout.ids.numel(),)) if value.numel() != layout.ids.numel() else value
         state[..., layout.ids.reshape(-1)] = value.reshape(batch + (-1,)).to(state.dtype)
     return state
+
+
+def state_to_params(fg: PyroGraph, state: Tensor) -> dict[str, Tensor]:
+    """A kernel's params from states ``[..., n]``: ``{site: [..., *site shape]}`` as floats (one-hot stays one-hot).
+
+    Kernels return discrete values as floats (whole numbers), like a FactorGraph kernel's state.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> def model():
+        ...     with pyro.plate("p", 2):
+        ...         pyro.sample("c", dist.Categorical(torch.ones(3)))
+        >>> state_to_params(compile_pyro_model(model, (), {}), torch.tensor([[2.0, 0.0], [1.0, 1.0]]))["c"]
+        tensor([[2., 0.],
+                [1., 1.]])
+    """
+    out: dict[str, Tensor] = {}
+    for name, layout in fg.sites.items():
+        value = state[..., layout.ids]
+        if layout.one_hot:
+            value = torch.nn.functional.one_hot(value.round().long(), layout.cardinality).to(state.dtype)
+        out[name] = value
+    return out
+
+
+def params_to_state(fg: PyroGraph, params: Mapping[str, Tensor], state: Tensor) -> Tensor:
+    """States ``[..., n]`` (a copy of ``state``) holding the site values ``params`` (``[..., *site shape]`` each).
+
+    Raises:
+        ValueError: a site is missing or its value has the wrong shape.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> def model():
+        ...     with pyro.plate("p", 2):
+        ...         pyro.sample("c", dist.Categorical(torch.ones(3)))
+        >>> params_to_state(compile_pyro_model(model, (), {}), {"c": torch.tensor([2, 1])}, torch.zeros(2))
+        tensor([2., 1.])
+    """
+    return site_values_to_state(fg, params, state)
+
+
+def prior_states(fg: PyroGraph, model: Callable[..., Any], args: tuple, kwargs: dict, count: int | None) -> Tensor:
+    """Ancestral draws of the latent sites from the prior: ``[n]`` (``count=None``) or ``[count, n]``.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> def model():
+        ...     with pyro.plate("p", 2):
+        ...         pyro.sample("c", dist.Categorical(torch.tensor([0.0, 0.0, 1.0])))
+        >>> prior_states(compile_pyro_model(model, (), {}), model, (), {}, 2)
+        tensor([[2., 2.],
+                [2., 2.]])
+    """
+    draws = []
+    for _ in range(1 if count is None else count):
+        trace = poutine.trace(model).get_trace(*args, **kwargs)
+        values = {name: trace.nodes[name]["value"] for name in fg.sites}
+        draws.append(site_values_to_state(fg, values, fg.initial_state()))
+    return draws[0] if count is None else torch.stack(draws)
 
 
 # ---------------------------------------------------------------------------- site analysis
@@ -399,11 +462,23 @@ class _Compiler:
             self.evidence[name] = (start + offset, k, value)
         return factor_sites
 
+    def check_same_sites(self, reference: poutine.Trace, trace: poutine.Trace) -> None:
+        """Raise if ``trace`` has other sample sites than ``reference`` (structure that depends on values)."""
+        sites = [{n for n, site in t.nodes.items() if not _skipped(site)} for t in (reference, trace)]
+        if sites[0] != sites[1]:
+            differ = sorted(sites[0] ^ sites[1])
+            raise ValueError(
+                f"model {_model_name(self.model)!r} has the sample sites {differ[:5]} in some runs and not in others: "
+                "its structure changes with the sampled values, which enumeration cannot express as tables; sample "
+                "every site in every run and let values act through tensor ops (torch.where, poutine.mask)"
+            )
+
     def _padded(self, shape: torch.Size) -> torch.Size:
         return torch.Size((1,) * (self.nesting - len(shape)) + tuple(shape))
 
     def tabulate(self, trace: poutine.Trace, plain: poutine.Trace, factor_sites: list[str]) -> list[tuple]:
         """Table rows of every factor site: ``(site, parents, batch shape, sum dims, tables [F, k...])``."""
+        self.check_same_sites(plain, trace)
         by_id: dict[int, str] = {}
         for name in self.layouts:
             info = trace.nodes[name]["infer"]
@@ -681,6 +756,7 @@ def _verify(fg: PyroGraph, compiler: _Compiler, plain: poutine.Trace) -> None:
         torch.manual_seed(12345)
         traces += [compiler.plain_trace() for _ in range(2)]
     for trace in traces:
+        compiler.check_same_sites(plain, trace)
         values = {name: trace.nodes[name]["value"] for name in compiler.layouts}
         state = site_values_to_state(fg, values, fg.initial_state())
         for factor in compiler.factors:
