@@ -326,14 +326,20 @@ def _site_log_prob(site: dict) -> Tensor:
 
 
 class _LastSite(Messenger):
-    """Remembers the last sample site the model reached (to name it when a run fails)."""
+    """Remembers the last sample site the model reached and the enumeration dims used (for errors)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.last: str | None = None
+        self.enum_dims: set[int] = set()
 
     def _pyro_sample(self, msg: dict) -> None:
         self.last = msg["name"]
+
+    def _pyro_post_sample(self, msg: dict) -> None:
+        dim = (msg.get("infer") or {}).get("_enumerate_dim")
+        if dim is not None:
+            self.enum_dims.add(int(dim))
 
 
 def _error_text(err: Exception) -> str:
@@ -393,6 +399,12 @@ class _Compiler:
             with last:
                 return poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
         except Exception as err:
+            if self.nesting + len(last.enum_dims) >= MAX_ENUM_DIMS:
+                raise ValueError(
+                    f"model {_model_name(self.model)!r} enumerates {len(self.layouts)} discrete sites at once, which "
+                    f"needs more than {MAX_ENUM_DIMS} tensor dims; wrap the loops over them in pyro.markov (as "
+                    "TraceEnum_ELBO requires), so that enumeration dims are recycled, or use plates"
+                ) from err
             where = f"at or after site {last.last!r}" if last.last else "before its first site"
             raise ValueError(
                 f"model {_model_name(self.model)!r} cannot be evaluated on a batch of values of its discrete sites "
@@ -687,8 +699,6 @@ def compile_pyro_model(model: Callable[..., Any], args: tuple, kwargs: dict) -> 
     compiler = _Compiler(model, args, kwargs)
     plain = compiler.plain_trace()
     factor_sites = compiler.analyse(plain)
-    if compiler.nesting + len(compiler.layouts) >= MAX_ENUM_DIMS:
-        _check_enum_dims(compiler)
     trace = compiler.enum_trace()
     rows = compiler.tabulate(trace, plain, factor_sites)
 
@@ -721,32 +731,6 @@ def compile_pyro_model(model: Callable[..., Any], args: tuple, kwargs: dict) -> 
     compiler._key = None if values is None else {k: torch.as_tensor(v).clone() for k, v in values.items()}
     _verify(fg, compiler, plain)
     return fg
-
-
-def _check_enum_dims(compiler: _Compiler) -> None:
-    """Count the enumeration dims a run needs (``pyro.markov`` recycles them); refuse more than fit."""
-    dims: set[int] = set()
-    enum_model = poutine.enum(
-        poutine.infer_config(compiler.model, _enum_config), first_available_dim=-1 - compiler.nesting
-    )
-
-    class _Watch(Messenger):
-        def _pyro_post_sample(self, msg: dict) -> None:
-            dim = msg["infer"].get("_enumerate_dim")
-            if dim is not None:
-                dims.add(int(dim))
-
-    try:
-        with _Watch(), torch.no_grad():
-            poutine.trace(enum_model).get_trace(*compiler.args, **compiler.kwargs)
-    except Exception:  # noqa: BLE001, S110 - the real run reports other errors with their site name
-        pass
-    if compiler.nesting + len(dims) >= MAX_ENUM_DIMS:
-        raise ValueError(
-            f"model {_model_name(compiler.model)!r} enumerates {len(compiler.layouts)} discrete sites at once, which "
-            f"needs more than {MAX_ENUM_DIMS} tensor dims; wrap the loops over them in pyro.markov (as "
-            "TraceEnum_ELBO requires), so that enumeration dims are recycled, or use plates"
-        )
 
 
 def _verify(fg: PyroGraph, compiler: _Compiler, plain: poutine.Trace) -> None:
