@@ -61,6 +61,12 @@ MAX_WEIGHTS_BYTES = 1 << 30
 """Largest weights file :meth:`NeuralBlockProposal.load` reads (1 GiB; refused from its size, before reading)."""
 MAX_SIDECAR_BYTES = 16 << 20
 """Largest sidecar file read (16 MiB)."""
+MAX_COMPONENTS = 4096
+"""Most mixture components a sidecar may declare."""
+MAX_WIDTH = 1 << 16
+"""Widest hidden layer a sidecar may declare."""
+MAX_LAYERS = 64
+"""Most hidden layers a sidecar may declare."""
 MAX_JSON_INT_DIGITS = 100
 """Longest integer accepted in a sidecar (Python's own limit, 4300 digits, gives an unclear error)."""
 
@@ -144,10 +150,19 @@ def _check_sidecar_fields(meta: dict[str, Any], path: Path) -> None:
         problems.append("'network' must be an object")
     else:
         components, hidden = net.get("components"), net.get("hidden")
-        if not _positive_int(components):
-            problems.append(f"'network.components' must be a positive integer, got {components!r}")
-        if not isinstance(hidden, list) or not all(_positive_int(h) for h in hidden):
-            problems.append(f"'network.hidden' must be a list of positive integers, got {hidden!r}")
+        if not _positive_int(components) or components > MAX_COMPONENTS:
+            problems.append(
+                f"'network.components' must be an integer in 1..{MAX_COMPONENTS}, got {_short_repr(components)}"
+            )
+        if (
+            not isinstance(hidden, list)
+            or len(hidden) > MAX_LAYERS
+            or not all(_positive_int(h) and h <= MAX_WIDTH for h in hidden)
+        ):
+            problems.append(
+                f"'network.hidden' must be a list of at most {MAX_LAYERS} integers in 1..{MAX_WIDTH}, "
+                f"got {_short_repr(hidden)}"
+            )
         if net.get("type", "MixtureDensityNetwork") != "MixtureDensityNetwork":
             problems.append(f"'network.type' must be 'MixtureDensityNetwork', got {net.get('type')!r}")
     if not isinstance(meta.get("metadata", {}), dict):
@@ -263,7 +278,13 @@ class NeuralBlockProposal(nn.Module):
         meta = cls.read_sidecar(path)
         spec = meta["motif"]
         if motif is None:
-            motif = get_motif(spec["name"], **spec.get("options", {}))
+            try:
+                motif = get_motif(spec["name"], **spec.get("options", {}))
+            except Exception as err:  # noqa: BLE001 - a motif's own checks of options read from the file
+                raise ValueError(
+                    f"proposal sidecar {sidecar_path} names a motif that cannot be built ({_short_repr(spec, 80)}): "
+                    f"{type(err).__name__}: {err}"
+                ) from err
         if motif.spec() != spec:
             raise ValueError(f"proposal {sidecar_path.name} was trained for motif {spec} but was given {motif.spec()}")
         net = meta["network"]
@@ -275,8 +296,13 @@ class NeuralBlockProposal(nn.Module):
             raise ValueError(f"proposal {sidecar_path.name}: network shape {net} does not match motif {motif.spec()}")
         tensors = load_checked_safetensors(weights_path, meta["weights_sha256"])
         options = {"components": net["components"], "hidden": net["hidden"], "metadata": meta.get("metadata")}
-        with torch.device("meta"):  # the sidecar's shapes, checked before any memory is allocated
-            expected = {k: tuple(v.shape) for k, v in cls(motif, **options).mdn.state_dict().items()}
+        try:
+            with torch.device("meta"):  # the sidecar's shapes, checked before any memory is allocated
+                expected = {k: tuple(v.shape) for k, v in cls(motif, **options).mdn.state_dict().items()}
+        except (RuntimeError, TypeError, ValueError, OverflowError) as err:
+            raise ValueError(
+                f"proposal sidecar {sidecar_path} describes a network that cannot be built: {err}"
+            ) from err
         found = {k: tuple(v.shape) for k, v in tensors.items()}
         if expected != found:
             raise ValueError(f"proposal weights {weights_path.name} have tensors {found}, expected {expected}")
