@@ -103,6 +103,16 @@ class PyroGraph(FactorGraph):
     def __init__(self) -> None:
         super().__init__()
         self.sites: dict[str, SiteLayout] = {}
+        self._split: tuple[list[str], Tensor, list[SiteLayout]] | None = None
+
+    def split_sites(self) -> tuple[list[str], Tensor, list[SiteLayout]]:
+        """``(names, ids [m], others)``: the scalar non-one-hot sites (mapped with one gather) and the rest."""
+        if self._split is None:
+            scalar = [lay for lay in self.sites.values() if lay.ids.dim() == 0 and not lay.one_hot]
+            ids = torch.tensor([int(lay.ids) for lay in scalar], dtype=torch.long)
+            others = [lay for lay in self.sites.values() if lay.ids.dim() > 0 or lay.one_hot]
+            self._split = ([lay.name for lay in scalar], ids, others)
+        return self._split
 
 
 def _element_names(name: str, shape: torch.Size) -> list[str]:
@@ -152,7 +162,14 @@ def site_values_to_state(fg: PyroGraph, values: Mapping[str, Tensor], state: Ten
         raise ValueError(f"params lack latent sites {missing[:5]}")
     state = state.clone()
     batch = state.shape[:-1]
-    for name, layout in fg.sites.items():
+    names, ids, others = fg.split_sites()
+    if names:
+        scalars = torch.stack([torch.as_tensor(values[name]).to(state.dtype) for name in names], -1)
+        if scalars.numel() != math.prod(batch) * len(names):
+            raise ValueError(f"scalar sites {names[:5]} expect one value each per state of batch shape {tuple(batch)}")
+        state[..., ids] = scalars.reshape(batch + (len(names),))
+    for layout in others:
+        name = layout.name
         value = torch.as_tensor(values[name])
         if layout.one_hot:
             if value.shape[-1:] != (layout.cardinality,):
@@ -180,12 +197,13 @@ def state_to_params(fg: PyroGraph, state: Tensor) -> dict[str, Tensor]:
         tensor([[2., 0.],
                 [1., 1.]])
     """
-    out: dict[str, Tensor] = {}
-    for name, layout in fg.sites.items():
+    names, ids, others = fg.split_sites()
+    out: dict[str, Tensor] = dict(zip(names, state[..., ids].unbind(-1))) if names else {}
+    for layout in others:
         value = state[..., layout.ids]
         if layout.one_hot:
             value = torch.nn.functional.one_hot(value.round().long(), layout.cardinality).to(state.dtype)
-        out[name] = value
+        out[layout.name] = value
     return out
 
 
