@@ -164,7 +164,12 @@ def site_values_to_state(fg: PyroGraph, values: Mapping[str, Tensor], state: Ten
     batch = state.shape[:-1]
     names, ids, others = fg.split_sites()
     if names:
-        scalars = torch.stack([torch.as_tensor(values[name]).to(state.dtype) for name in names], -1)
+        items = [values[name] for name in names]
+        try:  # tensors (a kernel's own params): one stack, dtypes promoted
+            scalars = torch.stack(items, -1)
+        except TypeError:  # numbers given by a user
+            scalars = torch.stack([torch.as_tensor(x) for x in items], -1)
+        scalars = scalars.to(state.dtype)
         if scalars.numel() != math.prod(batch) * len(names):
             raise ValueError(f"scalar sites {names[:5]} expect one value each per state of batch shape {tuple(batch)}")
         state[..., ids] = scalars.reshape(batch + (len(names),))
