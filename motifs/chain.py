@@ -129,7 +129,7 @@ def whitened_features(params: Tensor, mean: Tensor, tril: Tensor, y: Tensor) -> 
     parts = []
     for i, cols in enumerate(_OBS):
         kind, _, d, e, g = params[..., cols].unbind(-1)
-        vol = (kind == _VOL).to(mean.dtype)
+        vol = (kind == _VOL).to(mean.dtype).expand(mean.shape[:-1])  # params broadcast over chains
         resid = y[..., i] - d
         zeta = torch.log(resid * resid + _TINY) - g - e * mean[..., i]
         w = e.unsqueeze(-1) * tril[..., i, :]

@@ -72,19 +72,33 @@ def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
     return states, torch.softmax(fg.log_joint(states).double(), 0)
 
 
-@pytest.mark.parametrize(("gibbs_prob", "evidence", "window"), [(0.0, False, None), (0.3, True, None), (0.0, False, 3)])
-def test_neural_block_kernel_leaves_joint_invariant(gibbs_prob: float, evidence: bool, window: int | None) -> None:
+@pytest.mark.parametrize(
+    ("gibbs_prob", "evidence", "window", "fused", "chains"),
+    [
+        (0.0, False, None, True, 1),  # fused path (tabulated proposal), one chain per run
+        (0.3, True, None, True, 4),  # fused path, 4 vectorized chains
+        (0.0, False, 3, False, 1),  # general path, speculative batches of classes
+        (0.0, False, None, False, 4),  # general path, 4 vectorized chains
+    ],
+)
+def test_neural_block_kernel_leaves_joint_invariant(
+    gibbs_prob: float, evidence: bool, window: int | None, fused: bool, chains: int
+) -> None:
     fg = chain_graph(seed=4, evidence=evidence)
     states, probs = enumerate_joint(fg)
     torch.manual_seed(11)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
-    chains = []
-    for _ in range(4):
-        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=gibbs_prob, window=window)
+    runs = []
+    for _ in range(4 // chains):
+        kernel = NeuralBlockKernel(
+            fg, proposals=[proposal], gibbs_prob=gibbs_prob, window=window, fused=fused, chains=chains
+        )
         mcmc = MCMC(kernel, num_samples=1500, warmup_steps=100, disable_progbar=True)
         mcmc.run()
-        chains.append(mcmc.get_samples()["x"])
-    draws = torch.stack(chains)
+        x = mcmc.get_samples()["x"]
+        runs.extend([x] if chains == 1 else x.unbind(1))  # [S, K, n] -> K chains
+    assert kernel.diagnostics()["fused"] == {"test-chain-window": fused}
+    draws = torch.stack(runs)
     hits = (draws[:, :, None, :] == states[None, None]).all(-1).double()
     mean, mcse = batch_means_mcse(hits, 20)
     iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
@@ -100,7 +114,8 @@ def test_neural_block_kernel_leaves_joint_invariant(gibbs_prob: float, evidence:
 def test_speculative_step_keeps_classes_up_to_the_first_accept() -> None:
     fg = chain_graph(seed=2)
     torch.manual_seed(0)
-    kernel = NeuralBlockKernel(fg, proposals=[NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))])
+    proposal = NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], fused=False)
     kernel.setup(0)
     sweep = kernel.sweeps[0]
     classes = int(sweep.class_of[-1]) + 1
@@ -149,7 +164,7 @@ def test_window_must_be_a_positive_int() -> None:
 def test_instances_are_batched_in_conflict_free_classes() -> None:
     fg = chain_graph(seed=0)
     proposal = NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))
-    kernel = NeuralBlockKernel(fg, proposals=[proposal])
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], fused=False)
     kernel.setup(0)
     classes = kernel.block_classes[0]
     assert sum(len(c.instances) for c in classes) == 5
@@ -291,8 +306,8 @@ def test_grid_motif_blocks_leave_a_3x4_grid_bn_invariant() -> None:
     assert kernel.diagnostics()["instances"] == {"grid": 6}
     draws = torch.stack(chains)
     # marginals of every variable and of every 2x2 window's joint value: 12 + 6 * 16 statistics
-    windows = kernel.block_classes[0]
-    blocks = torch.cat([cls.instances.blocks for cls in windows])
+    assert kernel.diagnostics()["fused"] == {"grid": True}
+    blocks = proposal.motif.find_instances(fg).blocks
     codes = (draws[..., blocks] * torch.tensor([8.0, 4.0, 2.0, 1.0])).sum(-1)  # [c, s, 6]
     hits = torch.cat([draws, torch.nn.functional.one_hot(codes.long(), 16).flatten(-2).to(draws.dtype)], -1).double()
     state_codes = (states[:, blocks] * torch.tensor([8.0, 4.0, 2.0, 1.0])).sum(-1).long()  # [K, 6]

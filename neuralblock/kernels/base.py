@@ -11,6 +11,12 @@ into a :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel`:
 
 Values are returned as floats (discrete values are whole numbers). Kernels work in
 the constrained space, so ``transforms`` is empty.
+
+**Vectorized chains.** Kernels that support it (``GibbsKernel``, ``NeuralBlockKernel``) take
+``chains=K``: K independent chains share one state tensor ``[K, n]`` and every update is
+batched over them. Each sample site then carries a leading chain dimension
+(``get_samples()["x"]`` is ``[S, K, n]``); with ``chains=1`` (the default) sites keep their
+own shape. Pyro's ``num_chains`` (processes) multiplies with ``chains``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.conditioning import ConditionedModel, values_changed
 
-__all__ = ["GraphKernel", "sequential_init"]
+__all__ = ["GraphKernel", "find_valid_start", "sequential_init"]
 
 STATE_SITE = "x"
 
@@ -39,9 +45,22 @@ class GraphKernel(MCMCKernel):
             :func:`neuralblock.pyro.from_pyro_model` at ``setup`` with the run's args).
     """
 
-    def __init__(self, model: FactorGraph | Callable) -> None:
+    batched_state: bool = False
+    """Whether ``_transition`` receives and returns ``[K, n]`` states (kernels that support ``chains=K``)."""
+
+    def __init__(
+        self, model: FactorGraph | Callable, chains: int = 1, device: str | torch.device | None = None
+    ) -> None:
         if not isinstance(model, FactorGraph) and not callable(model):
             raise TypeError(f"model must be a FactorGraph or a Pyro model callable, got {type(model).__name__}")
+        if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
+            raise ValueError(f"chains must be a positive int, got {chains!r}")
+        if chains > 1 and not self.batched_state:
+            raise ValueError(f"{type(self).__name__} runs one chain per process (chains=1); got chains={chains}")
+        self.chains = chains
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.device.type != "cpu" and not self.batched_state:
+            raise ValueError(f"{type(self).__name__} runs on the CPU only; got device={self.device}")
         self._source = model
         self.fg: FactorGraph | None = model if isinstance(model, FactorGraph) else None
         self._pending_init: dict[str, Tensor] | None = None
@@ -137,7 +156,7 @@ class GraphKernel(MCMCKernel):
             ids = torch.tensor(list(fg.evidence), dtype=torch.long)
             self._evidence = (ids, torch.tensor(list(fg.evidence.values()), dtype=torch.float64))
             if self._state is not None:
-                self._state[ids] = self._evidence[1].to(self._state.dtype)
+                self._state[..., ids] = self._evidence[1].to(self._state)
 
     def update_graph(self, fg: FactorGraph) -> None:
         """Follow new parameter values: take ``fg``'s parameters into the kernel's graph, in place.
@@ -186,7 +205,7 @@ class GraphKernel(MCMCKernel):
         return self._source if self._conditioned is None else self._conditioned
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
-        """Build the graph (for Pyro models), the blocks and the initial state."""
+        """Build the graph (for Pyro models), the blocks and a valid initial state of every chain."""
         if self.fg is None or (self.from_pyro and (args or kwargs)):
             from neuralblock.pyro import from_pyro_model
 
@@ -198,25 +217,42 @@ class GraphKernel(MCMCKernel):
         self._prepare(self.fg)
         self._state, self._evidence = None, None  # a user's start is checked against the evidence, not overwritten
         if self._pending_init is not None:
-            state = self.fg.check_assignment(self._params_to_state(self._pending_init))
+            state = self._checked_start(self._params_to_state(self._pending_init))
             self._pending_init = None
-        elif self.from_pyro:
-            state = self._prior_state(*args, **kwargs)
+            _raise_if_impossible(self.fg, state, "the initial_params")
         else:
-            state = sequential_init(self.fg)
+            if self.from_pyro:
+                state = self._prior_state(*args, **kwargs)
+            else:
+                state = sequential_init(self.fg, chains=self.chains if self.batched_state else None)
+            state = self._valid_start(state.to(self.device))
         self._state = state
         self._follow_evidence(self.fg)
 
+    def _checked_start(self, state: Tensor) -> Tensor:
+        """A user's start, each chain's row checked by :meth:`FactorGraph.check_assignment`."""
+        fg = self._graph()
+        if state.dim() == 1:
+            return fg.check_assignment(state.cpu()).to(self.device)
+        return torch.stack([fg.check_assignment(row) for row in state.cpu()]).to(self.device)
+
+    def _valid_start(self, state: Tensor) -> Tensor:
+        """Repair chains that start at zero density (see :func:`find_valid_start`); raise if none is found."""
+        return find_valid_start(self._graph(), state)
+
     def _prior_state(self, *args, **kwargs) -> Tensor:
-        """Ancestral draw of a Pyro model's latent sites from its prior."""
+        """Ancestral draws of a Pyro model's latent sites from its prior: ``[n]``, or ``[K, n]`` for batched chains."""
         import pyro.poutine as poutine
 
         fg = self._graph()
-        trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
-        state = fg.initial_state()
-        for v in fg.latent.tolist():
-            state[v] = float(trace.nodes[fg.names[v]]["value"])
-        return state
+        draws = []
+        for _ in range(self.chains if self.batched_state else 1):
+            trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
+            state = fg.initial_state()
+            for v in fg.latent.tolist():
+                state[v] = float(trace.nodes[fg.names[v]]["value"])
+            draws.append(state)
+        return torch.stack(draws) if self.batched_state else draws[0]
 
     @property
     def initial_params(self) -> dict[str, Tensor]:
@@ -230,11 +266,13 @@ class GraphKernel(MCMCKernel):
         self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
-        """One transition (a full sweep of this kernel's variables)."""
+        """One transition (a full sweep of this kernel's variables, in every chain)."""
         state = self._params_to_state(params)
         start = time.perf_counter()
         state = self._transition(state, warmup=self._t < self._warmup_steps)
         if self._t >= self._warmup_steps:
+            if state.device.type == "cuda":
+                torch.cuda.synchronize(state.device)
             self._elapsed += time.perf_counter() - start
         self._t += 1
         if self._t == self._warmup_steps:
@@ -244,29 +282,62 @@ class GraphKernel(MCMCKernel):
 
     # -- params <-> state -------------------------------------------------------------
     def _params_to_state(self, params: dict[str, Tensor]) -> Tensor:
+        """The kernel's state (``[n]``, or ``[K, n]`` for batched chains) from Pyro's params."""
         fg = self._graph()
-        if not self.from_pyro:
-            if STATE_SITE not in params:
-                raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
-            state = fg.check_state(params[STATE_SITE].reshape(-1)).clone()
-            if self._evidence is not None:  # observed variables hold the graph's current evidence
-                state[self._evidence[0]] = self._evidence[1].to(state.dtype)
-            return state
-        state = self._state.clone() if self._state is not None else fg.initial_state()
+        if self.from_pyro:
+            return self._pyro_params_to_state(params)
+        if STATE_SITE not in params:
+            raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
+        x = torch.as_tensor(params[STATE_SITE])
+        if self.batched_state:
+            if x.dim() == 1 and self.chains == 1:
+                x = x.unsqueeze(0)
+            if x.shape != (self.chains, fg.num_variables):
+                raise ValueError(
+                    f"site {STATE_SITE!r} must have shape [{self.chains}, {fg.num_variables}] (chains, variables)"
+                    + (f" or [{fg.num_variables}]" if self.chains == 1 else "")
+                    + f", got {tuple(x.shape)}"
+                )
+        else:
+            x = x.reshape(-1)
+        state = fg.check_state(x).to(self.device).clone()
+        if self._evidence is not None:  # observed variables hold the graph's current evidence
+            state[..., self._evidence[0]] = self._evidence[1].to(state)
+        return state
+
+    def _state_to_params(self, state: Tensor) -> dict[str, Tensor]:
+        """Pyro's params from the kernel's state (the chain dimension is dropped when ``chains=1``)."""
+        if self.from_pyro:
+            return self._pyro_state_to_params(state)
+        if self.batched_state and self.chains == 1:
+            state = state[0]
+        return {STATE_SITE: state}
+
+    def _pyro_params_to_state(self, params: dict[str, Tensor]) -> Tensor:
+        """The state from one value per latent Pyro site (``[K]`` per site for batched chains)."""
+        fg = self._graph()
+        batch = (self.chains,) if self.batched_state else ()
+        if self._state is not None:
+            state = self._state.clone()
+        else:
+            state = fg.initial_state().to(self.device).expand(batch + (fg.num_variables,)).clone()
         latent = fg.latent.tolist()
         missing = [fg.names[v] for v in latent if fg.names[v] not in params]
         if missing:
             raise ValueError(f"params lack latent sites {missing[:5]}")
-        values = torch.stack([torch.as_tensor(params[fg.names[v]]).reshape(()).to(state.dtype) for v in latent])
-        state[latent] = values
+        values = [torch.as_tensor(params[fg.names[v]]).to(state) for v in latent]
+        bad = [fg.names[v] for v, x in zip(latent, values) if x.numel() != max(1, self.chains * self.batched_state)]
+        if bad:
+            raise ValueError(f"latent sites {bad[:5]} must hold one value per chain ({self.chains})")
+        state[..., latent] = torch.stack([x.reshape(batch) for x in values], -1)
         return fg.check_state(state)
 
-    def _state_to_params(self, state: Tensor) -> dict[str, Tensor]:
+    def _pyro_state_to_params(self, state: Tensor) -> dict[str, Tensor]:
+        """One value per latent Pyro site (``[K]`` for batched chains, a scalar with ``chains=1``)."""
         fg = self._graph()
-        if not self.from_pyro:
-            return {STATE_SITE: state}
-        latent = fg.latent.tolist()
-        return {fg.names[v]: state[v] for v in latent}
+        if self.batched_state and self.chains == 1:
+            state = state[0]
+        return {fg.names[v]: state[..., v] for v in fg.latent.tolist()}
 
     # -- what subclasses provide ------------------------------------------------------
     def _reset_stats(self) -> None:  # noqa: B027 - optional hook
@@ -281,23 +352,30 @@ class GraphKernel(MCMCKernel):
         """Return the next state."""
 
 
-def sequential_init(fg: FactorGraph, generator: torch.Generator | None = None) -> Tensor:
+def sequential_init(fg: FactorGraph, generator: torch.Generator | None = None, chains: int | None = None) -> Tensor:
     """A starting state of positive density where one is easy to find.
 
     Visits the discrete latent variables in id order and samples each from the product
     of the factors whose scope is already fully assigned (ancestral sampling for a
     Bayesian network listed in topological order, a greedy start for an MRF).
     Continuous variables start from :meth:`FactorGraph.initial_state`. This runs once,
-    at setup, so the loop over variables is off the hot path.
+    at setup, so the loop over variables is off the hot path; ``chains`` independent
+    starts are drawn together.
+
+    Args:
+        fg: the graph.
+        generator: the random source (default torch's global RNG).
+        chains: draw ``[chains, n]`` independent starts; ``None`` draws one ``[n]``.
 
     Example:
         >>> fg = FactorGraph()
         >>> a = fg.add_variable("a", 2)
         >>> _ = fg.add_table_factor([a], torch.tensor([0.0, -float("inf")]))
-        >>> sequential_init(fg).tolist()
-        [0.0]
+        >>> sequential_init(fg).tolist(), sequential_init(fg, chains=2).tolist()
+        ([0.0], [[0.0], [0.0]])
     """
-    state = fg.initial_state(generator)
+    count = 1 if chains is None else chains
+    state = torch.stack([fg.initial_state(generator) for _ in range(count)])  # [K, n]
     cards = fg.cardinalities.tolist()
     assigned = [v in fg.evidence or cards[v] == 0 for v in range(fg.num_variables)]
     for v in fg.latent.tolist():
@@ -305,14 +383,85 @@ def sequential_init(fg: FactorGraph, generator: torch.Generator | None = None) -
             continue
         ready = [f for f in fg.neighbors(v) if all(assigned[u] or u == v for u in fg.factor_scope(f))]
         if ready:
-            candidates = state.expand(cards[v], -1).clone()
-            candidates[:, v] = torch.arange(cards[v], dtype=state.dtype)
+            candidates = state.expand(cards[v], -1, -1).clone()  # [k, K, n]
+            candidates[..., v] = torch.arange(cards[v], dtype=state.dtype)[:, None]
             groups, rows = fg.factor_location(torch.tensor(ready))
-            logits = torch.zeros(cards[v])
+            logits = torch.zeros(cards[v], count, dtype=state.dtype)
             for g in groups.unique().tolist():
                 logits = logits + fg.groups[g].log_factors(candidates, rows[groups == g]).sum(-1)
-            if torch.isfinite(logits).any():
-                probs = torch.softmax(logits, -1)
-                state[v] = float(torch.multinomial(probs, 1, generator=generator))
+            logits = logits.T  # [K, k]
+            finite = torch.isfinite(logits).any(-1)
+            if finite.any():
+                probs = torch.softmax(logits[finite], -1)
+                state[finite, v] = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(state.dtype)
         assigned[v] = True
-    return state
+    return state[0] if chains is None else state
+
+
+_REPAIR_ROUNDS = 20
+_REPAIR_SWEEPS = 10
+
+
+def find_valid_start(fg: FactorGraph, state: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Replace the chains of ``state [..., n]`` that have zero density by starts of positive density.
+
+    A chain started at zero density would stay there (every MH ratio is undefined) and
+    return impossible samples. Each such chain is redrawn with :func:`sequential_init` and
+    then improved by single-site Gibbs sweeps (a variable of an impossible factor moves to a
+    value that makes its factors possible), for up to 20 rounds. Runs once, at setup.
+
+    Raises:
+        ValueError: no start of positive density was found; the message names the factors that
+            stayed impossible (their variables), e.g. in a model of zero total probability.
+
+    Example:
+        >>> fg = FactorGraph(); a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+        >>> _ = fg.add_table_factor([a, b], torch.tensor([[-float("inf"), 0.0], [0.0, -float("inf")]]))
+        >>> find_valid_start(fg, torch.tensor([[0.0, 0.0], [1.0, 0.0]])).tolist()[1]
+        [1.0, 0.0]
+    """
+    bad = ~torch.isfinite(fg.log_joint(state))
+    if not bad.any():
+        return state
+    from neuralblock.kernels.gibbs import GibbsPlan  # gibbs builds on this module
+
+    cards = fg.cardinalities
+    discrete = [v for v in fg.latent.tolist() if cards[v] > 0]
+    plan = GibbsPlan(fg, discrete) if discrete else None
+    state = state.clone()
+    flat = state.reshape(-1, state.shape[-1])
+    bad_rows = bad.reshape(-1).nonzero().squeeze(-1)
+    for _ in range(_REPAIR_ROUNDS if plan is not None else 0):
+        rows = sequential_init(fg, generator, chains=len(bad_rows)).to(flat)
+        for _ in range(_REPAIR_SWEEPS):
+            rows = plan.sweep(fg, rows)[0]
+            fine = torch.isfinite(fg.log_joint(rows))
+            if fine.all():
+                break
+        flat[bad_rows[fine]] = rows[fine]
+        bad_rows = bad_rows[~fine]
+        if len(bad_rows) == 0:
+            return state
+    raise ValueError(
+        f"found no start of positive density for {len(bad_rows)} chain(s) after {_REPAIR_ROUNDS} redraws: "
+        f"{_impossible_factors(fg, flat[bad_rows[0]])}; the model may have zero total probability"
+    )
+
+
+def _impossible_factors(fg: FactorGraph, state: Tensor, limit: int = 3) -> str:
+    """Describe the factors of zero density at one state ``[n]`` by their variables' names and values."""
+    found = []
+    for group, values in zip(fg.groups, fg.log_factors(state.cpu())):
+        for row in (~torch.isfinite(values)).nonzero().flatten().tolist():
+            scope = group.scope_list(row)
+            found.append("(" + ", ".join(f"{fg.names[v]}={float(state[v]):g}" for v in scope) + ")")
+    shown = ", ".join(found[:limit]) + (f" and {len(found) - limit} more" if len(found) > limit else "")
+    return f"factors over {shown} have zero density" if found else "the log density is not finite"
+
+
+def _raise_if_impossible(fg: FactorGraph, state: Tensor, what: str) -> None:
+    """Raise a ValueError naming the impossible factors if a chain of ``state [..., n]`` has zero density."""
+    log_p = fg.log_joint(state)
+    if not torch.isfinite(log_p).all():
+        row = state.reshape(-1, state.shape[-1])[(~torch.isfinite(log_p)).reshape(-1).nonzero()[0, 0]]
+        raise ValueError(f"{what} have zero density: {_impossible_factors(fg, row)}")

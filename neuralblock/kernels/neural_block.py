@@ -39,6 +39,8 @@ from torch.distributions import constraints
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
+from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
+from neuralblock.kernels.gibbs import resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
@@ -114,20 +116,22 @@ def propose_blocks(
         fg: the graph.
         proposal: the neural block proposal.
         instances: the motif instances (any, conflicting or not).
-        state: the current state ``[n]``.
+        state: the current state ``[n]``, or states of chains ``[K, n]``.
 
     Returns:
-        ``(proposed [I, b], current [I, b], log q(B | C) - log q(B' | C) [I])``.
+        ``(proposed [..., I, b], current [..., I, b], log q(B | C) - log q(B' | C) [..., I])``.
     """
     with torch.no_grad():
         features, affine = proposal.motif.encode_with_affine(fg, instances, state)
-        if features.shape[:-1] != instances.blocks.shape[:-1]:
+        expected = state.shape[:-1] + instances.blocks.shape[:-1]
+        if features.shape[:-1] != expected:
+            shape = ", ".join(str(d) for d in expected)
             raise ValueError(
                 f"motif {proposal.motif.name} encoded {len(instances)} instances as features of shape "
-                f"{tuple(features.shape)}; expected [{len(instances)}, feature_dim]"
+                f"{tuple(features.shape)}; expected [{shape}, feature_dim]"
             )
         q = proposal(features.to(proposal.dtype))  # e.g. float64 states, float32 network
-        current = state[instances.blocks]
+        current = state[..., instances.blocks]
         if affine is None:
             proposed = q.sample().to(state.dtype)
             log_q_fwd, log_q_rev = q.log_prob(torch.stack([proposed, current])).unbind(0)
@@ -160,19 +164,19 @@ def neural_block_step(
         proposal: the neural block proposal.
         instances: the class's motif instances (pairwise non-conflicting).
         scaffold: ``fg.scaffold(instances.blocks)``.
-        state: the current state ``[n]``.
+        state: the current state ``[n]``, or states of chains ``[K, n]``.
 
     Returns:
-        The new state and the :class:`MHInfo` of the class.
+        The new state and the :class:`MHInfo` of the class (``[..., I]`` entries).
     """
     proposed, current, log_q_ratio = propose_blocks(fg, proposal, instances, state)
     with torch.no_grad():
         pair = torch.stack([state, state])
-        pair[1, instances.blocks] = proposed
+        pair[1][..., instances.blocks] = proposed
         local = scaffold.local_log_density(fg, pair)
         info = mh_accept(local[1] - local[0] + log_q_ratio.to(local.dtype))
     new_state = state.clone()
-    new_state[instances.blocks] = torch.where(info.accepted[:, None], proposed, current)
+    new_state[..., instances.blocks] = torch.where(info.accepted[..., None], proposed, current)
     return new_state, info
 
 
@@ -284,28 +288,44 @@ class NeuralBlockKernel(GraphKernel):
     At ``setup`` each proposal's motif finds its instances in the model's factor graph
     (any size). Instances are coloured so that no instance writes a variable another
     one in its class reads (block, Markov blanket or motif context); each class is
-    then proposed and accepted as one batch (:func:`neural_block_step`). Each
+    then proposed and accepted as one batch, in all chains at once. Each
     transition is, with probability ``gibbs_prob``, a single-site sweep (Gibbs for
     discrete latent variables, random-walk MH for continuous ones) and otherwise a
     neural sweep over all proposals' classes. Both are exact MH/Gibbs kernels, so
     the mixture leaves the target invariant.
 
+    **Fused path.** Discrete blocks of at most 512 joint values on table factors (e.g. the
+    ``grid`` motifs) are updated by one fused function per class
+    (:mod:`neuralblock.kernels.fused_blocks`): the MDN's proposal is enumerated over the joint
+    block values and cached per (instance, context value), the scaffold energy is read from
+    the tables, and the classes are padded to one shape so that ``compile=True`` compiles
+    one function per graph. Other blocks (continuous, larger, non-table scaffolds) take the
+    general path: one batched MDN pass, one batched scaffold evaluation and one vectorized
+    MH test per class.
+
     When classes are many and rarely accept (e.g. ``gmm_pair``, whose pairs all share the
     points), runs of consecutive classes are proposed and tested in one batch and kept up
-    to the first class that accepts (:func:`speculative_block_step`): the same chain, with
-    far fewer network passes. ``window`` sets how many classes a batch holds; by default it
-    follows the recent rate of accepting classes (:func:`speculative_width`; one class at a
-    time when most accept).
+    to the first class that accepts (:func:`speculative_block_step`, general path, one chain):
+    the same chain, with far fewer network passes. ``window`` sets how many classes a batch
+    holds; by default it follows the recent rate of accepting classes (:func:`speculative_width`;
+    one class at a time when most accept).
 
     Args:
-        model: a :class:`FactorGraph` or a Pyro model with scalar sites.
+        model: a :class:`FactorGraph` or a Pyro model.
         proposals: the neural block proposals (e.g. from :func:`neuralblock.load_pretrained`).
         gibbs_prob: probability of a single-site sweep per transition.
         step_size: initial random-walk step for continuous single-site updates.
         window: classes per speculative batch (``1`` turns batching of classes off);
             ``None`` adapts it to the recent fraction of classes that accept
             (:func:`speculative_width`).
+        chains: independent chains run together in one ``[chains, n]`` state.
+        device: where the state, the proposals and the index tensors live (e.g. ``"cuda"``).
+        compile: run the fused updates under ``torch.compile`` (``"auto"``: on GPUs only).
+        fused: use the fused path where it applies (``False`` forces the general path, e.g.
+            to compare the two).
     """
+
+    batched_state = True
 
     def __init__(
         self,
@@ -314,8 +334,13 @@ class NeuralBlockKernel(GraphKernel):
         gibbs_prob: float = 0.5,
         step_size: float = 0.5,
         window: int | None = None,
+        chains: int = 1,
+        device: str | torch.device | None = None,
+        compile: bool | str = "auto",
+        fused: bool = True,
     ) -> None:
-        super().__init__(model)
+        super().__init__(model, chains=chains, device=device)
+        self.use_fused = bool(fused)
         proposals = list(proposals)
         if not proposals:
             raise ValueError("NeuralBlockKernel needs at least one proposal")
@@ -324,13 +349,15 @@ class NeuralBlockKernel(GraphKernel):
                 raise TypeError(f"proposals must be NeuralBlockProposal objects, got {type(p).__name__}")
         if not 0.0 <= gibbs_prob <= 1.0:
             raise ValueError(f"gibbs_prob must be in [0, 1], got {gibbs_prob}")
-        self.proposals = [p.eval() for p in proposals]
+        self.proposals = [p.eval().to(self.device) for p in proposals]
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         self.gibbs_prob = float(gibbs_prob)
         self.step_size = float(step_size)
         self.window = window
+        self.compile = resolve_compile(compile, self.device)
         self.num_instances: list[int] = []  # set at setup
+        self.fused: list[FusedBlockSweep | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
     def _label(self, i: int) -> str:
@@ -342,6 +369,7 @@ class NeuralBlockKernel(GraphKernel):
         latent = set(fg.latent.tolist())
         self.block_classes: list[list[_BlockClass]] = []
         self.sweeps: list[_Sweep] = []
+        self.fused = []
         self.num_instances: list[int] = []
         for proposal in self.proposals:
             motif = proposal.motif
@@ -354,25 +382,35 @@ class NeuralBlockKernel(GraphKernel):
             sizes = torch.tensor([len(members) for members in colouring], dtype=torch.long)
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
             ordered = instances.select(order)
-            scaffold = fg.scaffold(ordered.blocks)
             offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
-            classes = []
-            for c, members in enumerate(colouring):
-                lo, hi = int(offsets[c]), int(offsets[c + 1])
-                sub = instances.select(members)
-                classes.append(_BlockClass(sub, scaffold.select(lo, hi), sub.blocks.reshape(-1), members))
+            fused = None
+            if self.use_fused and supports_fused(fg, instances, motif.block_spec.cardinalities):
+                fused = FusedBlockSweep(fg, proposal, ordered, offsets, self.device, self.compile)
+            self.fused.append(fused)
+            classes, sweep = [], None
+            if fused is None:
+                scaffold = fg.scaffold(ordered.blocks)
+                for c, members in enumerate(colouring):
+                    lo, hi = int(offsets[c]), int(offsets[c + 1])
+                    sub = instances.select(members)
+                    classes.append(_BlockClass(sub, scaffold.select(lo, hi), sub.blocks.reshape(-1), members))
+                sweep = _Sweep(ordered, scaffold, offsets, torch.repeat_interleave(sizes), order)
             self.block_classes.append(classes)
-            self.sweeps.append(_Sweep(ordered, scaffold, offsets, torch.repeat_interleave(sizes), order))
+            self.sweeps.append(sweep)
             self.num_instances.append(len(instances))
+            if fused is None and self.device.type != "cpu":
+                raise ValueError(
+                    f"motif {motif.name}: only discrete blocks on table factors (the fused path) run on "
+                    f"{self.device}; use device='cpu'"
+                )
         if sum(self.num_instances) == 0:
             names = ", ".join(p.motif.name for p in self.proposals)
             raise ValueError(f"no instance of the proposals' motifs ({names}) was found in this model")
-        self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel")
+        self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel", self.device, self.compile)
         if self.gibbs_prob == 0.0:
             covered = set()
-            for classes in self.block_classes:
-                for cls in classes:
-                    covered.update(cls.flat_blocks.tolist())
+            for proposal in self.proposals:
+                covered.update(proposal.motif.find_instances(fg).blocks.reshape(-1).tolist())
             missed = [fg.names[v] for v in sorted(latent - covered)]
             if missed:
                 warnings.warn(
@@ -384,8 +422,16 @@ class NeuralBlockKernel(GraphKernel):
 
     def _refresh(self, fg: FactorGraph) -> None:
         """Re-read the instances' parameters (same blocks, classes, scaffolds and step sizes)."""
-        for proposal, classes, sweep in zip(self.proposals, self.block_classes, self.sweeps):
+        self.single_site.refresh(fg)
+        for proposal, classes, sweep, fused in zip(self.proposals, self.block_classes, self.sweeps, self.fused):
             instances = proposal.motif.find_instances(fg)
+            if fused is not None:
+                ordered = instances
+                order = _order_of(fused.instances.blocks, instances.blocks)
+                if order is None:
+                    raise ValueError(f"motif {proposal.motif.name} found other blocks after the graph's update")
+                fused.refresh(fg, ordered.select(order))
+                continue
             for cls in classes:
                 sub = instances.select(cls.members)
                 if not torch.equal(sub.blocks, cls.instances.blocks):
@@ -396,9 +442,9 @@ class NeuralBlockKernel(GraphKernel):
     def _reset_stats(self) -> None:
         n = len(self.proposals)
         self._proposed = [0] * n
-        self._accepted = [0] * n
-        self._nonfinite = [0] * n
-        self._recent = [0.0] * n
+        self._accepted = [torch.zeros((), dtype=torch.long) for _ in range(n)]
+        self._nonfinite = [torch.zeros((), dtype=torch.long) for _ in range(n)]
+        self._recent: list[Tensor | float] = [0.0] * n
         self._discarded = [0] * n
         self._class_accept_rate = [1.0] * n  # running fraction of classes with an accepted block
         self._block_seconds = 0.0
@@ -412,35 +458,52 @@ class NeuralBlockKernel(GraphKernel):
                 self._single_sweeps += 1
             return state
         start = time.perf_counter()
-        for i, (proposal, classes, sweep) in enumerate(zip(self.proposals, self.block_classes, self.sweeps)):
-            accepted, proposed, nonfinite, discarded, c = 0, 0, 0, 0, 0
-            while c < len(classes):
-                width = self._window_size(i, c, fg.num_variables)
-                if width == 1:
-                    state, info = neural_block_step(fg, proposal, classes[c].instances, classes[c].scaffold, state)
-                    used = 1
-                else:
-                    lo, hi = int(sweep.offsets[c]), int(sweep.offsets[c + width])
-                    batch = sweep.instances.select(torch.arange(lo, hi))
-                    scaffold = sweep.scaffold.select(lo, hi)
-                    state, used, info = speculative_block_step(
-                        fg, proposal, batch, scaffold, sweep.class_of[lo:hi] - c, state
-                    )
-                    discarded += hi - lo - len(info.accepted)
-                self._track_class_acceptance(i, used, bool(info.accepted.any()))
-                c += used
-                accepted += int(info.accepted.sum())
-                proposed += int(info.accepted.numel())
-                nonfinite += info.num_nonfinite
+        for i, fused in enumerate(self.fused):
+            if fused is not None:
+                state, accepted, nonfinite, proposed = fused.sweep(fg, state)
+                discarded = 0
+            else:
+                state, accepted, nonfinite, proposed, discarded = self._general_sweep(i, fg, state)
             self._recent[i] = accepted / max(proposed, 1)
             if not warmup:
-                self._accepted[i] += accepted
+                self._accepted[i] = self._accepted[i] + accepted.cpu()
                 self._proposed[i] += proposed
-                self._nonfinite[i] += nonfinite
+                self._nonfinite[i] = self._nonfinite[i] + nonfinite.cpu()
                 self._discarded[i] += discarded
         if not warmup:
+            if state.device.type == "cuda":
+                torch.cuda.synchronize(state.device)
             self._block_seconds += time.perf_counter() - start
         return state
+
+    def _general_sweep(self, i: int, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
+        """The general path over proposal ``i``'s classes (speculative batches with one chain)."""
+        proposal, classes, sweep = self.proposals[i], self.block_classes[i], self.sweeps[i]
+        accepted, proposed, nonfinite, discarded, c = 0, 0, 0, 0, 0
+        single = state.shape[0] == 1
+        if single:  # one chain: the motif sees the state as [n] (every motif supports it)
+            state = state[0]
+        while c < len(classes):
+            width = self._window_size(i, c, fg.num_variables) if single else 1
+            if width == 1:
+                state, info = neural_block_step(fg, proposal, classes[c].instances, classes[c].scaffold, state)
+                used = 1
+            else:
+                lo, hi = int(sweep.offsets[c]), int(sweep.offsets[c + width])
+                batch = sweep.instances.select(torch.arange(lo, hi))
+                scaffold = sweep.scaffold.select(lo, hi)
+                state, used, info = speculative_block_step(
+                    fg, proposal, batch, scaffold, sweep.class_of[lo:hi] - c, state
+                )
+                discarded += hi - lo - len(info.accepted)
+            self._track_class_acceptance(i, used, bool(info.accepted.any()))
+            c += used
+            accepted += int(info.accepted.sum())
+            proposed += int(info.accepted.numel())
+            nonfinite += info.num_nonfinite
+        if single:
+            state = state.unsqueeze(0)
+        return state, torch.tensor(accepted), torch.tensor(nonfinite), proposed, discarded
 
     def _window_size(self, i: int, first: int, num_variables: int) -> int:
         """Classes of proposal ``i`` to batch from class ``first``: ``window``, or :func:`speculative_width`.
@@ -460,20 +523,41 @@ class NeuralBlockKernel(GraphKernel):
         self._class_accept_rate[i] = decay * self._class_accept_rate[i] + _RATE_SMOOTHING * any_accepted
 
     def logging(self) -> dict[str, float]:
-        """Latest acceptance rate per proposal (cheap)."""
-        return {f"acc_{self._label(i)}": round(a, 3) for i, a in enumerate(self._recent)}
+        """Latest acceptance rate per proposal."""
+        return {f"acc_{self._label(i)}": round(float(a), 3) for i, a in enumerate(self._recent)}
 
     def diagnostics(self) -> dict:
-        """Post-warmup acceptance per motif, block proposals per second, non-finite rejections."""
+        """Post-warmup acceptance per motif, block proposals per second, non-finite rejections, compile time."""
         proposed = sum(self._proposed)
+        cache = {
+            self._label(i): {"rows": f.table.rows, "computed": f.table.computed, "prefilled": f.table.prefilled}
+            for i, f in enumerate(self.fused)
+            if f is not None
+        }
         return {
             "acceptance": {
-                self._label(i): (self._accepted[i] / self._proposed[i] if self._proposed[i] else 0.0)
+                self._label(i): (float(self._accepted[i]) / self._proposed[i] if self._proposed[i] else 0.0)
                 for i in range(len(self.proposals))
             },
             "instances": {self._label(i): n for i, n in enumerate(self.num_instances)},
+            "chains": float(self.chains),
             "blocks_per_second": proposed / self._block_seconds if self._block_seconds > 0 else 0.0,
-            "nonfinite_rejections": float(sum(self._nonfinite)),
+            "nonfinite_rejections": float(sum(float(x) for x in self._nonfinite)),
             "discarded_proposals": float(sum(self._discarded)),
             "single_site_sweeps": float(self._single_sweeps),
+            "fused": {self._label(i): f is not None for i, f in enumerate(self.fused)},
+            "proposal_cache": cache,
+            "compile_seconds": sum(f.compile_seconds for f in self.fused if f is not None)
+            + (self.single_site.compile_seconds if hasattr(self, "single_site") else 0.0),
         }
+
+
+def _order_of(blocks: Tensor, found: Tensor) -> Tensor | None:
+    """Rows of ``found`` that give ``blocks`` (same set of blocks, in ``blocks``' order), or ``None``."""
+    if found.shape != blocks.shape:
+        return None
+    position = {tuple(row): i for i, row in enumerate(found.tolist())}
+    order = [position.get(tuple(row)) for row in blocks.tolist()]
+    if any(i is None for i in order):
+        return None
+    return torch.tensor(order, dtype=torch.long)

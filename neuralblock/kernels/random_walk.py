@@ -72,23 +72,28 @@ class RandomWalkPlan:
             self.classes.append(_ColorClass(fg, vars_, members))
 
     def sweep(self, fg: FactorGraph, state: Tensor, adapt: bool) -> tuple[Tensor, SweepStats]:
-        """One chromatic sweep of single-site random-walk MH (adapting step sizes if ``adapt``)."""
+        """One chromatic sweep of single-site random-walk MH (adapting step sizes if ``adapt``).
+
+        ``state`` is ``[n]`` or a batch of chains ``[..., n]``; a step size is shared by the
+        chains and adapts to their mean acceptance.
+        """
         state = state.clone()
         accepted_total, proposed_total, nonfinite = 0, 0, 0
         for cls in self.classes:
-            current = state[cls.vars]
+            current = state[..., cls.vars]
             proposal = current.clone()
             correction = torch.zeros_like(current)
-            steps = self.adapter.step_size[cls.positions].to(state.dtype)
+            steps = self.adapter.step_size[cls.positions].to(state)
             for transform, idx in cls.parts:
-                proposal[idx], correction[idx] = random_walk_propose(current[idx], steps[idx], transform)
+                proposal[..., idx], correction[..., idx] = random_walk_propose(current[..., idx], steps[idx], transform)
             pair = torch.stack([state, state])
-            pair[1, cls.vars] = proposal
-            local = cls.scaffold.local_log_density(fg, pair)  # [2, m]
+            pair[1][..., cls.vars] = proposal
+            local = cls.scaffold.local_log_density(fg, pair)  # [2, ..., m]
             info = mh_accept(local[1] - local[0] + correction)
-            state[cls.vars] = torch.where(info.accepted, proposal, current)
+            state[..., cls.vars] = torch.where(info.accepted, proposal, current)
             if adapt:
-                self.adapter.update(cls.positions, info.accept_prob.to(self.adapter.log_step.dtype))
+                rate = info.accept_prob.reshape(-1, len(cls.vars)).mean(0)
+                self.adapter.update(cls.positions, rate.to(self.adapter.log_step))
             accepted_total += int(info.accepted.sum())
             proposed_total += int(info.accepted.numel())
             nonfinite += info.num_nonfinite

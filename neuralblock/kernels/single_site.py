@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph
@@ -42,15 +43,34 @@ class SingleSiteSweep:
         True
     """
 
-    def __init__(self, fg: FactorGraph, step_size: float = 0.5, kernel: str = "SingleSiteSweep") -> None:
+    def __init__(
+        self,
+        fg: FactorGraph,
+        step_size: float = 0.5,
+        kernel: str = "SingleSiteSweep",
+        device: torch.device | str = "cpu",
+        compile: bool = False,
+    ) -> None:
         cards = fg.cardinalities
         discrete = [v for v in fg.latent.tolist() if cards[v] > 0]
         continuous = continuous_latent(fg, None, kernel)
-        self.gibbs_plan = GibbsPlan(fg, discrete) if discrete else None
+        self.gibbs_plan = GibbsPlan(fg, discrete, device, compile) if discrete else None
         self.rw_plan = RandomWalkPlan(fg, continuous, step_size, 0.44) if continuous else None
+        if self.rw_plan is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"{kernel}: random-walk updates of continuous variables run on the CPU only")
+
+    @property
+    def compile_seconds(self) -> float:
+        """Time spent compiling the Gibbs updates (0 when eager)."""
+        return self.gibbs_plan.compile_seconds if self.gibbs_plan is not None else 0.0
+
+    def refresh(self, fg: FactorGraph) -> None:
+        """Re-read table values after the graph's parameters changed."""
+        if self.gibbs_plan is not None:
+            self.gibbs_plan.refresh(fg)
 
     def sweep(self, fg: FactorGraph, state: Tensor, adapt: bool) -> Tensor:
-        """Return the state after one sweep (adapting the random-walk steps if ``adapt``)."""
+        """Return the state ``[..., n]`` after one sweep (adapting the random-walk steps if ``adapt``)."""
         if self.gibbs_plan is not None:
             state, _ = self.gibbs_plan.sweep(fg, state)
         if self.rw_plan is not None:

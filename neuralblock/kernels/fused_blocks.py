@@ -1,0 +1,455 @@
+"""The fused neural block update for discrete blocks on table factors, batched over chains.
+
+A colour class of motif instances is updated by one function over precomputed index
+tensors, for states ``[K, n]`` of ``K`` chains at once:
+
+1. **Proposal.** The MDN's proposal ``q(B | C, Psi)`` is a distribution over the ``J``
+   joint values of the block (``J <= 512``; the MDN's per-variable categoricals are
+   enumerated into one table, as the training's exact loss does). It depends on the state
+   only through the discrete context values ``C``, and ``Psi`` is fixed for a graph, so
+   :class:`ProposalTable` caches ``q`` per (instance, context value) the first time a chain
+   visits it: after a short while a proposal is one gather, not a network pass. Where the
+   context is too large to cache, the network runs on every call, still batched.
+2. **Energy.** :class:`BlockTableEnergy` reads the scaffold factors' tables at the current
+   and the proposed block value (one gather of the blanket values and one of table entries).
+3. **Accept and scatter.** Exact MH with ``log p(B') - log p(B) + log q(B) - log q(B')``.
+
+The arithmetic after the cache lookup is :func:`fused_class_update`, a pure function over
+tensors that runs eagerly or under ``torch.compile`` with the same random numbers (drawn
+outside it), so both paths give the same chain. Classes are padded to one shape (a padded
+row repeats a real row *and its random numbers*, so both write the same value) and the
+compiled function is built once per graph.
+
+References:
+    Wang, Wu, Moore, Russell. "Meta-Learning MCMC Proposals", NeurIPS 2018.
+
+Example:
+    >>> import torch
+    >>> from neuralblock import FactorGraph
+    >>> fg = FactorGraph(); _ = fg.add_variables(3, cardinality=2)
+    >>> _ = fg.add_table_factors(torch.tensor([[0, 1], [1, 2]]), torch.tensor([[[1.0, 0.0], [0.0, 1.0]]] * 2))
+    >>> energy = BlockTableEnergy(fg, torch.tensor([[0, 1]]), [2, 2])
+    >>> energy(energy.flat, torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[[0, 3]]])).tolist()
+    [[[1.0, 2.0]]]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from neuralblock.graph import FactorGraph, TableGroup
+from neuralblock.motif import MotifInstances
+from neuralblock.proposals import NeuralBlockProposal
+
+__all__ = [
+    "MAX_ENUMERATED_VALUES",
+    "BlockTableEnergy",
+    "BlockTable",
+    "block_log_q_table",
+    "fused_class_update",
+    "supports_fused",
+]
+
+MAX_ENUMERATED_VALUES = 512
+"""Largest number of joint block values the fused path enumerates (as the trainer's exact loss)."""
+
+_MAX_CACHE_ENTRIES = 1 << 24  # floats per proposal table (64 MB in float32)
+_PREFILL_ROWS = 1 << 19  # context values per proposal tabulated at setup (beyond: filled as chains visit them)
+_PREFILL_BATCH = 1 << 14  # network rows per forward pass while tabulating
+
+
+def supports_fused(fg: FactorGraph, instances: MotifInstances, cardinalities: Sequence[int]) -> bool:
+    """Whether instances can take the fused path.
+
+    Their blocks are all discrete with at most 512 joint values, the graph has table
+    factors only, and :meth:`BlockTable.fits` (discrete contexts that hold each block's
+    Markov blanket, a table of bounded size).
+    """
+    if any(k == 0 for k in cardinalities) or math.prod(cardinalities) > MAX_ENUMERATED_VALUES:
+        return False
+    return all(isinstance(g, TableGroup) for g in fg.groups) and BlockTable.fits(fg, instances, cardinalities)
+
+
+def _radix(cardinalities: Tensor) -> Tensor:
+    """Mixed-radix place values, first position slowest: ``j = sum(value * radix)``."""
+    cards = cardinalities.clamp(min=1)
+    tail = torch.cat([cards.flip(-1).cumprod(-1).flip(-1)[..., 1:], torch.ones_like(cards[..., :1])], -1)
+    return tail
+
+
+class BlockTableEnergy:
+    """Scaffold log-density of blocks at chosen joint values, read from the table factors.
+
+    For every (block, scaffold factor) pair, the table offset splits into a part set by the
+    block's joint value ``j`` (precomputed for all ``J`` values) and a part set by the other
+    scope variables (gathered from the state at call time). Pairs are laid out ``[I, d]``
+    (``d`` the most factors any block touches; shorter rows read a zero entry).
+
+    Args:
+        fg: a graph of table factors.
+        blocks: ``LongTensor [I, b]`` block variable ids.
+        cardinalities: the block's domains.
+    """
+
+    def __init__(self, fg: FactorGraph, blocks: Tensor, cardinalities: Sequence[int]) -> None:
+        groups = fg.groups
+        offsets = [0]
+        for group in groups:
+            offsets.append(offsets[-1] + group._flat.numel())
+        self.zero = offsets[-1]
+        cards = torch.tensor(list(cardinalities), dtype=torch.long)
+        values = torch.stack(torch.meshgrid(*[torch.arange(int(k)) for k in cards], indexing="ij"), -1).reshape(
+            -1, len(cards)
+        )
+        num = blocks.shape[0]
+        scaffold = fg.scaffold(blocks)
+        arity = max([g.scopes.shape[1] for g in groups if g.num_factors] + [1])
+        rows_scopes, rows_strides, rows_index, rows_block = [], [], [], []
+        for group, rows, segment, first in zip(groups, scaffold.group_index, scaffold.group_segment, offsets):
+            if rows.numel() == 0:
+                continue
+            scopes = group.scopes[rows]  # [m, a]
+            strides = group._strides.expand_as(scopes)
+            position = (scopes[:, :, None] == blocks[segment][:, None, :]).long()  # [m, a, b]
+            in_block = position.sum(-1).bool()
+            block_strides = (strides[:, :, None] * position).sum(1)  # [m, b]
+            index = first + rows[:, None] * group._size + block_strides @ values.T  # [m, J]
+            pad = arity - scopes.shape[1]
+            rows_scopes.append(torch.nn.functional.pad(scopes * ~in_block, (0, pad)))
+            rows_strides.append(torch.nn.functional.pad(strides * ~in_block, (0, pad)))
+            rows_index.append(index)
+            rows_block.append(segment)
+        segment = torch.cat(rows_block)
+        order = torch.argsort(segment, stable=True)
+        segment = segment[order]
+        counts = torch.bincount(segment, minlength=num)
+        depth = max(int(counts.max()) if num else 1, 1)
+        slot = torch.arange(len(segment)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        self.scopes = torch.zeros(num, depth, arity, dtype=torch.long)
+        self.strides = torch.zeros(num, depth, arity, dtype=torch.long)
+        self.index = torch.full((num, depth, len(values)), self.zero, dtype=torch.long)
+        self.scopes[segment, slot] = torch.cat(rows_scopes)[order]
+        self.strides[segment, slot] = torch.cat(rows_strides)[order]
+        self.index[segment, slot] = torch.cat(rows_index)[order]
+        self.flat = self.flat_tables(fg)
+
+    @staticmethod
+    def flat_tables(fg: FactorGraph) -> Tensor:
+        """All table factors' log-tables in one flat tensor, then one zero entry (padding reads it)."""
+        parts = [g._flat.reshape(-1).to(torch.get_default_dtype()) for g in fg.groups]
+        return torch.cat(parts + [torch.zeros(1, dtype=torch.get_default_dtype())])
+
+    def to(self, device: torch.device) -> BlockTableEnergy:
+        """Move the index tensors and tables to ``device``."""
+        for name in ("scopes", "strides", "index", "flat"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def select(self, rows: Tensor) -> BlockTableEnergy:
+        """The energy of the blocks at ``rows`` (a view sharing the tables)."""
+        out = object.__new__(BlockTableEnergy)
+        out.zero, out.flat = self.zero, self.flat
+        out.scopes, out.strides, out.index = self.scopes[rows], self.strides[rows], self.index[rows]
+        return out
+
+    def __call__(self, flat: Tensor, state: Tensor, joint: Tensor) -> Tensor:
+        """Scaffold log-density ``[K, I, m]`` of each block at joint values ``joint [K, I, m]``, the rest at ``state``."""
+        return block_energy(flat, state, joint, self.scopes, self.strides, self.index)
+
+
+def block_energy(flat: Tensor, state: Tensor, joint: Tensor, scopes: Tensor, strides: Tensor, index: Tensor) -> Tensor:
+    """The arithmetic of :class:`BlockTableEnergy` (a pure function, for compilation)."""
+    shift = (state[:, scopes].long() * strides).sum(-1)  # [K, I, d]
+    chosen = index.expand(state.shape[0], -1, -1, -1).gather(
+        -1, joint[:, :, None, :].expand(-1, -1, index.shape[1], -1)
+    )  # [K, I, d, m]
+    return flat[chosen + shift.unsqueeze(-1)].sum(-2)
+
+
+def block_log_q_table(proposal: NeuralBlockProposal, features: Tensor, values: Tensor) -> Tensor:
+    """``log q(j | C)`` for every joint block value ``values [J, b]``: ``[..., J]`` from features ``[..., F]``.
+
+    The MDN's components are products of per-variable categoricals; the table is their
+    mixture at each enumerated joint value (normalized over ``J`` by construction).
+
+    Example:
+        >>> import torch
+        >>> from neuralblock.motif import BlockSpec, Motif
+        >>> class Pair(Motif):
+        ...     name, block_spec, feature_dim = "pair-q", BlockSpec([2, 3]), 2
+        ...     def options(self): return {}
+        ...     def find_instances(self, fg): raise NotImplementedError
+        ...     def encode(self, fg, instances, state): raise NotImplementedError
+        ...     def sample_training_batch(self, batch_size, generator): raise NotImplementedError
+        >>> q = NeuralBlockProposal(Pair(), components=3, hidden=(8,))
+        >>> table = block_log_q_table(q, torch.randn(5, 2), Pair.block_spec.enumerate())
+        >>> table.shape, bool(torch.allclose(table.logsumexp(-1), torch.zeros(5), atol=1e-5))
+        (torch.Size([5, 6]), True)
+    """
+    with torch.no_grad():
+        mixture = proposal(features.to(proposal.dtype))
+        logp = mixture.discrete_log_probs  # [..., C, D, kmax]
+        kmax = logp.shape[-1]
+        flat_index = (torch.arange(values.shape[-1]) * kmax + values.long()).to(logp.device)  # [J, D]
+        picked = logp.flatten(-2)[..., flat_index].sum(-1)  # [..., C, J]
+        return torch.logsumexp(mixture.mixture_log_weights.unsqueeze(-1) + picked, -2)
+
+
+class BlockTable:
+    """Per (instance, context value): the proposal's CDF and ``log p - log q`` over the ``J`` joint block values.
+
+    The proposal depends on the state only through the instance's discrete context
+    variables (``Psi`` is fixed for a graph), and so does the block's scaffold energy when
+    the context holds every other variable of the scaffold factors (its Markov blanket).
+    Both are then functions of ``(instance, context value)``, a mixed-radix key, and a
+    block update needs only two rows of this table. Rows are tabulated at setup when the
+    context space is small (:meth:`prefill`), else computed the first time a chain visits
+    them (:meth:`ensure`); the chain is exactly the one with a network pass per proposal.
+
+    Args:
+        fg: the graph (table factors).
+        proposal: the neural block proposal.
+        instances: all of the proposal's instances (sweep order).
+        energy: their :class:`BlockTableEnergy`.
+        device: where the table lives.
+    """
+
+    def __init__(
+        self,
+        fg: FactorGraph,
+        proposal: NeuralBlockProposal,
+        instances: MotifInstances,
+        energy: BlockTableEnergy,
+        device: torch.device,
+    ) -> None:
+        self.proposal = proposal
+        self.energy = energy
+        self.device = device
+        self.values = proposal.motif.block_spec.enumerate().long().to(device)  # [J, b]
+        context = instances.context
+        ctx_cards = torch.where(context >= 0, fg.cardinalities[context.clamp(min=0)], torch.ones_like(context))
+        self.context = context.clamp(min=0).to(device)
+        self.radix = (_radix(ctx_cards) * (context >= 0)).to(device)  # [I, c]
+        self._ctx_cards = ctx_cards
+        sizes = ctx_cards.prod(-1) if context.shape[1] else torch.ones(len(instances), dtype=torch.long)
+        self.base = (sizes.cumsum(0) - sizes).to(device)  # [I] first row of each instance
+        self.rows = int(sizes.sum())
+        self.computed = 0  # rows computed by the network (setup and visits)
+        self.cdf = torch.zeros(self.rows, len(self.values), device=device)
+        self.log_ratio = torch.zeros(self.rows, len(self.values), device=device)
+        self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
+        self.prefilled = self.rows <= _PREFILL_ROWS
+        if self.prefilled:
+            self.prefill(fg, instances)
+
+    @staticmethod
+    def fits(fg: FactorGraph, instances: MotifInstances, cardinalities: Sequence[int]) -> bool:
+        """Whether the table applies: discrete contexts holding each block's blanket, and a table of bounded size."""
+        context = instances.context
+        if len(instances) == 0:
+            return False
+        cards = fg.cardinalities[context.clamp(min=0)]
+        if bool(((context >= 0) & (cards == 0)).any()):
+            return False
+        sizes = torch.where(context >= 0, cards, torch.ones_like(cards)).double().prod(-1)
+        if float(sizes.sum()) * math.prod(cardinalities) * 2 > _MAX_CACHE_ENTRIES:
+            return False
+        for block, ctx in zip(instances.blocks.tolist(), context.tolist()):
+            if not set(fg.markov_blanket(block)) <= set(ctx):
+                return False
+        return True
+
+    def clear(self, fg: FactorGraph, instances: MotifInstances) -> None:
+        """Forget every row (the graph's parameters changed), tabulating again where that is done at setup."""
+        self.filled.zero_()
+        if self.prefilled:
+            self.prefill(fg, instances)
+
+    def keys(self, state: Tensor, rows: Tensor) -> Tensor:
+        """Table row of each (chain, instance): ``[K, I]`` for instances ``rows`` at states ``[K, n]``."""
+        return self.base[rows] + (state[:, self.context[rows]].long() * self.radix[rows]).sum(-1)
+
+    def prefill(self, fg: FactorGraph, instances: MotifInstances) -> None:
+        """Tabulate every context value of every instance (setup time; one loop over instances).
+
+        Each instance's context values are enumerated into states (the other variables at
+        their initial values, which neither the features nor the scaffold read), then
+        encoded, scored and run through the network in large batches.
+        """
+        start = fg.initial_state().to(self.device)
+        if fg.evidence:
+            start[torch.tensor(list(fg.evidence))] = torch.tensor(list(fg.evidence.values()), dtype=start.dtype)
+        features, ratios, rows = [], [], []
+        for i in range(len(instances)):
+            cards = self._ctx_cards[i].to(self.device)
+            count = int(cards.prod())
+            digits = torch.arange(count, device=self.device)[:, None] // self.radix[i].clamp(min=1) % cards
+            states = start.expand(count, -1).clone()
+            valid = self.radix[i] > 0
+            states[:, self.context[i][valid]] = digits[:, valid].to(states.dtype)
+            features.append(self._features(fg, instances.select(torch.tensor([i])), states)[:, 0])
+            joint = torch.arange(len(self.values), device=self.device).expand(count, 1, -1)
+            ratios.append(
+                self.energy.select(torch.tensor([i], device=self.device))(self.energy.flat, states, joint)[:, 0]
+            )
+            rows.append(self.base[i] + torch.arange(count, device=self.device))
+        self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
+
+    def ensure(self, fg: FactorGraph, instances: MotifInstances, keys: Tensor, rows: Tensor, state: Tensor) -> None:
+        """Compute the rows ``keys [K, I]`` not yet in the table (instances ``rows``, data ``instances``)."""
+        missing = ~self.filled[keys]
+        if not bool(missing.any()):
+            return
+        chains = missing.any(-1).nonzero().squeeze(-1)
+        where = missing[chains]
+        features = self._features(fg, instances, state[chains])[where]
+        joint = torch.arange(len(self.values), device=self.device).expand(len(chains), len(instances), -1)
+        energy = self.energy.select(rows)(self.energy.flat, state[chains], joint)[where]
+        self._store(keys[chains][where], features, energy)
+
+    def _store(self, keys: Tensor, features: Tensor, energy: Tensor) -> None:
+        """Write rows: the proposal's CDF and ``energy - log q`` (``energy`` over all joint values)."""
+        for lo in range(0, len(keys), _PREFILL_BATCH):
+            chunk = slice(lo, lo + _PREFILL_BATCH)
+            log_q = block_log_q_table(self.proposal, features[chunk], self.values).to(self.cdf.dtype)
+            self.cdf[keys[chunk]] = log_q.exp().cumsum(-1)
+            self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) - log_q
+        self.filled[keys] = True
+        self.computed += len(keys)
+
+    def _features(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> Tensor:
+        with torch.no_grad():
+            features = self.proposal.motif.encode(fg, instances, state)
+        if features.shape[-2] != len(instances):
+            raise ValueError(
+                f"motif {self.proposal.motif.name} encoded {len(instances)} instances as features of shape "
+                f"{tuple(features.shape)}; expected [..., {len(instances)}, feature_dim]"
+            )
+        return features
+
+
+def fused_class_update(
+    state: Tensor,
+    ids: Tensor,
+    radix: Tensor,
+    base: Tensor,
+    cdf: Tensor,
+    log_ratio: Tensor,
+    uniforms: Tensor,
+    values: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One exact MH block update of a colour class, for states ``[K, n]``.
+
+    With ``w = log p(B | blanket) - log q(B | C)`` read from the table row of the current
+    context, the MH log-ratio of a proposed joint value ``j'`` from ``j`` is ``w[j'] - w[j]``.
+
+    Args:
+        state: ``[K, n]`` states.
+        ids: ``[I, c + b]`` each instance's context ids then block ids (rows may repeat:
+            see the module docstring).
+        radix: ``[I, c + b]`` mixed-radix place values: of the context value (0 for padding)
+            within the instance's rows, then of the block's joint value.
+        base: ``[I]`` first table row of each instance.
+        cdf: ``[R, J]`` the proposal's CDF over joint block values, per row.
+        log_ratio: ``[R, J]`` ``w`` per row.
+        uniforms: ``[K, I, 2]`` uniforms: the proposal draw (inverse CDF) and the accept test.
+        values: ``[J, b]`` block values of each joint index.
+
+    Returns:
+        The new states, the accept indicator ``[K, I]`` and the non-finite ratio indicator ``[K, I]``.
+    """
+    width, size = cdf.shape[-1], values.shape[-1]
+    digits = state[:, ids].long() * radix  # [K, I, c + b]
+    keys = base + digits[..., :-size].sum(-1)  # [K, I]
+    current = digits[..., -size:].sum(-1)
+    rows = cdf[keys]  # [K, I, J]
+    proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1).clamp(max=width - 1)
+    pair = log_ratio.reshape(-1)[(keys * width).unsqueeze(-1) + torch.stack([proposed, current], -1)]
+    log_alpha = pair[..., 0] - pair[..., 1]
+    finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
+    accepted = (uniforms[..., 1].log() < log_alpha) & finite
+    state = state.clone()
+    state[:, ids[:, -size:]] = values[torch.where(accepted, proposed, current)].to(state.dtype)
+    return state, accepted, ~finite
+
+
+class FusedBlockSweep:
+    """One proposal's colour classes on the fused path: padded to one shape, updated class by class.
+
+    Args:
+        fg: the graph (table factors only; see :func:`supports_fused`).
+        proposal: the neural block proposal (discrete blocks of at most 512 joint values).
+        instances: the proposal's instances in sweep order (class by class).
+        offsets: ``[C + 1]`` first instance of each class.
+        device: where the state lives.
+        compile: run :func:`fused_class_update` under ``torch.compile``.
+    """
+
+    def __init__(
+        self,
+        fg: FactorGraph,
+        proposal: NeuralBlockProposal,
+        instances: MotifInstances,
+        offsets: Tensor,
+        device: torch.device,
+        compile: bool,
+    ) -> None:
+        from neuralblock.kernels.gibbs import compiled  # gibbs imports the kernels' base module
+
+        cards = list(proposal.motif.block_spec.cardinalities)
+        self.device = device
+        self.sizes = offsets.diff().tolist()
+        width = max(self.sizes)
+        # padded row i of class c repeats the class's last real row (and its random numbers)
+        self.rand_index = [torch.arange(width).clamp(max=size - 1).to(device) for size in self.sizes]
+        self.rows = [int(lo) + r for lo, r in zip(offsets[:-1].tolist(), self.rand_index)]
+        self.instances = instances
+        self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
+        self.values = proposal.motif.block_spec.enumerate().to(device)
+        self.table = BlockTable(
+            fg, proposal, instances, BlockTableEnergy(fg, instances.blocks, cards).to(device), device
+        )
+        ids = torch.cat([self.table.context, instances.blocks.to(device)], -1)
+        block_radix = _radix(torch.tensor(cards, dtype=torch.long)).to(device).expand(len(instances), -1)
+        radix = torch.cat([self.table.radix, block_radix], -1)
+        self.ids = [ids[rows] for rows in self.rows]
+        self.radix = [radix[rows] for rows in self.rows]
+        self.base = [self.table.base[rows] for rows in self.rows]
+        self.padded = [size < width for size in self.sizes]
+        self.update = compiled(fused_class_update) if compile else fused_class_update
+        self.compiled = compile
+        self.compile_seconds = 0.0
+
+    def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
+        """Follow new parameter values: new tables and instance parameters, a recomputed block table."""
+        self.table.energy.flat = BlockTableEnergy.flat_tables(fg).to(self.device)
+        self.instances = instances
+        self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
+        self.table.clear(fg, instances)
+
+    def sweep(self, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Update every class once; returns the states, accepted and non-finite counts (tensors) and proposals made."""
+        accepted = torch.zeros((), dtype=torch.long, device=state.device)
+        nonfinite = torch.zeros((), dtype=torch.long, device=state.device)
+        chains = state.shape[0]
+        table = self.table
+        for c, size in enumerate(self.sizes):
+            if not table.prefilled:
+                table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
+            uniforms = torch.rand(chains, len(self.rand_index[c]), 2, device=state.device, dtype=table.cdf.dtype)
+            if self.padded[c]:
+                uniforms = uniforms[:, self.rand_index[c]]
+            start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
+            state, acc, bad = self.update(
+                state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms, self.values
+            )
+            if start is not None:
+                self.compile_seconds = time.perf_counter() - start
+            accepted = accepted + acc[:, :size].sum()
+            nonfinite = nonfinite + bad[:, :size].sum()
+        return state, accepted, nonfinite, chains * sum(self.sizes)
