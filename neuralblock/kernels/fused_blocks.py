@@ -158,7 +158,7 @@ class BlockTableEnergy:
         return out
 
     def __call__(self, flat: Tensor, state: Tensor, joint: Tensor) -> Tensor:
-        """Scaffold log-density ``[K, I, m]`` of each block at joint values ``joint [K, I, m]``, the rest at ``state``."""
+        """Scaffold log-density ``[K, I, m]`` of blocks at joint values ``joint [K, I, m]``, the rest at ``state``."""
         return block_energy(flat, state, joint, self.scopes, self.strides, self.index)
 
 
