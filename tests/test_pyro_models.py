@@ -272,6 +272,27 @@ def test_gibbs_on_the_compiled_ising_and_bayes_net_matches_exact_marginals() -> 
     assert_marginals(draws, torch.cat([exact[name] for name in names]))
 
 
+def test_gibbs_samples_plated_sites_under_their_own_names_and_shapes() -> None:
+    # HMM over 2 sequences (10 x 3 indicators), GMM (30), hierarchical (5): z-scores |z| < 4.5
+    pyro.set_rng_seed(1)
+    data = torch.stack([TONES[:5], 1 - TONES[1:]])
+    samples = run(GibbsKernel(hmm_sequences), data, num_samples=2000)
+    assert samples["x_3"].shape == (2000, 2, 1)
+    exact = enum_marginals(hmm_sequences, data)
+    draws = torch.cat([one_hot_draws(samples[f"x_{t}"], K) for t in range(5)], -1)
+    assert_marginals(draws, torch.cat([exact[f"x_{t}"].reshape(-1) for t in range(5)]))
+
+    weights = torch.tensor([0.2, 0.5, 0.3])
+    samples = run(GibbsKernel(gmm), GMM_DATA, weights, num_samples=2000)
+    assert samples["z"].shape == (2000, 10)
+    assert_marginals(one_hot_draws(samples["z"], K), enum_marginals(gmm, GMM_DATA, weights)["z"].reshape(-1))
+
+    mu = torch.tensor(0.5)
+    samples = run(GibbsKernel(hierarchical), HIER_DATA, mu, num_samples=2000)
+    assert samples["z"].shape == (2000, 5)
+    assert_marginals(samples["z"], enum_marginals(hierarchical, HIER_DATA, mu)["z"])
+
+
 # ---------------------------------------------------------------------------- neural block proposals
 def test_pyro_factor_ising_matches_the_grid_motif_and_runs_under_neural_blocks() -> None:
     # 16 z-scores, |z| < 4.5; the 4x4 grid has 9 windows of 2x2

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.conditioning import ConditionedModel, values_changed
+from neuralblock.pyro.compile import PyroGraph, params_to_state, prior_states, state_to_params
 
 __all__ = ["GraphKernel", "find_valid_start", "sequential_init"]
 
@@ -245,6 +246,8 @@ class GraphKernel(MCMCKernel):
         import pyro.poutine as poutine
 
         fg = self._graph()
+        if isinstance(fg, PyroGraph):  # compiled Pyro graph: plated sites map through their layouts
+            return prior_states(fg, self._graph_model(), args, kwargs, self.chains if self.batched_state else None)
         draws = []
         for _ in range(self.chains if self.batched_state else 1):
             trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
@@ -321,6 +324,8 @@ class GraphKernel(MCMCKernel):
             state = self._state.clone()
         else:
             state = fg.initial_state().to(self.device).expand(batch + (fg.num_variables,)).clone()
+        if isinstance(fg, PyroGraph):  # one value [*batch, *site shape] per site (plated sites whole)
+            return fg.check_state(params_to_state(fg, params, state))
         latent = fg.latent.tolist()
         missing = [fg.names[v] for v in latent if fg.names[v] not in params]
         if missing:
@@ -337,6 +342,8 @@ class GraphKernel(MCMCKernel):
         fg = self._graph()
         if self.batched_state and self.chains == 1:
             state = state[0]
+        if isinstance(fg, PyroGraph):  # each site under its own name with its own shape
+            return state_to_params(fg, state)
         return {fg.names[v]: state[..., v] for v in fg.latent.tolist()}
 
     # -- what subclasses provide ------------------------------------------------------
