@@ -99,8 +99,9 @@ def _mean_abs_error(est: Tensor, exact: Tensor, fg: FactorGraph) -> float:
 class MarginalErrorTrace:
     """A ``pyro.infer.MCMC`` hook recording marginal error vs sweeps and vs wall time.
 
-    Pass it as ``hook_fn``; it accumulates visit counts of every post-warmup draw and,
-    at roughly geometric checkpoints, records ``(sweeps, seconds, error)``. Seconds
+    Pass it as ``hook_fn``; it accumulates visit counts of every post-warmup draw (of every
+    chain, for kernels with ``chains=K``) and, at roughly geometric checkpoints, records
+    ``(sweeps, seconds, error)``. Seconds
     count from the first post-warmup draw and include only sampling time, not the
     hook's own bookkeeping at checkpoints.
 
@@ -130,6 +131,7 @@ class MarginalErrorTrace:
         self.seconds: list[float] = []
         self.errors: list[float] = []
         self._n = 0
+        self._draws = 0
         self._elapsed = 0.0
         self._last: float | None = None
 
@@ -140,11 +142,14 @@ class MarginalErrorTrace:
             return
         if self._last is not None:
             self._elapsed += now - self._last
-        state = samples_to_states(params, self.fg).long().clamp(0, self.kmax - 1)
-        self.counts[torch.arange(self.fg.num_variables), state] += 1
+        state = samples_to_states(params, self.fg).cpu().long().clamp(0, self.kmax - 1)
+        state = state.reshape(-1, self.fg.num_variables)  # vectorized chains pool their draws
+        ids = torch.arange(self.fg.num_variables).expand_as(state)
+        self.counts.index_put_((ids, state), torch.ones(()).expand_as(state), accumulate=True)
         self._n += 1
+        self._draws += state.shape[0]
         if self._n in self.checkpoints:
-            err = _mean_abs_error(self.counts / self._n, self.exact, self.fg)
+            err = _mean_abs_error(self.counts / self._draws, self.exact, self.fg)
             self.sweeps.append(self._n)
             self.seconds.append(self._elapsed)
             self.errors.append(err)

@@ -50,7 +50,9 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
         diagnostics: also store Pyro's per-site ``r_hat``/``n_eff`` when available.
 
     Returns:
-        ``arviz.InferenceData`` with a ``posterior`` group, dims ``(chain, draw, ...)``.
+        ``arviz.InferenceData`` with a ``posterior`` group, dims ``(chain, draw, ...)``. A kernel
+        with ``chains=K`` vectorized chains in ``P`` processes gives ``P * K`` chains (chain
+        ``p * K + k`` is vectorized chain ``k`` of process ``p``), so R-hat runs across all of them.
 
     Raises:
         ImportError: arviz is not installed (``pip install arviz``).
@@ -65,6 +67,9 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
     samples = mcmc.get_samples(group_by_chain=True)
     if not samples:
         raise ValueError("the MCMC run holds no samples; call mcmc.run(...) first")
+    vectorized = int(getattr(mcmc.kernel, "chains", 1))
+    if vectorized > 1:  # [processes, draws, K, ...] -> [processes * K, draws, ...]: every chain is a chain
+        samples = {name: _split_chains(value, vectorized) for name, value in samples.items()}
     posterior = {name: _as_numpy(value) for name, value in samples.items()}
     attrs: dict[str, Any] = {"inference_library": "pyro + neuralblock", "kernel": type(mcmc.kernel).__name__}
     per_chain = getattr(mcmc, "_diagnostics", None)  # Pyro keeps each chain's kernel.diagnostics(), workers' too
@@ -81,6 +86,14 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
     idata = az.from_dict(posterior=posterior)
     idata.posterior.attrs.update(attrs)
     return idata
+
+
+def _split_chains(value: Tensor, chains: int) -> Tensor:
+    """``[P, S, K, ...]`` draws of ``K`` vectorized chains in ``P`` processes as ``[P * K, S, ...]`` chains."""
+    if value.dim() < 3 or value.shape[2] != chains:
+        shape = tuple(value.shape)
+        raise ValueError(f"expected draws [processes, samples, {chains}, ...] of {chains} chains, got {shape}")
+    return value.movedim(2, 1).reshape(value.shape[0] * chains, value.shape[1], *value.shape[3:])
 
 
 def _as_numpy(value: Tensor) -> Any:

@@ -220,7 +220,7 @@ class GraphKernel(MCMCKernel):
         if self._pending_init is not None:
             state = self._checked_start(self._params_to_state(self._pending_init))
             self._pending_init = None
-            _raise_if_impossible(self.fg, state, "the initial_params")
+            _raise_if_impossible(self.fg, state.cpu(), "the initial_params")
         else:
             if self.from_pyro:
                 state = self._prior_state(*args, **kwargs)
@@ -239,7 +239,7 @@ class GraphKernel(MCMCKernel):
 
     def _valid_start(self, state: Tensor) -> Tensor:
         """Repair chains that start at zero density (see :func:`find_valid_start`); raise if none is found."""
-        return find_valid_start(self._graph(), state)
+        return find_valid_start(self._graph(), state.cpu()).to(self.device)
 
     def _prior_state(self, *args, **kwargs) -> Tensor:
         """Ancestral draws of a Pyro model's latent sites from its prior: ``[n]``, or ``[K, n]`` for batched chains."""

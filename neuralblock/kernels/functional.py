@@ -78,7 +78,7 @@ def nonfinite_ratios(log_alpha: Tensor) -> Tensor:
     return torch.isnan(log_alpha) | (log_alpha == float("inf"))
 
 
-def gibbs_sample(logits: Tensor, current: Tensor) -> GibbsInfo:
+def gibbs_sample(logits: Tensor, current: Tensor, noise: Tensor | None = None) -> GibbsInfo:
     """Draw one value per row of ``logits [..., k]`` by the Gumbel-max trick.
 
     Rows with no finite logit keep ``current`` and are counted.
@@ -86,13 +86,14 @@ def gibbs_sample(logits: Tensor, current: Tensor) -> GibbsInfo:
     Args:
         logits: unnormalized log conditionals ``[..., k]`` (``-inf`` marks impossible values).
         current: the current values ``[...]``, kept where a row has no mass.
+        noise: optional standard exponential draws shaped like ``logits`` (default: fresh ones).
 
     Example:
         >>> gibbs_sample(torch.tensor([[0.0, -float("inf")]]), torch.tensor([1.0])).values
         tensor([0.])
     """
     scores = logits.nan_to_num(nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
-    gumbel = torch.empty_like(scores).exponential_().log_()  # -Gumbel(0, 1) noise
+    gumbel = (torch.empty_like(scores).exponential_() if noise is None else noise).log()  # -Gumbel(0, 1)
     best, draw = (scores - gumbel).max(-1)
     stuck = ~torch.isfinite(best)
     values = torch.where(stuck, current, draw.to(current.dtype))

@@ -124,6 +124,10 @@ class BlockTableEnergy:
             rows_strides.append(torch.nn.functional.pad(strides * ~in_block, (0, pad)))
             rows_index.append(index)
             rows_block.append(segment)
+        if not rows_block:  # no block touches a factor: padding only
+            empty = torch.zeros(0, dtype=torch.long)
+            rows_scopes, rows_strides = [empty.reshape(0, arity)], [empty.reshape(0, arity)]
+            rows_index, rows_block = [empty.reshape(0, len(values))], [empty]
         segment = torch.cat(rows_block)
         order = torch.argsort(segment, stable=True)
         segment = segment[order]
@@ -281,22 +285,22 @@ class BlockTable:
         their initial values, which neither the features nor the scaffold read), then
         encoded, scored and run through the network in large batches.
         """
-        start = fg.initial_state().to(self.device)
+        start = fg.initial_state()
         if fg.evidence:
             start[torch.tensor(list(fg.evidence))] = torch.tensor(list(fg.evidence.values()), dtype=start.dtype)
         features, ratios, rows = [], [], []
         for i in range(len(instances)):
-            cards = self._ctx_cards[i].to(self.device)
+            cards = self._ctx_cards[i]
             count = int(cards.prod())
-            digits = torch.arange(count, device=self.device)[:, None] // self.radix[i].clamp(min=1) % cards
-            states = start.expand(count, -1).clone()
-            valid = self.radix[i] > 0
-            states[:, self.context[i][valid]] = digits[:, valid].to(states.dtype)
+            radix = self.radix[i].cpu()
+            digits = torch.arange(count)[:, None] // radix.clamp(min=1) % cards
+            states = start.expand(count, -1).clone()  # on the CPU, where the motif's data lives
+            valid = radix > 0
+            states[:, self.context[i].cpu()[valid]] = digits[:, valid].to(states.dtype)
             features.append(self._features(fg, instances.select(torch.tensor([i])), states)[:, 0])
             joint = torch.arange(len(self.values), device=self.device).expand(count, 1, -1)
-            ratios.append(
-                self.energy.select(torch.tensor([i], device=self.device))(self.energy.flat, states, joint)[:, 0]
-            )
+            energy = self.energy.select(torch.tensor([i], device=self.device))
+            ratios.append(energy(self.energy.flat, states.to(self.device), joint)[:, 0])
             rows.append(self.base[i] + torch.arange(count, device=self.device))
         self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
 
@@ -307,7 +311,7 @@ class BlockTable:
             return
         chains = missing.any(-1).nonzero().squeeze(-1)
         where = missing[chains]
-        features = self._features(fg, instances, state[chains])[where]
+        features = self._features(fg, instances, state[chains].cpu())[where]
         joint = torch.arange(len(self.values), device=self.device).expand(len(chains), len(instances), -1)
         energy = self.energy.select(rows)(self.energy.flat, state[chains], joint)[where]
         self._store(keys[chains][where], features, energy)
@@ -323,8 +327,9 @@ class BlockTable:
         self.computed += len(keys)
 
     def _features(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> Tensor:
+        """The motif's features at CPU states ``[..., n]`` (where the graph's data lives), on the table's device."""
         with torch.no_grad():
-            features = self.proposal.motif.encode(fg, instances, state)
+            features = self.proposal.motif.encode(fg, instances, state).to(self.device)
         if features.shape[-2] != len(instances):
             raise ValueError(
                 f"motif {self.proposal.motif.name} encoded {len(instances)} instances as features of shape "

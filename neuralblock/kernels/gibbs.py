@@ -61,6 +61,9 @@ class _FusedTables:
                     first + rows * group._size,
                 )
             )
+        if not pairs:  # no variable of the class touches a factor: one padding pair each (a flat conditional)
+            empty = torch.zeros(0, dtype=torch.long)
+            pairs.append((empty, empty.reshape(0, arity), empty.reshape(0, arity), empty, empty))
         segment = torch.cat([p[0] for p in pairs])
         order = torch.argsort(segment, stable=True)
         segment = segment[order]
@@ -89,20 +92,29 @@ class _FusedTables:
                 setattr(self, name, value.to(device))
         return self
 
-    def __call__(self, flat: Tensor, state: Tensor) -> Tensor:
-        """Conditional log-potentials ``[K, V, k_max]`` at states ``[K, n]``."""
-        shift = (state[:, self.scopes].long() * self.strides).sum(-1)  # [K, V, d]
-        logits = flat[self.index + shift.unsqueeze(-1)].sum(-2)  # [K, V, kmax]
-        return logits if self.mask is None else logits + self.mask
 
-
-def gibbs_class_update(state: Tensor, vars_: Tensor, tables: _FusedTables, flat: Tensor) -> tuple[Tensor, Tensor]:
+def gibbs_class_update(
+    state: Tensor,
+    vars_: Tensor,
+    scopes: Tensor,
+    strides: Tensor,
+    index: Tensor,
+    mask: Tensor | None,
+    flat: Tensor,
+    noise: Tensor,
+) -> tuple[Tensor, Tensor]:
     """One colour class of Gibbs on table factors, for states ``[K, n]``: the new state and the stuck count.
 
-    This is the fused update (gather, slice, sample, scatter) that
-    :class:`GibbsPlan` runs eagerly or under ``torch.compile``.
+    The fused update (gather, slice the tables, sample, scatter) that :class:`GibbsPlan`
+    runs eagerly or under ``torch.compile``. ``scopes``, ``strides``, ``index`` and ``mask``
+    are the class's :class:`_FusedTables` layout; ``noise [K, V, k_max]`` are standard
+    exponential draws (made outside, so both paths give the same chain for the same seed).
     """
-    info = gibbs_sample(tables(flat, state).to(state.dtype), state[:, vars_])
+    shift = (state[:, scopes].long() * strides).sum(-1)  # [K, V, d]
+    logits = flat[index + shift.unsqueeze(-1)].sum(-2)  # [K, V, kmax]
+    if mask is not None:
+        logits = logits + mask
+    info = gibbs_sample(logits.to(state.dtype), state[:, vars_], noise)
     state = state.clone()
     state[:, vars_] = info.values
     return state, info.num_stuck
@@ -175,7 +187,12 @@ class GibbsPlan:
         if self.tables_only:
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
-                state, count = self.update(state, vars_, tables, self.flat)
+                noise = torch.empty(
+                    state.shape[0], len(vars_), tables.index.shape[-1], dtype=state.dtype, device=state.device
+                ).exponential_()
+                state, count = self.update(
+                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, self.flat, noise
+                )
                 if self.update is not gibbs_class_update and not getattr(tables, "_compiled", False):
                     tables._compiled = True  # the first call of a shape compiles it
                     self.compile_seconds += time.perf_counter() - start

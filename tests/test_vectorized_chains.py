@@ -1,0 +1,190 @@
+"""Vectorized chains (``chains=K``), the fused and compiled paths, and valid starts.
+
+Statistical tests compare visit frequencies of all joint states with enumeration by
+batch-means z-scores (each of the K vectorized chains is a chain; 20 batches each) with a
+Bonferroni t threshold: false-failure rate at most 1e-3 per test over random seeds.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from pyro.infer import MCMC
+from scipy import stats
+from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
+
+from neuralblock import FactorGraph, GibbsKernel, NeuralBlockKernel
+from neuralblock.diagnostics import MarginalErrorTrace, batch_means_mcse, marginal_error
+from neuralblock.exact import marginals
+from neuralblock.graph.groups import CallableGroup
+from neuralblock.kernels.base import find_valid_start
+from neuralblock.proposals import NeuralBlockProposal
+
+ALPHA = 1e-3
+BATCHES = 20
+
+
+def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
+    cards = fg.cardinalities.tolist()
+    ranges = [[int(fg.evidence[v])] if v in fg.evidence else range(k) for v, k in enumerate(cards)]
+    states = torch.tensor(list(itertools.product(*ranges)), dtype=torch.float32)
+    return states, torch.softmax(fg.log_joint(states).double(), 0)
+
+
+def assert_matches_enumeration(draws: torch.Tensor, fg: FactorGraph) -> None:
+    """``draws [chains, samples, n]`` visit every state as often as its exact probability."""
+    states, probs = enumerate_joint(fg)
+    hits = (draws[:, :, None, :] == states[None, None]).all(-1).double()
+    mean, mcse = batch_means_mcse(hits, BATCHES)
+    iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
+    z = (mean - probs) / torch.maximum(mcse, iid)
+    limit = stats.t.ppf(1 - ALPHA / (2 * len(probs)), df=draws.shape[0] * BATCHES - 1)
+    assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f} > {limit:.2f}"
+
+
+def run(kernel, num_samples: int, warmup: int = 100) -> torch.Tensor:
+    """Draws of every vectorized chain, ``[K, S, n]``."""
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True)
+    mcmc.run()
+    x = mcmc.get_samples()["x"]
+    assert x.shape == (num_samples, kernel.chains, kernel.fg.num_variables)
+    return x.transpose(0, 1)
+
+
+def mixed_graph(seed: int) -> FactorGraph:
+    """Ternary chain with one factor that is not a table (forces Gibbs's general path)."""
+    fg = chain_graph(seed)
+
+    def pull(values: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        return params[..., 0] * (values[..., 0] == values[..., 1]).to(values.dtype)
+
+    fg.add_group(CallableGroup(torch.tensor([[0, 5]]), pull, torch.tensor([[0.8]])))
+    return fg
+
+
+@pytest.mark.parametrize("graph", ["tables", "mixed"])
+def test_gibbs_chains_leave_the_joint_invariant(graph: str) -> None:
+    fg = chain_graph(seed=4) if graph == "tables" else mixed_graph(seed=4)
+    kernel = GibbsKernel(fg, chains=8)
+    draws = run(kernel, 1000)
+    assert_matches_enumeration(draws, fg)
+    assert kernel.plan.tables_only == (graph == "tables")
+    assert kernel.diagnostics()["chains"] == 8.0
+
+
+def test_compiled_paths_leave_the_joint_invariant_and_match_eager_draw_for_draw() -> None:
+    """The compiled fused updates (Gibbs and neural blocks) are the eager chain: same seed, same states."""
+    fg = chain_graph(seed=4, evidence=True)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    outputs = []
+    for compile in (False, True):
+        torch.manual_seed(3)
+        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.3, chains=8, compile=compile)
+        outputs.append(run(kernel, 600))
+    eager, compiled = outputs
+    assert kernel.diagnostics()["fused"] == {"test-chain-window": True}
+    assert kernel.diagnostics()["compile_seconds"] > 0.0
+    assert torch.equal(eager, compiled)
+    assert_matches_enumeration(compiled, fg)
+
+
+def test_chains_are_independent_after_a_common_start() -> None:
+    fg = chain_graph(seed=1)
+    for kernel in (
+        GibbsKernel(fg, chains=6),
+        NeuralBlockKernel(fg, [NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))], chains=6),
+    ):
+        start = torch.zeros(6, fg.num_variables)
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, initial_params={"x": start}, disable_progbar=True)
+        mcmc.run()
+        last = mcmc.get_samples()["x"][-1]
+        assert len({tuple(row.tolist()) for row in last}) > 1
+
+
+def test_processes_multiply_with_vectorized_chains_and_export_every_chain() -> None:
+    from neuralblock.diagnostics.export import to_inference_data
+
+    fg = chain_graph(seed=2)
+    mcmc = MCMC(GibbsKernel(fg, chains=3), num_samples=40, warmup_steps=5, num_chains=2, disable_progbar=True)
+    mcmc.run()
+    grouped = mcmc.get_samples(group_by_chain=True)["x"]
+    assert grouped.shape == (2, 40, 3, 6)
+    idata = to_inference_data(mcmc)
+    assert idata.posterior["x"].shape == (6, 40, 6)  # 2 processes x 3 vectorized chains
+    assert (idata.posterior["x"].values[4] == grouped[1, :, 1].numpy()).all()  # chain p * K + k
+
+
+def test_marginal_error_and_its_trace_pool_vectorized_chains() -> None:
+    fg = chain_graph(seed=5)
+    exact, _ = marginals(fg)
+    trace = MarginalErrorTrace(fg, exact, total=300)
+    mcmc = MCMC(GibbsKernel(fg, chains=16), num_samples=300, warmup_steps=20, hook_fn=trace, disable_progbar=True)
+    mcmc.run()
+    x = mcmc.get_samples()["x"]
+    pooled = marginal_error(x, fg, exact)
+    assert trace.errors[-1] == pytest.approx(pooled, abs=1e-6)
+    assert pooled < marginal_error(x[:, 0], fg, exact)  # 16 chains estimate better than one of them
+    assert pooled < 0.03
+
+
+def xor_graph(impossible: bool = False) -> FactorGraph:
+    """``a == b == c`` with ``c = 1`` forced: an ancestral start picks ``a = 0`` half the time (zero density)."""
+    fg = FactorGraph()
+    a, b, c = (fg.add_variable(name, 2) for name in "abc")
+    equal = torch.tensor([[0.0, -torch.inf], [-torch.inf, 0.0]])
+    fg.add_table_factors(torch.tensor([[a, b], [b, c]]), torch.stack([equal, equal]))
+    fg.add_table_factor([c], torch.tensor([-torch.inf, 0.0]))
+    if impossible:
+        fg.add_table_factor([a], torch.tensor([0.0, -torch.inf]))
+    return fg
+
+
+def test_kernels_find_a_valid_start_or_name_the_impossible_factors() -> None:
+    fg = xor_graph()
+    torch.manual_seed(0)
+    for chains in (1, 32):
+        kernel = GibbsKernel(fg, chains=chains)
+        kernel.setup(0)
+        assert (kernel.initial_params["x"] == 1).all()  # the only state of positive density
+    with pytest.raises(ValueError, match=r"zero density: factors over \(a=0, b=1\)"):
+        kernel = GibbsKernel(fg)
+        kernel.initial_params = {"x": torch.tensor([0.0, 1.0, 1.0])}
+        kernel.setup(0)
+    with pytest.raises(ValueError, match="no start of positive density.*zero total probability"):
+        GibbsKernel(xor_graph(impossible=True), chains=2).setup(0)
+
+
+def test_find_valid_start_keeps_valid_chains() -> None:
+    fg = xor_graph()
+    state = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    fixed = find_valid_start(fg, state)
+    assert torch.equal(fixed, torch.ones(2, 3))
+    assert torch.equal(find_valid_start(fg, fixed), fixed)
+
+
+def test_neural_block_kernel_repairs_an_impossible_start() -> None:
+    fg = chain_graph(seed=0)
+    fg.add_table_factor([0, 3], torch.tensor([[0.0, -torch.inf, -torch.inf]] * 3))  # x3 must be 0
+    proposal = NeuralBlockProposal(ChainWindow(), components=2, hidden=(8,))
+    kernel = NeuralBlockKernel(fg, [proposal], chains=16)
+    kernel.setup(0)
+    assert (kernel.initial_params["x"][:, 3] == 0).all()
+    mcmc = MCMC(kernel, num_samples=30, warmup_steps=0, disable_progbar=True)
+    mcmc.run()
+    assert (mcmc.get_samples()["x"][..., 3] == 0).all()
+    assert kernel.diagnostics()["nonfinite_rejections"] == 0.0
+
+
+def test_chains_argument_is_checked() -> None:
+    fg = chain_graph(seed=0)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="chains"):
+            GibbsKernel(fg, chains=bad)
+    with pytest.raises(ValueError, match=r"shape \[3, 6\]"):
+        kernel = GibbsKernel(fg, chains=3)
+        kernel.setup(0)
+        kernel.sample({"x": torch.zeros(2, 6)})
+    with pytest.raises(ValueError, match="compile"):
+        GibbsKernel(fg, compile="yes")
