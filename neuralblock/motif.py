@@ -208,6 +208,24 @@ class Motif(ABC):
         """:meth:`encode` and :meth:`block_affine` together (override to share their work)."""
         return self.encode(fg, instances, state), self.block_affine(fg, instances, state)
 
+    def describe(self) -> str:
+        """What structure the motif looks for, in words (shown when a model has no instance).
+
+        Motifs override it with their pattern; the default names the block's domains.
+
+        Example:
+            >>> class Pair(Motif):
+            ...     name, block_spec, feature_dim = "pair", BlockSpec([2, 3]), 1
+            ...     def options(self): return {}
+            ...     def find_instances(self, fg): raise NotImplementedError
+            ...     def encode(self, fg, instances, state): raise NotImplementedError
+            ...     def sample_training_batch(self, batch_size, generator): raise NotImplementedError
+            >>> Pair().describe()
+            'blocks of 2 variables with domains [2, 3] (0 = continuous)'
+        """
+        spec = self.block_spec
+        return f"blocks of {spec.size} variables with domains {list(spec.cardinalities)} (0 = continuous)"
+
     def spec(self) -> dict[str, Any]:
         """JSON description checked against proposal files."""
         spec = {

@@ -404,8 +404,8 @@ class NeuralBlockKernel(GraphKernel):
                     f"{self.device}; use device='cpu'"
                 )
         if sum(self.num_instances) == 0:
-            names = ", ".join(p.motif.name for p in self.proposals)
-            raise ValueError(f"no instance of the proposals' motifs ({names}) was found in this model")
+            wanted = "; ".join(f"{p.motif.name} looks for {p.motif.describe()}" for p in self.proposals)
+            raise ValueError(f"no instance of the proposals' motifs was found in this model: {wanted}; {_summary(fg)}")
         self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel", self.device, self.compile)
         if self.gibbs_prob == 0.0:
             covered = set()
@@ -550,6 +550,17 @@ class NeuralBlockKernel(GraphKernel):
             "compile_seconds": sum(f.compile_seconds for f in self.fused if f is not None)
             + (self.single_site.compile_seconds if hasattr(self, "single_site") else 0.0),
         }
+
+
+def _summary(fg: FactorGraph) -> str:
+    """What a graph has, for error messages: its variables' domains and its factors' kinds and table shapes."""
+    cards = sorted({int(k) for k in fg.cardinalities[fg.latent].tolist()})
+    kinds = []
+    for group in fg.groups:
+        shape = getattr(group, "table_shape", None)
+        kinds.append(f"{group.num_factors} tables of shape {list(shape)}" if shape else type(group).__name__)
+    domains = ", ".join("continuous" if k == 0 else f"{k}-ary" for k in cards)
+    return f"the model has latent variables that are {domains or 'absent'} and factors: {'; '.join(kinds)}"
 
 
 def _order_of(blocks: Tensor, found: Tensor) -> Tensor | None:
