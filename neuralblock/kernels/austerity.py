@@ -583,7 +583,7 @@ class AusterityMH(MCMCKernel):
         for cached in (self._current_full, self._proposed_full):
             if cached is not None and cached[1] == self._version and torch.equal(cached[0], z):
                 current = cached[2]
-        if current is None and self.sections.vectorized:  # both points in one run
+        if current is None and self.sections.batched:  # both points in one call
             both = self.sections.evaluate_many(self._fixed, batch, None)
             current, new = (SectionTerms(both.global_term[p], both.sections[p]) for p in (0, 1))
         else:
@@ -606,7 +606,7 @@ class AusterityMH(MCMCKernel):
         ``_FUSED_MAX_SECTIONS`` sections use two runs, so that autograd covers only ``θ̂``'s:
         there the arithmetic, not the per-run overhead, dominates.
         """
-        if self._cv_point is not None and self.sections.vectorized:
+        if self._cv_point is not None and self.sections.batched:
             # the three points are one leaf: autograd reaches θ̂'s row without cat/slice nodes in each backward pass
             leaf = torch.stack([z.detach(), z_new.detach(), self._cv_point]).requires_grad_(True)
             values, log_jacobian = self._constrain(leaf)

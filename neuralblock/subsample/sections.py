@@ -111,6 +111,9 @@ class SectionEvaluator:
             their value that the plate indexes (negative, counted from the right).
         validate: keep Pyro's argument validation on during runs (off by default: it costs
             more than a small mini-batch's arithmetic).
+        direct: evaluate through the direct likelihood path (:class:`~neuralblock.subsample.likelihood.DirectPath`:
+            the run is traced once per input layout and replayed as a tensor graph); models it cannot
+            compile fall back to Pyro runs, with a warning.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class SectionEvaluator:
         kwargs: dict[str, Any] | None = None,
         local_dims: dict[str, int] | None = None,
         validate: bool = False,
+        direct: bool = True,
     ) -> None:
         self.model, self.plate, self.num_sections = model, plate, int(num_sections)
         self.args, self.kwargs = tuple(args), dict(kwargs or {})
@@ -131,6 +135,48 @@ class SectionEvaluator:
         self.vectorized = False
         self._nesting: int | None = None
         self._event_dims: dict[str, int] = {}
+        self.direct_failure: str | None = None
+        self.direct: Any = None
+        if direct:
+            from neuralblock.subsample.likelihood import DirectPath
+
+            self.direct = DirectPath(self)
+
+    @property
+    def batched(self) -> bool:
+        """Whether :meth:`evaluate_many` evaluates ``P`` points in one call (direct path, or a broadcasting model)."""
+        return self.direct is not None or self.vectorized
+
+    def _via_direct(
+        self,
+        batch: dict[str, Tensor],
+        shared: dict[str, Tensor],
+        idx: Tensor | None,
+        with_global: bool,
+        points: int | None,
+    ) -> SectionTerms | None:
+        """The terms through the direct path, or ``None`` if it is off (switched off, with a warning, on failure)."""
+        if self.direct is None:
+            return None
+        from neuralblock.subsample.likelihood import CompileError
+
+        try:
+            return self.direct.terms(batch, shared, idx, with_global, points)
+        except CompileError as err:
+            self._drop_direct(str(err))
+            return None
+
+    def _drop_direct(self, reason: str) -> None:
+        plain, self.direct, self.direct_failure = bool(self.direct.plain), None, reason
+        warnings.warn(
+            f"the model's plate {self.plate!r} cannot be compiled to the direct likelihood path ({reason}); "
+            "falling back to one Pyro run per evaluation (slower)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        if plain:  # the direct path was what made a model that ignores its indices lazy
+            self.lazy = False
+            _warn_not_lazy(self.plate)
 
     # -- running the model --------------------------------------------------------------
     def _run(
@@ -218,11 +264,13 @@ class SectionEvaluator:
         if not self.lazy:
             full = self.evaluate_full(values)
             return SectionTerms(full.global_term, full.sections[idx])
-        return self._run(values, idx, with_global)
+        direct = self._via_direct({}, values, idx, with_global, None)
+        return direct if direct is not None else self._run(values, idx, with_global)
 
     def evaluate_full(self, values: dict[str, Tensor]) -> SectionTerms:
         """Global term and all ``N`` per-section log-probs, from one ordinary model run."""
-        return self._run(values, None)
+        direct = self._via_direct({}, values, None, True, None)
+        return direct if direct is not None else self._run(values, None)
 
     def terms_of_trace(self, sites: list[dict[str, Any]]) -> SectionTerms:
         """Global term and all ``N`` per-section log-probs of a full run's sample sites (e.g. a setup trace).
@@ -285,6 +333,9 @@ class SectionEvaluator:
         if idx is not None and not self.lazy:
             full = self.evaluate_many(values, batch, None)
             return SectionTerms(full.global_term, full.sections[:, idx])
+        direct = self._via_direct(batch, values, idx, with_global, points)
+        if direct is not None:
+            return direct
         if not self.vectorized:
             point = [{**values, **{s: v[p] for s, v in batch.items()}} for p in range(points)]
             runs = [self._run(v, idx, with_global) for v in point]
@@ -395,23 +446,32 @@ class SectionEvaluator:
         idx = torch.arange(n - k, n)
         try:
             trial = self._run(values, idx)
-            reference = full if full is not None else self.evaluate_full(values)
+            reference = full if full is not None else self._run(values, None)
             ok = bool(
                 torch.allclose(trial.sections.double(), reference.sections[idx].double(), rtol=1e-4, atol=1e-4)
                 and torch.allclose(trial.global_term.double(), reference.global_term.double(), rtol=1e-4, atol=1e-4)
             )
         except (ValueError, RuntimeError, IndexError):
             ok = False
+        if not ok and self.direct is not None:  # a model that ignores its indices: re-index its data in the graph
+            self.direct.plain = True
+            ok = self._via_direct({}, values, idx, True, None) is not None
+            if not ok:
+                return False  # _drop_direct warned
         if not ok:
-            warnings.warn(
-                f"the model does not evaluate plate {self.plate!r} on the indices it is given (write it as "
-                f"`with pyro.plate({self.plate!r}, N) as idx: ... obs=y[idx]`); every section will be evaluated, "
-                "so the kernel is not sublinear for this model",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            _warn_not_lazy(self.plate, stacklevel=4)
         self.lazy = ok
         return ok
+
+
+def _warn_not_lazy(plate: str, stacklevel: int = 5) -> None:
+    warnings.warn(
+        f"the model does not evaluate plate {plate!r} on the indices it is given (write it as "
+        f"`with pyro.plate({plate!r}, N) as idx: ... obs=y[idx]`); every section will be evaluated, "
+        "so the kernel is not sublinear for this model",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
 
 
 _RECORDER: type | None = None

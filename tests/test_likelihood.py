@@ -1,0 +1,193 @@
+"""The direct likelihood path equals the Pyro model's own log density on random models, plates and index sets."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import pytest
+import torch
+
+from neuralblock.subsample import SectionEvaluator
+from neuralblock.subsample.likelihood import CompileError, LogLikelihood, bucket_size
+
+STYLES = ("matmul", "broadcast", "einsum", "plain")
+FAMILIES = ("normal", "bernoulli", "poisson", "student", "gamma")
+
+
+def _random_model(seed: int) -> tuple[Callable[[], None], str, str, int]:
+    """A random GLM-like model: family, way of writing the linear predictor, plate size, dimension."""
+    gen = torch.Generator().manual_seed(seed)
+    family = FAMILIES[seed % len(FAMILIES)]
+    style = STYLES[(seed // len(FAMILIES)) % len(STYLES)]
+    n = int(torch.randint(20, 300, (1,), generator=gen))
+    d = int(torch.randint(1, 6, (1,), generator=gen))
+    X = torch.randn(n, d, generator=gen)
+    eta = X @ torch.randn(d, generator=gen) * 0.5
+    y = {
+        "normal": eta + torch.randn(n, generator=gen),
+        "bernoulli": torch.bernoulli(torch.sigmoid(eta), generator=gen),
+        "poisson": torch.poisson(eta.exp(), generator=gen),
+        "student": eta + torch.randn(n, generator=gen) * 2,
+        "gamma": torch.distributions.Gamma(2.0, 2.0 / eta.exp()).sample(),
+    }[family]
+
+    def predictor(w: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        data = X if rows is None else X[rows]
+        if style == "matmul":
+            return data @ w
+        if style == "broadcast":
+            return (data * w.unsqueeze(-2)).sum(-1)
+        return torch.einsum("nd,...d->...n", data, w)
+
+    def likelihood(eta: torch.Tensor, s: torch.Tensor) -> dist.Distribution:
+        return {
+            "normal": lambda: dist.Normal(eta, s),
+            "bernoulli": lambda: dist.Bernoulli(logits=eta),
+            "poisson": lambda: dist.Poisson(eta.exp()),
+            "student": lambda: dist.StudentT(4.0, eta, s),
+            "gamma": lambda: dist.Gamma(s, s / eta.exp()),
+        }[family]()
+
+    def model() -> None:
+        w = pyro.sample("w", dist.Normal(torch.zeros(d), 1.0).to_event(1))
+        s = pyro.sample("s", dist.LogNormal(0.0, 0.5))
+        if style == "plain":
+            with pyro.plate("data", n):
+                pyro.sample("y", likelihood(predictor(w, None), s), obs=y)
+        else:
+            with pyro.plate("data", n) as idx:
+                pyro.sample("y", likelihood(predictor(w, idx), s), obs=y[idx])
+
+    return model, family, style, n
+
+
+def _pyro_per_datum(model: Callable[[], None], values: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The Pyro model's own per-datum log-likelihood at ``values`` (an ordinary full trace)."""
+    trace = poutine.trace(poutine.condition(model, data=values)).get_trace()
+    return trace.nodes["y"]["fn"].log_prob(trace.nodes["y"]["value"])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_direct_path_equals_the_pyro_log_density_on_random_models(seed: int) -> None:
+    model, family, style, n = _random_model(seed)
+    log_lik = LogLikelihood(model)
+    assert log_lik.evaluator.direct is not None and log_lik.evaluator.lazy, (family, style)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    d = log_lik.shapes["w"][0]
+    for points in (1, 2, 3):
+        params = {"w": torch.randn(points, d, generator=gen), "s": torch.rand(points, generator=gen) + 0.5}
+        for k in (1, 7, 16, 100, n):  # index sets of many sizes (bucketed and padded), with repeats for k = 7
+            k = min(k, n)
+            idx = torch.randint(n, (k,), generator=gen) if k == 7 else torch.randperm(n, generator=gen)[:k]
+            got = log_lik(params, idx)
+            assert got.shape == (points, k)
+            for p in range(points):
+                want = _pyro_per_datum(model, {"w": params["w"][p], "s": params["s"][p]})[idx]
+                assert torch.allclose(got[p], want, rtol=1e-5, atol=1e-4), (family, style, points, k)
+        full = log_lik(params, None)
+        want = torch.stack([_pyro_per_datum(model, {"w": params["w"][p], "s": params["s"][p]}) for p in range(points)])
+        assert torch.allclose(full, want, rtol=1e-5, atol=1e-4)
+
+
+def test_potential_fn_is_minus_the_log_joint_with_jacobian() -> None:
+    model, _, _, n = _random_model(3)
+    log_lik = LogLikelihood(model)
+    potential = log_lik.potential_fn()
+    transforms = log_lik.transforms()
+    w, s = torch.linspace(-0.3, 0.3, log_lik.shapes["w"][0]), torch.tensor(1.3)
+    trace = poutine.trace(poutine.condition(model, data={"w": w, "s": s})).get_trace()
+    jacobian = transforms["s"].inv.log_abs_det_jacobian(transforms["s"](s), s)
+    want = -(trace.log_prob_sum() + jacobian)
+    got = potential({"w": w, "s": transforms["s"](s)})
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
+    weights = torch.full((n,), 1.0)
+    weighted = log_lik.weighted_potential_fn(torch.arange(n), weights)({"w": w, "s": transforms["s"](s)})
+    assert torch.allclose(weighted, want, rtol=1e-5, atol=1e-4)
+
+
+def test_gradients_flow_through_the_graph() -> None:
+    model, _, _, n = _random_model(0)
+    log_lik = LogLikelihood(model)
+    w = torch.zeros(2, log_lik.shapes["w"][0], requires_grad=True)
+    idx = torch.arange(min(n, 10))
+    (grad,) = torch.autograd.grad(log_lik({"w": w, "s": torch.ones(2)}, idx).sum(), w)
+    w_ref = torch.zeros(log_lik.shapes["w"][0], requires_grad=True)
+    (want,) = torch.autograd.grad(_pyro_per_datum(model, {"w": w_ref, "s": torch.tensor(1.0)})[idx].sum(), w_ref)
+    assert torch.allclose(grad[0], want, atol=1e-5)
+
+
+Y = torch.randn(50)
+
+
+def branching_model() -> None:
+    """Python control flow on a parameter value: the graph cannot replay it."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    scale = 1.0 if float(mu) > 0 else 3.0
+    with pyro.plate("data", 50) as idx:
+        pyro.sample("y", dist.Normal(mu, scale), obs=Y[idx])
+
+
+def test_uncompilable_model_raises_or_falls_back_with_a_warning() -> None:
+    with pytest.raises(CompileError, match="tracing the model failed|disagrees"):
+        LogLikelihood(branching_model)
+    with pytest.warns(RuntimeWarning, match="cannot be compiled"):
+        log_lik = LogLikelihood(branching_model, strict=False)
+    assert log_lik.evaluator.direct is None
+    mu = torch.tensor([-0.5, 0.5])
+    got = log_lik({"mu": mu}, torch.tensor([3, 4]))
+    want = torch.stack([dist.Normal(m, 1.0 if m > 0 else 3.0).log_prob(Y[[3, 4]]) for m in mu])
+    assert torch.allclose(got, want)
+
+
+def latent_local_model() -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", 50) as idx:
+        z = pyro.sample("z", dist.Normal(mu, 1.0))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=Y[idx])
+
+
+def test_latent_sites_inside_the_plate_are_named() -> None:
+    with pytest.raises(ValueError, match="'z'"):
+        LogLikelihood(latent_local_model)
+
+
+def scaled_model() -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", 50) as idx, poutine.scale(scale=2.5):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=Y[idx])
+
+
+def test_user_scales_are_kept_and_the_plate_factor_divided_out() -> None:
+    got = LogLikelihood(scaled_model)({"mu": torch.tensor([0.2])}, torch.tensor([1, 2, 3]))
+    assert torch.allclose(got[0], 2.5 * dist.Normal(0.2, 1.0).log_prob(Y[[1, 2, 3]]))
+
+
+def test_fixed_local_latent_through_the_direct_path() -> None:
+    z = torch.linspace(-1, 1, 50)
+    sections = SectionEvaluator(latent_local_model, "data", 50, local_dims={"z": -1})
+    values = {"mu": torch.tensor(0.3), "z": z}
+    assert sections.check_lazy(values)
+    idx = torch.tensor([8, 1, 33])
+    expected = dist.Normal(0.3, 1.0).log_prob(z[idx]) + dist.Normal(z[idx], 1.0).log_prob(Y[idx])
+    assert torch.allclose(sections.evaluate(values, idx).sections, expected)
+    assert sections.direct is not None and sections.direct._graphs
+
+
+def test_bucket_sizes_are_powers_of_two_up_to_n() -> None:
+    assert [bucket_size(k, 1000) for k in (1, 16, 17, 100, 600)] == [16, 16, 32, 128, 600]
+    assert all(bucket_size(k, 10**6) >= k for k in range(1, 2000, 37))
+    assert math.log2(bucket_size(300, 10**6)).is_integer()
+
+
+def test_plain_plate_model_is_lazy_through_the_direct_path() -> None:
+    model, _, style, n = _random_model(15)  # a plain obs=y plate
+    assert style == "plain"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "not sublinear" warning: the direct path re-indexes the data
+        log_lik = LogLikelihood(model)
+    assert log_lik.evaluator.lazy and log_lik.evaluator.direct.plain
