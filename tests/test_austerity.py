@@ -192,11 +192,12 @@ def test_setup_runs_the_full_model_once() -> None:
             sizes.append(idx.numel())
             pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
 
-    kernel = AusterityMH(counted, epsilon=0.05, batch_size=50, normality_check=False)
+    # (the default control variate's mode search makes a few more full passes, through the compiled graph)
+    kernel = AusterityMH(counted, epsilon=0.05, batch_size=50, normality_check=False, control_variate=None)
     kernel.setup(0, X, Y)
     assert sizes.count(N) == 1 and kernel.sections.lazy
     sizes.clear()
-    kernel = AusterityMH(counted, epsilon=0.05, batch_size=50, normality_check=False)
+    kernel = AusterityMH(counted, epsilon=0.05, batch_size=50, normality_check=False, control_variate=None)
     kernel.initial_params = {"w": torch.zeros(3)}
     kernel.setup(0, X, Y)
     assert sizes.count(N) == 2 and kernel.sections.lazy
@@ -431,3 +432,63 @@ def test_python_bool_mask_inside_the_plate_matches_the_unmasked_model() -> None:
             chain.append(params["var"])
         draws.append(torch.stack(chain))
     assert torch.equal(draws[0], draws[1]) and draws[0].unique().numel() > 1
+
+
+def test_step_adaptation_feeds_on_exact_decisions_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = AusterityMH(logistic, epsilon=0.1, batch_size=50, control_variate=None, normality_check=False)
+    kernel.setup(20, X, Y)
+    assert kernel._adapt and kernel.warmup_exact_every == 4
+    used: list[int] = []
+    update = kernel.adapter.update
+
+    def record(*args: object) -> None:
+        used.append(kernel._last_used)
+        update(*args)
+
+    test = kernel._test
+
+    def remember(*args: object, **kwargs: object):
+        info = test(*args, **kwargs)
+        kernel._last_used = info.n_used
+        return info
+
+    monkeypatch.setattr(kernel.adapter, "update", record)
+    monkeypatch.setattr(kernel, "_test", remember)
+    params = kernel.initial_params
+    for _ in range(20):
+        params = kernel.sample(params)
+    assert len(used) == 5 and all(n == N for n in used)  # warmup transitions 0, 4, ..., 16 are exact
+
+
+def test_default_control_variate_is_the_posterior_mode_with_the_laplace_walk() -> None:
+    kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, normality_check=False)
+    kernel.setup(0, X, Y)
+    assert kernel._cv_point is not None and kernel._scale is not None and kernel._scale.shape == (3, 3)
+    assert not kernel._adapt  # the Laplace walk at 2.38/sqrt(d) is not adapted by default
+    # the mode: the log posterior's gradient vanishes there (prior N(0, 1): gradient -w)
+    assert torch.allclose(kernel._cv_grad - kernel._cv_point, torch.zeros(3), atol=1e-3)
+    exact = AusterityMH(logistic, epsilon=0.0, normality_check=False)
+    exact.setup(0, X, Y)
+    assert exact._cv_point is None  # exact MH needs no proxy
+
+
+def test_audit_counts_decisions_and_warns_when_they_are_too_often_wrong() -> None:
+    kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, audit_every=1, normality_check=False)
+    kernel.setup(0, X, Y)
+    params = kernel.initial_params
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(30):
+            params = kernel.sample(params)
+    record = kernel.diagnostics()
+    assert record["audited_decisions"] == 30 and record["audited_error_rate"] <= 0.2
+    from neuralblock.subsample import SequentialTestInfo
+
+    right, wrong = (
+        SequentialTestInfo(True, True, 50, 1, 0.01, 0.0, False),
+        SequentialTestInfo(False, False, N, 1, 0, 0, False),
+    )
+    kernel._reset_stats()
+    with pytest.warns(RuntimeWarning, match="audited decisions differ"):
+        for i in range(12):  # 4 of 12 wrong at epsilon 0.05: far above the bound
+            kernel._audit(right, wrong if i % 3 == 0 else right)

@@ -206,7 +206,9 @@ class AusterityMH(MCMCKernel):
             distribution over ``z'`` (event shape ``[d]``); non-symmetric proposals get their
             Hastings correction.
         step_size: initial random-walk step (default ``2.38/√d``, times ``proposal_scale``).
-        adapt_step_size: adapt the step during warmup towards ``target_accept`` (Robbins-Monro).
+        adapt_step_size: adapt the step during warmup towards ``target_accept`` (Robbins-Monro, on exact
+            decisions only, see ``warmup_exact_every``). Default: adapt unless the walk is shaped by the
+            Laplace covariance of the ``"mode"`` control variate (then ``2.38/√d`` is already near-optimal).
         normality_check: at the first transition, check on a few trial proposals that the
             per-section log-ratios are light-tailed enough for the t-test; warn if not.
         proposal_scale: random-walk scale in the flat unconstrained space: a float, a ``[d]``
@@ -214,16 +216,28 @@ class AusterityMH(MCMCKernel):
             approximation's), whose Cholesky factor shapes the steps.
         target_accept: adaptation target (default 0.44 for ``d = 1``, else 0.234).
         control_variate: constrained values ``{site: value}`` of a reference point ``θ̂``
-            (e.g. the posterior mode): subtract the first-order Taylor proxy of each section's
-            log-ratio around it (its full sum costs one O(N) pass at setup). Cannot be
-            combined with :meth:`condition_on`.
+            (e.g. the posterior mode): subtract the second-order Taylor proxy of each section's
+            log-ratio around it (its full sum costs one O(N) pass at setup). ``"mode"`` (the
+            default) finds the posterior mode at setup (Newton steps on full-data passes through the
+            direct likelihood path, a few O(N) passes) and, unless ``proposal_scale`` or ``proposal`` is
+            given, also shapes the random walk by the Laplace covariance there. ``None``: no control
+            variate (the seed paper's test, which is biased on correlated or heavy-tailed data:
+            see the bias bench). Not used with :meth:`condition_on` (a ``"mode"`` default is
+            dropped when it is called; given values raise).
         control_variate_hessian: the Hessian ``[d, d]`` of the summed section log-likelihoods at
             the control-variate point, in the flat unconstrained coordinates, if already known
             (e.g. from a Laplace fit); skips the ``d`` autograd passes over the data at setup.
         normality_sections: sections per trial proposal of the normality check.
         batch_growth: each later stage of the test draws ``batch_growth`` times more sections
-            than the previous one (1: every stage draws ``batch_size``). With ``2`` a decision
-            takes ``O(log(N / batch_size))`` stages, i.e. model runs, instead of up to ``N / batch_size``.
+            than the previous one (1: every stage draws ``batch_size``). With ``2`` (the default) a decision
+            takes ``O(log(N / batch_size))`` stages, i.e. model runs, instead of up to ``N / batch_size``
+            (about 300 at ``N = 1e5`` with growth 1, slower than evaluating all the data).
+        warmup_exact_every: step-size adaptation feeds on exact accept decisions only (an approximate
+            test's accepts are biased and would push the step up): every ``warmup_exact_every``-th
+            warmup transition runs the exact test, and only those update the step.
+        audit_every: every ``audit_every``-th post-warmup transition (0: never) the same proposal and
+            uniform are also decided exactly; the measured rate of wrong decisions is reported in
+            :meth:`diagnostics` and a warning is given when it is clearly above ``epsilon``.
 
     Raises:
         ValueError: bad ``epsilon``, ``batch_size``, ``batch_growth``, ``step_size`` or scale.
@@ -239,15 +253,17 @@ class AusterityMH(MCMCKernel):
         batch_size: int = 100,
         proposal: Callable[[Tensor], Distribution] | None = None,
         step_size: float | None = None,
-        adapt_step_size: bool = True,
+        adapt_step_size: bool | None = None,
         normality_check: bool = True,
         *,
         proposal_scale: float | Tensor | None = None,
         target_accept: float | None = None,
-        control_variate: dict[str, Tensor] | None = None,
+        control_variate: dict[str, Tensor] | str | None = "mode",
         control_variate_hessian: Tensor | None = None,
         normality_sections: int = 1000,
-        batch_growth: float = 1.0,
+        batch_growth: float = 2.0,
+        warmup_exact_every: int = 4,
+        audit_every: int = 200,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
@@ -263,6 +279,11 @@ class AusterityMH(MCMCKernel):
             raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
         if not (isinstance(batch_growth, int | float) and batch_growth >= 1.0):
             raise ValueError(f"batch_growth must be a number >= 1, got {batch_growth!r}")
+        if isinstance(control_variate, str) and control_variate != "mode":
+            raise ValueError(f"control_variate must be a dict of site values, 'mode' or None, got {control_variate!r}")
+        for name, value in (("warmup_exact_every", warmup_exact_every), ("audit_every", audit_every)):
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= 0):
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if sites is not None and (isinstance(sites, str) or not all(isinstance(s, str) for s in sites)):
             raise TypeError(f"sites must be a list of site names, got {sites!r}")
         self._model = model
@@ -273,7 +294,13 @@ class AusterityMH(MCMCKernel):
         self._step_arg, self.adapt_step_size, self._target_arg = step_size, adapt_step_size, target_accept
         self.normality_check = normality_check
         self._scale_arg = None if proposal_scale is None else torch.as_tensor(proposal_scale, dtype=torch.float32)
-        self._cv_arg = None if control_variate is None else {k: torch.as_tensor(v) for k, v in control_variate.items()}
+        self._cv_mode = control_variate == "mode"
+        self._cv_arg = (
+            None
+            if control_variate is None or isinstance(control_variate, str)
+            else {k: torch.as_tensor(v) for k, v in control_variate.items()}
+        )
+        self.warmup_exact_every, self.audit_every = int(warmup_exact_every), int(audit_every)
         self._cv_hess_arg = None if control_variate_hessian is None else torch.as_tensor(control_variate_hessian)
         self.normality_sections = int(normality_sections)
         self.batch_growth = float(batch_growth)
@@ -365,10 +392,10 @@ class AusterityMH(MCMCKernel):
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
         z0 = self._flatten(self._initial)
         self._check_lazy(z0, nodes if from_trace else None, by_name)
-        self._setup_proposal()
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
         self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])
-        self._setup_control_variate()
+        laplace = self._setup_control_variate(z0)
+        self._setup_proposal(laplace)
 
     def _check_lazy(self, z0: Tensor, nodes: list[dict] | None, by_name: dict[str, dict]) -> None:
         """Check that the model honours injected indices, from the setup trace's terms when it has them.
@@ -408,8 +435,13 @@ class AusterityMH(MCMCKernel):
             )
         return candidates.pop()
 
-    def _setup_proposal(self) -> None:
+    def _setup_proposal(self, laplace: Tensor | None = None) -> None:
+        """Random-walk scale and step adapter (``laplace``: the Laplace covariance of a ``"mode"`` control variate)."""
         scale = self._scale_arg
+        self._adapt = self.adapt_step_size if self.adapt_step_size is not None else True
+        if scale is None and laplace is not None and self.proposal is None:
+            scale = laplace
+            self._adapt = bool(self.adapt_step_size)
         if scale is not None:
             if scale.dim() == 2:
                 if scale.shape != (self.dim, self.dim):
@@ -428,33 +460,116 @@ class AusterityMH(MCMCKernel):
         target = self._target_arg if self._target_arg is not None else (0.44 if self.dim == 1 else 0.234)
         self.adapter = StepSizeAdapter(1, initial, target)
 
-    def _setup_control_variate(self) -> None:
+    def _setup_control_variate(self, z0: Tensor) -> Tensor | None:
+        """Set the control variate's point, gradient and Hessian; return the Laplace covariance of a ``"mode"`` one."""
         self._cv_point: Tensor | None = None
         self._cv_grad: Tensor | None = None
         self._cv_hess: Tensor | None = None
-        if self._cv_arg is None:
-            return
-        missing = [s for s in self.sites if s not in self._cv_arg]
-        if missing:
-            raise ValueError(f"control_variate lacks sites {missing}")
-        point = torch.cat(
-            [self.transforms[s](self._cv_arg[s].reshape(self._shapes[s])).reshape(-1) for s in self.sites]
-        ).detach()
+        if self._cv_arg is None and (not self._cv_mode or self.epsilon == 0):  # exact MH needs no proxy
+            return None
+        if self._cv_arg is not None:
+            missing = [s for s in self.sites if s not in self._cv_arg]
+            if missing:
+                raise ValueError(f"control_variate lacks sites {missing}")
+            point = torch.cat(
+                [self.transforms[s](self._cv_arg[s].reshape(self._shapes[s])).reshape(-1) for s in self.sites]
+            ).detach()
+        else:
+            point = z0.detach().clone()
         known = self._cv_hess_arg
         if known is not None and known.shape != (self.dim, self.dim):
             raise ValueError(f"control_variate_hessian must be {self.dim}x{self.dim}, got {tuple(known.shape)}")
+        if self._cv_arg is None:  # "mode": Newton steps on the log posterior (a few O(N d) passes, at setup only)
+            point, grad, hess, log_post = self._find_mode(point)
+            if point is None:
+                warnings.warn(
+                    "AusterityMH: the posterior mode search for the default control variate failed (non-finite "
+                    "log density); running without a control variate, whose test is biased on hard data",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return None
+        else:
+            grad, hess = self._likelihood_derivatives(point, second=known is None)
+            log_post = None
+        hess = known.to(point.dtype) if known is not None else hess
+        self._cv_point, self._cv_grad, self._cv_hess = point, grad, 0.5 * (hess + hess.T)
+        if log_post is None:
+            return None
+        try:  # the Laplace covariance: minus the inverse Hessian of the log posterior at the mode
+            return torch.linalg.inv(-log_post.double()).to(point.dtype)
+        except RuntimeError:
+            return None
+
+    def _likelihood_derivatives(self, point: Tensor, second: bool = True) -> tuple[Tensor, Tensor]:
+        """Gradient and Hessian (zeros unless ``second``) of the summed section log-likelihoods at ``point``."""
         grad = torch.zeros(self.dim, dtype=point.dtype)
         hess = torch.zeros(self.dim, self.dim, dtype=point.dtype)
-        for start in range(0, self.num_sections, _CV_CHUNK):  # one O(N d) pass, at setup only
+        for start in range(0, self.num_sections, _CV_CHUNK):  # one O(N d) pass
             idx = torch.arange(start, min(start + _CV_CHUNK, self.num_sections))
             z = point.clone().requires_grad_(True)
             total = self.sections.evaluate(self._values(z), idx, with_global=False).sections.sum()
-            (g,) = torch.autograd.grad(total, z, create_graph=known is None)
+            (g,) = torch.autograd.grad(total, z, create_graph=second)
             grad += g.detach()
-            if known is None:
+            if second:
                 hess += torch.stack([_grad_or_zero(g[j], z, retain_graph=True) for j in range(self.dim)])
-        hess = known.to(point.dtype) if known is not None else hess
-        self._cv_point, self._cv_grad, self._cv_hess = point, grad, 0.5 * (hess + hess.T)
+        return grad, hess
+
+    def _global_derivatives(self, point: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Log prior plus log-Jacobian at ``point``, with its gradient and Hessian (O(d²), no data)."""
+
+        def log_prior(z: Tensor) -> Tensor:
+            values, log_jacobian = self._constrain(z.unsqueeze(0))
+            terms = self.sections.evaluate_many(self._fixed, values, torch.arange(1), with_global=True)
+            return terms.global_term[0] + log_jacobian[0]
+
+        z = point.detach().clone().requires_grad_(True)
+        value = log_prior(z)
+        (grad,) = torch.autograd.grad(value, z, create_graph=True)
+        hess = torch.stack([_grad_or_zero(grad[j], z, retain_graph=True) for j in range(self.dim)])
+        return value.detach(), grad.detach(), hess.detach()
+
+    def _find_mode(self, point: Tensor, steps: int = 30) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
+        """Damped Newton ascent of the log posterior from ``point``.
+
+        Returns ``(mode, likelihood gradient, likelihood Hessian, log-posterior Hessian)`` at the mode, or
+        ``None`` for the mode when the search met a non-finite density.
+        """
+        dtype, z = point.dtype, point.double()
+        current = -math.inf
+        for _ in range(steps):
+            grad, hess = self._likelihood_derivatives(z.to(dtype), second=True)
+            value = float(self.sections.evaluate_full(self._values(z.to(dtype))).sections.double().sum())
+            prior, p_grad, p_hess = self._global_derivatives(z.to(dtype))
+            total = value + float(prior)
+            if not math.isfinite(total):
+                return None, grad, hess, hess
+            g, h = (grad + p_grad).double(), 0.5 * ((hess + p_hess) + (hess + p_hess).T).double()
+            eye = torch.eye(self.dim, dtype=torch.float64)
+            scale = float(h.abs().max()) + 1e-12
+            damping = 0.0 if bool((torch.linalg.eigvalsh(h) < 0).all()) else 1e-3 * scale
+            while True:  # Levenberg-Marquardt damping until the step is an ascent direction of a finite density
+                try:
+                    step = torch.linalg.solve(-(h - damping * eye), g)
+                except RuntimeError:
+                    step = g / scale
+                if damping > 1e6 * scale:
+                    step = torch.zeros_like(g)
+                    break
+                trial = z + step
+                trial_value = float(self.sections.evaluate_full(self._values(trial.to(dtype))).sections.double().sum())
+                trial_total = trial_value + float(self._global_derivatives(trial.to(dtype))[0])
+                if math.isfinite(trial_total) and trial_total >= total - 1e-9 * abs(total):
+                    break
+                damping = max(10.0 * damping, 1e-3 * scale)
+            z = z + step
+            if float(step.abs().max()) < 1e-6 or abs(total - current) < 1e-10 * (1.0 + abs(total)):
+                break
+            current = total
+        mode = z.to(dtype)
+        grad, hess = self._likelihood_derivatives(mode, second=True)
+        p_hess = self._global_derivatives(mode)[2]
+        return mode, grad, hess, hess + p_hess
 
     def condition_on(self, values: dict[str, Tensor]) -> None:
         """Hold the model's other latent sites at ``values`` (constrained) for later transitions.
@@ -474,6 +589,7 @@ class AusterityMH(MCMCKernel):
             raise TypeError(f"values must be a dict of site -> tensor, got {type(values).__name__}")
         if self._cv_arg is not None:
             raise ValueError("condition_on cannot be combined with control_variate (its O(N) sum depends on them)")
+        self._cv_mode = False  # the default control variate is dropped: its O(N) sum would depend on these values
         own = [k for k in values if k in self.sites]
         if own:
             raise ValueError(f"condition_on got sites {own} that this kernel updates")
@@ -500,13 +616,36 @@ class AusterityMH(MCMCKernel):
             self.normality = self._check_normality(z)
         start = time.perf_counter()
         proposal = self._propose(z)
-        info = self._test(z, proposal)
-        elapsed = time.perf_counter() - start
-        if warmup and self.adapt_step_size and self.proposal is None:
+        adapting = warmup and self._adapt and self.proposal is None
+        exact = adapting and self.warmup_exact_every > 0 and self._t % self.warmup_exact_every == 0
+        log_u = math.log(float(torch.rand(())))
+        info = self._test(z, proposal, log_u, exact=exact)
+        if adapting and info.n_used >= self.num_sections and not info.nonfinite:  # exact decisions only
             self.adapter.update(torch.zeros(1, dtype=torch.long), torch.tensor([float(info.accept)]))
+        if not warmup and self.audit_every and self.epsilon > 0 and (self._n + 1) % self.audit_every == 0:
+            self._audit(info, self._test(z, proposal, log_u, exact=True))
+        elapsed = time.perf_counter() - start
         self._record(info, warmup, elapsed)
         self._t += 1
         return self._unflatten(proposal.value if info.accept else z)
+
+    def _audit(self, info: SequentialTestInfo, exact: SequentialTestInfo) -> None:
+        """Count a decision checked against the exact one; warn once when wrong decisions are clearly above ε."""
+        if info.nonfinite or exact.nonfinite:
+            return
+        self._audits += 1
+        self._audit_errors += int(info.accept != exact.accept)
+        rate, n = self._audit_errors / self._audits, self._audits
+        bound = self.epsilon + 3.0 * math.sqrt(self.epsilon * (1 - self.epsilon) / n)  # about 0.1% false alarms
+        if n >= 10 and self._audit_errors >= 3 and rate > bound and not self._audit_warned:
+            self._audit_warned = True
+            warnings.warn(
+                f"AusterityMH: {self._audit_errors} of {n} audited decisions differ from exact MH's "
+                f"(rate {rate:.3f} > epsilon {self.epsilon}); the sequential test's assumptions fail here and the "
+                "chain's posterior is biased; use a control variate, a smaller epsilon or a larger batch_size",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def logging(self) -> dict[str, float]:
         """Running acceptance, mean data fraction and mean stages (cheap)."""
@@ -532,6 +671,10 @@ class AusterityMH(MCMCKernel):
             "seconds_per_transition": self._elapsed / n,
             "step_size": self.step_size if hasattr(self, "adapter") else float("nan"),
             "sublinear": bool(getattr(getattr(self, "sections", None), "lazy", True)),
+            "direct_path": getattr(getattr(self, "sections", None), "direct", None) is not None,
+            "control_variate": getattr(self, "_cv_point", None) is not None,
+            "audited_decisions": float(self._audits),
+            "audited_error_rate": self._audit_errors / self._audits if self._audits else float("nan"),
         }
         if self.normality is not None:
             record.update({f"normality_{k}": v for k, v in self.normality._asdict().items()})
@@ -543,10 +686,10 @@ class AusterityMH(MCMCKernel):
             return distribution_propose(z, self.proposal)
         return gaussian_walk_propose(z, self.step_size, self._scale)
 
-    def _test(self, z: Tensor, proposal: ProposalInfo) -> SequentialTestInfo:
+    def _test(self, z: Tensor, proposal: ProposalInfo, log_u: float, exact: bool = False) -> SequentialTestInfo:
         n_total, z_new = self.num_sections, proposal.value
-        log_u = math.log(float(torch.rand(())))
-        if self.epsilon == 0:  # exact MH: every section in one batch, the current state's terms cached
+        epsilon = 0.0 if exact else self.epsilon
+        if epsilon == 0:  # exact MH: every section in one batch, the current state's terms cached
             batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
             cur, nxt = self._exact_terms(z, z_new, batch)
             first, first_values, proxy = n_total, nxt.sections - cur.sections, torch.zeros((), dtype=torch.float64)
@@ -574,7 +717,7 @@ class AusterityMH(MCMCKernel):
             return pending.pop() if pending else draw_more(k)
 
         return sequential_test(
-            draw, mu0, n_total, self.batch_size, self.epsilon, first_batch_size=first, growth=self.batch_growth
+            draw, mu0, n_total, self.batch_size, epsilon, first_batch_size=first, growth=self.batch_growth
         )
 
     def _exact_terms(self, z: Tensor, z_new: Tensor, batch: dict[str, Tensor]) -> tuple[SectionTerms, SectionTerms]:
@@ -727,6 +870,8 @@ class AusterityMH(MCMCKernel):
     def _reset_stats(self) -> None:
         self._n = self._accepted = self._used = self._stages = self._early = self._nonfinite = 0
         self._bound = self._elapsed = 0.0
+        self._audits = self._audit_errors = 0
+        self._audit_warned = False
 
     # -- params <-> flat unconstrained vector --------------------------------------------
     def _flatten(self, params: dict[str, Tensor]) -> Tensor:

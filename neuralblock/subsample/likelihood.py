@@ -117,7 +117,7 @@ class DirectPath:
         k = n if idx is None else idx.shape[0]
         size = None if idx is None else bucket_size(k, n)
         b_vals, s_vals = list(batch.values()), list(shared.values())
-        shapes = tuple(v.shape for v in b_vals) + tuple(v.shape for v in s_vals)
+        shapes = tuple((v.shape, v.dtype) for v in b_vals) + tuple((v.shape, v.dtype) for v in s_vals)
         key = (*batch, None, *shared, shapes, points, size, with_global)
         graph = self._graphs.get(key)
         if graph is None:
