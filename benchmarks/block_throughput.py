@@ -4,7 +4,8 @@ Measures, side by side in one process, grid-motif block proposals per second (pr
 scored and accepted or rejected by exact MH) for one sweep over every instance of the
 shipped grid proposals' motif:
 
-* ``batched``: :class:`neuralblock.NeuralBlockKernel`'s colour classes, each one MDN forward
+* ``batched``: :class:`neuralblock.NeuralBlockKernel`'s colour classes on its general path (``fused=False``; the
+  fused path is measured by ``fused_blocks.py``), each one MDN forward
   pass, one scaffold evaluation and one vectorized MH test
   (:func:`neuralblock.kernels.neural_block.neural_block_step` per class);
 * ``loop``: the same step on one instance at a time, in the same class order, with every
@@ -60,7 +61,7 @@ def sweep_rates(fg: FactorGraph, proposal_name: str, rounds: int, sweeps: int) -
         True
     """
     proposal = load_pretrained(proposal_name)
-    kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, window=1)
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, window=1, fused=False)
     kernel.setup(0)
     classes = kernel.block_classes[0]
     per_instance = []

@@ -1,12 +1,16 @@
 """Study: neural block MCMC (NB+Gibbs) vs single-site Gibbs on grids, in the same engine.
 
 Instances: the 8 UAI Ising grids (shipped exact marginals), the three UAI 2008 grid
-BNs (exact marginals we computed and ship) and random grid BNs from the grid motif's
-instantiation distribution (exact marginals computed here with the junction tree).
-For every instance and seed, each sampler runs inside ``pyro.infer.MCMC`` for the same
-wall-time budget; the mean absolute marginal error is recorded against sweeps and
-seconds. Reported per instance: both final errors at equal wall time, and the time NB+Gibbs
-needs to reach Gibbs's final error as a fraction of Gibbs's time.
+BNs (exact marginals we computed and ship), random grid BNs from the grid motif's
+instantiation distribution, and *near-deterministic* random grid BNs from a generator the
+proposal never saw in training (a fraction of CPT rows at 0.02/0.98, the others uniform;
+:func:`near_deterministic_grid_bn`); exact marginals of random graphs are computed here with
+the junction tree. For every instance and seed, each sampler runs inside ``pyro.infer.MCMC``
+with the same number of vectorized chains (``--chains``) for the same time budget (CPU time
+of the process by default, ``--clock wall`` for wall time); the mean absolute marginal error
+of the chains' pooled draws is recorded against sweeps and seconds. Reported per instance:
+both final errors at equal time, and the time NB+Gibbs needs to reach Gibbs's final error as
+a fraction of Gibbs's time.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
 ``grid_study.md`` (table) and one PNG per instance.
@@ -23,6 +27,7 @@ import argparse
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 
 import pyro
@@ -42,6 +47,36 @@ UAI = [f"Grids_{i}" for i in range(11, 19)]
 STRONG = {"Grids_11", "Grids_12", "Grids_13", "Grids_14", "Grids_16", "Grids_17", "Grids_18"}  # f >= 5
 ERG = ["90-10-1", "90-14-1", "90-16-1"]
 RANDOM_SIZES = [10, 15, 20]
+NEAR_DETERMINISTIC_SIZES = [10, 15, 20]
+
+
+def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: float = 0.5) -> FactorGraph:
+    """A ``size x size`` grid BN (parents left and above) whose CPT rows are near-deterministic with ``fraction``.
+
+    A near-deterministic row puts 0.98 on a random value and 0.02 on the other; the rest are
+    uniform on the simplex. Not the grid motif's training distribution (one-hot rows).
+
+    Example:
+        >>> near_deterministic_grid_bn(3, torch.Generator().manual_seed(0)).num_factors
+        9
+    """
+    fg = FactorGraph()
+    for r in range(size):
+        for c in range(size):
+            fg.add_variable(f"V_{r}_{c}", 2)
+    by_arity: dict[int, list[list[int]]] = {}
+    for r in range(size):
+        for c in range(size):
+            parents = ([r * size + c - 1] if c else []) + ([(r - 1) * size + c] if r else [])
+            by_arity.setdefault(len(parents), []).append([*parents, r * size + c])
+    for arity, scopes in sorted(by_arity.items()):
+        rows = len(scopes) * 2**arity
+        sharp = torch.rand(rows, generator=generator) < fraction
+        high = torch.rand(rows, generator=generator) < 0.5
+        p_one = torch.where(sharp, torch.where(high, 0.98, 0.02), torch.rand(rows, generator=generator))
+        cpt = torch.stack([1 - p_one, p_one], -1).reshape(len(scopes), *([2] * arity), 2)
+        fg.add_table_factors(torch.tensor(scopes), cpt.log().to(torch.get_default_dtype()))
+    return fg
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument("--random-sizes", type=int, nargs="*", default=RANDOM_SIZES)
+    parser.add_argument("--nd-sizes", type=int, nargs="*", default=NEAR_DETERMINISTIC_SIZES)
+    parser.add_argument("--nd-fraction", type=float, default=0.5, help="near-deterministic CPT rows")
+    parser.add_argument("--chains", type=int, default=32, help="vectorized chains per sampler (the same for both)")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="time budget and time axis")
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")
     parser.add_argument(
         "--checkpoints",
@@ -64,8 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--from-json", default=None, help="rewrite the table and plots of a finished run's JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.seeds, args.random_sizes = 2.0, 1, [6]
-        args.instances = args.instances or ["Grids_12", "90-10-1", "random-bn-6"]
+        args.seconds, args.seeds, args.random_sizes, args.nd_sizes, args.chains = 2.0, 1, [6], [6], 4
+        args.instances = args.instances or ["Grids_12", "90-10-1", "random-bn-6", "nd-bn-6"]
     return args
 
 
@@ -84,6 +123,11 @@ def load_instances(args: argparse.Namespace) -> dict[str, tuple[FactorGraph, tor
         name = f"random-bn-{size}"
         if wanted is None or name in wanted:
             fg = random_grid_bn(size, size, torch.Generator().manual_seed(1000 + size))
+            out[name] = (fg, marginals(fg)[0].to(torch.get_default_dtype()), "bn")
+    for size in args.nd_sizes:
+        name = f"nd-bn-{size}"
+        if wanted is None or name in wanted:
+            fg = near_deterministic_grid_bn(size, torch.Generator().manual_seed(2000 + size), args.nd_fraction)
             out[name] = (fg, marginals(fg)[0].to(torch.get_default_dtype()), "bn")
     return out
 
@@ -187,7 +231,9 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     }
     table = "\n".join(
         [
-            f"Equal wall time ({seconds:g} s per sampler per seed, {seeds} seed(s)); errors are means "
+            f"Equal {'CPU' if record['config'].get('clock', 'wall') == 'cpu' else 'wall'} time ({seconds:g} s per "
+            f"sampler per seed, {seeds} seed(s), {record['config'].get('chains', 1)} vectorized chain(s) per sampler "
+            "with pooled draws); errors are means "
             "over seeds. `NB time / Gibbs time` is the time at which NB+Gibbs reaches Gibbs's final error, "
             "as a fraction of Gibbs's time (`-`: not reached): on the seed-mean error curves, and for the "
             "worst seed. `NB - Gibbs` is the mean over seeds of each seed's error difference at equal time, "
@@ -213,6 +259,16 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
         "the rest of the run barely moves the errors, consistent with each chain staying in the modes it fell "
         "into early."
     )
+    targets = {n: e["summary"] for n, e in record["instances"].items() if n in ERG or n.startswith("nd-bn-")}
+    target_wins = [n for n, x in targets.items() if (x["difference_p_value"] or 1.0) < 0.05 and x["difference"] < 0]
+    gibbs_better = [n for n, x in named.items() if (x["difference_p_value"] or 1.0) < 0.05 and x["difference"] > 0]
+    table += (
+        f"\n\nGrid BNs (UAI 2008 and near-deterministic random ones): NB+Gibbs is better at p < 0.05 on "
+        f"{len(target_wins)} of {len(targets)} ({', '.join(target_wins) or 'none'}). Gibbs is better at p < 0.05 on "
+        f"{len(gibbs_better)} of the {len(named)} UAI instances ({', '.join(gibbs_better) or 'none'})."
+    )
+    record["bn_instances_nb_better"] = target_wins
+    record["uai_instances_gibbs_better"] = gibbs_better
     record["wins_on_uai_instances"] = wins
     record["mode_locked_instances"] = locked
     record["strong_instances_within_half_time"] = halved
@@ -271,14 +327,17 @@ def main(argv: list[str] | None = None) -> dict:
         runs = record["instances"].setdefault(name, {"family": family, "num_variables": fg.num_variables, "runs": []})
         makers = {
             "NB+Gibbs": lambda fg=fg, family=family: NeuralBlockKernel(
-                fg, proposals=[proposals[family]], gibbs_prob=args.gibbs_prob
+                fg, proposals=[proposals[family]], gibbs_prob=args.gibbs_prob, chains=args.chains
             ),
-            "Gibbs": lambda fg=fg: GibbsKernel(fg),
+            "Gibbs": lambda fg=fg: GibbsKernel(fg, chains=args.chains),
         }
         run = {"seed": args.seed + s}
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         for label, make in makers.items():
             pyro.set_rng_seed(args.seed + s)
-            run[label] = run_for_seconds(make, fg, exact, args.seconds, progress=False, num_points=args.checkpoints)
+            run[label] = run_for_seconds(
+                make, fg, exact, args.seconds, progress=False, num_points=args.checkpoints, clock=clock
+            )
         gibbs_final = run["Gibbs"]["errors"][-1]
         reach = time_to_reach(run["NB+Gibbs"], gibbs_final)
         run["nb_time_to_gibbs_final_fraction"] = None if reach is None else reach / run["Gibbs"]["seconds"][-1]

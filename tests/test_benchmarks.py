@@ -49,3 +49,20 @@ def test_block_throughput_quick(tmp_path: Path) -> None:
     assert row["instances"] == 25 and row["classes"] >= 2  # a 6x6 grid has 5x5 windows of 2x2
     assert all(rate > 0 for rates in row["blocks_per_second"].values() for rate in rates)
     assert row["ratio"] == result["graphs"]["random grid BN 6x6"]["ratio"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_fused_blocks_quick(tmp_path: Path) -> None:
+    bench = _load("fused_blocks")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "fused_blocks.json").read_text())
+    assert (tmp_path / "fused_blocks.md").read_text().startswith("# Fused neural block sweeps")
+    row = data["grids"]["Grids_11"]
+    assert set(row["per_chain_sweep_ms"]) == {"nb_K1", "nb_K8", "gibbs_K1", "gibbs_K8"}
+    assert all(value > 0 for value in row["per_chain_sweep_ms"].values())
+    assert 0.9 < row["acceptance"] <= 1.0  # the shipped proposal on a grid it was not trained on
+    precision = data["precision"]
+    assert precision["rows"] == 100 * 2**8  # every context of every 2x2 window of the 10x10 torus
+    assert 0.0 <= precision["kl_fp32_bf16"] < 1e-2
+    assert abs(precision["acceptance_fp32"] - precision["acceptance_bf16"]) < 0.01
+    assert result["grids"]["Grids_11"]["ratios"] == row["ratios"]
