@@ -340,13 +340,15 @@ def test_from_pyro_without_latent_sites_is_a_constant() -> None:
 # ---------------------------------------------------------------------------- errors
 
 
-def vector_latent() -> None:
-    pyro.sample("v", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+def vector_discrete_latent() -> None:
+    pyro.sample("p", dist.Beta(1.0, 1.0))
+    pyro.sample("v", dist.Bernoulli(0.5 * torch.ones(3)).to_event(1))
 
 
-def latent_in_plate() -> None:
-    with pyro.plate("p", 3):
-        pyro.sample("z", dist.Normal(0.0, 1.0))
+def discrete_in_plate_with_continuous() -> None:
+    p = pyro.sample("p", dist.Beta(1.0, 1.0))
+    with pyro.plate("d", 3):
+        pyro.sample("z", dist.Bernoulli(p))
 
 
 def poisson_latent() -> None:
@@ -409,8 +411,8 @@ def bad_batch_shape() -> None:
 @pytest.mark.parametrize(
     ("model", "args", "error", "match"),
     [
-        (vector_latent, (), ValueError, r"latent site 'v' has value shape \(3,\).*scalar"),
-        (latent_in_plate, (), ValueError, r"latent site 'z' is inside the vectorized plate 'p' of size 3"),
+        (vector_discrete_latent, (), ValueError, r"discrete latent site 'v' has value shape \(3,\).*must be scalar"),
+        (discrete_in_plate_with_continuous, (), ValueError, r"site 'z' is inside the vectorized plate 'd'.*Compound"),
         (poisson_latent, (), ValueError, r"site 'n' \(Poisson\) has no finite enumerable support"),
         (shifted_support, (), ValueError, r"site 'c' has support \[1, 2\]; only supports 0..k-1"),
         (broken, (), ValueError, r"model 'broken' failed to trace: RuntimeError: boom"),

@@ -4,7 +4,9 @@ Five models written the Pyro way (an HMM with ``pyro.markov`` and a vectorized e
 Gaussian mixture with a ``Categorical`` assignment in ``pyro.plate("data")``, an Ising model
 with ``pyro.factor``, a Bayesian network of 3-valued ``Categorical`` sites, a hierarchical model
 with one discrete latent per group in a plate) and two neural cases (a ``pyro.factor`` Ising
-model with ``grid-mrf-2x2``, a 13-state Pyro HMM with ``crf_tags-3``).
+model with ``grid-mrf-2x2``, a 13-state Pyro HMM with ``crf_tags-3``). The GMM (with Dirichlet
+weights) and the hierarchical model (with its global mean) also run under ``CompoundKernel``:
+``GibbsKernel`` for the plated discrete sites, ``RandomWalkMH`` or Pyro's ``NUTS`` for the globals.
 
 References are exact: Pyro's own ``TraceEnum_ELBO.compute_marginals`` (a contraction
 independent of our compiler), or brute-force enumeration of a formula written out by hand.
@@ -30,7 +32,7 @@ from pyro.ops.indexing import Vindex
 from neuralblock import GibbsKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.exact import marginals
-from neuralblock.kernels import NeuralBlockKernel
+from neuralblock.kernels import CompoundKernel, NeuralBlockKernel, RandomWalkMH
 from neuralblock.pyro import CompiledTableGroup, PyroGraph, from_pyro_model, samples_to_state
 
 LIMIT = 4.5
@@ -385,3 +387,75 @@ def expanded_not_plated() -> None:
 def test_constructs_enumeration_cannot_tabulate_raise_clear_errors(model, match) -> None:
     with pytest.raises(ValueError, match=match):
         from_pyro_model(model)
+
+
+# ---------------------------------------------------------------------------- compound: discrete sites + globals
+# Batch means over 40 batches: a z-score is t-distributed with 39 degrees of freedom; |z| < 5 has a false-failure
+# rate of 1.3e-5 per z-score, and each test below checks at most 40 z-scores (< 5e-4 per test).
+COMPOUND_LIMIT = 5.0
+COMPOUND_BATCHES = 40
+
+
+def assert_compound_means(draws: torch.Tensor, exact: torch.Tensor) -> None:
+    est, se = batch_means_mcse(draws[None].double(), COMPOUND_BATCHES)
+    z = (est - exact.double()) / se.clamp(min=1e-3 / COMPOUND_LIMIT)
+    assert z.abs().max() < COMPOUND_LIMIT, (est.tolist(), exact.tolist(), z.tolist())
+
+
+def gmm_exact(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """E[weights | data] ``[K]`` and P(z_i = k | data) ``[N, K]`` of :func:`gmm` by enumerating all K^N assignments.
+
+    With a Dirichlet(1) prior the weights integrate out: p(z) = Gamma(K) / Gamma(K + N) prod_k Gamma(1 + n_k),
+    and E[weights | z] = (1 + n) / (K + N).
+    """
+    n = len(data)
+    z = torch.cartesian_prod(*[torch.arange(K)] * n)  # [K^N, N]
+    counts = torch.nn.functional.one_hot(z, K).sum(1).double()  # [K^N, K]
+    log_prior = math.lgamma(K) - math.lgamma(K + n) + torch.lgamma(1 + counts).sum(-1)
+    log_lik = dist.Normal(GMM_LOCS.double()[z], 0.8).log_prob(data.double()).sum(-1)
+    post = torch.softmax(log_prior + log_lik, 0)
+    weights = (post[:, None] * (1 + counts) / (K + n)).sum(0)
+    assign = (post[:, None, None] * torch.nn.functional.one_hot(z, K).double()).sum(0)
+    return weights, assign
+
+
+def test_gmm_with_dirichlet_weights_under_gibbs_plus_random_walk_matches_enumeration() -> None:
+    # 3 weights + 8 x 3 assignment indicators = 27 z-scores, |z| < 5
+    data = GMM_DATA[:8]
+    kernel = CompoundKernel([(GibbsKernel(gmm), ["z"]), (RandomWalkMH(gmm), ["weights"])])
+    samples = run(kernel, data, num_samples=4000, warmup=300)
+    assert samples["weights"].shape == (4000, K) and samples["z"].shape == (4000, 8)
+    torch.testing.assert_close(samples["weights"].sum(-1), torch.ones(4000))
+    weights, assign = gmm_exact(data)
+    draws = torch.cat([samples["weights"].double(), one_hot_draws(samples["z"], K)], -1)
+    assert_compound_means(draws, torch.cat([weights, assign.reshape(-1)]))
+
+
+def hierarchical_exact(data: torch.Tensor) -> torch.Tensor:
+    """E[mu], E[mu^2] and P(z_g = 1) (``[2 + G]``) of :func:`hierarchical` given ``data``, by quadrature over mu.
+
+    The z_g are summed out per group: p(mu | y) ~ N(mu; 0, 2) prod_g (0.7 N(y_g; mu, 1) + 0.3 N(y_g; mu + 3, 1)).
+    """
+    mu = torch.linspace(-12.0, 12.0, 48_001, dtype=torch.float64)
+    y = data.double()
+    lik0 = math.log(0.7) + dist.Normal(mu[:, None, None], 1.0).log_prob(y).sum(-1)  # [M, G]
+    lik1 = math.log(0.3) + dist.Normal(mu[:, None, None] + 3.0, 1.0).log_prob(y).sum(-1)
+    per_group = torch.logaddexp(lik0, lik1)
+    p = torch.softmax(dist.Normal(0.0, 2.0).log_prob(mu) + per_group.sum(-1), 0)
+    shift = (p[:, None] * torch.exp(lik1 - per_group)).sum(0)
+    return torch.cat([torch.stack([(p * mu).sum(), (p * mu**2).sum()]), shift])
+
+
+def test_hierarchical_under_gibbs_plus_random_walk_and_plus_nuts_matches_quadrature() -> None:
+    # per sampler: mu, mu^2 and 5 group indicators = 7 z-scores, |z| < 5
+    from pyro.infer import NUTS
+
+    from neuralblock.kernels.conditioning import ConditionedModel
+
+    exact = hierarchical_exact(HIER_DATA)
+    for globals_kernel, num in ((RandomWalkMH(hierarchical), 4000), (NUTS(ConditionedModel(hierarchical)), 1200)):
+        kernel = CompoundKernel([(GibbsKernel(hierarchical), ["z"]), (globals_kernel, ["mu"])])
+        samples = run(kernel, HIER_DATA, num_samples=num, warmup=200)
+        assert samples["mu"].shape == (num,) and samples["z"].shape == (num, 5)
+        draws = torch.cat([samples["mu"][:, None], samples["mu"][:, None] ** 2, samples["z"]], -1)
+        assert_compound_means(draws, exact)

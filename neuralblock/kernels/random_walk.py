@@ -12,6 +12,19 @@ Example:
     >>> mcmc.run()
     >>> mcmc.get_samples()["x"].shape
     torch.Size([50, 2])
+
+    A Pyro model with a simplex and a positive vector:
+
+    >>> import pyro, pyro.distributions as dist
+    >>> def model():
+    ...     w = pyro.sample("w", dist.Dirichlet(torch.ones(3)))
+    ...     s = pyro.sample("s", dist.LogNormal(0.0, 1.0).expand([2]).to_event(1))
+    ...     pyro.sample("y", dist.Normal(w[..., :2], s).to_event(1), obs=torch.tensor([0.5, 0.1]))
+    >>> mcmc = MCMC(RandomWalkMH(model), num_samples=20, warmup_steps=20, disable_progbar=True)
+    >>> mcmc.run()
+    >>> samples = mcmc.get_samples()
+    >>> samples["w"].shape, samples["s"].shape, bool(torch.allclose(samples["w"].sum(-1), torch.ones(20)))
+    (torch.Size([20, 3]), torch.Size([20, 2]), True)
 """
 
 from __future__ import annotations
@@ -105,7 +118,13 @@ def continuous_latent(fg: FactorGraph, requested: list[int | str] | None, kernel
     latent = set(fg.latent.tolist())
     if requested is None:
         return [v for v in sorted(latent) if fg.cardinality(v) == 0]
-    variables = [fg.variable_id(v) for v in requested]
+    sites = getattr(fg, "sites", {})  # a graph from a Pyro model: a site name stands for all its variables
+    variables = []
+    for v in requested:
+        if isinstance(v, str) and v in sites and v not in fg._name_to_id:
+            variables.extend(sites[v].ids.reshape(-1).tolist())
+        else:
+            variables.append(fg.variable_id(v))
     bad = [fg.names[v] for v in variables if fg.cardinality(v) > 0 or v not in latent]
     if bad:
         raise ValueError(f"{kernel} updates continuous latent variables only; got {bad[:5]}")
@@ -121,9 +140,20 @@ class RandomWalkMH(GraphKernel):
     variables walk in their unconstrained space (with the Jacobian correction).
     Step sizes adapt per variable during warmup towards ``target_accept``.
 
+    Pyro models may have continuous sites of any shape, as with Pyro's HMC: vector sites
+    (``.to_event(1)``) and sites in plates give one variable per element (a positive vector
+    walks each element in log space); a site whose support is not elementwise (a
+    ``Dirichlet``'s simplex, an ordered vector, a Cholesky factor) gives one variable per
+    unconstrained coordinate of ``biject_to(support)``, whose factor adds the log-Jacobian.
+    Samples come back under the site's name with its own shape and support. The model must
+    evaluate on a batch of values (``[B, 1, ..., 1, *site shape]``), e.g. ``scale[..., 0]``
+    rather than ``scale[0]``. Discrete sites in plates go to a ``GibbsKernel`` in a
+    :class:`~neuralblock.kernels.CompoundKernel`.
+
     Args:
-        model: a :class:`FactorGraph` or a Pyro model with scalar continuous sites.
-        variables: variables (ids or names) to update; default all continuous latent ones.
+        model: a :class:`FactorGraph` or a Pyro model.
+        variables: variables (ids or names; a Pyro site's name for all its variables) to update;
+            default all continuous latent ones.
         step_size: initial unconstrained step size.
         target_accept: warmup adaptation target.
         adapt_step_size: whether to adapt during warmup.

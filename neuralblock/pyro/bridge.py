@@ -21,12 +21,14 @@ from pyro.infer.inspect import TrackProvenance, get_dependencies
 from pyro.ops.provenance import get_provenance
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
-from torch.distributions import constraints, transform_to
+from torch.distributions import biject_to, constraints, transform_to
 
 from neuralblock.graph.factor_graph import FactorGraph
 from neuralblock.graph.groups import FactorGroup, TableGroup
 from neuralblock.pyro.compile import (
     PyroGraph,
+    SiteLayout,
+    _element_names,
     compile_pyro_model,
     is_all_discrete,
     site_values_to_state,
@@ -254,7 +256,7 @@ def _base_fn(fn: Any) -> Any:
 
 
 def _check_plates(name: str, site: dict, latent: bool) -> int:
-    """Validate the plates of a site; returns the number of vectorized dims it needs."""
+    """Validate the plates of a site (``latent``: a discrete latent one); returns its number of vectorized dims."""
     nesting = 0
     for frame in site["cond_indep_stack"]:
         if frame.full_size is not None and frame.size != frame.full_size:
@@ -265,8 +267,11 @@ def _check_plates(name: str, site: dict, latent: bool) -> int:
         if frame.vectorized:
             if latent and frame.size != 1:
                 raise ValueError(
-                    f"latent site {name!r} is inside the vectorized plate {frame.name!r} of size {frame.size}; "
-                    "only scalar latent sites are supported (write the plate as a Python loop)"
+                    f"discrete latent site {name!r} is inside the vectorized plate {frame.name!r} of size "
+                    f"{frame.size} in a model with continuous latent sites; such a model compiles only scalar "
+                    "discrete sites. Sample the plated discrete sites with GibbsKernel (or NeuralBlockKernel) inside "
+                    "a CompoundKernel that gives the continuous sites to another kernel (each then sees the other's "
+                    "sites as fixed), or write the plate as a Python loop"
                 )
             nesting = max(nesting, -int(frame.dim))
     return nesting
@@ -313,22 +318,26 @@ class PyroModelGroup(FactorGroup):
     """Factors of a Pyro model: one per sample site, evaluated by re-running the model.
 
     Factor ``j`` is the (scaled, masked) log density of sample site ``factor_names[j]``;
-    its scope is the site's variable (for a latent site) and its latent parents.
+    its scope is the site's variables (for a latent site) and its latent parents'.
     ``log_factors`` conditions the model on all latent sites at once, with a whole batch
-    of states (values of shape ``[B, 1, ..., 1]``, with ``plate_nesting`` trailing 1s),
-    and runs it once, whatever ``index`` asks for. Observed sites inside vectorized plates
-    (or with batch dims of their own) are summed over those dims.
+    of states (values of shape ``[B, 1, ..., 1, *site shape]``, so that ``plate_nesting``
+    dims sit right of the batch dim), and runs it once, whatever ``index`` asks for. Sites
+    inside vectorized plates (or with batch dims of their own) are summed over those dims.
+    The factor of a ``transform`` site (see :class:`~neuralblock.pyro.SiteLayout`) is the
+    density of its unconstrained coordinates: it adds the transform's log-Jacobian.
 
     Args:
         model: the Pyro model (a module-level function, for pickling).
         args: positional arguments for the model.
         kwargs: keyword arguments for the model.
-        latent_names: the latent site of each variable id.
+        latent_names: the latent sites.
         latent_dtypes: the dtype of each latent site's values (``long`` for ``Categorical``...).
         factor_names: the sample site of each factor.
         scopes: ``LongTensor [F, a]`` of variable ids, ``-1`` padded.
         plate_nesting: number of dims to keep to the right of the batch dim (vectorized plates
-            and batch dims of observed sites); they are summed out of each site's log density.
+            and batch dims of sites); they are summed out of each site's log density.
+        layouts: where each latent site's values live in the state (default: latent site ``v`` is
+            the scalar variable ``v``).
 
     Example:
         >>> import pyro, pyro.distributions as dist
@@ -350,6 +359,7 @@ class PyroModelGroup(FactorGroup):
         factor_names: list[str],
         scopes: Tensor,
         plate_nesting: int = 0,
+        layouts: list[SiteLayout] | None = None,
     ) -> None:
         scopes = torch.as_tensor(scopes, dtype=torch.long)
         if scopes.dim() != 2 or scopes.shape[0] != len(factor_names):
@@ -362,16 +372,35 @@ class PyroModelGroup(FactorGroup):
         self.factor_names = list(factor_names)
         self.scopes = scopes
         self.plate_nesting = int(plate_nesting)
+        if layouts is None:  # one scalar variable per latent site, ids in order
+            layouts = [
+                SiteLayout(name, torch.tensor(v), 0 if dtype.is_floating_point else 1, dtype)
+                for v, (name, dtype) in enumerate(zip(self.latent_names, self.latent_dtypes))
+            ]
+        self.layouts = {layout.name: layout for layout in layouts}
+        self._last_flat: Tensor | None = None
+
+    def _site_value(self, layout: SiteLayout, flat: Tensor) -> Tensor:
+        """A site's values for a batch of states ``[B, n]``: ``[B, 1, ..., 1, *site shape]`` (plates aligned)."""
+        batch = flat.shape[0]
+        value = layout.values(flat)
+        if layout.cardinality > 0 and not layout.one_hot:
+            value = value.round()
+        batch_dims = len(layout.shape) - layout.event_dim
+        value = value.reshape((batch,) + (1,) * (self.plate_nesting - batch_dims) + tuple(layout.shape))
+        return value.to(layout.dtype)
+
+    def log_jacobian(self, flat: Tensor, name: str) -> Tensor:
+        """``log |det d value / d u|`` ``[B]`` of a ``transform`` site at the states ``flat [B, n]`` (else 0)."""
+        layout = self.layouts.get(name)
+        if layout is None or layout.transform is None:
+            return flat.new_zeros(flat.shape[0])
+        u = flat[:, layout.ids]
+        ladj = layout.transform.log_abs_det_jacobian(u, layout.transform(u))
+        return ladj.reshape(flat.shape[0], -1).sum(-1)
 
     def _run(self, flat: Tensor) -> poutine.Trace:
-        batch = flat.shape[0]
-        shape = (batch,) + (1,) * self.plate_nesting
-        data = {}
-        for v, (name, dtype) in enumerate(zip(self.latent_names, self.latent_dtypes)):
-            value = flat[:, v]
-            if not dtype.is_floating_point:
-                value = value.round()
-            data[name] = value.to(dtype).reshape(shape)
+        data = {name: self._site_value(layout, flat) for name, layout in self.layouts.items()}
         name = _model_name(self.model)
         try:
             trace = poutine.trace(poutine.condition(self.model, data=data)).get_trace(*self.args, **self.kwargs)
@@ -424,7 +453,13 @@ class PyroModelGroup(FactorGroup):
         names = self.factor_names if index is None else [self.factor_names[int(i)] for i in index.reshape(-1)]
         if not names:
             return state.new_zeros(batch_shape + (0,))
-        out = torch.stack([self._site_log_prob(trace, name, batch) for name in names], dim=-1)
+        values = []
+        for name in names:
+            log_p = self._site_log_prob(trace, name, batch)
+            if name in self.layouts and self.layouts[name].transform is not None:  # density of u, not of the value
+                log_p = log_p + self.log_jacobian(flat, name).to(log_p)
+            values.append(log_p)
+        out = torch.stack(values, dim=-1)
         return out.to(state.dtype).reshape(batch_shape + (len(names),))
 
 
@@ -602,17 +637,18 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
         return compile_pyro_model(model, args, kwargs)
 
     latent: list[str] = []
-    cards: list[int] = []
-    dtypes: list[torch.dtype] = []
-    supports: list[constraints.Constraint] = []
+    layouts: list[SiteLayout] = []
+    supports: list[list[constraints.Constraint]] = []
     factor_names: list[str] = []
     observed_cards: dict[str, int] = {}
     nesting = 0
+    num_latent = 0
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or site_is_subsample(site):
             continue
         is_latent = not site["is_observed"]
-        nesting = max(nesting, _check_plates(name, site, is_latent))
+        discrete = is_latent and site["fn"].support.is_discrete
+        nesting = max(nesting, _check_plates(name, site, discrete))
         if not is_latent:
             if _contributes_nothing(site):
                 continue
@@ -629,14 +665,24 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
             continue
         fn, value = site["fn"], site["value"]
         shape = tuple(value.shape) if isinstance(value, Tensor) else None
-        if shape != () or tuple(fn.batch_shape) != () or tuple(fn.event_shape) != ():
+        if discrete and (shape != () or tuple(fn.batch_shape) != () or tuple(fn.event_shape) != ()):
             raise ValueError(
-                f"latent site {name!r} has value shape {shape}, batch shape {tuple(fn.batch_shape)} and event "
-                f"shape {tuple(fn.event_shape)}; only scalar latent sites (all shapes ()) are supported"
+                f"discrete latent site {name!r} has value shape {shape}, batch shape {tuple(fn.batch_shape)} and "
+                f"event shape {tuple(fn.event_shape)}; in a model with continuous latent sites, discrete latent "
+                "sites must be scalar. Sample plated discrete sites with GibbsKernel (or NeuralBlockKernel) inside "
+                "a CompoundKernel that gives the continuous sites to another kernel: each kernel then sees the "
+                "other's sites as fixed, and the discrete part compiles into vectorized tables"
             )
-        cards.append(_latent_cardinality(name, site))
-        supports.append(fn.support)
-        dtypes.append(value.dtype)
+        if discrete:
+            layout = SiteLayout(name, torch.tensor(num_latent), _latent_cardinality(name, site), value.dtype)
+            site_supports = [fn.support]
+        else:
+            _latent_cardinality(name, site)  # refuses Delta sites
+            nesting = max(nesting, len(fn.batch_shape))
+            layout, site_supports = _continuous_layout(name, fn, value, num_latent)
+        num_latent += len(site_supports)
+        layouts.append(layout)
+        supports.append(site_supports)
         latent.append(name)
         factor_names.append(name)
 
@@ -645,9 +691,9 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
         support_deps = _support_dependencies(model, args, kwargs, latent)
     except Exception as err:
         raise ValueError(f"dependency analysis of model {_model_name(model)!r} failed: {_error_text(err)}") from err
-    var_id = {name: v for v, name in enumerate(latent)}
+    site_ids = {layout.name: layout.ids.reshape(-1).tolist() for layout in layouts}
     for name in latent:
-        bad = sorted(support_deps[name] & var_id.keys())
+        bad = sorted(support_deps[name] & site_ids.keys())
         if bad:
             raise ValueError(
                 f"the support of latent site {name!r} depends on the latent sites {bad}; "
@@ -657,18 +703,23 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     scopes: list[list[int]] = []
     for f, name in enumerate(factor_names):
         if name in deps:
-            parents = {var_id[u] for u in deps[name] if u in var_id and u != name}
+            parents = {v for u in deps[name] if u in site_ids and u != name for v in site_ids[u]}
         else:  # a site get_dependencies skips (e.g. an observed Delta): all earlier latents, conservatively
-            parents = {var_id[u] for u in factor_names[:f] if u in var_id}
-        own = [var_id[name]] if name in var_id else []
+            parents = {v for u in factor_names[:f] if u in site_ids for v in site_ids[u]}
+        own = site_ids.get(name, [])
         scopes.append(own + sorted(parents))
-    fg = FactorGraph()
-    for name, card, support in zip(latent, cards, supports):
-        if card > 0:
-            fg.add_variable(name, card)
-        else:
-            fg.add_variable(name, support=support)
-    evaluator = PyroModelGroup(model, args, kwargs, latent, dtypes, [], torch.zeros(0, 0, dtype=torch.long), nesting)
+    fg = PyroGraph()
+    for layout, site_supports in zip(layouts, supports):
+        if layout.cardinality > 0:
+            fg.add_variable(layout.name, layout.cardinality)
+            continue
+        prefix = layout.name if layout.transform is None else f"{layout.name}:u"
+        for element, support in zip(_element_names(prefix, layout.ids.shape), site_supports):
+            fg.add_variable(element, support=support)
+    fg.sites = {layout.name: layout for layout in layouts}
+    dtypes = [layout.dtype for layout in layouts]
+    empty = torch.zeros(0, 0, dtype=torch.long)
+    evaluator = PyroModelGroup(model, args, kwargs, latent, dtypes, [], empty, nesting, layouts)
     tables: dict[tuple[int, ...], list[tuple[str, list[int]]]] = {}
     rest_names, rest_scopes = [], []
     for name, scope in zip(factor_names, scopes):
@@ -682,19 +733,23 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     width = max((len(s) for s in rest_scopes), default=0)
     scope_tensor = torch.tensor([s + [-1] * (width - len(s)) for s in rest_scopes], dtype=torch.long)
     scope_tensor = scope_tensor.reshape(len(rest_scopes), width)
-    group = PyroModelGroup(model, args, kwargs, latent, dtypes, rest_names, scope_tensor, nesting)
-    reference = torch.tensor([float(trace.nodes[name]["value"]) for name in latent], dtype=torch.get_default_dtype())
+    group = PyroModelGroup(model, args, kwargs, latent, dtypes, rest_names, scope_tensor, nesting, layouts)
+    dtype = torch.get_default_dtype()
+    traced = {name: trace.nodes[name]["value"].detach() for name in latent}
+    reference = site_values_to_state(fg, traced, torch.zeros(num_latent, dtype=dtype)) if latent else None
+    if reference is None:
+        reference = torch.zeros(0, dtype=dtype)
     table_groups = [PyroTableGroup(evaluator, rows, fg.cardinalities.tolist(), reference) for rows in tables.values()]
 
     # Check once that the model evaluates on a batch of states and agrees with the trace.
-    dtype = torch.get_default_dtype()
-    state = torch.tensor([float(trace.nodes[name]["value"]) for name in latent], dtype=dtype)
     expected = trace.log_prob_sum().detach()
     if torch.isnan(expected):
         raise ValueError(f"model {_model_name(model)!r} has a NaN log density at its traced values")
     full = fg.initial_state().expand(3, fg.num_variables).clone()
-    full[:, : len(latent)] = state
-    got = group.log_factors(state.expand(3, len(latent))).sum(-1).detach().to(expected.dtype)
+    full[:, :num_latent] = reference
+    batch = reference.expand(3, num_latent)
+    jacobian = sum((group.log_jacobian(batch, name) for name in latent), torch.zeros(3, dtype=expected.dtype))
+    got = group.log_factors(batch).sum(-1).detach().to(expected.dtype) - jacobian.detach().to(expected.dtype)
     for table in table_groups:
         got = got + table.log_factors(full).sum(-1).to(expected.dtype)
     close = torch.isclose(got, expected.expand_as(got), rtol=1e-4, atol=1e-4) | (got == expected)
@@ -709,3 +764,45 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     for table in table_groups:
         fg.add_group(table)
     return fg
+
+
+def _elementwise(support: constraints.Constraint) -> constraints.Constraint | None:
+    """The per-element support of a continuous site, if its support acts element by element, else ``None``.
+
+    ``independent(positive, 1)`` gives ``positive``; a simplex, an ordered vector, a Cholesky
+    factor or an interval whose bounds differ between elements give ``None``.
+    """
+    base = support
+    while isinstance(base, constraints.independent):
+        base = base.base_constraint
+    if base.is_discrete or base.event_dim != 0:
+        return None
+    bounds = [value for value in vars(base).values() if isinstance(value, Tensor)]
+    if any(bound.numel() != 1 for bound in bounds):
+        return None
+    return base
+
+
+def _continuous_layout(
+    name: str, fn: Any, value: Tensor, first: int
+) -> tuple[SiteLayout, list[constraints.Constraint]]:
+    """A continuous site's layout (variable ids from ``first``) and the support of each of its variables.
+
+    A site whose support acts element by element gets one variable per element, with that
+    support (RandomWalkMH walks each in its unconstrained space, with the Jacobian); any other
+    (a ``Dirichlet``'s simplex, ...) gets one real variable per unconstrained coordinate of
+    ``biject_to(support)``, and its factor adds the log-Jacobian.
+    """
+    shape = value.shape
+    event_dim = len(fn.event_shape)
+    base = fn.support if len(shape) == 0 else _elementwise(fn.support)
+    if base is not None:
+        count = max(1, math.prod(shape))
+        ids = torch.arange(first, first + count).reshape(shape)
+        return SiteLayout(name, ids, 0, value.dtype, event_dim=event_dim), [base] * count
+    transform = biject_to(fn.support)
+    coords = torch.Size(transform.inverse_shape(shape))
+    count = math.prod(coords)
+    ids = torch.arange(first, first + count).reshape(coords)
+    layout = SiteLayout(name, ids, 0, value.dtype, transform=transform, value_shape=shape, event_dim=event_dim)
+    return layout, [constraints.real] * count

@@ -41,6 +41,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
+from torch.distributions import Transform
 
 from neuralblock.graph.factor_graph import FactorGraph
 from neuralblock.graph.groups import TableGroup
@@ -70,15 +71,22 @@ _HOW_TO = (
 
 @dataclass
 class SiteLayout:
-    """Where a discrete site's elements live in the flat state.
+    """Where a latent site's elements live in the flat state.
 
     Attributes:
         name: the site name.
-        ids: ``LongTensor`` of variable ids with the site's batch shape (its value shape
-            without event dims), e.g. ``[N]`` inside ``pyro.plate("data", N)``.
-        cardinality: number of values ``k``.
+        ids: ``LongTensor`` of variable ids. For a discrete site, its batch shape (its value shape
+            without event dims), e.g. ``[N]`` inside ``pyro.plate("data", N)``. For a continuous
+            site, its value shape (one variable per element), or, for a ``transform`` site, the
+            shape of its unconstrained coordinates.
+        cardinality: number of values ``k`` (0 for a continuous site).
         dtype: the dtype of the site's values (``long`` for ``Categorical``, float for ``Bernoulli``).
         one_hot: whether values are one-hot vectors (``OneHotCategorical``, event dim ``k``).
+        transform: for a continuous site whose support is not elementwise (a simplex, an ordered or
+            Cholesky factor...), ``biject_to(support)``: its variables are the unconstrained coordinates
+            ``u`` (support real) and its value is ``transform(u)``; its factor includes the log-Jacobian.
+        value_shape: the value shape of a ``transform`` site.
+        event_dim: the site's number of event dims (its value dims that are not batch dims).
     """
 
     name: str
@@ -86,11 +94,33 @@ class SiteLayout:
     cardinality: int
     dtype: torch.dtype
     one_hot: bool = False
+    transform: Transform | None = None
+    value_shape: torch.Size | None = None
+    event_dim: int = 0
 
     @property
     def shape(self) -> torch.Size:
         """The shape of one value of the site (the batch shape, plus ``(k,)`` for one-hot sites)."""
+        if self.value_shape is not None:
+            return torch.Size(self.value_shape)
         return self.ids.shape + ((self.cardinality,) if self.one_hot else ())
+
+    def values(self, state: Tensor) -> Tensor:
+        """The site's values ``[..., *shape]`` from states ``[..., n]`` (discrete values as floats)."""
+        x = state[..., self.ids]
+        if self.transform is not None:
+            return self.transform(x)
+        if self.one_hot:
+            return torch.nn.functional.one_hot(x.round().long(), self.cardinality).to(state.dtype)
+        return x
+
+    def coordinates(self, value: Tensor) -> Tensor:
+        """The variables' values ``[..., *ids.shape]`` for site values ``[..., *shape]`` (inverse of ``values``)."""
+        if self.transform is not None:
+            return self.transform.inv(value)
+        if self.one_hot:
+            return value.argmax(-1)
+        return value
 
 
 class PyroGraph(FactorGraph):
@@ -108,9 +138,12 @@ class PyroGraph(FactorGraph):
     def split_sites(self) -> tuple[list[str], Tensor, list[SiteLayout]]:
         """``(names, ids [m], others)``: the scalar non-one-hot sites (mapped with one gather) and the rest."""
         if self._split is None:
-            scalar = [lay for lay in self.sites.values() if lay.ids.dim() == 0 and not lay.one_hot]
+            is_scalar = [
+                lay.ids.dim() == 0 and not lay.one_hot and lay.transform is None for lay in self.sites.values()
+            ]
+            scalar = [lay for lay, yes in zip(self.sites.values(), is_scalar) if yes]
             ids = torch.tensor([int(lay.ids) for lay in scalar], dtype=torch.long)
-            others = [lay for lay in self.sites.values() if lay.ids.dim() > 0 or lay.one_hot]
+            others = [lay for lay, yes in zip(self.sites.values(), is_scalar) if not yes]
             self._split = ([lay.name for lay in scalar], ids, others)
         return self._split
 
@@ -135,6 +168,9 @@ def state_to_site_values(fg: PyroGraph, state: Tensor) -> dict[str, Tensor]:
     """
     out: dict[str, Tensor] = {}
     for name, layout in fg.sites.items():
+        if layout.cardinality == 0:
+            out[name] = layout.values(state).to(layout.dtype)
+            continue
         value = state[..., layout.ids].round()
         if layout.one_hot:
             value = torch.nn.functional.one_hot(value.long(), layout.cardinality)
@@ -176,6 +212,15 @@ def site_values_to_state(fg: PyroGraph, values: Mapping[str, Tensor], state: Ten
     for layout in others:
         name = layout.name
         value = torch.as_tensor(values[name])
+        if layout.transform is not None:
+            shape = layout.shape
+            if tuple(value.shape[value.dim() - len(shape) :]) != tuple(shape):
+                raise ValueError(f"site {name!r} expects values of shape {tuple(shape)}, got {tuple(value.shape)}")
+            if not bool(layout.transform.codomain.check(value.to(state.dtype)).all()):
+                raise ValueError(f"site {name!r} has values outside its support {layout.transform.codomain}")
+            coords = layout.coordinates(value.to(state.dtype))
+            state[..., layout.ids.reshape(-1)] = coords.reshape(coords.shape[: coords.dim() - layout.ids.dim()] + (-1,))
+            continue
         if layout.one_hot:
             if value.shape[-1:] != (layout.cardinality,):
                 raise ValueError(f"site {name!r} expects one-hot values of size {layout.cardinality}")
@@ -205,10 +250,7 @@ def state_to_params(fg: PyroGraph, state: Tensor) -> dict[str, Tensor]:
     names, ids, others = fg.split_sites()
     out: dict[str, Tensor] = dict(zip(names, state[..., ids].unbind(-1))) if names else {}
     for layout in others:
-        value = state[..., layout.ids]
-        if layout.one_hot:
-            value = torch.nn.functional.one_hot(value.round().long(), layout.cardinality).to(state.dtype)
-        out[layout.name] = value
+        out[layout.name] = layout.values(state)
     return out
 
 
