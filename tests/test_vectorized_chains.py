@@ -188,3 +188,18 @@ def test_chains_argument_is_checked() -> None:
         kernel.sample({"x": torch.zeros(2, 6)})
     with pytest.raises(ValueError, match="compile"):
         GibbsKernel(fg, compile="yes")
+
+
+def test_fused_path_with_rows_filled_as_chains_visit_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond the tabulation limit, table rows are computed the first time a chain needs them: same law."""
+    import neuralblock.kernels.fused_blocks as fused_blocks
+
+    monkeypatch.setattr(fused_blocks, "_PREFILL_ROWS", 0)
+    fg = chain_graph(seed=6)
+    torch.manual_seed(2)
+    kernel = NeuralBlockKernel(fg, [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))], chains=8)
+    draws = run(kernel, 800)
+    table = kernel.fused[0].table
+    assert not table.prefilled
+    assert 0 < int(table.filled.sum()) <= table.computed  # rows were computed on visits (some twice in one batch)
+    assert_matches_enumeration(draws, fg)
