@@ -300,6 +300,19 @@ class ChainMotif(Motif):
         """No options: one network serves every chain."""
         return {}
 
+    def describe(self) -> str:
+        """The structure the motif looks for, in words (shown when a model has no instance).
+
+        Example:
+            >>> ChainMotif().describe().split(":")[0]
+            'pairs (x_t, x_t+1) of latent continuous states with two chain states on each side'
+        """
+        return (
+            "pairs (x_t, x_t+1) of latent continuous states with two chain states on each side: states joined by "
+            "linear-Gaussian transitions (LinearGaussianGroup rows with one parent), each with at most one "
+            "linear-Gaussian or log-linear-Gaussian observation of an observed child, and no other factor"
+        )
+
     # -- structure ------------------------------------------------------------------
     def find_instances(self, fg: FactorGraph) -> MotifInstances:
         """Every ``(x_t, x_{t+1})`` with two chain states on each side, in any graph.

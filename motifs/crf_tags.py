@@ -129,6 +129,22 @@ class CrfTagsMotif(Motif):
         """``{"tags": n}``."""
         return {"tags": self.n}
 
+    def describe(self) -> str:
+        """The structure the motif looks for, in words (shown when a model has no instance).
+
+        Example:
+            >>> print(CrfTagsMotif(tags=3).describe())
+            3 consecutive latent variables of a chain of 13-ary (13-state) variables: neighbours joined by pairwise \
+[13, 13] tables, each block variable touching only unary [13] and pairwise [13, 13] tables (e.g. an HMM or \
+linear-chain CRF with 13 states)
+        """
+        k = self.k
+        return (
+            f"{self.n} consecutive latent variables of a chain of {k}-ary ({k}-state) variables: neighbours joined by "
+            f"pairwise [{k}, {k}] tables, each block variable touching only unary [{k}] and pairwise [{k}, {k}] tables "
+            f"(e.g. an HMM or linear-chain CRF with {k} states)"
+        )
+
     def find_instances(self, fg: FactorGraph) -> MotifInstances:
         """Every window of ``n`` consecutive latent tag variables of every chain in ``fg``.
 

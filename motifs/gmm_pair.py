@@ -264,6 +264,19 @@ class GmmPairMotif(Motif):
         d = self.dim
         return 4 + (1 + d) + 2 * (d + 2) + (self.mixtures - 2) * (1 + d) + self.points * (d + 2)
 
+    def describe(self) -> str:
+        """The structure the motif looks for, in words (shown when a model has no instance).
+
+        Example:
+            >>> GmmPairMotif(dim=2).describe().split(":")[0]
+            'pairs of mixtures (mean in 2 continuous dims, binary activity) of an open-universe Gaussian mixture'
+        """
+        return (
+            f"pairs of mixtures (mean in {self.dim} continuous dims, binary activity) of an open-universe Gaussian "
+            f"mixture: a GaussianMixtureGroup of dimension {self.dim} with the labels summed out (built by "
+            "motifs.gmm_pair.gmm_graph)"
+        )
+
     # -- structure ----------------------------------------------------------------
     def find_instances(self, fg: FactorGraph) -> MotifInstances:
         """Every pair of mixtures of every :class:`GaussianMixtureGroup` of dimension ``dim``."""

@@ -616,6 +616,29 @@ class GridMotif(Motif):
         """``{"family": ..., "size": ...}``."""
         return {"family": self.family, "size": self.size}
 
+    def describe(self) -> str:
+        """The structure the motif looks for, in words (shown when a model has no instance).
+
+        Example:
+            >>> print(GridMotif("mrf", 2).describe())
+            2x2 windows of latent binary (2-ary) variables in a lattice: variables joined by pairwise 2x2 tables along \
+lattice edges (4-cycles), each window cell touching only unary [2] and pairwise [2, 2] tables of binary variables, \
+each blanket variable next to one window cell
+        """
+        n = self.size
+        if self.family == "mrf":
+            return (
+                f"{n}x{n} windows of latent binary (2-ary) variables in a lattice: variables joined by pairwise 2x2 "
+                f"tables along lattice edges (4-cycles), each window cell touching only unary [2] and pairwise [2, 2] "
+                "tables of binary variables, each blanket variable next to one window cell"
+            )
+        return (
+            f"{n}x{n} windows of latent binary (2-ary) variables in a grid Bayesian network: each variable's table "
+            "is a CPT (child last) of shape [2], [2, 2] or [2, 2, 2] over its left and upper neighbours, a window's "
+            "cells have their in-window parents on their left and above, children outside the window hang off its "
+            "last row or column"
+        )
+
     def find_instances(self, fg: FactorGraph) -> MotifInstances:
         """Every ``size x size`` window of ``fg`` whose variables are all latent.
 

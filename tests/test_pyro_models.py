@@ -342,6 +342,19 @@ def test_pyro_hmm_matches_crf_tags_and_runs_under_neural_blocks() -> None:
     assert math.isfinite(float(draws.mean()))
 
 
+def test_no_instance_error_names_the_expected_structure_and_what_the_model_has() -> None:
+    # the 3-state HMM is a chain, but of 3-ary variables: crf_tags-3 wants 13-ary ones
+    kernel = NeuralBlockKernel(hmm, proposals=[load_pretrained("crf_tags-3")])
+    expected = r"crf_tags looks for 3 consecutive latent variables of a chain of 13-ary .*pairwise \[13, 13\] tables"
+    has = r"the model has latent variables that are 3-ary and factors: 7 tables of shape \[3\]; 5 tables of shape \[3,"
+    with pytest.raises(ValueError, match=f"no instance.*{expected}.*{has}"):
+        kernel.setup(0, TONES)
+    # the 3-valued Bayesian network has no binary lattice
+    kernel = NeuralBlockKernel(bayes_net, proposals=[load_pretrained("grid-mrf-2x2")])
+    with pytest.raises(ValueError, match=r"grid looks for 2x2 windows of latent binary .*lattice.*that are 3-ary"):
+        kernel.setup(0, torch.tensor([2, 0, 1]))
+
+
 # ---------------------------------------------------------------------------- clear limits
 def ising_vectorized(size: int = 3) -> None:
     """Spins in two plates with a factor over neighbouring elements: not a table under enumeration."""
