@@ -212,6 +212,9 @@ def test_rejects_bad_configuration() -> None:
         NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=1.5)
     with pytest.raises(TypeError, match="NeuralBlockProposal"):
         NeuralBlockKernel(fg, proposals=["grid"])
+    for bad in (-1.0, 0.0, float("nan"), "big"):
+        with pytest.raises(ValueError, match="step_size"):
+            NeuralBlockKernel(fg, proposals=[proposal], step_size=bad)
     binary = FactorGraph()
     binary.add_variables(4, cardinality=2)
     binary.add_table_factors(torch.tensor([[0, 1], [2, 3]]), torch.zeros(2, 2, 2))

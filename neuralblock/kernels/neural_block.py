@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -349,6 +350,8 @@ class NeuralBlockKernel(GraphKernel):
                 raise TypeError(f"proposals must be NeuralBlockProposal objects, got {type(p).__name__}")
         if not 0.0 <= gibbs_prob <= 1.0:
             raise ValueError(f"gibbs_prob must be in [0, 1], got {gibbs_prob}")
+        if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
+            raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
         self.proposals = [p.eval().to(self.device) for p in proposals]
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
@@ -449,6 +452,7 @@ class NeuralBlockKernel(GraphKernel):
         self._class_accept_rate = [1.0] * n  # running fraction of classes with an accepted block
         self._block_seconds = 0.0
         self._single_sweeps = 0
+        self._transitions = 0  # neural sweeps so far, warmup included
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
@@ -464,12 +468,14 @@ class NeuralBlockKernel(GraphKernel):
                 discarded = 0
             else:
                 state, accepted, nonfinite, proposed, discarded = self._general_sweep(i, fg, state)
-            self._recent[i] = accepted / max(proposed, 1)
+            rate = accepted / max(proposed, 1)  # a running rate for the progress bar
+            self._recent[i] = rate if self._transitions == 0 else 0.9 * self._recent[i] + 0.1 * rate
             if not warmup:
                 self._accepted[i] = self._accepted[i] + accepted.cpu()
                 self._proposed[i] += proposed
                 self._nonfinite[i] = self._nonfinite[i] + nonfinite.cpu()
                 self._discarded[i] += discarded
+        self._transitions += 1
         if not warmup:
             if state.device.type == "cuda":
                 torch.cuda.synchronize(state.device)
@@ -523,7 +529,7 @@ class NeuralBlockKernel(GraphKernel):
         self._class_accept_rate[i] = decay * self._class_accept_rate[i] + _RATE_SMOOTHING * any_accepted
 
     def logging(self) -> dict[str, float]:
-        """Latest acceptance rate per proposal."""
+        """Running (exponentially weighted, over neural sweeps) acceptance rate per proposal."""
         return {f"acc_{self._label(i)}": round(float(a), 3) for i, a in enumerate(self._recent)}
 
     def diagnostics(self) -> dict:
