@@ -10,9 +10,24 @@ Measures, side by side in one run (``torch.set_num_threads(1)``):
    mixture with ``N = 1000`` assignments in ``pyro.plate("data")``.
 2. **Build time** of ``GibbsKernel`` on a Pyro model with 10^4 discrete elements (the mixture
    with ``N = 10^4``): compile + colouring + start (target <= 2 s).
-3. **ESS per second** of the main quantity of the hierarchical model (the global mean ``mu``,
-   with a discrete latent per group in a plate of 50 groups): ``CompoundKernel(GibbsKernel,
-   RandomWalkMH)`` against Pyro ``NUTS`` with the discrete sites enumerated out.
+3. **ESS per second** of each of the five models' main quantity, against Pyro (and NumPyro's
+   ``DiscreteHMCGibbs`` where the optional ``bench`` extra is installed), timing whole
+   ``mcmc.run`` calls (setup and compilation included):
+
+   * HMM (K=3, T=100, ``pyro.markov`` and a tones plate), quantity: the number of steps in state 0;
+   * Gaussian mixture (N=1000, ``Dirichlet`` weights, a ``Categorical`` per point in a plate),
+     quantity: the weights (smallest ESS of the three);
+   * ``pyro.factor`` Ising 10x10, quantity: the mean spin;
+   * Bayesian network of 3-valued ``Categorical`` sites in a loop (40 cases), quantity: the
+     number of cases with ``a = 0``;
+   * hierarchical model (50 groups, a discrete latent per group in a plate), quantity: the
+     global mean ``mu``.
+
+   Ours: ``GibbsKernel`` on the all-discrete models, ``CompoundKernel(GibbsKernel,
+   RandomWalkMH)`` where there are continuous globals. Pyro: ``NUTS`` with the discrete sites
+   enumerated out where there are continuous globals; on the all-discrete models (nothing for
+   NUTS to sample) Pyro's own exact sampler, ``infer_discrete`` (forward filtering, backward
+   sampling over the enumerated sites: independent draws).
 
 Writes ``results.json``, ``results.md`` and ``throughput.png`` under
 ``experiments/results/pyro_models/``.
@@ -33,8 +48,10 @@ from pathlib import Path
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.infer import MCMC, NUTS
+from pyro import poutine
+from pyro.infer import MCMC, NUTS, config_enumerate, infer_discrete
 from pyro.infer.mcmc.util import summary as pyro_summary
+from pyro.ops.indexing import Vindex
 
 from neuralblock import FactorGraph, GibbsKernel
 from neuralblock.kernels import CompoundKernel, RandomWalkMH
@@ -102,6 +119,47 @@ def hierarchical(data: torch.Tensor) -> None:
             pyro.sample("y", dist.Normal(mu + 3.0 * z, 1.0), obs=data.T)
 
 
+INIT = torch.tensor([0.5, 0.3, 0.2])
+TRANS = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]])
+EMIT = torch.tensor([[0.9, 0.1, 0.2, 0.5], [0.2, 0.8, 0.7, 0.5], [0.5, 0.5, 0.1, 0.9]])
+
+
+def hmm(data: torch.Tensor) -> None:
+    """HMM with K=3 states, a pyro.markov chain and a vectorized plate of Bernoulli tones per step."""
+    tones = pyro.plate("tones", data.shape[-1])
+    x = None
+    for t in pyro.markov(range(data.shape[0])):
+        x = pyro.sample(f"x_{t}", dist.Categorical(INIT if x is None else TRANS[x]))
+        with tones:
+            pyro.sample(f"y_{t}", dist.Bernoulli(EMIT[x.squeeze(-1)]), obs=data[t])
+
+
+def gmm_weights(data: torch.Tensor) -> None:
+    """Gaussian mixture with Dirichlet weights: a Categorical assignment per point in a plate."""
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(K)))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Categorical(weights), infer={"enumerate": "parallel"})
+        pyro.sample("obs", dist.Normal(LOCS[z], 0.8), obs=data)
+
+
+CPT_A = torch.tensor([0.5, 0.3, 0.2])
+CPT_B = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
+CPT_C = torch.softmax(torch.randn(K, K, K, generator=torch.Generator().manual_seed(6)), -1)
+CPT_D = torch.tensor([[0.9, 0.05, 0.05], [0.1, 0.1, 0.8], [0.3, 0.4, 0.3]])
+
+
+def bayes_net(evidence: torch.Tensor) -> None:
+    """a -> b, (a, b) -> c, c -> d for each case; d observed; 3-valued Categorical sites in a loop.
+
+    The cases are independent: ``pyro.markov(..., history=0)`` lets enumeration recycle their dims.
+    """
+    for n in pyro.markov(range(len(evidence)), history=0):
+        a = pyro.sample(f"a_{n}", dist.Categorical(CPT_A))
+        b = pyro.sample(f"b_{n}", dist.Categorical(CPT_B[a]))
+        c = pyro.sample(f"c_{n}", dist.Categorical(Vindex(CPT_C)[a, b]))
+        pyro.sample(f"d_{n}", dist.Categorical(CPT_D[c]), obs=evidence[n])
+
+
 # ---------------------------------------------------------------------------- measurements
 def sweeps_per_second(kernel, args: tuple, sweeps: int) -> float:
     kernel.setup(0, *args)
@@ -136,52 +194,155 @@ def build_time(n: int) -> dict:
     return {"model": "gmm", "discrete_elements": n, "build_s": time.perf_counter() - start}
 
 
-def ess_per_second(values: torch.Tensor, seconds: float) -> float:
-    ess = pyro_summary({"q": values[None]}, group_by_chain=True)["q"]["n_eff"]
-    return float(ess) / seconds
+def ess(values: torch.Tensor) -> float:
+    """Effective sample size of one chain of a scalar quantity (Pyro's estimator), or the smallest over a vector."""
+    n_eff = pyro_summary({"q": values[None]}, group_by_chain=True)["q"]["n_eff"]
+    return float(torch.as_tensor(n_eff).min())
 
 
-def hierarchical_ess(groups: int, samples: int, warmup: int) -> list[dict]:
-    gen = torch.Generator().manual_seed(7)
-    shift = (torch.rand(groups, generator=gen) < 0.3).float() * 3.0
-    data = 0.5 + shift[:, None] + torch.randn(groups, 4, generator=gen)
-    rows = []
+def ess_row(model: str, sampler: str, quantity: str, values: torch.Tensor, seconds: float) -> dict:
+    return {
+        "model": model,
+        "sampler": sampler,
+        "quantity": quantity,
+        "draws": int(values.shape[0]),
+        "seconds": seconds,
+        "estimate": values.double().mean(0).reshape(-1)[:3].tolist(),
+        "ess": ess(values),
+        "ess_per_s": ess(values) / seconds,
+    }
+
+
+def run_mcmc(kernel, args: tuple, samples: int, warmup: int) -> tuple[dict, float]:
+    """Samples and wall-clock seconds of one ``MCMC.run`` (setup included)."""
     pyro.set_rng_seed(0)
-    kernel = CompoundKernel([(GibbsKernel(hierarchical), ["z"]), (RandomWalkMH(hierarchical), ["mu"])])
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, disable_progbar=True)
     start = time.perf_counter()
-    mcmc.run(data)
-    seconds = time.perf_counter() - start
-    mu = mcmc.get_samples()["mu"]
-    rows.append(
-        {
-            "model": "hierarchical",
-            "sampler": "Gibbs + RW-MH (ours)",
-            "seconds": seconds,
-            "mean_mu": float(mu.mean()),
-            "ess_per_s": ess_per_second(mu, seconds),
-        }
-    )
+    mcmc.run(*args)
+    return mcmc.get_samples(), time.perf_counter() - start
+
+
+def exact_draws(model, args: tuple, names: list[str], draws: int) -> tuple[dict, float]:
+    """Independent posterior draws by Pyro's ``infer_discrete`` (FFBS over the enumerated sites) and their time."""
     pyro.set_rng_seed(0)
-    mcmc = MCMC(
-        NUTS(hierarchical, max_plate_nesting=2),
-        num_samples=samples // 4,
-        warmup_steps=warmup // 4,
-        disable_progbar=True,
-    )
+    sampler = infer_discrete(config_enumerate(model), first_available_dim=-3, temperature=1)
+    out: dict[str, list] = {name: [] for name in names}
     start = time.perf_counter()
-    mcmc.run(data)
+    for _ in range(draws):
+        trace = poutine.trace(sampler).get_trace(*args)
+        for name in names:
+            out[name].append(trace.nodes[name]["value"].detach().float())
     seconds = time.perf_counter() - start
-    mu = mcmc.get_samples()["mu"]
-    rows.append(
-        {
-            "model": "hierarchical",
-            "sampler": "Pyro NUTS, z enumerated",
-            "seconds": seconds,
-            "mean_mu": float(mu.mean()),
-            "ess_per_s": ess_per_second(mu, seconds),
-        }
+    return {name: torch.stack(values) for name, values in out.items()}, seconds
+
+
+def discrete_rows(name: str, model, args: tuple, names: list[str], quantity: str, summary, sizes: dict) -> list[dict]:
+    """Gibbs on the compiled model against Pyro's exact ``infer_discrete`` draws, for an all-discrete model."""
+    samples, seconds = run_mcmc(GibbsKernel(model), args, sizes["gibbs"], sizes["warmup"])
+    rows = [ess_row(name, "Gibbs (ours)", quantity, summary(samples), seconds)]
+    draws, seconds = exact_draws(model, args, names, sizes["exact"])
+    rows.append(ess_row(name, "Pyro infer_discrete (exact draws)", quantity, summary(draws), seconds))
+    return rows
+
+
+def numpyro_rows(name: str, which: str, data: torch.Tensor, quantity: str, samples: int, warmup: int) -> list[dict]:
+    """NumPyro ``DiscreteHMCGibbs(NUTS)`` on the same model (the optional ``bench`` extra), or nothing."""
+    import os
+
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpyro
+        import numpyro.distributions as ndist
+        from numpyro.infer import MCMC as NMCMC
+        from numpyro.infer import NUTS as NNUTS
+        from numpyro.infer import DiscreteHMCGibbs
+    except ImportError:
+        print("numpyro/jax not installed (pip install -e .[bench]): no NumPyro rows", file=sys.stderr)
+        return []
+    y = jnp.asarray(data.numpy())
+    locs = jnp.asarray(LOCS.numpy())
+
+    def np_gmm(y):
+        w = numpyro.sample("weights", ndist.Dirichlet(jnp.ones(K)))
+        with numpyro.plate("data", y.shape[0]):
+            z = numpyro.sample("z", ndist.Categorical(w))
+            numpyro.sample("obs", ndist.Normal(locs[z], 0.8), obs=y)
+
+    def np_hierarchical(y):
+        mu = numpyro.sample("mu", ndist.Normal(0.0, 2.0))
+        with numpyro.plate("groups", y.shape[0], dim=-1):
+            z = numpyro.sample("z", ndist.Bernoulli(0.3))
+            with numpyro.plate("obs", y.shape[1], dim=-2):
+                numpyro.sample("y", ndist.Normal(mu + 3.0 * z, 1.0), obs=y.T)
+
+    model, site = (np_gmm, "weights") if which == "gmm" else (np_hierarchical, "mu")
+    mcmc = NMCMC(DiscreteHMCGibbs(NNUTS(model)), num_warmup=warmup, num_samples=samples, progress_bar=False)
+    start = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(0), y)
+    values = torch.tensor(jax.device_get(mcmc.get_samples()[site]).tolist())
+    seconds = time.perf_counter() - start
+    return [ess_row(name, "NumPyro DiscreteHMCGibbs(NUTS)", quantity, values, seconds)]
+
+
+def ess_table(quick: bool) -> list[dict]:
+    """The ESS/s rows of the five models (see the module docstring)."""
+    sizes = {"gibbs": 300, "warmup": 50, "exact": 20} if quick else {"gibbs": 3000, "warmup": 300, "exact": 100}
+    rows: list[dict] = []
+    gen = torch.Generator().manual_seed(11)
+
+    # HMM, K=3, T=100, 4 tones
+    steps = 20 if quick else 100
+    x, seq = 0, []
+    for _ in range(steps):
+        x = int(torch.multinomial(TRANS[x], 1, generator=gen))
+        seq.append(x)
+    tones = torch.bernoulli(EMIT[torch.tensor(seq)], generator=gen)
+    names = [f"x_{t}" for t in range(steps)]
+    in_state_0 = lambda s: torch.stack([(s[n] == 0).float() for n in names], -1).sum(-1)  # noqa: E731
+    rows += discrete_rows(f"HMM K=3 T={steps}", hmm, (tones,), names, "steps in state 0", in_state_0, sizes)
+
+    # Ising 10x10 with pyro.factor
+    size = 6 if quick else 10
+    field = 0.3 * torch.randn(size, size, generator=torch.Generator().manual_seed(1))
+    names = [f"s_{i}_{j}" for i in range(size) for j in range(size)]
+    magnet = lambda s: torch.stack([2 * s[n].float() - 1 for n in names], -1).mean(-1)  # noqa: E731
+    few = dict(sizes, exact=max(10, sizes["exact"] // 2))  # an exact draw of the 10x10 grid or 40 cases takes ~0.5 s
+    ising_sizes = few
+    rows += discrete_rows(
+        f"Ising {size}x{size} (pyro.factor)", ising, (size, 0.4, field), names, "mean spin", magnet, ising_sizes
     )
+
+    # Bayesian network, 40 cases
+    cases = 10 if quick else 40
+    evidence = torch.randint(0, K, (cases,), generator=gen)
+    names = [f"a_{n}" for n in range(cases)]
+    a_zero = lambda s: torch.stack([(s[n] == 0).float() for n in names], -1).sum(-1)  # noqa: E731
+    rows += discrete_rows(f"BN, {cases} cases (loop)", bayes_net, (evidence,), names, "cases with a = 0", a_zero, few)
+
+    # GMM, N=1000, Dirichlet weights
+    n = 200 if quick else 1000
+    data = LOCS[torch.multinomial(WEIGHTS, n, replacement=True, generator=gen)] + 0.8 * torch.randn(n, generator=gen)
+    name, quantity = f"GMM N={n} (Dirichlet weights)", "weights (min ESS)"
+    kernel = CompoundKernel([(GibbsKernel(gmm_weights), ["z"]), (RandomWalkMH(gmm_weights), ["weights"])])
+    samples, seconds = run_mcmc(kernel, (data,), sizes["gibbs"], sizes["warmup"])
+    rows.append(ess_row(name, "Gibbs + RW-MH (ours)", quantity, samples["weights"], seconds))
+    samples, seconds = run_mcmc(NUTS(gmm_weights, max_plate_nesting=1), (data,), sizes["gibbs"] // 4, sizes["warmup"])
+    rows.append(ess_row(name, "Pyro NUTS, z enumerated", quantity, samples["weights"], seconds))
+    rows += numpyro_rows(name, "gmm", data, quantity, sizes["gibbs"], sizes["warmup"])
+
+    # hierarchical, 50 groups
+    groups = 10 if quick else 50
+    shift = (torch.rand(groups, generator=gen) < 0.3).float() * 3.0
+    data = 0.5 + shift[:, None] + torch.randn(groups, 4, generator=gen)
+    name = f"hierarchical, {groups} groups"
+    kernel = CompoundKernel([(GibbsKernel(hierarchical), ["z"]), (RandomWalkMH(hierarchical), ["mu"])])
+    samples, seconds = run_mcmc(kernel, (data,), sizes["gibbs"], sizes["warmup"])
+    rows.append(ess_row(name, "Gibbs + RW-MH (ours)", "mu", samples["mu"], seconds))
+    samples, seconds = run_mcmc(NUTS(hierarchical, max_plate_nesting=2), (data,), sizes["gibbs"] // 4, sizes["warmup"])
+    rows.append(ess_row(name, "Pyro NUTS, z enumerated", "mu", samples["mu"], seconds))
+    rows += numpyro_rows(name, "hierarchical", data, "mu", sizes["gibbs"], sizes["warmup"])
     return rows
 
 
@@ -201,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
             throughput("gmm N=1000 (pyro.plate)", gmm, gmm_graph, (gmm_data, WEIGHTS), sweeps),
         ],
         "build": build_time(10_000),
-        "ess": hierarchical_ess(10 if quick else 50, 200 if quick else 2000, 50 if quick else 200),
+        "ess": ess_table(quick),
         "threads": torch.get_num_threads(),
         "quick": quick,
     }
@@ -217,13 +378,16 @@ def main(argv: list[str] | None = None) -> dict:
         f"GibbsKernel build on a Pyro model with {build['discrete_elements']} discrete elements: "
         f"{build['build_s']:.2f} s",
         "",
-        "| model | sampler | seconds | mean mu | ESS(mu)/s |",
-        "|---|---|---|---|---|",
+        "| model | sampler | quantity | draws | seconds | ESS | ESS/s | ours / best other |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in results["ess"]:
+        ours = next(r for r in results["ess"] if r["model"] == row["model"] and "(ours)" in r["sampler"])
+        others = [r["ess_per_s"] for r in results["ess"] if r["model"] == row["model"] and "(ours)" not in r["sampler"]]
+        ratio = f"{ours['ess_per_s'] / max(others):.1f}x" if row is ours and others else ""
         lines.append(
-            f"| {row['model']} | {row['sampler']} | {row['seconds']:.1f} | {row['mean_mu']:.3f} | "
-            f"{row['ess_per_s']:.1f} |"
+            f"| {row['model']} | {row['sampler']} | {row['quantity']} | {row['draws']} | {row['seconds']:.1f} | "
+            f"{row['ess']:.0f} | {row['ess_per_s']:.1f} | {ratio} |"
         )
     table = "\n".join(lines)
     print(table)
