@@ -603,7 +603,10 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     The model must evaluate on a batch of states: sample values of shape ``[B]`` (or
     ``[B, 1, ..., 1]`` with vectorized plates) must flow through it with tensor ops.
     Observed sites may be non-scalar or sit in vectorized plates (their log densities are
-    summed); latent sites may not (write such plates as Python loops).
+    summed). In a model with continuous latent sites, discrete latent sites must be scalar;
+    continuous ones may have any shape (see :class:`~neuralblock.pyro.SiteLayout`: one
+    variable per element, or the unconstrained coordinates of ``biject_to(support)`` with the
+    log-Jacobian in the site's factor), and the graph is a :class:`PyroGraph`.
 
     Args:
         model: a Pyro model; a module-level function if the graph must pickle.
@@ -615,8 +618,8 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
 
     Raises:
         TypeError: if ``model`` is not callable.
-        ValueError: if the model fails to trace, has a latent site that is not scalar,
-            sits in a vectorized plate of size > 1, has a discrete support other than
+        ValueError: if the model fails to trace, has a discrete latent site that is not scalar
+            or sits in a vectorized plate of size > 1 next to continuous sites, has a discrete support other than
             ``0..k-1`` or a support that depends on other latent sites, uses subsampling,
             or cannot be evaluated on a batch of states.
 
