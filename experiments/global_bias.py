@@ -1,0 +1,578 @@
+"""Bias bench (issue 21): approximate global kernels against exact references, on fresh data generators.
+
+Generators (fresh: no other study uses them):
+
+* ``logistic-corr``: logistic regression, ``D = 5`` features ``x ~ N(0, Σ)`` with ``Σ_ij = 0.5^|i-j|``,
+  weights ``N(0, 1)``;
+* ``logistic-heavy``: logistic regression with an intercept and 4 Student-t(3) features (heavy tails),
+  intercept ``-2.5`` (about 10% positives: class imbalance);
+* ``ar1``: an AR(1) series ``y_t = φ y_{t-1} + σ e_t`` (``φ = 0.8``, ``σ = 0.5``), the conditional
+  likelihood written as a plate over ``t`` (LWA's case, with contiguous windows).
+
+Reference: the exact posterior by self-normalised importance sampling with a multivariate-t (8 dof)
+proposal at the Laplace approximation (mode by Newton, covariance inflated by 1.2²), full-data
+likelihood through the direct path (:class:`~neuralblock.subsample.LogLikelihood`); its importance ESS is
+reported. For PriorSwap the same draws are reweighted to the swapped prior.
+
+Kernels and their knobs (each run with its defaults, then along its knob):
+
+* ``exact MH`` (``AusterityMH(epsilon=0)``): the bench's own calibration (bias must be within MCSE);
+* ``AusterityMH`` defaults (``ε = 0.05``, control variate at the mode), then without the control variate
+  at ``ε`` in {0.2, 0.05, 0.01};
+* ``LWAKernel`` (defaults but ``subset_size``, which has none) at ``n`` in {N/100, N/20, N/4};
+* ``coreset NUTS``: Pyro NUTS on the Frank-Wolfe Hilbert coreset's weighted potential (direct path) at
+  ``M`` in {20, 100, 400};
+* ``PriorSwap`` (defaults: NUTS on the Gaussian fit of the false posterior) from a ``N(0, 1)`` prior to a
+  ``Laplace(0, 0.3)`` prior, from ``T`` in {100, 1000, 10000} false-posterior draws (drawn from the exact
+  false posterior by importance resampling).
+
+Metrics, in the constrained space, per coordinate: the posterior-mean error in reference posterior sds
+``(m - m_ref) / s_ref`` and the sd ratio ``s / s_ref``; a row reports the worst coordinate of each, with
+MCSEs from the chain's ESS (``1/√ESS`` sds for the mean, ``1/√(2 ESS)`` for the sd ratio). A default row
+passes the issue's target when ``|mean error| <= 0.2`` and ``|sd ratio - 1| <= 0.15``, or when the kernel
+warned in that run.
+
+Usage::
+
+    python experiments/global_bias.py --quick   # CI scale, about a minute
+    python experiments/global_bias.py           # full run (about 12 min on one thread)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import MCMC, NUTS
+from pyro.ops.stats import effective_sample_size
+from torch import Tensor
+
+from neuralblock.coresets import HilbertCoreset, Projector, laplace_samples
+from neuralblock.coresets.pyro_model import _newton_mode
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.kernels.austerity import AusterityMH
+from neuralblock.kernels.lwa import LWAKernel
+from neuralblock.priorswap import PriorSwap
+from neuralblock.subsample.likelihood import LogLikelihood
+
+MEAN_TARGET, SD_TARGET = 0.2, 0.15
+SWAP_SCALE = 0.3
+
+
+# -- models and generators ----------------------------------------------------------------------
+def logistic_model(X: Tensor, y: Tensor) -> None:
+    """Bayesian logistic regression, ``w ~ N(0, I)``, the ``X[idx]`` idiom."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(X.shape[1]), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=(X[idx] * w.unsqueeze(-2)).sum(-1)), obs=y[idx])
+
+
+def ar1_model(prev: Tensor, y: Tensor) -> None:
+    """AR(1) conditional likelihood ``y_t | y_{t-1} ~ N(φ y_{t-1}, σ)``, ``φ ~ N(0, 1)``, ``σ ~ HalfNormal(1)``."""
+    phi = pyro.sample("phi", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(phi.unsqueeze(-1) * prev[idx], sigma.unsqueeze(-1)), obs=y[idx])
+
+
+@dataclass
+class Case:
+    """One data generator: its model, arguments and which kernels apply."""
+
+    name: str
+    model: Callable[..., None]
+    args: tuple[Tensor, ...]
+    kernels: tuple[str, ...]
+    summary: str = "iid"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_data(self) -> int:
+        return int(self.args[-1].shape[0])
+
+
+def logistic_corr(num: int, gen: torch.Generator) -> Case:
+    """Correlated features ``Σ_ij = 0.5^|i-j|``, ``D = 5``."""
+    d = 5
+    cov = 0.5 ** (torch.arange(d)[:, None] - torch.arange(d)[None, :]).abs().float()
+    X = torch.randn(num, d, generator=gen) @ torch.linalg.cholesky(cov).T
+    w = torch.randn(d, generator=gen)
+    y = torch.bernoulli(torch.sigmoid(X @ w), generator=gen)
+    return Case("logistic-corr", logistic_model, (X, y), ("exact", "austerity", "coreset", "priorswap"))
+
+
+def logistic_heavy(num: int, gen: torch.Generator) -> Case:
+    """Intercept ``-2.5`` plus 4 Student-t(3) features (heavy tails, ~10% positives)."""
+    feats = _student_t(num, 4, 3.0, gen)
+    X = torch.cat([torch.ones(num, 1), feats], 1)
+    w = torch.cat([torch.tensor([-2.5]), 0.5 * torch.randn(4, generator=gen)])
+    y = torch.bernoulli(torch.sigmoid(X @ w), generator=gen)
+    return Case("logistic-heavy", logistic_model, (X, y), ("exact", "austerity", "coreset", "priorswap"))
+
+
+def _student_t(num: int, d: int, dof: float, gen: torch.Generator) -> Tensor:
+    chi2 = torch._standard_gamma(torch.full((num, d), dof / 2), generator=gen) * 2
+    return torch.randn(num, d, generator=gen) / (chi2 / dof).sqrt()
+
+
+def ar1(num: int, gen: torch.Generator) -> Case:
+    """AR(1) with ``φ = 0.8``, ``σ = 0.5``, started at its stationary distribution."""
+    phi, sigma = 0.8, 0.5
+    e = sigma * torch.randn(num + 1, generator=gen)
+    y = torch.empty(num + 1)
+    y[0] = e[0] / math.sqrt(1 - phi**2)
+    for t in range(1, num + 1):
+        y[t] = phi * y[t - 1] + e[t]
+    return Case("ar1", ar1_model, (y[:-1].clone(), y[1:].clone()), ("exact", "austerity", "lwa"), summary="window")
+
+
+# -- reference: Laplace + importance sampling through the direct path ---------------------------------
+class FlatPosterior:
+    """The log posterior of a case at flat unconstrained points ``[P, D]``, batched through the direct path."""
+
+    def __init__(self, case: Case) -> None:
+        self.ll = LogLikelihood(case.model, *case.args)
+        self.transforms = self.ll.transforms()
+        self.shapes = dict(self.ll.shapes)
+        self.sizes = [math.prod(s) for s in self.shapes.values()]
+
+    @property
+    def dim(self) -> int:
+        return sum(self.sizes)
+
+    def split(self, z: Tensor) -> dict[str, Tensor]:
+        """``[P, D]`` -> ``{site: [P, *shape]}`` (unconstrained)."""
+        parts = torch.split(z, self.sizes, dim=-1)
+        return {s: p.reshape(z.shape[:-1] + tuple(shape)) for (s, shape), p in zip(self.shapes.items(), parts)}
+
+    def constrain(self, z: Tensor) -> Tensor:
+        """Flat unconstrained ``[P, D]`` -> flat constrained ``[P, D]``."""
+        out = [self.transforms[s].inv(v).reshape(z.shape[0], -1) for s, v in self.split(z).items()]
+        return torch.cat(out, -1)
+
+    def flatten(self, samples: dict[str, Tensor]) -> Tensor:
+        """Constrained site draws ``{site: [S, *shape]}`` -> ``[S, D]``."""
+        return torch.cat([samples[s].reshape(samples[s].shape[0], -1) for s in self.shapes], -1)
+
+    def log_parts(self, z: Tensor, chunk: int = 256) -> tuple[Tensor, Tensor, Tensor]:
+        """Log prior, total log-likelihood and log-Jacobian at ``z [P, D]`` (each ``[P]``)."""
+        prior, lik, jac = [], [], []
+        with torch.no_grad():
+            for block in torch.split(z, chunk):
+                values, log_j = {}, torch.zeros(block.shape[0], dtype=block.dtype)
+                for s, u in self.split(block).items():
+                    inv = self.transforms[s].inv
+                    values[s] = inv(u)
+                    log_j = log_j + inv.log_abs_det_jacobian(u, values[s]).reshape(block.shape[0], -1).sum(-1)
+                terms = self.ll.terms(values, None, with_global=True)
+                prior.append(terms.global_term)
+                lik.append(terms.sections.double().sum(-1))
+                jac.append(log_j)
+        return torch.cat(prior).double(), torch.cat(lik), torch.cat(jac).double()
+
+
+def laplace(post: FlatPosterior) -> tuple[Tensor, Tensor]:
+    """Mode and Cholesky factor of the covariance (unconstrained, flat) of the Laplace approximation."""
+    potential = post.ll.potential_fn(post.transforms)
+
+    def flat_potential(x: Tensor) -> Tensor:
+        return potential({s: v[0] for s, v in post.split(x[None]).items()})
+
+    mode, chol_h = _newton_mode(flat_potential, torch.zeros(post.dim), 50)
+    cov = torch.cholesky_inverse(chol_h.double())
+    return mode.double(), torch.linalg.cholesky(cov)
+
+
+def reference(post: FlatPosterior, draws: int, gen: torch.Generator, swap: float | None = None) -> dict[str, Any]:
+    """Exact posterior moments (constrained) by importance sampling from a t(8) Laplace proposal.
+
+    With ``swap`` the prior is replaced by ``Laplace(0, swap)`` on every coordinate (the PriorSwap target).
+    Returns mean, sd, ESS, MCSE of the mean (in sds), and a resampled set of draws for PriorSwap.
+    """
+    mode, chol = laplace(post)
+    dof, d = 8.0, post.dim
+    chol = 1.2 * chol
+    normal = torch.randn(draws, d, generator=gen, dtype=torch.float64)
+    chi2 = torch._standard_gamma(torch.full((draws, 1), dof / 2, dtype=torch.float64), generator=gen) * 2
+    z = mode + (normal / (chi2 / dof).sqrt()) @ chol.T
+    white = torch.linalg.solve_triangular(chol, (z - mode).T, upper=False).T
+    log_q = -0.5 * (dof + d) * torch.log1p(white.square().sum(-1) / dof)
+    prior, lik, jac = post.log_parts(z.float())
+    if swap is not None:  # a Laplace(0, swap) prior on the constrained coordinates (logistic: identity transform)
+        prior = torch.distributions.Laplace(0.0, swap).log_prob(post.constrain(z).double()).sum(-1)
+    log_w = prior + lik + jac - log_q
+    w = torch.softmax(log_w, 0)
+    ess = float(1.0 / w.square().sum())
+    theta = post.constrain(z.float()).double()
+    mean = w @ theta
+    sd = (w @ (theta - mean).square()).sqrt()
+    pick = torch.multinomial(w, draws, replacement=True, generator=gen)
+    return {"mean": mean, "sd": sd, "ess": ess, "mean_mcse_sd": 1.0 / math.sqrt(ess), "resampled": theta[pick]}
+
+
+# -- kernels ----------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One kernel run: constrained flat draws, its warnings and diagnostics."""
+
+    draws: Tensor
+    seconds: float
+    warnings: list[str]
+    diagnostics: dict[str, Any]
+
+
+def run_mcmc(kernel: Any, post: FlatPosterior, case: Case, samples: int, warmup: int) -> Run:
+    """``pyro.infer.MCMC`` on ``kernel``; the draws of the case's sites, flattened (constrained)."""
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, disable_progbar=True)
+        mcmc.run(*case.args)
+        draws = mcmc.get_samples()
+    seconds = time.perf_counter() - start
+    diagnostics = kernel.diagnostics() if hasattr(kernel, "diagnostics") else {}
+    flat = post.flatten({s: draws[s] for s in post.shapes}) if set(post.shapes) <= set(draws) else None
+    return Run(flat.double(), seconds, _kernel_warnings(caught), _plain(diagnostics))
+
+
+def _kernel_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """Warnings a user of the kernel should act on (not library deprecations)."""
+    keep = (RuntimeWarning, UserWarning)
+    messages = {str(w.message)[:200] for w in caught if issubclass(w.category, keep)}
+    return sorted(m for m in messages if "deprecat" not in m.lower())
+
+
+def _plain(record: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, bool | int | float | str):
+            out[k] = v
+        elif isinstance(v, Tensor) and v.numel() == 1:
+            out[k] = float(v)
+    return out
+
+
+def scores(run: Run, ref: dict[str, Any]) -> dict[str, Any]:
+    """Worst-coordinate mean error (posterior sds) and sd ratio with their MCSEs."""
+    draws = run.draws
+    ess = effective_sample_size(draws[None].float(), chain_dim=0, sample_dim=1).double().clamp(min=2.0)
+    mean_err = (draws.mean(0) - ref["mean"]) / ref["sd"]
+    ratio = draws.std(0) / ref["sd"]
+    i, j = int(mean_err.abs().argmax()), int((ratio - 1).abs().argmax())
+    mean_mcse = ratio / ess.sqrt()
+    return {
+        "mean_error_sd": float(mean_err[i]),
+        "mean_error_mcse": float(mean_mcse[i]),
+        "sd_ratio": float(ratio[j]),
+        "sd_ratio_mcse": float(ratio[j] / (2 * ess[j]).sqrt()),
+        "min_ess": float(ess.min()),
+        "seconds": run.seconds,
+        "warned": bool(run.warnings),
+        "warnings": run.warnings,
+        "diagnostics": run.diagnostics,
+    }
+
+
+def passes(row: dict[str, Any]) -> bool:
+    """The issue's target for a default row: accurate, or warned."""
+    accurate = abs(row["mean_error_sd"]) <= MEAN_TARGET and abs(row["sd_ratio"] - 1) <= SD_TARGET
+    return accurate or row["warned"]
+
+
+def arms(case: Case, args: argparse.Namespace) -> list[tuple[str, str, str, Callable[[], Any]]]:
+    """``(method, knob, default?, make)`` for every kernel run on ``case``."""
+    n = case.num_data
+    out: list[tuple[str, str, str, Callable[[], Any]]] = []
+    if "exact" in case.kernels:
+        out.append(("exact MH", "eps=0", "reference", lambda: AusterityMH(case.model, epsilon=0.0)))
+    if "austerity" in case.kernels:
+        out.append(("AusterityMH", "eps=0.05, cv=mode", "default", lambda: AusterityMH(case.model)))
+        for eps in (0.2, 0.05, 0.01):
+            out.append(
+                (
+                    "AusterityMH (no cv)",
+                    f"eps={eps}",
+                    "knob",
+                    lambda eps=eps: AusterityMH(case.model, epsilon=eps, control_variate=None),
+                )
+            )
+    if "lwa" in case.kernels:
+        for k, frac in enumerate((100, 20, 4)):
+            size = max(n // frac, 10)
+            kind = "default" if k == 0 else "knob"
+            out.append(
+                ("LWAKernel", f"n={size}", kind, lambda size=size: LWAKernel(case.model, size, subset=case.summary))
+            )
+    return out
+
+
+def coreset_runs(
+    case: Case, post: FlatPosterior, ref: dict[str, Any], args: argparse.Namespace, gen: torch.Generator
+) -> list[dict[str, Any]]:
+    """NUTS on FW Hilbert coresets of growing ``M`` (weighted potential through the direct path)."""
+    rows = []
+    start = time.perf_counter()
+    pi_hat = laplace_samples(case.model, args.projection_draws, model_args=case.args)
+    proj = Projector.from_model(case.model, pi_hat, norm="fisher", model_args=case.args, generator=gen)
+    hilbert = HilbertCoreset(proj, method="fw")
+    setup = time.perf_counter() - start
+    for k, size in enumerate(args.coreset_sizes):
+        t0 = time.perf_counter()
+        core = hilbert.build(size)
+        build = time.perf_counter() - t0
+        potential = post.ll.weighted_potential_fn(core.indices, core.weights, post.transforms)
+        init = {s: v[0] for s, v in post.split(ref["mode_flat"][None].float()).items()}
+        kernel = NUTS(potential_fn=potential)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc = MCMC(
+                kernel, num_samples=args.samples, warmup_steps=args.warmup, initial_params=init, disable_progbar=True
+            )
+            mcmc.run()
+        z = torch.cat([v.reshape(args.samples, -1) for v in (mcmc.get_samples()[s] for s in post.shapes)], -1)
+        run = Run(post.constrain(z).double(), setup + build + time.perf_counter() - t0, _kernel_warnings(caught), {})
+        row = scores(run, ref)
+        row.update(method="coreset NUTS (FW)", knob=f"M={len(core.indices)}", kind="default" if k == 1 else "knob")
+        row["diagnostics"] = {"coreset_size": len(core.indices), "projection_error": proj.error(core)}
+        rows.append(row)
+    return rows
+
+
+def priorswap_runs(
+    case: Case, post: FlatPosterior, ref: dict[str, Any], swapped: dict[str, Any], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """PriorSwap (defaults: NUTS on the Gaussian fit) from N(0, 1) to Laplace(0, SWAP_SCALE), along ``T``."""
+    rows = []
+    site = next(iter(post.shapes))
+    d = post.dim
+    false_prior = dist.Normal(torch.zeros(d), 1.0).to_event(1)
+    target_prior = dist.Laplace(torch.zeros(d), SWAP_SCALE).to_event(1)
+    for k, num in enumerate(args.swap_draws):
+        false_draws = {site: ref["resampled"][:num].float()}
+        kernel = PriorSwap(false_draws, false_prior, target_prior, site=site)
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mcmc = MCMC(kernel, num_samples=args.samples, warmup_steps=args.warmup, disable_progbar=True)
+            mcmc.run()
+            diagnostics = kernel.diagnostics()
+        run = Run(
+            mcmc.get_samples()[site].double(),
+            time.perf_counter() - start,
+            _kernel_warnings(caught),
+            _plain(diagnostics),
+        )
+        row = scores(run, swapped)
+        row.update(method="PriorSwap (NUTS, gaussian)", knob=f"T={num}", kind="default" if k == 1 else "knob")
+        rows.append(row)
+    return rows
+
+
+# -- the study ------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI scale: small data, short chains")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="experiments/results/global_bias")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.num_data = 2000 if quick else 20_000
+    args.samples = 200 if quick else 2000
+    args.warmup = 100 if quick else 1000
+    args.mh_samples = 800 if quick else 8000
+    args.mh_warmup = 400 if quick else 2000
+    args.lwa_samples = 1500 if quick else 20_000
+    args.ref_draws = 4000 if quick else 40_000
+    args.projection_draws = 50 if quick else 200
+    args.coreset_sizes = (20, 100, 400)
+    args.swap_draws = (100, 1000, 4000) if quick else (100, 1000, 10_000)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pyro.set_rng_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    folder = study_folder(args.out, config)
+    record: dict[str, Any] = {"config": config, "cases": []}
+    for make in (logistic_corr, logistic_heavy, ar1):
+        case = make(args.num_data, gen)
+        record["cases"].append(run_case(case, args, gen))
+        write_json(folder / "partial.json", record)
+    record["targets"] = targets(record)
+    write_outputs(folder, record)
+    (folder / "partial.json").unlink(missing_ok=True)
+    return record
+
+
+def run_case(case: Case, args: argparse.Namespace, gen: torch.Generator) -> dict[str, Any]:
+    """The reference and every kernel on one generator."""
+    post = FlatPosterior(case)
+    t0 = time.perf_counter()
+    ref = reference(post, args.ref_draws, gen)
+    ref["mode_flat"] = laplace(post)[0]
+    out: dict[str, Any] = {
+        "case": case.name,
+        "N": case.num_data,
+        "D": post.dim,
+        "reference_ess": ref["ess"],
+        "reference_mean_mcse_sd": ref["mean_mcse_sd"],
+        "reference_seconds": time.perf_counter() - t0,
+        "reference_mean": ref["mean"].tolist(),
+        "reference_sd": ref["sd"].tolist(),
+        "rows": [],
+    }
+    for method, knob, kind, make in arms(case, args):
+        kernel = make()
+        lwa = method == "LWAKernel"
+        samples = args.lwa_samples if lwa else args.mh_samples
+        warmup = args.lwa_samples // 2 if lwa else args.mh_warmup
+        row = scores(run_mcmc(kernel, post, case, samples, warmup), ref)
+        row.update(method=method, knob=knob, kind=kind)
+        out["rows"].append(row)
+    if "coreset" in case.kernels:
+        out["rows"].extend(coreset_runs(case, post, ref, args, gen))
+    if "priorswap" in case.kernels:
+        swapped = reference(post, args.ref_draws, gen, swap=SWAP_SCALE)
+        out["swap_reference_ess"] = swapped["ess"]
+        out["rows"].extend(priorswap_runs(case, post, ref, swapped, args))
+    return out
+
+
+def targets(record: dict[str, Any]) -> dict[str, Any]:
+    """Per default row: the issue's target (mean error <= 0.2 sd and sd error <= 15%, or a warning)."""
+    checks = {}
+    for case in record["cases"]:
+        for row in case["rows"]:
+            if row["kind"] == "default":
+                checks[f"{case['case']}: {row['method']} {row['knob']}"] = passes(row)
+    return {"default_rows": checks, "all_pass": all(checks.values())}
+
+
+def write_outputs(folder: Path, record: dict[str, Any]) -> None:
+    """``global_bias.json``, ``global_bias.md`` and ``global_bias.png``."""
+    write_json(folder / "global_bias.json", record)
+    columns = [
+        "case",
+        "method",
+        "knob",
+        "kind",
+        "mean err (sd)",
+        "± mcse",
+        "sd ratio",
+        "± mcse ",
+        "min ESS",
+        "seconds",
+        "warned",
+        "target",
+    ]
+    rows = []
+    for case in record["cases"]:
+        for row in case["rows"]:
+            rows.append(
+                {
+                    "case": case["case"],
+                    "method": row["method"],
+                    "knob": row["knob"],
+                    "kind": row["kind"],
+                    "mean err (sd)": row["mean_error_sd"],
+                    "± mcse": row["mean_error_mcse"],
+                    "sd ratio": row["sd_ratio"],
+                    "± mcse ": row["sd_ratio_mcse"],
+                    "min ESS": row["min_ess"],
+                    "seconds": row["seconds"],
+                    "warned": "yes" if row["warned"] else "no",
+                    "target": ("pass" if passes(row) else "FAIL") if row["kind"] == "default" else "",
+                }
+            )
+    refs = [
+        {
+            "case": c["case"],
+            "N": c["N"],
+            "D": c["D"],
+            "IS ESS": c["reference_ess"],
+            "mean MCSE (sd)": c["reference_mean_mcse_sd"],
+            "swap IS ESS": c.get("swap_reference_ess"),
+        }
+        for c in record["cases"]
+    ]
+    lines = [
+        "# Bias bench (issue 21)",
+        "",
+        f"Config: `{record['config']}`",
+        "",
+        "Worst coordinate of each metric; `mean err` in reference posterior sds; target for `default` rows:",
+        f"|mean err| <= {MEAN_TARGET} and |sd ratio - 1| <= {SD_TARGET}, or a warning in that run.",
+        "",
+        markdown_table(rows, columns, spec=".3g"),
+        "",
+        "## References (Laplace-t importance sampling, full data)",
+        "",
+        markdown_table(refs, ["case", "N", "D", "IS ESS", "mean MCSE (sd)", "swap IS ESS"], spec=".3g"),
+        "",
+        "## Warnings raised",
+        "",
+    ]
+    for case in record["cases"]:
+        for row in case["rows"]:
+            for w in row["warnings"]:
+                lines.append(f"- {case['case']} / {row['method']} {row['knob']}: {w}")
+    lines += ["", f"All default rows pass: **{record['targets']['all_pass']}**", ""]
+    (folder / "global_bias.md").write_text("\n".join(lines))
+    plot(folder, record)
+
+
+def plot(folder: Path, record: dict[str, Any]) -> None:
+    """Mean error and sd ratio along each kernel's knob, one panel pair per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = record["cases"]
+    fig, axes = plt.subplots(2, len(cases), figsize=(5 * len(cases), 7), squeeze=False)
+    for col, case in enumerate(cases):
+        methods: dict[str, list[dict[str, Any]]] = {}
+        for row in case["rows"]:
+            methods.setdefault(row["method"], []).append(row)
+        for method, rows in methods.items():
+            x = range(len(rows))
+            axes[0][col].errorbar(
+                x,
+                [abs(r["mean_error_sd"]) for r in rows],
+                yerr=[r["mean_error_mcse"] for r in rows],
+                marker="o",
+                label=method,
+            )
+            axes[1][col].errorbar(
+                x, [r["sd_ratio"] for r in rows], yerr=[r["sd_ratio_mcse"] for r in rows], marker="o", label=method
+            )
+        axes[0][col].axhline(MEAN_TARGET, color="k", ls=":")
+        axes[0][col].set_yscale("log")
+        axes[0][col].set_title(f"{case['case']} (N={case['N']})")
+        axes[0][col].set_ylabel("|mean error| (posterior sds)")
+        axes[1][col].axhspan(1 - SD_TARGET, 1 + SD_TARGET, color="0.9")
+        axes[1][col].set_yscale("log")
+        axes[1][col].set_ylabel("sd ratio")
+        axes[1][col].set_xlabel("knob setting (loose -> tight)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "global_bias.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
