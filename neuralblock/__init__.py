@@ -10,6 +10,7 @@ from neuralblock.kernels import (
     LWAKernel,
     NeuralBlockKernel,
     RandomWalkMH,
+    ReplicaExchange,
 )
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, get_motif, motif_names, register_motif
 from neuralblock.priorswap import PriorSwap
@@ -30,6 +31,7 @@ __all__ = [
     "NeuralBlockProposal",
     "PriorSwap",
     "RandomWalkMH",
+    "ReplicaExchange",
     "TrainingBatch",
     "get_motif",
     "list_pretrained",

@@ -12,6 +12,7 @@ from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
 from neuralblock.kernels.particle_gibbs import ParticleGibbs, StateSpaceModel, csmc_step
 from neuralblock.kernels.random_walk import RandomWalkMH
+from neuralblock.kernels.replica_exchange import ReplicaExchange
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.split_merge import SplitMergeGMM
 
@@ -28,6 +29,7 @@ __all__ = [
     "NeuralBlockKernel",
     "ParticleGibbs",
     "RandomWalkMH",
+    "ReplicaExchange",
     "SingleSiteSweep",
     "SplitMergeGMM",
     "StateSpaceModel",

@@ -53,6 +53,7 @@ __all__ = [
     "block_log_q_table",
     "fused_class_update",
     "supports_fused",
+    "tempered_class_update",
 ]
 
 MAX_ENUMERATED_VALUES = 512
@@ -246,6 +247,7 @@ class BlockTable:
         self.computed = 0  # rows computed by the network (setup and visits)
         self.cdf = torch.zeros(self.rows, len(self.values), device=device)
         self.log_ratio = torch.zeros(self.rows, len(self.values), device=device)
+        self.energy_rows = torch.zeros(self.rows, len(self.values), device=device)  # for tempered targets
         self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
         self.prefilled = self.rows <= _PREFILL_ROWS
         if self.prefilled:
@@ -323,6 +325,7 @@ class BlockTable:
             log_q = block_log_q_table(self.proposal, features[chunk], self.values).to(self.cdf.dtype)
             self.cdf[keys[chunk]] = log_q.exp().cumsum(-1)
             self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) - log_q
+            self.energy_rows[keys[chunk]] = energy[chunk].to(log_q.dtype)
         self.filled[keys] = True
         self.computed += len(keys)
 
@@ -383,6 +386,40 @@ def fused_class_update(
     return state, accepted, ~finite
 
 
+def tempered_class_update(
+    state: Tensor,
+    ids: Tensor,
+    radix: Tensor,
+    base: Tensor,
+    cdf: Tensor,
+    log_ratio: Tensor,
+    energy: Tensor,
+    beta: Tensor,
+    uniforms: Tensor,
+    values: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`fused_class_update` for tempered targets ``p(x)^beta`` (one ``beta`` per chain, ``[K]``).
+
+    The proposal is the untempered one (any proposal keeps MH exact); the log-ratio of a move
+    ``j -> j'`` is ``w[j'] - w[j] + (beta - 1) (E[j'] - E[j])`` with the rows' block energies ``E``.
+    """
+    width, size = cdf.shape[-1], values.shape[-1]
+    digits = state[:, ids].long() * radix
+    keys = base + digits[..., :-size].sum(-1)
+    current = digits[..., -size:].sum(-1)
+    rows = cdf[keys]
+    proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1).clamp(max=width - 1)
+    where = (keys * width).unsqueeze(-1) + torch.stack([proposed, current], -1)
+    pair = log_ratio.reshape(-1)[where]
+    energies = energy.reshape(-1)[where]
+    log_alpha = (pair[..., 0] - pair[..., 1]) + (beta[:, None] - 1) * (energies[..., 0] - energies[..., 1])
+    finite = log_alpha < math.inf
+    accepted = (uniforms[..., 1].log() < log_alpha) & finite
+    state = state.clone()
+    state[:, ids[:, -size:]] = values[torch.where(accepted, proposed, current)].to(state.dtype)
+    return state, accepted, ~finite
+
+
 class FusedBlockSweep:
     """One proposal's colour classes on the fused path: padded to one shape, updated class by class.
 
@@ -427,6 +464,7 @@ class FusedBlockSweep:
         self.base = [self.table.base[rows] for rows in self.rows]
         self.padded = [size < width for size in self.sizes]
         self.update = compiled(fused_class_update) if compile else fused_class_update
+        self.tempered_update = compiled(tempered_class_update) if compile else tempered_class_update
         self.compiled = compile
         self.compile_seconds = 0.0
 
@@ -437,9 +475,18 @@ class FusedBlockSweep:
         self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
         self.table.clear(fg, instances)
 
-    def sweep(self, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-        """Update every class once; returns the states, accepted and non-finite counts (tensors) and proposals made."""
-        accepted = torch.zeros((), dtype=torch.long, device=state.device)
+    def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Update every class once.
+
+        Args:
+            fg: the graph.
+            state: ``[K, n]`` states.
+            beta: optional ``[K]`` inverse temperatures (targets ``p(x)^beta``).
+
+        Returns:
+            The states, accepted blocks per chain ``[K]``, the non-finite count and the proposals made.
+        """
+        accepted = torch.zeros(state.shape[0], dtype=torch.long, device=state.device)
         nonfinite = torch.zeros((), dtype=torch.long, device=state.device)
         chains = state.shape[0]
         table = self.table
@@ -450,11 +497,17 @@ class FusedBlockSweep:
             if self.padded[c]:
                 uniforms = uniforms[:, self.rand_index[c]]
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
-            state, acc, bad = self.update(
-                state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms, self.values
-            )
+            if beta is None:
+                state, acc, bad = self.update(
+                    state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms, self.values
+                )
+            else:
+                state, acc, bad = self.tempered_update(
+                    state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio,
+                    table.energy_rows, beta.to(table.cdf.dtype), uniforms, self.values,
+                )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start
-            accepted = accepted + acc[:, :size].sum()
+            accepted = accepted + acc[:, :size].sum(-1)
             nonfinite = nonfinite + bad[:, :size].sum()
         return state, accepted, nonfinite, chains * sum(self.sizes)

@@ -102,16 +102,20 @@ def gibbs_class_update(
     mask: Tensor | None,
     flat: Tensor,
     noise: Tensor,
+    beta: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One colour class of Gibbs on table factors, for states ``[K, n]``: the new state and the stuck count.
 
     The fused update (gather, slice the tables, sample, scatter) that :class:`GibbsPlan`
     runs eagerly or under ``torch.compile``. ``scopes``, ``strides``, ``index`` and ``mask``
     are the class's :class:`_FusedTables` layout; ``noise [K, V, k_max]`` are standard
-    exponential draws (made outside, so both paths give the same chain for the same seed).
+    exponential draws (made outside, so both paths give the same chain for the same seed);
+    ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``.
     """
     shift = (state[:, scopes].long() * strides).sum(-1)  # [K, V, d]
     logits = flat[index + shift.unsqueeze(-1)].sum(-2)  # [K, V, kmax]
+    if beta is not None:
+        logits = logits * beta[:, None, None].to(logits.dtype)
     if mask is not None:
         logits = logits + mask
     info = gibbs_sample(logits.to(state.dtype), state[:, vars_], noise)
@@ -179,8 +183,11 @@ class GibbsPlan:
         if self.tables_only:
             self.flat = self._flat_tables(fg)
 
-    def sweep(self, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor]:
-        """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals."""
+    def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals.
+
+        ``beta`` (one inverse temperature per state) tempers each state's target to ``p(x)^beta``.
+        """
         stuck = torch.zeros((), dtype=torch.long, device=state.device)
         shape = state.shape
         state = state.reshape(-1, shape[-1])
@@ -191,7 +198,7 @@ class GibbsPlan:
                     state.shape[0], len(vars_), tables.index.shape[-1], dtype=state.dtype, device=state.device
                 ).exponential_()
                 state, count = self.update(
-                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, self.flat, noise
+                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, self.flat, noise, beta
                 )
                 if self.update is not gibbs_class_update and not getattr(tables, "_compiled", False):
                     tables._compiled = True  # the first call of a shape compiles it
@@ -204,6 +211,8 @@ class GibbsPlan:
             candidates = state.expand(kmax, -1, -1).clone()  # [kmax, K, n]
             candidates[..., vars_] = values.clamp(min=0).to(state)[:, None, :]
             logits = scaffold.local_log_density(fg, candidates).permute(1, 2, 0)  # [K, m, kmax]
+            if beta is not None:
+                logits = logits * beta.reshape(-1)[:, None, None].to(logits.dtype)
             logits = logits.masked_fill(values.T < 0, -math.inf)
             info = gibbs_sample(logits, state[:, vars_])
             state[:, vars_] = info.values
@@ -260,6 +269,7 @@ class GibbsKernel(GraphKernel):
         super().__init__(model, chains=chains, device=device)
         self._variables_arg = variables
         self.compile = resolve_compile(compile, self.device)
+        self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
         self.plan: GibbsPlan | None = None
         self._reset_stats()  # diagnostics() answer before setup (e.g. in the parent of worker chains)
 
@@ -289,7 +299,7 @@ class GibbsKernel(GraphKernel):
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         if self.plan is None:
             raise RuntimeError("call setup() before sampling")
-        state, stuck = self.plan.sweep(self._graph(), state)
+        state, stuck = self.plan.sweep(self._graph(), state, self.beta)
         if not warmup:
             self._sweeps += 1
             self._stuck = self._stuck + stuck.cpu()
@@ -303,6 +313,7 @@ class GibbsKernel(GraphKernel):
         """Post-warmup sweeps, single-site updates per second (all chains), stuck conditionals, compile time."""
         updates = self._sweeps * len(getattr(self, "variables", [])) * self.chains
         return {
+            "divergences": [],  # read by arviz.from_pyro (no divergent draws: Gibbs has no trajectories)
             "sweeps": float(self._sweeps),
             "chains": float(self.chains),
             "updates_per_second": updates / self._elapsed if self._elapsed > 0 else 0.0,

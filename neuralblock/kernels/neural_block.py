@@ -151,6 +151,7 @@ def neural_block_step(
     instances: MotifInstances,
     scaffold: BlockScaffold,
     state: Tensor,
+    beta: Tensor | None = None,
 ) -> tuple[Tensor, MHInfo]:
     """Propose and accept every block of one conflict-free class at once.
 
@@ -166,6 +167,7 @@ def neural_block_step(
         instances: the class's motif instances (pairwise non-conflicting).
         scaffold: ``fg.scaffold(instances.blocks)``.
         state: the current state ``[n]``, or states of chains ``[K, n]``.
+        beta: optional ``[K]`` inverse temperatures (each chain's target is ``p(x)^beta``).
 
     Returns:
         The new state and the :class:`MHInfo` of the class (``[..., I]`` entries).
@@ -175,7 +177,10 @@ def neural_block_step(
         pair = torch.stack([state, state])
         pair[1][..., instances.blocks] = proposed
         local = scaffold.local_log_density(fg, pair)
-        info = mh_accept(local[1] - local[0] + log_q_ratio.to(local.dtype))
+        change = local[1] - local[0]
+        if beta is not None:
+            change = change * beta[:, None].to(change.dtype)
+        info = mh_accept(change + log_q_ratio.to(local.dtype))
     new_state = state.clone()
     new_state[..., instances.blocks] = torch.where(info.accepted[..., None], proposed, current)
     return new_state, info
@@ -359,6 +364,7 @@ class NeuralBlockKernel(GraphKernel):
         self.step_size = float(step_size)
         self.window = window
         self.compile = resolve_compile(compile, self.device)
+        self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
         self.num_instances: list[int] = []  # set at setup
         self.fused: list[FusedBlockSweep | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
@@ -453,19 +459,22 @@ class NeuralBlockKernel(GraphKernel):
         self._block_seconds = 0.0
         self._single_sweeps = 0
         self._transitions = 0  # neural sweeps so far, warmup included
+        self._accepted_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
         if float(torch.rand(())) < self.gibbs_prob:
-            state = self.single_site.sweep(fg, state, adapt=warmup)
+            state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta)
             if not warmup:
                 self._single_sweeps += 1
             return state
         start = time.perf_counter()
         for i, fused in enumerate(self.fused):
             if fused is not None:
-                state, accepted, nonfinite, proposed = fused.sweep(fg, state)
-                discarded = 0
+                state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta)
+                accepted, discarded = per_chain.sum(), 0
+                if not warmup:
+                    self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain.cpu()
             else:
                 state, accepted, nonfinite, proposed, discarded = self._general_sweep(i, fg, state)
             rate = accepted / max(proposed, 1)  # a running rate for the progress bar
@@ -486,13 +495,15 @@ class NeuralBlockKernel(GraphKernel):
         """The general path over proposal ``i``'s classes (speculative batches with one chain)."""
         proposal, classes, sweep = self.proposals[i], self.block_classes[i], self.sweeps[i]
         accepted, proposed, nonfinite, discarded, c = 0, 0, 0, 0, 0
-        single = state.shape[0] == 1
+        single = state.shape[0] == 1 and self.beta is None
         if single:  # one chain: the motif sees the state as [n] (every motif supports it)
             state = state[0]
         while c < len(classes):
             width = self._window_size(i, c, fg.num_variables) if single else 1
             if width == 1:
-                state, info = neural_block_step(fg, proposal, classes[c].instances, classes[c].scaffold, state)
+                state, info = neural_block_step(
+                    fg, proposal, classes[c].instances, classes[c].scaffold, state, None if single else self.beta
+                )
                 used = 1
             else:
                 lo, hi = int(sweep.offsets[c]), int(sweep.offsets[c + width])
@@ -541,6 +552,7 @@ class NeuralBlockKernel(GraphKernel):
             if f is not None
         }
         return {
+            "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
             "acceptance": {
                 self._label(i): (float(self._accepted[i]) / self._proposed[i] if self._proposed[i] else 0.0)
                 for i in range(len(self.proposals))

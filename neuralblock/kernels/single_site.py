@@ -69,10 +69,16 @@ class SingleSiteSweep:
         if self.gibbs_plan is not None:
             self.gibbs_plan.refresh(fg)
 
-    def sweep(self, fg: FactorGraph, state: Tensor, adapt: bool) -> Tensor:
-        """Return the state ``[..., n]`` after one sweep (adapting the random-walk steps if ``adapt``)."""
+    def sweep(self, fg: FactorGraph, state: Tensor, adapt: bool, beta: Tensor | None = None) -> Tensor:
+        """Return the state ``[..., n]`` after one sweep (adapting the random-walk steps if ``adapt``).
+
+        ``beta`` (one inverse temperature per state) tempers the Gibbs conditionals; tempered
+        random-walk updates are not supported.
+        """
+        if beta is not None and self.rw_plan is not None:
+            raise ValueError("tempered single-site sweeps need discrete latent variables only")
         if self.gibbs_plan is not None:
-            state, _ = self.gibbs_plan.sweep(fg, state)
+            state, _ = self.gibbs_plan.sweep(fg, state, beta)
         if self.rw_plan is not None:
             state, _ = self.rw_plan.sweep(fg, state, adapt=adapt)
         return state

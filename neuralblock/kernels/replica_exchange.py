@@ -1,0 +1,288 @@
+"""Replica exchange (parallel tempering) over batched replicas of a discrete kernel.
+
+``R`` replicas of the model at inverse temperatures ``1 = beta_1 > ... > beta_R`` (targets
+``p(x)^beta``) run as one batched state, together with ``K`` independent ensembles
+(``chains=K``): the inner kernel (single-site Gibbs, or neural blocks mixed with Gibbs) updates
+all ``K * R`` states at once, each at its own temperature. After every sweep, neighbouring
+replicas of each ensemble propose to swap states, alternating the even and the odd pairs
+(the deterministic even-odd scheme), with the exact swap probability
+``min(1, exp((beta_r - beta_{r+1}) (log p(x_{r+1}) - log p(x_r))))``. Every step leaves the
+product of the tempered targets invariant, so the ``beta = 1`` replica samples ``p``; only it
+is returned to Pyro.
+
+During warmup the ladder adapts towards equal swap rates between all neighbours (Vousden,
+Farr and Mandel, MNRAS 455, 2016): with ``T = 1 / beta`` and ``S_r = log(T_{r+1} - T_r)``,
+``S_r += kappa(t) (A_r - A_{r+1})`` for the running swap acceptance ``A`` of each pair, with
+``kappa(t) = t0 / (nu (t + t0))``; ``T_1 = 1`` and the hottest temperature stay fixed. The
+adapted ladder is in ``diagnostics()``.
+
+The neural inner kernel proposes with the untempered proposal at every temperature (any
+proposal keeps MH exact; its acceptance per temperature is reported).
+
+Example:
+    >>> import torch, pyro
+    >>> from pyro.infer import MCMC
+    >>> from neuralblock.io import read_uai, uai_grid
+    >>> kernel = ReplicaExchange(read_uai(uai_grid("Grids_12")), replicas=4, chains=2)
+    >>> mcmc = MCMC(kernel, num_samples=10, warmup_steps=10, disable_progbar=True)
+    >>> mcmc.run()
+    >>> mcmc.get_samples()["x"].shape, len(kernel.diagnostics()["temperatures"])
+    (torch.Size([10, 2, 100]), 4)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from neuralblock.graph import FactorGraph
+from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_init
+from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.neural_block import NeuralBlockKernel
+from neuralblock.proposals import NeuralBlockProposal
+
+__all__ = ["ReplicaExchange", "geometric_ladder", "swap_replicas"]
+
+_RATE_SMOOTHING = 0.1  # running swap acceptance per pair (warmup adaptation)
+
+
+def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
+    """Temperatures ``1 = T_1 < ... < T_R = max_temperature``, geometrically spaced (float64).
+
+    Example:
+        >>> geometric_ladder(3, 4.0).tolist()
+        [1.0, 2.0, 4.0]
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    if replicas == 1:
+        return torch.ones(1, dtype=torch.float64)
+    return torch.logspace(0.0, math.log10(max_temperature), replicas, dtype=torch.float64)
+
+
+def swap_replicas(states: Tensor, log_p: Tensor, beta: Tensor, parity: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Propose swaps of neighbouring replicas ``(r, r + 1)`` with ``r % 2 == parity``, for every ensemble.
+
+    Args:
+        states: ``[R, K, n]`` replica states of ``K`` ensembles.
+        log_p: ``[R, K]`` untempered log densities of the states.
+        beta: ``[R]`` inverse temperatures.
+        parity: 0 for the pairs (1, 2), (3, 4), ... (0-based (0, 1), (2, 3), ...), 1 for the others.
+
+    Returns:
+        The states and log densities after the swaps, and each attempted pair's acceptance
+        probability ``[P, K]`` (pairs ``parity, parity + 2, ...``).
+
+    Example:
+        >>> states = torch.tensor([[[0.0]], [[1.0]]])  # two replicas, one ensemble
+        >>> new, log_p, prob = swap_replicas(states, torch.tensor([[-5.0], [0.0]]), torch.tensor([1.0, 0.5]), 0)
+        >>> new.flatten().tolist(), prob.tolist()  # the colder replica takes the likelier state
+        ([1.0, 0.0], [[1.0]])
+    """
+    replicas = states.shape[0]
+    first = torch.arange(parity, replicas - 1, 2, device=states.device)
+    if len(first) == 0:
+        return states, log_p, log_p.new_zeros(0, log_p.shape[1])
+    second = first + 1
+    delta = (beta[first] - beta[second]).to(log_p.dtype)[:, None] * (log_p[second] - log_p[first])  # [P, K]
+    delta = torch.nan_to_num(delta, nan=-math.inf)
+    accept = torch.rand_like(delta).log() < delta
+    order = torch.arange(replicas, device=states.device)[:, None].expand(replicas, states.shape[1]).clone()
+    order[first] = torch.where(accept, second[:, None], first[:, None])
+    order[second] = torch.where(accept, first[:, None], second[:, None])
+    states = states.gather(0, order[..., None].expand_as(states))
+    log_p = log_p.gather(0, order)
+    return states, log_p, delta.clamp(max=0.0).exp()
+
+
+class ReplicaExchange(GraphKernel):
+    """Parallel tempering with Gibbs or neural block replicas, batched over replicas and ensembles.
+
+    Args:
+        model: a :class:`FactorGraph` (or a Pyro model) with discrete latent variables only.
+        proposals: neural block proposals for the replicas' inner kernel (``NeuralBlockKernel`` mixed
+            with Gibbs at ``gibbs_prob``); ``None`` uses single-site Gibbs.
+        replicas: the number of temperatures ``R``.
+        max_temperature: the hottest temperature ``T_R`` of the initial geometric ladder.
+        temperatures: an explicit initial ladder ``1 = T_1 < ... < T_R`` (overrides the two above).
+        gibbs_prob: the neural inner kernel's single-site sweep probability.
+        chains: independent ensembles ``K`` (each returns its ``beta = 1`` replica).
+        adapt: adapt the ladder during warmup.
+        adapt_nu: ``nu`` of the adaptation rate ``kappa(t) = t0 / (nu (t + t0))``.
+        adapt_t0: ``t0`` of the adaptation rate.
+        device: where states and tables live.
+        compile: passed to the inner kernel.
+
+    Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
+    ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
+    """
+
+    batched_state = True
+
+    def __init__(
+        self,
+        model: FactorGraph | Callable,
+        proposals: Sequence[NeuralBlockProposal] | None = None,
+        replicas: int = 8,
+        max_temperature: float = 10.0,
+        temperatures: Sequence[float] | None = None,
+        gibbs_prob: float = 0.5,
+        chains: int = 1,
+        adapt: bool = True,
+        adapt_nu: float = 10.0,
+        adapt_t0: float = 100.0,
+        device: str | torch.device | None = None,
+        compile: bool | str = "auto",
+    ) -> None:
+        super().__init__(model, chains=chains, device=device)
+        if temperatures is not None:
+            ladder = torch.as_tensor(list(temperatures), dtype=torch.float64)
+            if ladder.dim() != 1 or len(ladder) < 1 or not torch.isfinite(ladder).all():
+                raise ValueError(f"temperatures must be a finite list, got {temperatures!r}")
+            if ladder[0] != 1.0 or (ladder.diff() <= 0).any():
+                raise ValueError(f"temperatures must start at 1 and increase strictly, got {ladder.tolist()}")
+        else:
+            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+                raise ValueError(f"replicas must be a positive int, got {replicas!r}")
+            if not (isinstance(max_temperature, (int, float)) and math.isfinite(max_temperature)):
+                raise ValueError(f"max_temperature must be a finite number, got {max_temperature!r}")
+            if replicas > 1 and max_temperature <= 1.0:
+                raise ValueError(f"max_temperature must exceed 1 with several replicas, got {max_temperature}")
+            ladder = geometric_ladder(replicas, float(max_temperature))
+        for name, value in (("adapt_nu", adapt_nu), ("adapt_t0", adapt_t0)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        self.temperatures = ladder
+        self.replicas = len(ladder)
+        self.proposals = None if proposals is None else list(proposals)
+        self.gibbs_prob = gibbs_prob
+        self.adapt = bool(adapt)
+        self.adapt_nu, self.adapt_t0 = float(adapt_nu), float(adapt_t0)
+        self.compile = compile
+        size = self.replicas * chains
+        if self.proposals is None:
+            self.inner: GibbsKernel | NeuralBlockKernel = GibbsKernel(
+                model, chains=size, device=device, compile=compile
+            )
+        else:
+            self.inner = NeuralBlockKernel(
+                model, self.proposals, gibbs_prob=gibbs_prob, chains=size, device=device, compile=compile
+            )
+        self.replica_states: Tensor | None = None
+        self._reset_stats()
+
+    @property
+    def betas(self) -> Tensor:
+        """Inverse temperatures ``[R]`` (float64)."""
+        return 1.0 / self.temperatures
+
+    def _prepare(self, fg: FactorGraph) -> None:
+        cards = fg.cardinalities[fg.latent]
+        if (cards == 0).any():
+            raise ValueError("ReplicaExchange samples discrete latent variables only; this model has continuous ones")
+        self.inner.fg = fg
+        self.inner._prepare(fg)
+        self.replica_states = None
+        self._swap_rate = torch.full((max(self.replicas - 1, 0),), 0.5, dtype=torch.float64)
+
+    def _refresh(self, fg: FactorGraph) -> None:
+        self.inner._refresh(fg)
+
+    def _reset_stats(self) -> None:
+        pairs = max(self.replicas - 1, 0)
+        self._swap_attempts = torch.zeros(pairs, dtype=torch.float64)
+        self._swap_accept = torch.zeros(pairs, dtype=torch.float64)
+        self._steps = 0
+        self._adapt_steps = 0
+        if hasattr(self, "inner"):
+            self.inner._reset_stats()
+
+    def _start_replicas(self, state: Tensor) -> Tensor:
+        """All replicas of every ensemble, ``[R, K, n]``: the given ``beta = 1`` states and fresh valid starts."""
+        fg = self._graph()
+        others = sequential_init(fg, chains=(self.replicas - 1) * self.chains) if self.replicas > 1 else None
+        rows = [state.cpu()] + ([] if others is None else [others.reshape(self.replicas - 1, self.chains, -1)])
+        replicas = torch.cat([rows[0].unsqueeze(0)] + rows[1:], 0)
+        flat = find_valid_start(fg, replicas.reshape(-1, fg.num_variables))
+        return flat.reshape(self.replicas, self.chains, -1).to(self.device)
+
+    def _transition(self, state: Tensor, warmup: bool) -> Tensor:
+        fg = self._graph()
+        if self.replica_states is None:
+            self.replica_states = self._start_replicas(state)
+        replicas = self.replica_states.clone()
+        replicas[0] = state  # Pyro's params are the beta = 1 replicas
+        size, n = self.replicas * self.chains, fg.num_variables
+        beta = self.betas.to(self.device)
+        self.inner.beta = beta.repeat_interleave(self.chains).to(state.dtype)  # replica-major rows
+        flat = self.inner._transition(replicas.reshape(size, n), warmup)
+        replicas = flat.reshape(self.replicas, self.chains, n)
+        if self.replicas > 1:
+            log_p = fg.log_joint(replicas.reshape(size, n).cpu()).reshape(self.replicas, self.chains).to(self.device)
+            parity = self._steps % 2
+            replicas, _, prob = swap_replicas(replicas, log_p.double(), beta, parity)
+            pairs = torch.arange(parity, self.replicas - 1, 2)
+            mean_prob = prob.mean(-1).double().cpu()
+            if not warmup:
+                self._swap_attempts[pairs] += 1.0
+                self._swap_accept[pairs] += mean_prob
+            elif self.adapt:
+                self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
+                self._adapt_ladder()
+        self._steps += 1
+        self.replica_states = replicas
+        return replicas[0]
+
+    def _adapt_ladder(self) -> None:
+        """One step of the Vousden-Farr-Mandel adaptation towards equal swap rates (``T_1``, ``T_R`` fixed)."""
+        if self.replicas < 3:
+            return
+        self._adapt_steps += 1
+        kappa = self.adapt_t0 / (self.adapt_nu * (self._adapt_steps + self.adapt_t0))
+        temps = self.temperatures
+        log_gaps = temps.diff().log()
+        rate = self._swap_rate
+        log_gaps[:-1] += kappa * (rate[:-1] - rate[1:])
+        gaps = log_gaps.exp()
+        span = float(temps[-1] - temps[0])
+        inner = gaps[:-1].sum()
+        if inner >= span:  # keep the hottest temperature: shrink the inner gaps to leave room for the last
+            gaps[:-1] *= 0.999 * span / float(inner)
+        new = torch.cat([temps[:1], temps[0] + gaps[:-1].cumsum(0), temps[-1:]])
+        self.temperatures = new
+
+    def logging(self) -> dict[str, float]:
+        """The inner kernel's fields and the mean swap acceptance so far."""
+        out = dict(self.inner.logging())
+        if self.replicas > 1:
+            out["swap"] = round(float(self._swap_rate.mean()), 3)
+        return out
+
+    def diagnostics(self) -> dict:
+        """Swap acceptance per neighbouring pair (post-warmup), the ladder, and the inner kernel's diagnostics.
+
+        For neural replicas, ``block_acceptance_by_temperature`` gives each temperature's
+        block acceptance (fused path).
+        """
+        attempts = self._swap_attempts.clamp(min=1.0)
+        out: dict = {
+            "temperatures": self.temperatures.tolist(),
+            "swap_acceptance": (self._swap_accept / attempts).tolist(),
+            "replicas": float(self.replicas),
+            "chains": float(self.chains),
+            "inner": self.inner.diagnostics(),
+        }
+        if isinstance(self.inner, NeuralBlockKernel):
+            rates = []
+            for i, fused in enumerate(self.inner.fused):
+                accepted = self.inner._accepted_per_chain[i]
+                if fused is None or accepted.dim() != 1 or not self.inner._proposed[i]:
+                    continue
+                per_replica = accepted.double().reshape(self.replicas, self.chains).sum(-1)
+                rates.append(per_replica / (self.inner._proposed[i] / self.replicas))
+            if rates:
+                out["block_acceptance_by_temperature"] = torch.stack(rates).mean(0).tolist()
+        return out

@@ -1,0 +1,123 @@
+"""ReplicaExchange: the beta = 1 target and every tempered replica's target are invariant; swaps and ladder.
+
+Statistical tests compare visit frequencies of all 3^6 joint states with enumeration by
+batch-means z-scores (each ensemble a chain, 20 batches) with a Bonferroni t threshold:
+false-failure rate at most 1e-3 per compared distribution over random seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pyro.infer import MCMC
+from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
+from test_vectorized_chains import assert_matches_enumeration, enumerate_joint
+
+from neuralblock import FactorGraph, ReplicaExchange
+from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels.replica_exchange import geometric_ladder, swap_replicas
+from neuralblock.proposals import NeuralBlockProposal
+
+
+def coupled_chain(seed: int) -> FactorGraph:
+    """The ternary test chain with stronger couplings, so the hot replicas differ from the cold one."""
+    fg = chain_graph(seed)
+    for group in fg.groups:
+        group.log_tables.mul_(2.0)
+    return fg
+
+
+@pytest.mark.parametrize("inner", ["gibbs", "neural"])
+def test_beta_one_replica_samples_the_target(inner: str) -> None:
+    fg = coupled_chain(seed=4)
+    torch.manual_seed(7)
+    proposals = None if inner == "gibbs" else [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))]
+    kernel = ReplicaExchange(fg, proposals=proposals, replicas=4, max_temperature=6.0, chains=8, adapt=True)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=150, disable_progbar=True)
+    mcmc.run()
+    x = mcmc.get_samples()["x"]  # [S, K, n]
+    assert x.shape == (1000, 8, 6)
+    assert_matches_enumeration(x.transpose(0, 1), fg)
+    diag = kernel.diagnostics()
+    assert len(diag["temperatures"]) == 4 and diag["temperatures"][0] == 1.0
+    assert diag["temperatures"][-1] == pytest.approx(6.0)
+    assert all(0.0 < rate <= 1.0 for rate in diag["swap_acceptance"])
+    if inner == "neural":
+        assert len(diag["block_acceptance_by_temperature"]) == 4
+
+
+def test_every_replica_samples_its_tempered_target() -> None:
+    """With a fixed ladder, replica r's states follow p^(beta_r) (swaps and tempered sweeps are both exact)."""
+    fg = coupled_chain(seed=3)
+    states, _ = enumerate_joint(fg)
+    log_p = fg.log_joint(states).double()
+    temperatures = [1.0, 2.0, 5.0]
+    torch.manual_seed(1)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    kernel = ReplicaExchange(fg, [proposal], temperatures=temperatures, chains=8, adapt=False)
+    kernel.setup(0)
+    params = kernel.initial_params
+    draws = []
+    for step in range(1100):
+        params = kernel.sample(params)
+        if step >= 100:
+            draws.append(kernel.replica_states.clone())
+    replicas = torch.stack(draws, 2)  # [R, K, S, n]
+    for r, temperature in enumerate(temperatures):
+        probs = torch.softmax(log_p / temperature, 0)
+        hits = (replicas[r][:, :, None, :] == states[None, None]).all(-1).double()
+        mean, mcse = batch_means_mcse(hits, 20)
+        iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
+        z = (mean - probs) / torch.maximum(mcse, iid)
+        from scipy import stats
+
+        limit = stats.t.ppf(1 - 1e-3 / (2 * len(probs)), df=8 * 20 - 1)
+        assert z.abs().max() <= limit, f"replica {r} (T={temperature}): max |z| = {z.abs().max():.2f}"
+    assert kernel.diagnostics()["temperatures"] == temperatures  # no adaptation
+
+
+def test_swaps_follow_the_exact_probability() -> None:
+    torch.manual_seed(0)
+    beta = torch.tensor([1.0, 0.25], dtype=torch.float64)
+    states = torch.tensor([[[0.0]] * 20000, [[1.0]] * 20000]).reshape(2, 20000, 1)
+    log_p = torch.tensor([[-1.0] * 20000, [-3.0] * 20000], dtype=torch.float64)
+    new, new_log_p, prob = swap_replicas(states, log_p, beta, parity=0)
+    expected = torch.tensor((1.0 - 0.25) * (-3.0 + 1.0)).exp()  # the cold replica would take the worse state
+    assert prob[0, 0] == pytest.approx(float(expected))
+    swapped = (new[0, :, 0] == 1.0).double().mean()
+    assert abs(float(swapped) - float(expected)) < 4 * (float(expected) * (1 - float(expected)) / 20000) ** 0.5
+    assert torch.equal(new_log_p[0], torch.where(new[0, :, 0] == 1.0, -3.0, -1.0).double())
+    same, _, none = swap_replicas(states, log_p, beta, parity=1)  # no pair (1, 2) with two replicas
+    assert torch.equal(same, states) and none.numel() == 0
+
+
+def test_ladder_adapts_towards_equal_swap_rates() -> None:
+    fg = coupled_chain(seed=0)
+    kernel = ReplicaExchange(fg, replicas=4, max_temperature=8.0)
+    kernel.setup(0)
+    before = kernel.temperatures.clone()
+    kernel._swap_rate = torch.tensor([0.9, 0.1, 0.5], dtype=torch.float64)  # pair 0 swaps too easily
+    kernel._adapt_ladder()
+    after = kernel.temperatures
+    assert after[0] == 1.0 and after[-1] == pytest.approx(8.0)
+    assert (after.diff() > 0).all()
+    assert after[1] - after[0] > before[1] - before[0]  # a wider first gap lowers its swap rate
+    assert after[2] - after[1] < before[2] - before[1]
+
+
+def test_rejects_bad_options_and_continuous_models() -> None:
+    fg = chain_graph(seed=0)
+    with pytest.raises(ValueError, match="start at 1"):
+        ReplicaExchange(fg, temperatures=[2.0, 3.0])
+    with pytest.raises(ValueError, match="increase"):
+        ReplicaExchange(fg, temperatures=[1.0, 1.0])
+    with pytest.raises(ValueError, match="replicas"):
+        ReplicaExchange(fg, replicas=0)
+    with pytest.raises(ValueError, match="max_temperature"):
+        ReplicaExchange(fg, replicas=3, max_temperature=0.5)
+    continuous = FactorGraph()
+    x = continuous.add_variable("x")
+    continuous.add_linear_gaussian(x, [], [], 0.0, 1.0)
+    with pytest.raises(ValueError, match="discrete latent variables only"):
+        ReplicaExchange(continuous, replicas=2).setup(0)
+    assert geometric_ladder(1, 5.0).tolist() == [1.0]
