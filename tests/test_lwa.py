@@ -478,3 +478,70 @@ def test_setup_redraws_a_start_subset_with_a_nonfinite_weight() -> None:
 
     with pytest.raises(ValueError, match="subset weight"):
         LWAKernel(bernoulli_model, 10, subset="window", summaries=nan_on_subsets).setup(0, SPARSE_Y)
+
+
+def _ar_window_model(y: torch.Tensor) -> None:
+    """AR(1) conditional likelihood on a window: reads y[idx - 1] (the previous value) by index arithmetic."""
+    phi = pyro.sample("phi", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", len(y) - 1) as idx:
+        pyro.sample("obs", dist.Normal(phi * y[idx], sigma), obs=y[idx + 1])
+
+
+def _vector_model(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Vector weights, a positive noise scale, a fixed other site, and an observed site outside the plate."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(x.shape[1]), 1.0).to_event(1))
+    shift = pyro.sample("shift", dist.Normal(0.0, 1.0))
+    scale = pyro.sample("scale", dist.HalfNormal(2.0))
+    pyro.sample("anchor", dist.Normal(shift, 1.0), obs=torch.tensor(0.3))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("obs", dist.StudentT(4.0, x[idx] @ w + shift, scale), obs=y[idx])
+
+
+@pytest.mark.parametrize("case", ["gaussian", "ar-window", "vector-conditioned", "user-scale"])
+def test_direct_path_log_target_equals_the_pyro_run(case: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    if case == "gaussian":
+        model, args, n, subset, sites = gaussian_model, (torch.randn(300, generator=gen),), 37, "iid", None
+    elif case == "ar-window":
+        model, args, n, subset, sites = _ar_window_model, (torch.randn(301, generator=gen),), 50, "window", None
+    elif case == "vector-conditioned":
+        x = torch.randn(200, 3, generator=gen)
+        args, n, subset, sites = (x, x @ torch.ones(3) + torch.randn(200, generator=gen)), 20, "iid", ["w", "scale"]
+        model = _vector_model
+    else:
+        model, args, n, subset, sites = weighted_model, (TOY_Y,), 3, "iid", None
+    kernel = LWAKernel(model, n, sites=sites, subset=subset, plate="data")
+    if case == "vector-conditioned":
+        kernel.condition_on({"shift": torch.tensor(-0.4)})
+    kernel.setup(0, *args)
+    assert kernel._direct is not None
+    for _ in range(5):
+        params = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in kernel.initial_params.items()}
+        if subset == "window":
+            start = int(torch.randint(0, kernel.num_data - n + 1, (), generator=gen))
+            indices = torch.arange(start, start + n)
+        else:
+            indices = torch.randperm(kernel.num_data, generator=gen)[:n]
+        direct = kernel.log_target(params, indices)
+        compiled, kernel._direct = kernel._direct, None
+        pyro_value = kernel.log_target(params, indices)
+        kernel._direct = compiled
+        assert math.isclose(direct, pyro_value, rel_tol=1e-5, abs_tol=1e-4), (direct, pyro_value)
+
+
+def test_a_model_the_direct_path_cannot_compile_falls_back_with_a_warning() -> None:
+    y = torch.randn(100)
+
+    def branching(y: torch.Tensor) -> None:  # data-dependent Python control flow: not one graph
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)) as idx:
+            loc = mu if float(mu) > 0 else 2 * mu
+            pyro.sample("obs", dist.Normal(loc, 1.0), obs=y[idx])
+
+    kernel = LWAKernel(branching, 10)
+    with pytest.warns(RuntimeWarning, match="direct likelihood path"):
+        kernel.setup(0, y)
+    assert kernel._direct is None
+    params = kernel.sample(kernel.initial_params)
+    assert math.isfinite(kernel.log_target(params, kernel.indices))

@@ -59,8 +59,10 @@ log-probabilities of the sites inside the plate, multiplied by ``N / n`` here. F
 series the model receives the window's contiguous indices in order and must compute the
 window's conditional likelihood from them (e.g. an ARMA error recursion restarted at the
 window's first index; see ``experiments/arma_lwa.py``). Latent sites inside the data
-plate are not supported. Per-iteration cost is ``O(n)`` (at most two model runs on ``U``,
-one summary of ``U``); the full-data summary is computed once at ``setup``.
+plate are not supported. Per-iteration cost is ``O(n)`` (at most two density evaluations on ``U``,
+one summary of ``U``); the full-data summary is computed once at ``setup``. The densities go through
+the direct likelihood path (:class:`~neuralblock.subsample.likelihood.LogLikelihood`, traced once at
+``setup``, no Pyro run per call); a model it cannot compile runs through Pyro, with a warning.
 
 References:
     F. Maire, N. Friel, P. Alquier, "Informed sub-sampling MCMC: approximate Bayesian
@@ -88,6 +90,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -104,6 +107,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
 from neuralblock.kernels.summaries import SummaryFn, default_summaries, summarise_batch
 from neuralblock.pyro.plates import PlateIndices, plate_dim
+from neuralblock.subsample.likelihood import CompileError, LogLikelihood
 from neuralblock.subsample.sections import section_scale, site_plate_frame
 
 __all__ = [
@@ -333,6 +337,10 @@ class LWAKernel(MCMCKernel):
             jump then costs ``2K - 1`` subset summaries (one batched call), ``O(K n)``.
         summary_data: rows summarised, ``[N, ...]`` (default: the observed values of the
             plate's sites, columns concatenated).
+        direct: evaluate the model on ``U`` through the direct likelihood path
+            (:class:`~neuralblock.subsample.likelihood.LogLikelihood`: traced once, replayed as a tensor
+            graph without a Pyro run per call); a model it cannot compile falls back to Pyro runs, with a
+            warning. ``False`` always runs the model.
 
     Example:
         >>> import pyro, pyro.distributions as dist
@@ -366,6 +374,7 @@ class LWAKernel(MCMCKernel):
         summary_data: Tensor | None = None,
         subset_steps: int = 1,
         subset_tries: int = 1,
+        direct: bool = True,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
@@ -409,6 +418,8 @@ class LWAKernel(MCMCKernel):
         self.subset_steps = subset_steps
         self.subset_tries = subset_tries
         self._summary_data_arg = summary_data
+        self.direct = bool(direct)
+        self._direct: LogLikelihood | None = None
         self.transforms: dict[str, Any] | None = None  # set by setup (None tells Pyro's MCMC to run one)
         self._conditioned: dict[str, Tensor] = {}
         self._others: list[str] | None = None  # the model's other latent sites, known after setup
@@ -429,6 +440,7 @@ class LWAKernel(MCMCKernel):
         trace = poutine.trace(self.model).get_trace(*args, **kwargs)
         self._find_plate(trace)
         self._find_sites(trace)
+        self._direct = self._compile() if self.direct else None
         self.transforms = {name: biject_to(trace.nodes[name]["fn"].support).inv for name in self.sites}
         self._summary_fn: SummaryFn = (
             default_summaries(self.subset) if isinstance(self._summaries_arg, str) else self._summaries_arg
@@ -634,12 +646,47 @@ class LWAKernel(MCMCKernel):
             x = inv(z)
             values[name] = x
             log_jac = log_jac + inv.log_abs_det_jacobian(z, x).sum()
-        density = _SubsetLogDensity(self.plate, indices, values, self.num_data / indices.numel())
+        scale = self.num_data / indices.numel()
+        if self._direct is not None:
+            terms = self._direct.terms({k: v.unsqueeze(0) for k, v in values.items()}, indices, with_global=True)
+            density = terms.global_term[0] + scale * terms.sections[0].sum()
+        else:
+            density = self._pyro_log_density(values, indices, scale)
+        self._evals += int(self._t >= self._warmup_steps)  # a post-warmup count, as the other diagnostics
+        return float(log_jac + density)
+
+    def _pyro_log_density(self, values: Mapping[str, Tensor], indices: Tensor, scale: float) -> Tensor | float:
+        """The log density of one model run on ``indices`` (the path for models the direct path cannot compile)."""
+        density = _SubsetLogDensity(self.plate, indices, values, scale)
         with density, pyro.validation_enabled(False):
             self.model(*self._args, **self._kwargs)
-        total = log_jac + density.total
-        self._evals += int(self._t >= self._warmup_steps)  # a post-warmup count, as the other diagnostics
-        return float(total)
+        return density.total
+
+    def _compile(self) -> LogLikelihood | None:
+        """The model's direct likelihood path over the data plate, or ``None`` (with a warning) if it cannot compile."""
+        reason = None
+        try:
+            with warnings.catch_warnings():  # the evaluator's own warnings: this method gives one, with the reason
+                warnings.simplefilter("ignore")
+                compiled = LogLikelihood(
+                    self.model, *self._args, plate=self.plate, sites=self.sites + self._others, **self._kwargs
+                )
+        except (CompileError, ValueError) as err:
+            reason = str(err)
+        else:
+            if not compiled.evaluator.lazy or compiled.evaluator.direct.plain:
+                # a run on U differs from the full run's terms at U (e.g. a time-series window's conditional
+                # likelihood restarted at its first index): U's density is the model run on U itself
+                reason = "the terms of a run on a subset differ from those of the full run"
+        if reason is None:
+            return compiled
+        warnings.warn(
+            f"LWAKernel: the model cannot be compiled to the direct likelihood path ({reason}); "
+            "falling back to one Pyro run per density evaluation (slower)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
 
     def _current_log_target(self, params: dict[str, Tensor]) -> float:
         if self._cache is not None:
