@@ -34,7 +34,7 @@ import pyro
 import torch
 from tqdm import tqdm
 
-from motifs.grid import random_grid_bn
+from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
 from neuralblock.exact import marginals
@@ -51,7 +51,7 @@ NEAR_DETERMINISTIC_SIZES = [10, 15, 20]
 
 
 def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: float = 0.5) -> FactorGraph:
-    """A ``size x size`` grid BN (parents left and above) whose CPT rows are near-deterministic with ``fraction``.
+    """A ``size x size`` grid BN (:func:`~motifs.grid.grid_bn`) whose CPT rows are near-deterministic with ``fraction``.
 
     A near-deterministic row puts 0.98 on a random value and 0.02 on the other; the rest are
     uniform on the simplex. Not the grid motif's training distribution (one-hot rows).
@@ -60,23 +60,13 @@ def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: 
         >>> near_deterministic_grid_bn(3, torch.Generator().manual_seed(0)).num_factors
         9
     """
-    fg = FactorGraph()
-    for r in range(size):
-        for c in range(size):
-            fg.add_variable(f"V_{r}_{c}", 2)
-    by_arity: dict[int, list[list[int]]] = {}
-    for r in range(size):
-        for c in range(size):
-            parents = ([r * size + c - 1] if c else []) + ([(r - 1) * size + c] if r else [])
-            by_arity.setdefault(len(parents), []).append([*parents, r * size + c])
-    for arity, scopes in sorted(by_arity.items()):
-        rows = len(scopes) * 2**arity
+
+    def p_one(rows: int) -> torch.Tensor:
         sharp = torch.rand(rows, generator=generator) < fraction
         high = torch.rand(rows, generator=generator) < 0.5
-        p_one = torch.where(sharp, torch.where(high, 0.98, 0.02), torch.rand(rows, generator=generator))
-        cpt = torch.stack([1 - p_one, p_one], -1).reshape(len(scopes), *([2] * arity), 2)
-        fg.add_table_factors(torch.tensor(scopes), cpt.log().to(torch.get_default_dtype()))
-    return fg
+        return torch.where(sharp, torch.where(high, 0.98, 0.02), torch.rand(rows, generator=generator))
+
+    return grid_bn(size, size, p_one)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

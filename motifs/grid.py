@@ -64,6 +64,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -878,20 +879,21 @@ each blanket variable next to one window cell
 register_motif("grid", GridMotif)
 
 
-def random_grid_bn(height: int, width: int, generator: torch.Generator, deterministic: float = 0.9) -> FactorGraph:
-    """A random directed grid BN from the grid motif's instantiation distribution.
+def grid_bn(height: int, width: int, p_one: Callable[[int], Tensor]) -> FactorGraph:
+    """A directed binary grid BN whose CPT rows come from ``p_one``.
 
     Node ``(r, c)`` (variable ``r * width + c``, named ``V_r_c``) has parents ``(r, c-1)``
-    and ``(r-1, c)`` as in the UAI 2008 grid BNs; each CPT row is one-hot (a random
-    value) with probability ``deterministic`` and ``Beta(1, 1)`` otherwise.
+    and ``(r-1, c)`` as in the UAI 2008 grid BNs. ``p_one(rows)`` returns ``P(child = 1)``
+    for ``rows`` CPT rows; it is called once per number of parents (0, 1, 2), for all nodes
+    with that many parents together (row-major nodes, parent configurations first-parent slowest).
 
     Example:
-        >>> fg = random_grid_bn(3, 4, torch.Generator().manual_seed(0))
+        >>> fg = grid_bn(2, 3, lambda rows: torch.full((rows,), 0.5))
         >>> fg.num_variables, fg.num_factors
-        (12, 12)
+        (6, 6)
     """
-    if height < 1 or width < 1 or not 0.0 <= deterministic <= 1.0:
-        raise ValueError(f"bad grid BN shape {height}x{width} or deterministic fraction {deterministic}")
+    if height < 1 or width < 1:
+        raise ValueError(f"bad grid BN shape {height}x{width}")
     fg = FactorGraph()
     for r in range(height):
         for c in range(width):
@@ -902,10 +904,29 @@ def random_grid_bn(height: int, width: int, generator: torch.Generator, determin
             parents = ([r * width + c - 1] if c else []) + ([(r - 1) * width + c] if r else [])
             by_arity.setdefault(len(parents), []).append([*parents, r * width + c])
     for arity, scopes in by_arity.items():
-        rows = len(scopes) * 2**arity
-        p_one = torch.rand(rows, generator=generator)
-        one_hot = torch.rand(rows, generator=generator) < deterministic
-        p_one = torch.where(one_hot, (torch.rand(rows, generator=generator) < 0.5).to(p_one.dtype), p_one)
-        cpt = torch.stack([1 - p_one, p_one], -1).reshape(len(scopes), *([2] * arity), 2)
-        fg.add_table_factors(torch.tensor(scopes), cpt.log())
+        p = p_one(len(scopes) * 2**arity)
+        cpt = torch.stack([1 - p, p], -1).reshape(len(scopes), *([2] * arity), 2)
+        fg.add_table_factors(torch.tensor(scopes), cpt.log().to(torch.get_default_dtype()))
     return fg
+
+
+def random_grid_bn(height: int, width: int, generator: torch.Generator, deterministic: float = 0.9) -> FactorGraph:
+    """A random directed grid BN from the grid motif's instantiation distribution (see :func:`grid_bn`).
+
+    Each CPT row is one-hot (a random value) with probability ``deterministic`` and
+    ``Beta(1, 1)`` otherwise.
+
+    Example:
+        >>> fg = random_grid_bn(3, 4, torch.Generator().manual_seed(0))
+        >>> fg.num_variables, fg.num_factors
+        (12, 12)
+    """
+    if height < 1 or width < 1 or not 0.0 <= deterministic <= 1.0:
+        raise ValueError(f"bad grid BN shape {height}x{width} or deterministic fraction {deterministic}")
+
+    def p_one(rows: int) -> Tensor:
+        uniform = torch.rand(rows, generator=generator)
+        one_hot = torch.rand(rows, generator=generator) < deterministic
+        return torch.where(one_hot, (torch.rand(rows, generator=generator) < 0.5).to(uniform.dtype), uniform)
+
+    return grid_bn(height, width, p_one)

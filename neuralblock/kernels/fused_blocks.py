@@ -53,7 +53,6 @@ __all__ = [
     "block_log_q_table",
     "fused_class_update",
     "supports_fused",
-    "tempered_class_update",
 ]
 
 MAX_ENUMERATED_VALUES = 512
@@ -350,11 +349,16 @@ def fused_class_update(
     log_ratio: Tensor,
     uniforms: Tensor,
     values: Tensor,
+    energy: Tensor | None = None,
+    beta: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One exact MH block update of a colour class, for states ``[K, n]``.
 
     With ``w = log p(B | blanket) - log q(B | C)`` read from the table row of the current
     context, the MH log-ratio of a proposed joint value ``j'`` from ``j`` is ``w[j'] - w[j]``.
+    For tempered targets ``p(x)^beta`` (one ``beta`` per chain) the proposal stays the
+    untempered one (any proposal keeps MH exact) and the log-ratio gains
+    ``(beta - 1) (E[j'] - E[j])``, with the rows' block energies ``E``.
 
     Args:
         state: ``[K, n]`` states.
@@ -367,6 +371,8 @@ def fused_class_update(
         log_ratio: ``[R, J]`` ``w`` per row.
         uniforms: ``[K, I, 2]`` uniforms: the proposal draw (inverse CDF) and the accept test.
         values: ``[J, b]`` block values of each joint index.
+        energy: ``[R, J]`` block energies ``E`` per row (tempered targets only).
+        beta: ``[K]`` inverse temperatures (with ``energy``), or ``None`` for the target itself.
 
     Returns:
         The new states, the accept indicator ``[K, I]`` and the non-finite ratio indicator ``[K, I]``.
@@ -377,43 +383,13 @@ def fused_class_update(
     current = digits[..., -size:].sum(-1)
     rows = cdf[keys]  # [K, I, J]
     proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1).clamp(max=width - 1)
-    pair = log_ratio.reshape(-1)[(keys * width).unsqueeze(-1) + torch.stack([proposed, current], -1)]
-    log_alpha = pair[..., 0] - pair[..., 1]
-    finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
-    accepted = (uniforms[..., 1].log() < log_alpha) & finite
-    state = state.clone()
-    state[:, ids[:, -size:]] = values[torch.where(accepted, proposed, current)].to(state.dtype)
-    return state, accepted, ~finite
-
-
-def tempered_class_update(
-    state: Tensor,
-    ids: Tensor,
-    radix: Tensor,
-    base: Tensor,
-    cdf: Tensor,
-    log_ratio: Tensor,
-    energy: Tensor,
-    beta: Tensor,
-    uniforms: Tensor,
-    values: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`fused_class_update` for tempered targets ``p(x)^beta`` (one ``beta`` per chain, ``[K]``).
-
-    The proposal is the untempered one (any proposal keeps MH exact); the log-ratio of a move
-    ``j -> j'`` is ``w[j'] - w[j] + (beta - 1) (E[j'] - E[j])`` with the rows' block energies ``E``.
-    """
-    width, size = cdf.shape[-1], values.shape[-1]
-    digits = state[:, ids].long() * radix
-    keys = base + digits[..., :-size].sum(-1)
-    current = digits[..., -size:].sum(-1)
-    rows = cdf[keys]
-    proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1).clamp(max=width - 1)
     where = (keys * width).unsqueeze(-1) + torch.stack([proposed, current], -1)
     pair = log_ratio.reshape(-1)[where]
-    energies = energy.reshape(-1)[where]
-    log_alpha = (pair[..., 0] - pair[..., 1]) + (beta[:, None] - 1) * (energies[..., 0] - energies[..., 1])
-    finite = log_alpha < math.inf
+    log_alpha = pair[..., 0] - pair[..., 1]
+    if energy is not None and beta is not None:
+        energies = energy.reshape(-1)[where]
+        log_alpha = log_alpha + (beta[:, None] - 1) * (energies[..., 0] - energies[..., 1])
+    finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
     accepted = (uniforms[..., 1].log() < log_alpha) & finite
     state = state.clone()
     state[:, ids[:, -size:]] = values[torch.where(accepted, proposed, current)].to(state.dtype)
@@ -464,7 +440,6 @@ class FusedBlockSweep:
         self.base = [self.table.base[rows] for rows in self.rows]
         self.padded = [size < width for size in self.sizes]
         self.update = compiled(fused_class_update) if compile else fused_class_update
-        self.tempered_update = compiled(tempered_class_update) if compile else tempered_class_update
         self.compiled = compile
         self.compile_seconds = 0.0
 
@@ -497,15 +472,12 @@ class FusedBlockSweep:
             if self.padded[c]:
                 uniforms = uniforms[:, self.rand_index[c]]
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
-            if beta is None:
-                state, acc, bad = self.update(
-                    state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms, self.values
-                )
-            else:
-                state, acc, bad = self.tempered_update(
-                    state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio,
-                    table.energy_rows, beta.to(table.cdf.dtype), uniforms, self.values,
-                )  # fmt: skip
+            energy = None if beta is None else table.energy_rows
+            beta_rows = None if beta is None else beta.to(table.cdf.dtype)
+            state, acc, bad = self.update(
+                state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms, self.values,
+                energy, beta_rows,
+            )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start
             accepted = accepted + acc[:, :size].sum(-1)
