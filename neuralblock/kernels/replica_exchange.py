@@ -226,11 +226,11 @@ class ReplicaExchange(GraphKernel):
             replicas, _, prob = swap_replicas(replicas, log_p.double(), beta, parity)
             pairs = torch.arange(parity, self.replicas - 1, 2)
             mean_prob = prob.mean(-1).double().cpu()
+            self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
             if not warmup:
                 self._swap_attempts[pairs] += 1.0
                 self._swap_accept[pairs] += mean_prob
             elif self.adapt:
-                self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
                 self._adapt_ladder()
         self._steps += 1
         self.replica_states = replicas
