@@ -439,3 +439,33 @@ def test_models_that_do_not_fit_the_coreset_contract_are_rejected() -> None:
         Projector.from_model(unindexed, {"mu": torch.zeros(4)}, model_args=(y,))
     with pytest.raises(ValueError, match="latent site 'z' is inside the data plate"):
         Projector.from_model(local_latent, {"mu": torch.zeros(4)}, model_args=(y,))
+
+
+def _positive_model(x: torch.Tensor, y: torch.Tensor) -> None:
+    """A vector site and a positive scale (its potential carries a log-Jacobian), Student-t observations."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(x.shape[1]), 1.0).to_event(1))
+    scale = pyro.sample("scale", dist.Gamma(2.0, 2.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.StudentT(5.0, x[idx] @ w, scale), obs=y[idx])
+
+
+@pytest.mark.parametrize("which", ["gaussian", "positive"])
+def test_direct_weighted_potential_equals_pyros_potential_of_the_weighted_model(which: str) -> None:
+    gen = torch.Generator().manual_seed(5)
+    if which == "gaussian":
+        model, args = gaussian_model, (torch.randn(300, 2, generator=gen),)
+    else:
+        x = torch.randn(300, 3, generator=gen)
+        model, args = _positive_model, (x, x @ torch.ones(3) + torch.randn(300, generator=gen))
+    for size in (1, 17, 120):
+        core = Coreset(torch.randperm(300, generator=gen)[:size], 10 * torch.rand(size, generator=gen) + 0.1)
+        weighted = weighted_model(model, core)
+        direct = weighted.potential_fn(*args)
+        init, pyro_potential, _, _ = initialize_model(weighted, args)
+        for _ in range(3):
+            point = {k: (v + 0.5 * torch.randn(v.shape, generator=gen)).requires_grad_() for k, v in init.items()}
+            got, want = direct(point), pyro_potential(point)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-4), (got, want)
+            grads = torch.autograd.grad(got, list(point.values()))  # NUTS needs the gradient too
+            expected = torch.autograd.grad(want, list(point.values()))
+            assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(grads, expected, strict=True))

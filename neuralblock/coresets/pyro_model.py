@@ -241,6 +241,40 @@ class WeightedModel:
         _require_plate(inject.size, self.plate)
         return result
 
+    def potential_fn(self, *args: Any, **kwargs: Any) -> Callable[[dict[str, Tensor]], Tensor]:
+        """A Pyro HMC/NUTS ``potential_fn`` of this weighted model through the direct likelihood path.
+
+        The model is traced once (:class:`~neuralblock.subsample.likelihood.LogLikelihood`); each call
+        evaluates ``-(log prior + sum_i w_i log p(x_{idx_i} | theta) + log|J|)`` at unconstrained values
+        without a Pyro run. It equals the potential Pyro derives from the weighted model.
+
+        Args:
+            *args: the model's positional arguments.
+            **kwargs: its keyword arguments.
+
+        Raises:
+            CompileError: the model cannot be compiled (run ``NUTS(weighted_model(...))`` instead).
+
+        Example:
+            >>> import pyro, pyro.distributions as dist, torch
+            >>> from pyro.infer import MCMC, NUTS
+            >>> y = torch.randn(1000) + 3.0
+            >>> def model(y):
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+            ...     with pyro.plate("data", len(y)) as idx:
+            ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+            >>> weighted = weighted_model(model, Coreset(torch.arange(10), torch.full((10,), 100.0)))
+            >>> kernel = NUTS(potential_fn=weighted.potential_fn(y))
+            >>> mcmc = MCMC(kernel, 20, warmup_steps=20, initial_params={"mu": torch.tensor(3.0)}, disable_progbar=True)
+            >>> mcmc.run()
+            >>> mcmc.get_samples()["mu"].shape
+            torch.Size([20])
+        """
+        from neuralblock.subsample.likelihood import LogLikelihood
+
+        loglik = LogLikelihood(self.model, *args, plate=self.plate, **kwargs)
+        return loglik.weighted_potential_fn(self.coreset.indices, self.coreset.weights)
+
 
 def weighted_model(model: Callable[..., Any], coreset: Coreset, plate: str = "data") -> WeightedModel:
     """The same Pyro model on a coreset: log density ``prior + sum_i w_i log p(x_{idx_i} | theta)``.
