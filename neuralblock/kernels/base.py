@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
+from torch.distributions import Transform, transform_to
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.conditioning import ConditionedModel, values_changed
@@ -238,19 +239,38 @@ class GraphKernel(MCMCKernel):
         return torch.stack([fg.check_assignment(row) for row in state.cpu()]).to(self.device)
 
     def _valid_start(self, state: Tensor) -> Tensor:
-        """Repair chains that start at zero density (see :func:`find_valid_start`); raise if none is found."""
-        return find_valid_start(self._graph(), state.cpu()).to(self.device)
+        """Repair chains that start at zero or NaN density; raise if no start of positive density is found.
+
+        A Pyro model's chains are first redrawn from its prior (up to 10 times, as the start came
+        from there); chains still impossible then go to :func:`find_valid_start` (uniform draws in
+        the unconstrained space of the continuous variables of impossible factors, Gibbs sweeps
+        of the discrete ones).
+        """
+        fg = self._graph()
+        state = state.cpu()
+        prior = getattr(self, "_prior_args", None)
+        if self.from_pyro and prior is not None:
+            for _ in range(_PRIOR_ROUNDS):
+                bad = ~torch.isfinite(fg.log_joint(state))
+                if not bad.any():
+                    break
+                fresh = self._prior_state(*prior[0], **prior[1]).cpu().to(state.dtype)
+                state = torch.where(bad[..., None], fresh, state)
+        return find_valid_start(fg, state).to(self.device)
 
     def _prior_state(self, *args, **kwargs) -> Tensor:
         """Ancestral draws of a Pyro model's latent sites from its prior: ``[n]``, or ``[K, n]`` for batched chains."""
+        import pyro
         import pyro.poutine as poutine
 
         fg = self._graph()
+        self._prior_args = (args, kwargs)  # _valid_start redraws impossible chains from the prior
         if isinstance(fg, PyroGraph):  # compiled Pyro graph: plated sites map through their layouts
             return prior_states(fg, self._graph_model(), args, kwargs, self.chains if self.batched_state else None)
         draws = []
         for _ in range(self.chains if self.batched_state else 1):
-            trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
+            with pyro.validation_enabled(False):  # a draw in a NaN region is repaired by _valid_start
+                trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
             state = fg.initial_state()
             for v in fg.latent.tolist():
                 state[v] = float(trace.nodes[fg.names[v]]["value"])
@@ -317,25 +337,43 @@ class GraphKernel(MCMCKernel):
         return {STATE_SITE: state}
 
     def _pyro_params_to_state(self, params: dict[str, Tensor]) -> Tensor:
-        """The state from one value per latent Pyro site (``[K]`` per site for batched chains)."""
+        """The state from one value per latent Pyro site (``[K]`` per site for batched chains).
+
+        Raises:
+            ValueError: a site is missing, has the wrong shape, or holds NaN or inf (the message names the sites).
+        """
         fg = self._graph()
         batch = (self.chains,) if self.batched_state else ()
         if self._state is not None:
             state = self._state.clone()
         else:
             state = fg.initial_state().to(self.device).expand(batch + (fg.num_variables,)).clone()
-        if isinstance(fg, PyroGraph):  # one value [*batch, *site shape] per site (plated sites whole)
-            return fg.check_state(params_to_state(fg, params, state))
-        latent = fg.latent.tolist()
-        missing = [fg.names[v] for v in latent if fg.names[v] not in params]
-        if missing:
-            raise ValueError(f"params lack latent sites {missing[:5]}")
-        values = [torch.as_tensor(params[fg.names[v]]).to(state) for v in latent]
-        bad = [fg.names[v] for v, x in zip(latent, values) if x.numel() != max(1, self.chains * self.batched_state)]
-        if bad:
-            raise ValueError(f"latent sites {bad[:5]} must hold one value per chain ({self.chains})")
-        state[..., latent] = torch.stack([x.reshape(batch) for x in values], -1)
-        return fg.check_state(state)
+        try:
+            if isinstance(fg, PyroGraph):  # one value [*batch, *site shape] per site (plated sites whole)
+                return fg.check_state(params_to_state(fg, params, state))
+            latent = fg.latent.tolist()
+            missing = [fg.names[v] for v in latent if fg.names[v] not in params]
+            if missing:
+                raise ValueError(f"params lack latent sites {missing[:5]}")
+            values = [torch.as_tensor(params[fg.names[v]]).to(state) for v in latent]
+            count = max(1, self.chains * self.batched_state)
+            bad = [fg.names[v] for v, x in zip(latent, values) if x.numel() != count]
+            if bad:
+                raise ValueError(f"latent sites {bad[:5]} must hold one value per chain ({self.chains})")
+            state[..., latent] = torch.stack([x.reshape(batch) for x in values], -1)
+            return fg.check_state(state)
+        except ValueError as err:  # name the sites holding NaN or inf (checked only on failure: off the hot path)
+            bad = [
+                name
+                for name, value in params.items()
+                if not torch.isfinite(torch.as_tensor(value, dtype=torch.float64)).all()
+            ]
+            if bad:
+                raise ValueError(
+                    f"sites {sorted(bad)[:5]} hold NaN or inf values; give every latent site a finite value "
+                    "in its support"
+                ) from err
+            raise
 
     def _pyro_state_to_params(self, state: Tensor) -> dict[str, Tensor]:
         """One value per latent Pyro site (``[K]`` for batched chains, a scalar with ``chains=1``)."""
@@ -406,69 +444,134 @@ def sequential_init(fg: FactorGraph, generator: torch.Generator | None = None, c
 
 
 _REPAIR_ROUNDS = 20
+_CONTINUOUS_ROUNDS = 100  # as Pyro's initialize_model (max_tries=100)
 _REPAIR_SWEEPS = 10
+_PRIOR_ROUNDS = 10
+_UNIFORM_RADIUS = 2.0  # as Pyro's init_to_uniform: uniform in (-2, 2) in unconstrained space
 
 
 def find_valid_start(fg: FactorGraph, state: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """Replace the chains of ``state [..., n]`` that have zero density by starts of positive density.
+    """Replace the chains of ``state [..., n]`` that have zero or NaN density by starts of positive density.
 
     A chain started at zero density would stay there (every MH ratio is undefined) and
-    return impossible samples. Each such chain is redrawn with :func:`sequential_init` and
-    then improved by single-site Gibbs sweeps (a variable of an impossible factor moves to a
-    value that makes its factors possible), for up to 20 rounds. Runs once, at setup.
+    return impossible samples. Each round redraws, in every such chain, the continuous latent
+    variables of the impossible factors uniformly in ``(-2, 2)`` of their unconstrained space
+    (as Pyro's ``init_to_uniform``), then its discrete variables with :func:`sequential_init`
+    followed by single-site Gibbs sweeps (a variable of an impossible factor moves to a value
+    that makes its factors possible). It runs up to 20 rounds (100 when the graph has
+    continuous latent variables, as Pyro's ``initialize_model``), once, at setup.
 
     Raises:
         ValueError: no start of positive density was found; the message names the factors that
-            stayed impossible (their variables), e.g. in a model of zero total probability.
+            stayed impossible (their variables and values), e.g. in a model of zero total probability.
 
     Example:
         >>> fg = FactorGraph(); a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
         >>> _ = fg.add_table_factor([a, b], torch.tensor([[-float("inf"), 0.0], [0.0, -float("inf")]]))
         >>> find_valid_start(fg, torch.tensor([[0.0, 0.0], [1.0, 0.0]])).tolist()[1]
         [1.0, 0.0]
+        >>> from torch.distributions import constraints
+        >>> fg = FactorGraph(); s = fg.add_variable("s", support=constraints.positive)
+        >>> _ = fg.add_linear_gaussian(s, [], [], 0.0, 1.0)  # the half of the real line below 0 is impossible
+        >>> bool(find_valid_start(fg, torch.tensor([[1.5], [0.2]]))[0, 0] == 1.5)
+        True
     """
     bad = ~torch.isfinite(fg.log_joint(state))
     if not bad.any():
         return state
     from neuralblock.kernels.gibbs import GibbsPlan  # gibbs builds on this module
 
-    cards = fg.cardinalities
-    discrete = [v for v in fg.latent.tolist() if cards[v] > 0]
+    cards = fg.cardinalities.tolist()
+    latent = fg.latent.tolist()
+    discrete = [v for v in latent if cards[v] > 0]
+    continuous = [v for v in latent if cards[v] == 0]
     plan = GibbsPlan(fg, discrete) if discrete else None
+    parts: dict[str, tuple[Transform, list[int]]] = {}
+    for v in continuous:  # one transform per support: one batched draw each
+        support = fg.support(v)
+        parts.setdefault(repr(support), (transform_to(support), []))[1].append(v)
+    draws = [(t, torch.tensor(ids, dtype=torch.long)) for t, ids in parts.values()]
+    rounds = _CONTINUOUS_ROUNDS if continuous else (_REPAIR_ROUNDS if discrete else 0)
     state = state.clone()
     flat = state.reshape(-1, state.shape[-1])
     bad_rows = bad.reshape(-1).nonzero().squeeze(-1)
-    for _ in range(_REPAIR_ROUNDS if plan is not None else 0):
-        rows = sequential_init(fg, generator, chains=len(bad_rows)).to(flat)
-        for _ in range(_REPAIR_SWEEPS):
-            rows = plan.sweep(fg, rows)[0]
+    rows = flat[bad_rows].clone()
+    for _ in range(rounds):
+        if draws:  # continuous variables of the impossible factors
+            hit = _impossible_variables(fg, rows)
+            for transform, ids in draws:
+                u = (torch.rand(len(rows), len(ids), generator=generator, dtype=rows.dtype) * 2 - 1) * _UNIFORM_RADIUS
+                rows[:, ids] = torch.where(hit[:, ids], transform(u), rows[:, ids])
+        if plan is not None:  # discrete variables: ancestral draws, then Gibbs sweeps given the continuous ones
+            rows[:, discrete] = sequential_init(fg, generator, chains=len(rows)).to(rows)[:, discrete]
+            for _ in range(_REPAIR_SWEEPS):
+                rows = plan.sweep(fg, rows)[0]
+                fine = torch.isfinite(fg.log_joint(rows))
+                if fine.all():
+                    break
+        else:
             fine = torch.isfinite(fg.log_joint(rows))
-            if fine.all():
-                break
         flat[bad_rows[fine]] = rows[fine]
-        bad_rows = bad_rows[~fine]
+        bad_rows, rows = bad_rows[~fine], rows[~fine]
         if len(bad_rows) == 0:
             return state
+    hint = (
+        "; or its region of positive density is hard to hit by uniform draws in (-2, 2) of the unconstrained "
+        "space: give initial_params inside it"
+        if continuous
+        else ""
+    )
     raise ValueError(
-        f"found no start of positive density for {len(bad_rows)} chain(s) after {_REPAIR_ROUNDS} redraws: "
-        f"{_impossible_factors(fg, flat[bad_rows[0]])}; the model may have zero total probability"
+        f"found no start of positive density for {len(bad_rows)} chain(s) after {rounds} redraws: "
+        f"{_impossible_factors(fg, flat[bad_rows[0]])}; the model may have zero total probability{hint}"
     )
 
 
+def _impossible_variables(fg: FactorGraph, rows: Tensor) -> Tensor:
+    """``BoolTensor [B, n]``: the variables of each state's factors of zero or NaN density."""
+    n = fg.num_variables
+    hit = torch.zeros(rows.shape[0], n + 1, dtype=rows.dtype)
+    for group, values in zip(fg.groups, fg.log_factors(rows)):
+        impossible = ~torch.isfinite(values)  # [B, F]
+        if not impossible.any() or group.scopes.numel() == 0:
+            continue
+        scopes = group.scopes.masked_fill(group.scopes < 0, n)  # [F, a], padding -> the extra column
+        weight = impossible[:, :, None].expand(-1, -1, scopes.shape[1]).reshape(rows.shape[0], -1).to(rows.dtype)
+        hit.scatter_add_(1, scopes.reshape(1, -1).expand(rows.shape[0], -1), weight)
+    return hit[:, :n] > 0
+
+
 def _impossible_factors(fg: FactorGraph, state: Tensor, limit: int = 3) -> str:
-    """Describe the factors of zero density at one state ``[n]`` by their variables' names and values."""
-    found = []
+    """Describe the factors of zero or NaN density at one state ``[n]`` by their variables' names and values.
+
+    Factors of a Pyro model also name their sample site, e.g. ``factors 'f' over (w=-0.5) have a NaN log density``.
+    """
+    shown_vars = 6
+    zero, nan = [], []
     for group, values in zip(fg.groups, fg.log_factors(state.cpu())):
+        names = getattr(group, "factor_names", None)
         for row in (~torch.isfinite(values)).nonzero().flatten().tolist():
             scope = group.scope_list(row)
-            found.append("(" + ", ".join(f"{fg.names[v]}={float(state[v]):g}" for v in scope) + ")")
-    shown = ", ".join(found[:limit]) + (f" and {len(found) - limit} more" if len(found) > limit else "")
-    return f"factors over {shown} have zero density" if found else "the log density is not finite"
+            text = ", ".join(f"{fg.names[v]}={float(state[v]):g}" for v in scope[:shown_vars])
+            text = "(" + text + (f", ... {len(scope) - shown_vars} more" if len(scope) > shown_vars else "") + ")"
+            text = f"{names[row]!r} over {text}" if names is not None and row < len(names) else f"over {text}"
+            (nan if torch.isnan(values[row]) else zero).append(text)
+    parts = []
+    for found, what in ((zero, "have zero density"), (nan, "have a NaN log density")):
+        if found:
+            shown = ", ".join(found[:limit]) + (f" and {len(found) - limit} more" if len(found) > limit else "")
+            parts.append(f"factors {shown} {what}")
+    return "; ".join(parts) if parts else "the log density is not finite"
 
 
 def _raise_if_impossible(fg: FactorGraph, state: Tensor, what: str) -> None:
-    """Raise a ValueError naming the impossible factors if a chain of ``state [..., n]`` has zero density."""
+    """Raise a ValueError naming the impossible factors if a chain of ``state [..., n]`` has zero or NaN density."""
     log_p = fg.log_joint(state)
     if not torch.isfinite(log_p).all():
         row = state.reshape(-1, state.shape[-1])[(~torch.isfinite(log_p)).reshape(-1).nonzero()[0, 0]]
+        if torch.isnan(log_p).any():
+            raise ValueError(
+                f"{what} have a NaN log density: {_impossible_factors(fg, row)}; start where the model is "
+                "defined (a model should give -inf, not NaN, where it has zero density)"
+            )
         raise ValueError(f"{what} have zero density: {_impossible_factors(fg, row)}")

@@ -29,8 +29,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -131,6 +133,11 @@ def continuous_latent(fg: FactorGraph, requested: list[int | str] | None, kernel
     return variables
 
 
+def _is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (an ``int`` or ``float``, not a ``bool``)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 class RandomWalkMH(GraphKernel):
     """Single-site Gaussian random-walk Metropolis over continuous latent variables.
 
@@ -168,10 +175,18 @@ class RandomWalkMH(GraphKernel):
         adapt_step_size: bool = True,
     ) -> None:
         super().__init__(model)
-        if not step_size > 0:
-            raise ValueError(f"step_size must be positive, got {step_size}")
-        if not 0.0 < target_accept < 1.0:
-            raise ValueError(f"target_accept must be in (0, 1), got {target_accept}")
+        if not (_is_real(step_size) and math.isfinite(step_size) and step_size > 0):
+            raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
+        if not (_is_real(target_accept) and 0.0 < target_accept < 1.0):
+            raise ValueError(f"target_accept must be a number in (0, 1), got {target_accept!r}")
+        if not isinstance(adapt_step_size, bool):
+            raise ValueError(f"adapt_step_size must be True or False, got {adapt_step_size!r}")
+        if variables is not None and (
+            isinstance(variables, str | bytes)
+            or not isinstance(variables, Sequence)
+            or not all(isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in variables)
+        ):
+            raise ValueError(f"variables must be a list of variable ids or names (or None), got {variables!r}")
         self._variables_arg = variables
         self.initial_step_size = step_size
         self.target_accept = target_accept
@@ -198,11 +213,16 @@ class RandomWalkMH(GraphKernel):
         self._proposed = 0
         self._accepted = 0
         self._nonfinite = 0
-        self._recent_accept = 0.0
+        self._phase_warmup = True  # the phase the running rate counts (it restarts when sampling starts)
+        self._phase_accepted = 0
+        self._phase_proposed = 0
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         state, stats = self.plan.sweep(self._graph(), state, adapt=warmup and self.adapt_step_size)
-        self._recent_accept = stats.accepted / max(stats.proposed, 1)
+        if warmup != self._phase_warmup:
+            self._phase_warmup, self._phase_accepted, self._phase_proposed = warmup, 0, 0
+        self._phase_accepted += stats.accepted
+        self._phase_proposed += stats.proposed
         if not warmup:
             self._accepted += stats.accepted
             self._proposed += stats.proposed
@@ -210,12 +230,13 @@ class RandomWalkMH(GraphKernel):
         return state
 
     def logging(self) -> dict[str, float]:
-        """Acceptance of the latest sweep, for the progress bar."""
-        return {"acc": round(self._recent_accept, 3)}
+        """Running acceptance rate of the current phase (warmup, then sampling), for the progress bar."""
+        return {"acc": round(self._phase_accepted / self._phase_proposed if self._phase_proposed else 0.0, 3)}
 
-    def diagnostics(self) -> dict[str, float]:
-        """Post-warmup acceptance rate, updates per second and non-finite rejections."""
+    def diagnostics(self) -> dict[str, Any]:
+        """Post-warmup acceptance rate, updates per second, non-finite rejections and (for ArviZ) no divergences."""
         return {
+            "divergences": [],
             "acceptance_rate": self._accepted / self._proposed if self._proposed else 0.0,
             "updates_per_second": self._proposed / self._elapsed if self._elapsed > 0 else 0.0,
             "nonfinite_rejections": float(self._nonfinite),

@@ -229,11 +229,71 @@ def _model_name(model: Callable[..., Any]) -> str:
     return getattr(model, "__qualname__", None) or type(model).__name__
 
 
-def _trace(model: Callable[..., Any], args: tuple, kwargs: dict) -> poutine.Trace:
-    try:
-        return poutine.trace(model).get_trace(*args, **kwargs)
-    except Exception as err:
-        raise ValueError(f"model {_model_name(model)!r} failed to trace: {_error_text(err)}") from err
+NAN_TRACE_TRIES = 100
+"""Prior draws :func:`from_pyro_model` tries for a trace whose log density is not NaN (as ``initialize_model``)."""
+
+
+def _nan_sites(trace: poutine.Trace) -> list[str]:
+    """The sample sites of a trace whose log density is NaN (the whole trace if none can be singled out)."""
+    bad = []
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or site_is_subsample(site):
+            continue
+        try:
+            log_p = site["fn"].log_prob(site["value"])
+        except Exception:  # noqa: BLE001 - a site that cannot be evaluated is reported by the checks after
+            continue
+        if torch.isnan(torch.as_tensor(log_p)).any():
+            bad.append(name)
+    return bad
+
+
+def _defined_trace(model: Callable[..., Any], args: tuple, kwargs: dict) -> poutine.Trace:
+    """A prior draw of the model whose log density is not NaN.
+
+    The graph's structure does not depend on the traced values, but the checks that the model
+    evaluates on a batch of states need a point where it is defined. Where the model gives NaN
+    for some values (with Pyro's validation on, ``pyro.factor`` of a NaN raises instead), up to
+    :data:`NAN_TRACE_TRIES` prior draws are tried, so that building the graph does not depend on
+    the seed; a kernel's start is then its ``initial_params`` or a valid start the kernel finds
+    (see :func:`~neuralblock.kernels.base.find_valid_start`), not this trace.
+
+    Raises:
+        ValueError: the model fails to trace even without validation, or every draw has a NaN (or,
+            with validation, an invalid) log density; names the sites and how to avoid the region.
+    """
+    nan_trace, invalid = None, None
+    for _ in range(NAN_TRACE_TRIES):
+        try:
+            trace = poutine.trace(model).get_trace(*args, **kwargs)
+        except Exception as err:
+            if invalid is None:  # a validation error of this draw only if the model traces without validation
+                try:
+                    with pyro.validation_enabled(False):
+                        poutine.trace(model).get_trace(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - the model's own error is the one to report
+                    raise ValueError(f"model {_model_name(model)!r} failed to trace: {_error_text(err)}") from err
+            invalid = err
+            continue
+        try:
+            if not torch.isnan(trace.log_prob_sum().detach()):
+                return trace
+        except Exception:  # noqa: BLE001 - a failing log_prob is reported (with its site) by the checks after
+            return trace
+        nan_trace = trace
+    if nan_trace is None:  # every draw failed validation: trace one without it, to name the sites
+        with pyro.validation_enabled(False):
+            nan_trace = poutine.trace(model).get_trace(*args, **kwargs)
+    bad = _nan_sites(nan_trace)
+    sites = f" (sites {bad[:5]})" if bad else ""
+    why = f"; with validation: {_error_text(invalid).rstrip(':')}" if invalid is not None and not bad else ""
+    raise ValueError(
+        f"model {_model_name(model)!r} has a NaN log density at its traced values in all of "
+        f"{NAN_TRACE_TRIES} prior draws{sites}{why}. NaN is not a density: give -inf where the model has "
+        "zero density (e.g. torch.where(w > 0, torch.log(w), torch.tensor(-math.inf))) or a prior whose support "
+        "avoids the region (e.g. a LogNormal for a positive site), then pass initial_params inside the region of "
+        "positive density"
+    )
 
 
 def _error_text(err: Exception) -> str:
@@ -402,8 +462,9 @@ class PyroModelGroup(FactorGroup):
     def _run(self, flat: Tensor) -> poutine.Trace:
         data = {name: self._site_value(layout, flat) for name, layout in self.layouts.items()}
         name = _model_name(self.model)
-        try:
-            trace = poutine.trace(poutine.condition(self.model, data=data)).get_trace(*self.args, **self.kwargs)
+        try:  # as in Pyro's MCMC (validation off): a NaN or out-of-support value gives a NaN or -inf density
+            with pyro.validation_enabled(False):
+                trace = poutine.trace(poutine.condition(self.model, data=data)).get_trace(*self.args, **self.kwargs)
         except Exception as err:
             raise ValueError(
                 f"model {name!r} cannot be evaluated on a batch of states: {_error_text(err)}; "
@@ -635,7 +696,7 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     """
     if not callable(model):
         raise TypeError(f"model must be callable, got {type(model).__name__}")
-    trace = _trace(model, args, kwargs)
+    trace = _defined_trace(model, args, kwargs)
     if is_all_discrete(trace):
         return compile_pyro_model(model, args, kwargs)
 
@@ -746,8 +807,6 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
 
     # Check once that the model evaluates on a batch of states and agrees with the trace.
     expected = trace.log_prob_sum().detach()
-    if torch.isnan(expected):
-        raise ValueError(f"model {_model_name(model)!r} has a NaN log density at its traced values")
     full = fg.initial_state().expand(3, fg.num_variables).clone()
     full[:, :num_latent] = reference
     batch = reference.expand(3, num_latent)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
@@ -285,7 +286,8 @@ def prior_states(fg: PyroGraph, model: Callable[..., Any], args: tuple, kwargs: 
     """
     draws = []
     for _ in range(1 if count is None else count):
-        trace = poutine.trace(model).get_trace(*args, **kwargs)
+        with pyro.validation_enabled(False):  # a draw in a NaN region is a value to repair, not an error
+            trace = poutine.trace(model).get_trace(*args, **kwargs)
         values = {name: trace.nodes[name]["value"] for name in fg.sites}
         draws.append(site_values_to_state(fg, values, fg.initial_state()))
     return draws[0] if count is None else torch.stack(draws)
