@@ -36,27 +36,56 @@ from torch import Tensor
 __all__ = ["TensorBoardHook", "to_inference_data"]
 
 
-def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
+def to_inference_data(mcmc: Any, diagnostics: bool = True, observed_data: bool = True) -> Any:
     """An ``arviz.InferenceData`` of a finished ``pyro.infer.MCMC`` run.
 
-    Unlike ``arviz.from_pyro`` it never re-runs the model (our kernels may sample
-    factor graphs, conditioned models or subsampled likelihoods), keeps discrete sites
-    (as integers when every draw is a whole number) and stores the kernel's
-    ``diagnostics()`` in ``idata.posterior.attrs["kernel_diagnostics"]`` (as text; with several
-    chains, one entry per chain, as each chain's kernel reported at its end).
+    Unlike ``arviz.from_pyro`` it never re-runs the model to read the posterior (our kernels may
+    sample factor graphs, conditioned models or subsampled likelihoods), keeps discrete sites
+    (as integers when every draw is a whole number) and stores the kernel's ``diagnostics()`` in
+    ``idata.posterior.attrs["kernel_diagnostics"]`` (as text; with several chains, one entry per
+    chain, as each chain's kernel reported at its end). ``arviz.from_pyro(mcmc)`` works on our
+    kernels too (they report no divergences), but re-runs the model for its log-likelihood.
+
+    Groups:
+
+    * ``posterior``: the draws, dims ``(chain, draw, ...)``;
+    * ``sample_stats``: ``diverging`` ``(chain, draw)`` (from the kernels' ``"divergences"``, as
+      ArviZ reads them) and the kernel's acceptance rates and data fractions, one value per chain
+      (dims ``(chain,)``, e.g. ``acceptance_rate``, ``acceptance_grid`` for a neural block kernel,
+      ``mean_data_fraction`` for ``AusterityMH``, ``block_1_RandomWalkMH_acceptance_rate`` for a
+      compound kernel's second block); vectorized chains of one process share its kernel's value;
+    * ``observed_data`` (if ``observed_data``): a FactorGraph's evidence (``x``, over the
+      ``observed_variable`` names), or a Pyro model's observed sites, read from one trace of the
+      model with the run's arguments (RNG state restored; sites in subsampled or weighted plates,
+      whose values are not the data, are left out; skipped if the model fails to trace).
 
     Args:
         mcmc: a ``pyro.infer.MCMC`` object after ``run``.
         diagnostics: also store Pyro's per-site ``r_hat``/``n_eff`` when available.
+        observed_data: also export the observed data (see above).
 
     Returns:
-        ``arviz.InferenceData`` with a ``posterior`` group, dims ``(chain, draw, ...)``. A kernel
-        with ``chains=K`` vectorized chains in ``P`` processes gives ``P * K`` chains (chain
-        ``p * K + k`` is vectorized chain ``k`` of process ``p``), so R-hat runs across all of them.
+        ``arviz.InferenceData`` with ``posterior`` and ``sample_stats`` groups (and ``observed_data``
+        where known). A kernel with ``chains=K`` vectorized chains in ``P`` processes gives ``P * K``
+        chains (chain ``p * K + k`` is vectorized chain ``k`` of process ``p``), so R-hat runs across
+        all of them.
 
     Raises:
         ImportError: arviz is not installed (``pip install arviz``).
         ValueError: the run holds no samples.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> from pyro.infer import MCMC
+        >>> from neuralblock import RandomWalkMH
+        >>> def model():
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        ...     pyro.sample("y", dist.Normal(mu, 1.0), obs=torch.tensor([0.3, 0.5]))
+        >>> mcmc = MCMC(RandomWalkMH(model), num_samples=20, warmup_steps=10, disable_progbar=True)
+        >>> mcmc.run()
+        >>> idata = to_inference_data(mcmc)
+        >>> idata.sample_stats["acceptance_rate"].dims, idata.observed_data["y"].values.tolist()
+        (('chain',), [0.30000001192092896, 0.5])
     """
     try:
         with warnings.catch_warnings():  # arviz 0.2x announces its 1.0 refactor on import
@@ -71,21 +100,121 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True) -> Any:
     if vectorized > 1:  # [processes, draws, K, ...] -> [processes * K, draws, ...]: every chain is a chain
         samples = {name: _split_chains(value, vectorized) for name, value in samples.items()}
     posterior = {name: _as_numpy(value) for name, value in samples.items()}
+    num_chains, num_draws = next(iter(posterior.values())).shape[:2]
     attrs: dict[str, Any] = {"inference_library": "pyro + neuralblock", "kernel": type(mcmc.kernel).__name__}
     per_chain = getattr(mcmc, "_diagnostics", None)  # Pyro keeps each chain's kernel.diagnostics(), workers' too
     kernel_diag = getattr(mcmc.kernel, "diagnostics", None)
+    reports: list[Any] = []
     if isinstance(per_chain, list) and per_chain and all(d is not None for d in per_chain):
         chains = {f"chain {i}": d for i, d in enumerate(per_chain)}
         attrs["kernel_diagnostics"] = repr(per_chain[0] if len(per_chain) == 1 else chains)
+        reports = list(per_chain)
     elif callable(kernel_diag):
         # Pyro's HMC cannot report after cleanup; a third-party kernel may not before setup (parallel chains)
         with contextlib.suppress(TypeError, ZeroDivisionError, AttributeError):
-            attrs["kernel_diagnostics"] = repr(kernel_diag())
+            report = kernel_diag()
+            attrs["kernel_diagnostics"] = repr(report)
+            reports = [report]
     if diagnostics:
         attrs["pyro_diagnostics"] = repr(_safe_pyro_diagnostics(mcmc))
-    idata = az.from_dict(posterior=posterior)
+    if len(reports) * vectorized != num_chains:
+        reports = []  # reports that do not map onto the chains: only ``diverging``, all False
+    sample_stats: dict[str, Any] = {"diverging": _diverging(reports, vectorized, num_chains, num_draws)}
+    observed, dims, coords = _observed_data(mcmc) if observed_data else ({}, {}, {})
+    idata = az.from_dict(posterior=posterior, sample_stats=sample_stats)
+    if observed:  # its own dims: a FactorGraph's evidence "x" is not the posterior's "x"
+        data = az.dict_to_dataset(observed, library=None, coords=coords, dims=dims, default_dims=[])
+        idata.add_groups({"observed_data": data})
+    for name, values in _chain_stats(reports, vectorized).items():
+        idata.sample_stats[name] = (("chain",), values)
     idata.posterior.attrs.update(attrs)
     return idata
+
+
+_CHAIN_STATS = ("accept", "data_fraction")
+"""Numeric diagnostics whose (flattened) names contain one of these go to ``sample_stats``, one value per chain."""
+
+
+def _flat_numbers(report: Any, prefix: tuple[str, ...] = ()) -> dict[str, float]:
+    """The numeric leaves of a (nested) diagnostics dict, under ``_``-joined, identifier-like names."""
+    if isinstance(report, Mapping):
+        out: dict[str, float] = {}
+        for key, value in report.items():
+            out.update(_flat_numbers(value, prefix + (re.sub(r"\W+", "_", str(key)).strip("_"),)))
+        return out
+    if isinstance(report, bool) or not prefix:
+        return {}
+    number = _number(report) if not isinstance(report, str) else None
+    return {"_".join(prefix): number} if number is not None else {}
+
+
+def _chain_stats(reports: list[Any], vectorized: int) -> dict[str, Any]:
+    """``{name: [chains]}``: acceptance rates and data fractions of each process, repeated per vectorized chain."""
+    import numpy as np
+
+    flat = [_flat_numbers(report) for report in reports]
+    names = [n for n in (flat[0] if flat else {}) if any(key in n.lower() for key in _CHAIN_STATS)]
+    return {
+        name: np.repeat(np.array([f.get(name, float("nan")) for f in flat], dtype=np.float64), vectorized)
+        for name in names
+    }
+
+
+def _diverging(reports: list[Any], vectorized: int, chains: int, draws: int) -> Any:
+    """``bool [chains, draws]``: the draws each process's kernel reports in ``"divergences"`` (as ArviZ reads them)."""
+    import numpy as np
+
+    diverging = np.zeros((chains, draws), dtype=bool)
+    for p, report in enumerate(reports):
+        found = report.get("divergences") if isinstance(report, Mapping) else None
+        if isinstance(found, list | tuple) and found:
+            index = np.asarray(found, dtype=np.int64)
+            index = index[(index >= 0) & (index < draws)]
+            diverging[p * vectorized : (p + 1) * vectorized, index] = True
+    return diverging
+
+
+def _observed_data(mcmc: Any) -> tuple[dict[str, Any], dict[str, list[str]], dict[str, list[str]]]:
+    """``(observed_data, dims, coords)`` for ``arviz.from_dict``: a FactorGraph's evidence or a Pyro model's data."""
+    import numpy as np
+
+    kernel = mcmc.kernel
+    fg = getattr(kernel, "fg", None)
+    from neuralblock.graph import FactorGraph
+
+    if isinstance(getattr(kernel, "_source", None), FactorGraph) and isinstance(fg, FactorGraph):
+        if not fg.evidence:
+            return {}, {}, {}
+        ids = sorted(fg.evidence)
+        values = np.array([fg.evidence[v] for v in ids])
+        if np.all(values == np.round(values)):
+            values = values.astype(np.int64)
+        names = [fg.names[v] for v in ids]
+        return {"x": values}, {"x": ["observed_variable"]}, {"observed_variable": names}
+    model = getattr(kernel, "model", None)
+    if not callable(model):
+        return {}, {}, {}
+    import pyro
+    from pyro import poutine
+
+    try:
+        with torch.random.fork_rng(), torch.no_grad(), pyro.validation_enabled(False):
+            trace = poutine.trace(model).get_trace(*getattr(mcmc, "_args", ()), **getattr(mcmc, "_kwargs", {}))
+    except Exception:  # noqa: BLE001 - observed data are optional: a model that needs other arguments has none
+        return {}, {}, {}
+    observed = {}
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        scale = torch.as_tensor(site.get("scale", 1.0))
+        if scale.numel() != 1 or float(scale) != 1.0:  # subsampled or weighted: not the data
+            continue
+        value = site["value"]
+        if isinstance(value, Tensor):
+            observed[name] = value.detach().cpu().numpy()
+        elif isinstance(value, int | float):
+            observed[name] = np.asarray(value)
+    return observed, {}, {}
 
 
 def _split_chains(value: Tensor, chains: int) -> Tensor:

@@ -249,6 +249,7 @@ class CompoundKernel(MCMCKernel):
             f"block {b} ({type(kernel).__name__})": diag for b, (kernel, diag) in enumerate(zip(self.kernels, inner))
         }
         out["visits"] = list(self._visits)
+        out["divergences"] = []  # read by arviz.from_pyro (inner kernels report their own, e.g. NUTS's, above)
         return out
 
     def end_warmup(self) -> None:

@@ -207,8 +207,8 @@ class ConditionalGraphKernel(MCMCKernel):
         return self.inner.logging() if self.inner is not None else {}
 
     def diagnostics(self) -> dict[str, Any]:
-        """The inner kernel's diagnostics."""
-        return self.inner.diagnostics() if self.inner is not None else {}
+        """The inner kernel's diagnostics (with ``"divergences"``, which arviz.from_pyro reads)."""
+        return {"divergences": [], **(self.inner.diagnostics() if self.inner is not None else {})}
 
     def end_warmup(self) -> None:
         """The inner kernel counts its own warmup."""

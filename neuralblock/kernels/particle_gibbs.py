@@ -430,6 +430,7 @@ class ParticleGibbs(MCMCKernel):
         """Post-warmup means of the changed fraction and relative ESS, sweeps/s, degenerate steps."""
         n = max(self._sweeps, 1)
         return {
+            "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
             "path_change_rate": self._changed / n,
             "mean_relative_ess": self._ess / n,
             "sweeps_per_second": self._sweeps / self._elapsed if self._elapsed > 0 else 0.0,

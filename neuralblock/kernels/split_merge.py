@@ -629,6 +629,7 @@ class SplitMergeGMM(GraphKernel):
     def diagnostics(self) -> dict:
         """Post-warmup acceptance, proposals and unavailable attempts per move type, moves per second."""
         return {
+            "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
             "acceptance": {k: self._accepted[k] / self._proposed[k] if self._proposed[k] else 0.0 for k in MOVES},
             "proposed": {k: float(self._proposed[k]) for k in MOVES},
             "unavailable": {k: float(self._unavailable[k]) for k in MOVES},
