@@ -78,9 +78,23 @@ def test_tensorboard_hook_writes_traces_and_acceptance(tmp_path: Path) -> None:
     assert len(events.Scalars("trace/p")) == 40
 
 
-def test_tensorboard_hook_rejects_bad_arguments(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="every"):
-        TensorBoardHook(tmp_path, every=0)
+@pytest.mark.parametrize(
+    ("option", "bad"),
+    [
+        ("every", 0),
+        ("every", -3),
+        ("every", 1.5),
+        ("every", float("nan")),
+        ("every", "x"),
+        ("every", True),
+        ("max_elements", 0),
+        ("max_elements", 2.0),
+        ("warmup", "yes"),
+    ],
+)
+def test_tensorboard_hook_rejects_bad_arguments(tmp_path: Path, option: str, bad) -> None:
+    with pytest.raises(ValueError, match=option):
+        TensorBoardHook(tmp_path, **{option: bad})
 
 
 def test_tensorboard_hook_writes_each_parallel_worker_to_its_chain_folder(tmp_path: Path, monkeypatch) -> None:

@@ -261,10 +261,13 @@ class TensorBoardHook:
     """
 
     def __init__(self, logdir: str | Path, every: int = 1, max_elements: int = 4, warmup: bool = False) -> None:
-        if int(every) < 1 or int(max_elements) < 1:
-            raise ValueError(f"every and max_elements must be >= 1, got {every}, {max_elements}")
+        for name, value in (("every", every), ("max_elements", max_elements)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(warmup, bool):
+            raise ValueError(f"warmup must be True or False, got {warmup!r}")
         self.logdir = Path(logdir)
-        self.every, self.max_elements, self.warmup = int(every), int(max_elements), bool(warmup)
+        self.every, self.max_elements, self.warmup = every, max_elements, warmup
         self._writers: dict[str, Any] = {}
         self._steps: dict[str, int] = {}
 
