@@ -200,6 +200,27 @@ def test_fused_path_with_rows_filled_as_chains_visit_them(monkeypatch: pytest.Mo
     kernel = NeuralBlockKernel(fg, [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))], chains=8)
     draws = run(kernel, 800)
     table = kernel.fused[0].table
-    assert not table.prefilled
     assert 0 < int(table.filled.sum()) <= table.computed  # rows were computed on visits (some twice in one batch)
+    fresh = NeuralBlockKernel(fg, kernel.proposals, chains=2)
+    fresh.setup(0)
+    assert int(fresh.fused[0].table.filled.sum()) == 0  # nothing tabulated at setup
     assert_matches_enumeration(draws, fg)
+
+
+def test_fused_path_follows_new_parameters() -> None:
+    """After ``update_graph`` the tabulated rows are recomputed: the chain samples the new target."""
+    fg, new = chain_graph(seed=6), chain_graph(seed=6)
+    for group in new.groups:
+        group.log_tables.mul_(-1.5)
+    torch.manual_seed(4)
+    kernel = NeuralBlockKernel(fg, [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))], chains=8)
+    kernel.setup(0)
+    assert kernel.fused[0].table.prefilled
+    kernel.update_graph(new)
+    params, draws = kernel.initial_params, []
+    for step in range(900):
+        params = kernel.sample(params)
+        if step >= 100:
+            draws.append(params["x"])
+    assert kernel.fused[0].table.computed > kernel.fused[0].table.rows  # rows computed again after the update
+    assert_matches_enumeration(torch.stack(draws, 1), new)

@@ -269,11 +269,14 @@ class BlockTable:
                 return False
         return True
 
-    def clear(self, fg: FactorGraph, instances: MotifInstances) -> None:
-        """Forget every row (the graph's parameters changed), tabulating again where that is done at setup."""
+    def clear(self) -> None:
+        """Forget every row (the graph's parameters changed): rows are computed again as chains visit them.
+
+        A compound sampler may change the parameters at every transition, so nothing is
+        tabulated here; once every row is filled again, lookups skip the check again.
+        """
         self.filled.zero_()
-        if self.prefilled:
-            self.prefill(fg, instances)
+        self.prefilled = False
 
     def keys(self, state: Tensor, rows: Tensor) -> Tensor:
         """Table row of each (chain, instance): ``[K, I]`` for instances ``rows`` at states ``[K, n]``."""
@@ -316,6 +319,7 @@ class BlockTable:
         joint = torch.arange(len(self.values), device=self.device).expand(len(chains), len(instances), -1)
         energy = self.energy.select(rows)(self.energy.flat, state[chains], joint)[where]
         self._store(keys[chains][where], features, energy)
+        self.prefilled = bool(self.filled.all())
 
     def _store(self, keys: Tensor, features: Tensor, energy: Tensor) -> None:
         """Write rows: the proposal's CDF and ``energy - log q`` (``energy`` over all joint values)."""
@@ -448,7 +452,7 @@ class FusedBlockSweep:
         self.table.energy.flat = BlockTableEnergy.flat_tables(fg).to(self.device)
         self.instances = instances
         self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
-        self.table.clear(fg, instances)
+        self.table.clear()
 
     def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Update every class once.
