@@ -120,6 +120,7 @@ def test_find_valid_start_keeps_valid_chains_and_redraws_continuous_ones() -> No
         (nan_region_model, {"w": -0.5}, r"initial_params have a NaN log density: factors 'f' over \(w=-0.5\)"),
         (nan_region_model, {"w": math.nan}, r"sites \['w'\] hold NaN or inf values"),
         (nan_region_model, {"w": INF}, r"sites \['w'\] hold NaN or inf values"),
+        (nan_region_model, {"w": 1.0, "v": 0.0}, r"initial_params name \['v'\], which are not latent sites"),
     ],
 )
 def test_a_users_impossible_start_is_refused_naming_the_sites(model, init, message: str) -> None:

@@ -346,8 +346,15 @@ class GraphKernel(MCMCKernel):
         batch = (self.chains,) if self.batched_state else ()
         if self._state is not None:
             state = self._state.clone()
-        else:
+        else:  # a user's start (at setup): a misspelt site would be ignored silently
             state = fg.initial_state().to(self.device).expand(batch + (fg.num_variables,)).clone()
+            known = set(getattr(fg, "sites", None) or fg.names)
+            unknown = sorted(set(params) - known)
+            if unknown:
+                raise ValueError(
+                    f"initial_params name {unknown[:5]}, which are not latent sites of the model "
+                    f"(its latent sites: {sorted(known)[:10]})"
+                )
         try:
             if isinstance(fg, PyroGraph):  # one value [*batch, *site shape] per site (plated sites whole)
                 return fg.check_state(params_to_state(fg, params, state))
