@@ -361,3 +361,27 @@ def test_preconditioned_nuts_swap_on_a_correlated_gaussian_matches_the_closed_fo
     for i in range(2):
         z = moment_z_scores(draws[:, i], float(post_mean[i]), float(post_cov[i, i].sqrt()))
         assert max(abs(v) for v in z) < Z_MAX, (i, z)
+
+
+def test_nuts_diagnostics_survive_cleanup_and_a_healthy_run_does_not_warn() -> None:
+    import warnings
+
+    kernel = PriorSwap(ExactPosterior(Normal(*FALSE_POST)), Normal(0.0, 1.0), Normal(2.0, 0.5))
+    mcmc = MCMC(kernel, num_samples=300, warmup_steps=200, disable_progbar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no stall warning on a Gaussian p_s
+        mcmc.run()
+    diag = kernel.diagnostics()  # after MCMC's cleanup(), which resets Pyro's counters
+    # NUTS on a 1-D Gaussian accepts a new point on (nearly) every iteration, at Pyro's adapted 0.8 target
+    assert diag["acceptance_rate"] > 0.5 and 0.5 < diag["mean_accept_prob"] <= 1.0, diag
+    assert diag["divergences"] == 0.0 and diag["ess_per_draw"] > 0.1
+
+
+def test_a_stalled_independence_sampler_warns() -> None:
+    # the proposal (the false posterior N(0, 0.1)) sits 5 of its sds from p_s ~ N(0.5, 0.07): the chain holds each
+    # point for hundreds of steps, so its ESS per draw is far below the 0.02 threshold (measured 0.002-0.004 over seeds)
+    kernel = PriorSwap(ExactPosterior(Normal(0.0, 0.1)), Normal(0.0, 1.0), Normal(1.0, 0.1), kernel="independence")
+    mcmc = MCMC(kernel, num_samples=2000, warmup_steps=100, disable_progbar=True)
+    with pytest.warns(RuntimeWarning, match="stalled"):
+        mcmc.run()
+    assert kernel.diagnostics()["ess_per_draw"] < 0.02

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -61,6 +62,8 @@ __all__ = [
 
 KERNELS = ("nuts", "hmc", "mh", "independence", "elliptical")
 MAX_SHRINKS = 256
+STALL_ESS_PER_DRAW = 0.02  # below this effective sample size per post-warmup draw (worst coordinate) a run stalled
+STALL_MIN_DRAWS = 100  # the check needs this many post-warmup draws (shorter runs give too noisy an ESS)
 """Angles tried after which an elliptical slice step keeps the current point (the bracket's limit)."""
 CORRECTIONS = (None, "is", "semiparametric")
 
@@ -563,6 +566,9 @@ class PriorSwap(MCMCKernel):
         self._evaluations = 0
         self._recent_accept = 0.0
         self._elapsed = 0.0
+        self._inner_stats = (0, 0, 0.0)  # post-warmup (accepted, divergences, mean accept prob) of HMC/NUTS
+        self._draws: list[Tensor] = []  # post-warmup flat draws, for the stall check at cleanup
+        self._ess_per_draw = math.nan
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         """One transition of the inner sampler on p_s (params are unconstrained, per site)."""
@@ -570,6 +576,9 @@ class PriorSwap(MCMCKernel):
         warmup = self._t < self._warmup_steps
         if self._inner is not None:
             out = self._from_inner(self._inner.sample(self._to_inner(params)))
+            if not warmup:  # read now: the inner kernel's cleanup() resets its counters before users ask
+                inner = self._inner
+                self._inner_stats = (inner._accept_cnt, len(inner._divergences), float(inner._mean_accept_prob))
         else:
             z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
             log_p = self._log_p if torch.equal(z, self._z) else self.problem.log_density(z[None])[0]
@@ -580,6 +589,7 @@ class PriorSwap(MCMCKernel):
             out = self._to_params(self._z)
         if not warmup:
             self._elapsed += time.perf_counter() - start
+            self._draws.append(self.potential_fn.flat(out).detach().reshape(-1))
         self._t += 1
         return out
 
@@ -618,9 +628,12 @@ class PriorSwap(MCMCKernel):
         """Iterations per second; acceptance (MH, HMC/NUTS), divergences, or evaluations per step (elliptical)."""
         post = max(self._t - self._warmup_steps, 0)
         out = {"iterations_per_second": post / self._elapsed if self._elapsed > 0 else 0.0}
+        out["ess_per_draw"] = self._stall_check(warn=False)
         if self._inner is not None:
-            out["divergences"] = float(len(self._inner._divergences))
-            out["acceptance_rate"] = self._inner._accept_cnt / post if post else 0.0
+            accepted, divergences, mean_prob = self._inner_stats
+            out["divergences"] = float(divergences)
+            out["acceptance_rate"] = accepted / post if post else 0.0
+            out["mean_accept_prob"] = mean_prob
             out["step_size"] = float(self._inner.step_size)
         elif self.kernel_name == "elliptical":
             out["evaluations_per_iteration"] = self._evaluations / self._proposed if self._proposed else 0.0
@@ -633,9 +646,38 @@ class PriorSwap(MCMCKernel):
         return out
 
     def cleanup(self) -> None:
-        """Release the inner sampler's caches."""
+        """Check the run for a stall (with a warning) and release the inner sampler's caches."""
+        self._stall_check(warn=True)
         if self._inner is not None:
             self._inner.cleanup()
+
+    def _stall_check(self, warn: bool) -> float:
+        """The run's worst-coordinate effective sample size per post-warmup draw; warns (once) below the threshold.
+
+        NaN for runs shorter than ``STALL_MIN_DRAWS`` draws. The draws are kept until the next ``setup``.
+        """
+        if len(self._draws) < STALL_MIN_DRAWS:
+            return math.nan
+        if math.isnan(self._ess_per_draw) or warn:
+            from pyro.ops.stats import effective_sample_size
+
+            draws = torch.stack(self._draws).double()
+            moving = draws.std(0) > 0
+            if not bool(moving.any()):
+                ess = torch.ones(1, dtype=draws.dtype)
+            else:
+                ess = effective_sample_size(draws[None][..., moving], chain_dim=0, sample_dim=1)
+            self._ess_per_draw = float(ess.nan_to_num(1.0).min()) / len(self._draws)
+        if warn and self._ess_per_draw < STALL_ESS_PER_DRAW:
+            warnings.warn(
+                f"PriorSwap(kernel={self.kernel_name!r}) stalled: effective sample size "
+                f"{self._ess_per_draw * len(self._draws):.1f} in {len(self._draws)} draws (worst coordinate; "
+                f"{self._ess_per_draw:.4f} per draw < {STALL_ESS_PER_DRAW}); its estimates are unreliable. "
+                "Try kernel='nuts' (the default), a 'gmm' estimator, or more draws",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return self._ess_per_draw
 
     # -- corrections ------------------------------------------------------------------
     def importance_weights(self, samples: Mapping[str, Tensor] | Tensor, warn_fraction: float = 0.01) -> ISResult:
