@@ -271,6 +271,7 @@ class ReplicaExchange(GraphKernel):
         out: dict = {
             "temperatures": self.temperatures.tolist(),
             "swap_acceptance": (self._swap_accept / attempts).tolist(),
+            "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
             "replicas": float(self.replicas),
             "chains": float(self.chains),
             "inner": self.inner.diagnostics(),
