@@ -425,8 +425,12 @@ class FactorGraph:
             raise ValueError(f"state must have shape [..., {self.num_variables}], got {tuple(state.shape)}")
         if not state.is_floating_point():
             state = state.to(torch.get_default_dtype())
-        if not torch.isfinite(state).all():
-            raise ValueError("state contains NaN or inf")
+        finite = torch.isfinite(state)
+        if not finite.all():
+            where = (~finite).nonzero()[0]
+            v = int(where[-1])
+            value = float(state[tuple(where.tolist())])
+            raise ValueError(f"state contains NaN or inf ({value}) for variable {self.names[v]!r}")
         return state
 
     def check_assignment(self, state: Tensor) -> Tensor:
