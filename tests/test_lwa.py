@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import pickle
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -545,3 +546,18 @@ def test_a_model_the_direct_path_cannot_compile_falls_back_with_a_warning() -> N
     assert kernel._direct is None
     params = kernel.sample(kernel.initial_params)
     assert math.isfinite(kernel.log_target(params, kernel.indices))
+
+
+def test_a_run_whose_subset_hardly_moves_warns() -> None:
+    y = torch.randn(2000)
+    # eps tiny: nearly every subset move is rejected, so U is renewed far fewer than 20 times in 300 iterations
+    stuck = LWAKernel(gaussian_model, 100, epsilon=1e-6, omega=1.0, lam=0.01)
+    with pytest.warns(RuntimeWarning, match="renewed only"):
+        MCMC(stuck, num_samples=300, warmup_steps=50, disable_progbar=True).run(y)
+    # uniform subsets (eps = inf) with remote jumps: U is renewed about 30 times per 300 iterations or more
+    moving = LWAKernel(gaussian_model, 100, epsilon=math.inf, omega=0.5)
+    mcmc = MCMC(moving, num_samples=300, warmup_steps=50, disable_progbar=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        mcmc.run(y)
+    assert moving.diagnostics()["subset_refresh_rate"] * 300 >= 20

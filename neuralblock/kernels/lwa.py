@@ -122,6 +122,7 @@ __all__ = [
 
 SUBSET_KINDS = ("iid", "window")
 SUBSET_UPDATES = ("informed", "joint")
+MIN_SUBSET_RENEWALS = 20  # fewer full renewals of U over a run: theta's draws reflect only a few subsets
 
 
 class SubsetProposal(NamedTuple):
@@ -569,6 +570,7 @@ class LWAKernel(MCMCKernel):
         self._changed = 0
         self._remote_proposed = self._remote_accepted = 0
         self._nonfinite = 0
+        self._renewal_warned = False
         self._evals = 0
         self._elapsed = 0.0
         self._recent = (0.0, 0.0)
@@ -813,6 +815,27 @@ class LWAKernel(MCMCKernel):
         return theta, float(info.accept_prob[0]), accepted, info.num_nonfinite
 
     # -- reporting --------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        """Warn at the end of a run whose subset ``U`` was renewed fewer than ``MIN_SUBSET_RENEWALS`` times.
+
+        A renewal is ``n`` replaced points (summed over the run). With few of them the ``θ``-draws come
+        from the sub-posteriors of a handful of subsets, each centred about ``√(N/n)`` full-posterior sds
+        from the full posterior's centre, so the mean can be many posterior sds off (and the sd too small).
+        """
+        if self._theta_proposed < 100 or self.subset_size == self.num_data or self._renewal_warned:
+            return
+        renewals = self._changed / self.subset_size
+        if renewals < MIN_SUBSET_RENEWALS:
+            self._renewal_warned = True  # Pyro's MCMC calls cleanup() twice per run
+            warnings.warn(
+                f"LWAKernel: the subset U was renewed only {renewals:.1f} times in {self._theta_proposed} "
+                f"iterations (refresh rate {renewals / self._theta_proposed:.2g} per iteration); the draws of "
+                "theta reflect a few subsets and their mean can be many posterior sds off. Raise epsilon, "
+                "subset_tries (remote jumps) or subset_steps, or run longer",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
     def logging(self) -> dict[str, float]:
         """The latest ``θ`` acceptance and fraction of ``U`` refreshed, for the progress bar."""
         return {"acc": round(self._recent[0], 3), "refresh": round(self._recent[1], 3)}
