@@ -295,17 +295,19 @@ class BlockTable:
         features, ratios, rows = [], [], []
         for i in range(len(instances)):
             cards = self._ctx_cards[i]
-            count = int(cards.prod())
             radix = self.radix[i].cpu()
-            digits = torch.arange(count)[:, None] // radix.clamp(min=1) % cards
-            states = start.expand(count, -1).clone()  # on the CPU, where the motif's data lives
             valid = radix > 0
-            states[:, self.context[i].cpu()[valid]] = digits[:, valid].to(states.dtype)
-            features.append(self._features(fg, instances.select(torch.tensor([i])), states)[:, 0])
-            joint = torch.arange(len(self.values), device=self.device).expand(count, 1, -1)
+            one = instances.select(torch.tensor([i]))
             energy = self.energy.select(torch.tensor([i], device=self.device))
-            ratios.append(energy(self.energy.flat, states.to(self.device), joint)[:, 0])
-            rows.append(self.base[i] + torch.arange(count, device=self.device))
+            for lo in range(0, int(cards.prod()), _PREFILL_BATCH):  # bounded memory: [batch, n] states at a time
+                code = torch.arange(lo, min(lo + _PREFILL_BATCH, int(cards.prod())))
+                digits = code[:, None] // radix.clamp(min=1) % cards
+                states = start.expand(len(code), -1).clone()  # on the CPU, where the motif's data lives
+                states[:, self.context[i].cpu()[valid]] = digits[:, valid].to(states.dtype)
+                features.append(self._features(fg, one, states)[:, 0])
+                joint = torch.arange(len(self.values), device=self.device).expand(len(code), 1, -1)
+                ratios.append(energy(self.energy.flat, states.to(self.device), joint)[:, 0])
+                rows.append(self.base[i] + code.to(self.device))
         self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
 
     def ensure(self, fg: FactorGraph, instances: MotifInstances, keys: Tensor, rows: Tensor, state: Tensor) -> None:
