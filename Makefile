@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint quickstart bench clean
+.PHONY: install test lint quickstart bench clean mutate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ quickstart: install
 
 bench: install
 	$(BIN)/python benchmarks/gibbs_throughput.py
+
+# Curated mutation testing of the kernel hot paths (issue 25): each mutant runs in a temporary git worktree
+# of HEAD with only its file's tests; writes benchmarks/results/mutation_report.{md,json}. Not part of CI.
+mutate: install
+	$(BIN)/python benchmarks/mutate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
