@@ -224,3 +224,12 @@ def test_fused_path_follows_new_parameters() -> None:
             draws.append(params["x"])
     assert kernel.fused[0].table.computed > kernel.fused[0].table.rows  # rows computed again after the update
     assert_matches_enumeration(torch.stack(draws, 1), new)
+
+
+def test_proposals_load_onto_a_device() -> None:
+    from neuralblock import load_pretrained
+
+    proposal = load_pretrained("grid-mrf-2x2", device="cpu")
+    assert {p.device.type for p in proposal.parameters()} == {"cpu"}
+    with pytest.raises(RuntimeError):
+        load_pretrained("grid-mrf-2x2", device="no-such-device")

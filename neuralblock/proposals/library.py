@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from neuralblock._files import read_bounded
 from neuralblock.proposals.proposal import NeuralBlockProposal
 
@@ -111,8 +113,10 @@ def list_pretrained() -> list[str]:
     return sorted(pretrained_index())
 
 
-def load_pretrained(name: str) -> NeuralBlockProposal:
+def load_pretrained(name: str, device: str | torch.device | None = None) -> NeuralBlockProposal:
     """Load a proposal by name from the shipped library, else from the user library (see :func:`list_pretrained`).
+
+    ``device`` places the network's weights (default: the CPU).
 
     Raises:
         ValueError: an unknown name (the message lists the known ones) or a bad file.
@@ -122,7 +126,7 @@ def load_pretrained(name: str) -> NeuralBlockProposal:
         known = ", ".join(list_pretrained()) or "(none)"
         raise ValueError(f"no pretrained proposal {name!r}; known: {known}")
     folder, entry = found
-    return NeuralBlockProposal.load(folder / entry["file"])
+    return NeuralBlockProposal.load(folder / entry["file"], device=device)
 
 
 def load_proposal(

@@ -259,8 +259,13 @@ class NeuralBlockProposal(nn.Module):
         return meta
 
     @classmethod
-    def load(cls, path: str | os.PathLike, motif: Motif | None = None) -> NeuralBlockProposal:
+    def load(
+        cls, path: str | os.PathLike, motif: Motif | None = None, device: str | torch.device | None = None
+    ) -> NeuralBlockProposal:
         """Load a proposal file, checking it against ``motif`` (default: the motif its sidecar names).
+
+        ``device`` places the network's weights (default: the CPU); kernels given a ``device=``
+        move their proposals there too.
 
         Raises:
             ValueError: mismatched motif or network, truncated or tampered files, or a path that
@@ -315,7 +320,7 @@ class NeuralBlockProposal(nn.Module):
         proposal = cls(motif, **options)
         proposal.mdn.load_state_dict(tensors)
         proposal.eval()
-        return proposal
+        return proposal if device is None else proposal.to(torch.device(device))
 
     def __repr__(self) -> str:
         return f"NeuralBlockProposal({self.motif!r}, components={self.mdn.components}, hidden={self.mdn.hidden})"
