@@ -135,6 +135,13 @@ def ar1(num: int, gen: torch.Generator) -> Case:
     return Case("ar1", ar1_model, (y[:-1].clone(), y[1:].clone()), ("exact", "austerity", "lwa"), summary="window")
 
 
+GENERATORS: dict[str, Callable[[int, torch.Generator], Case]] = {
+    "logistic-corr": logistic_corr,
+    "logistic-heavy": logistic_heavy,
+    "ar1": ar1,
+}
+
+
 # -- reference: Laplace + importance sampling through the direct path ---------------------------------
 class FlatPosterior:
     """The log posterior of a case at flat unconstrained points ``[P, D]``, batched through the direct path."""
@@ -385,17 +392,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="experiments/results/global_bias")
+    parser.add_argument("--cases", nargs="+", choices=list(GENERATORS), default=list(GENERATORS), help="generators run")
     args = parser.parse_args(argv)
     quick = args.quick
     args.num_data = 2000 if quick else 20_000
-    args.samples = 200 if quick else 2000
-    args.warmup = 100 if quick else 1000
+    args.samples = 200 if quick else 1000
+    args.warmup = 100 if quick else 500
     args.mh_samples = 800 if quick else 8000
     args.mh_warmup = 400 if quick else 2000
     args.lwa_samples = 1500 if quick else 20_000
     args.ref_draws = 4000 if quick else 40_000
     args.projection_draws = 50 if quick else 200
-    args.coreset_sizes = (20, 100, 400)
+    args.coreset_sizes = (20, 100, 400) if quick else (50, 200, 800)
     args.swap_draws = (100, 1000, 4000) if quick else (100, 1000, 10_000)
     return args
 
@@ -403,12 +411,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    pyro.set_rng_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
     config = {k: v for k, v in vars(args).items() if k != "out"}
     folder = study_folder(args.out, config)
     record: dict[str, Any] = {"config": config, "cases": []}
-    for make in (logistic_corr, logistic_heavy, ar1):
+    for k, (name, make) in enumerate(GENERATORS.items()):
+        if name not in args.cases:
+            continue
+        gen = torch.Generator().manual_seed(1000 * args.seed + k)  # a case's data and draws do not depend on --cases
+        pyro.set_rng_seed(1000 * args.seed + k)
         case = make(args.num_data, gen)
         record["cases"].append(run_case(case, args, gen))
         write_json(folder / "partial.json", record)
