@@ -476,7 +476,7 @@ class Outcome:
 
 
 def _pytest(tree: Path, tests: list[str], stop_first: bool, timeout: int) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "COLUMNS": "4000"}  # unclipped -rf lines
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-rf", "--tb=no"]
     cmd += ["-o", "addopts=", "-o", f"timeout={timeout}"] + (["-x"] if stop_first else []) + tests
     try:
