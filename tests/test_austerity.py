@@ -492,3 +492,26 @@ def test_audit_counts_decisions_and_warns_when_they_are_too_often_wrong() -> Non
     with pytest.warns(RuntimeWarning, match="audited decisions differ"):
         for i in range(12):  # 4 of 12 wrong at epsilon 0.05: far above the bound
             kernel._audit(right, wrong if i % 3 == 0 else right)
+
+
+def test_audit_warns_when_wrong_decisions_lean_towards_accepting() -> None:
+    from neuralblock.subsample import SequentialTestInfo
+
+    kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, audit_every=1, normality_check=False)
+    kernel.setup(0, X, Y)
+    accept = SequentialTestInfo(True, True, 50, 1, 0.01, 0.0, False)
+    reject = SequentialTestInfo(False, False, N, 1, 0, 0, False)
+    # 6 false accepts and 6 false rejects in 1000 audits: a 1.2% error rate, symmetric: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(1000):  # the wrong decisions last, so the error rate stays within epsilon throughout
+            if i >= 988:
+                kernel._audit(accept if i % 2 else reject, reject if i % 2 else accept)
+            else:
+                kernel._audit(accept, accept)
+    assert kernel.diagnostics()["audited_false_accepts"] == 6.0
+    # 12 false accepts, no false rejects: the same rate (within epsilon), one-sided (z = 3.46 > 3.3): warns
+    kernel._reset_stats()
+    with pytest.warns(RuntimeWarning, match="accept moves exact MH rejects"):
+        for i in range(1000):
+            kernel._audit(accept, reject if i >= 988 else accept)
