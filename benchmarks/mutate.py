@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -490,17 +491,22 @@ def _failures(output: str) -> list[str]:
     return [line[len("FAILED ") :].strip() for line in output.splitlines() if line.startswith("FAILED ")]
 
 
-def run(mutants: list[Mutant], timeout: int, keep: bool = False) -> tuple[list[Outcome], dict[str, str]]:
-    """Apply each mutant in a worktree of ``HEAD``; returns the outcomes and the baseline status per file."""
+def run(
+    mutants: list[Mutant],
+    timeout: int,
+    keep: bool = False,
+    on_progress: Callable[[list[Outcome], dict], None] | None = None,
+) -> tuple[list[Outcome], dict[str, str]]:
+    """Apply each mutant in a worktree of ``HEAD``; returns the outcomes and the baseline status per file.
+
+    Each file's tests first run unmutated (its baseline) just before its first mutant; ``on_progress`` is called
+    after every mutant (the report is rewritten as the run goes).
+    """
     tree = Path(tempfile.mkdtemp(prefix="mut-")) / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), "HEAD"], cwd=ROOT, check=True, capture_output=True)
     outcomes: list[Outcome] = []
     baseline: dict[str, str] = {}
     try:
-        for path in dict.fromkeys(m.path for m in mutants):
-            code, out = _pytest(tree, TESTS[path], stop_first=True, timeout=timeout)
-            baseline[path] = "pass" if code == 0 else f"FAIL ({code}): {_failures(out)[:3]}"
-            print(f"baseline {path}: {baseline[path]}", flush=True)
         for i, m in enumerate(mutants):
             source = tree / m.path
             original = source.read_text()
@@ -511,6 +517,10 @@ def run(mutants: list[Mutant], timeout: int, keep: bool = False) -> tuple[list[O
                 outcomes.append(Outcome(m, "stale"))
                 print(f"[{i + 1}/{len(mutants)}] STALE {m.path}: {m.what}", flush=True)
                 continue
+            if m.path not in baseline:
+                code, out = _pytest(tree, TESTS[m.path], stop_first=True, timeout=timeout)
+                baseline[m.path] = "pass" if code == 0 else f"FAIL ({code}): {_failures(out)[:3]}"
+                print(f"baseline {m.path}: {baseline[m.path]}", flush=True)
             if baseline[m.path] != "pass":
                 outcomes.append(Outcome(m, "error", failed=[f"baseline fails: {baseline[m.path]}"]))
                 continue
@@ -527,6 +537,8 @@ def run(mutants: list[Mutant], timeout: int, keep: bool = False) -> tuple[list[O
                 failed = [out.strip().splitlines()[-1] if out.strip() else f"pytest exit {code}"]
             outcomes.append(Outcome(m, status, seconds, failed))
             print(f"[{i + 1}/{len(mutants)}] {status.upper():9s} {seconds:6.1f}s {m.path}: {m.what}", flush=True)
+            if on_progress is not None:
+                on_progress(outcomes, baseline)
     finally:
         if not keep:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
@@ -597,12 +609,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="*", default=None, help="file names (e.g. sequential.py) to mutate")
     parser.add_argument("--planted", action="store_true", help="only the five bugs planted for issue 25")
+    parser.add_argument("--skip-planted", action="store_true", help="leave the five planted bugs out")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test run of one mutant")
     parser.add_argument("--name", default="mutation_report", help="report file name under benchmarks/results")
     parser.add_argument("--keep", action="store_true", help="keep the worktree (debugging)")
     args = parser.parse_args()
-    mutants = [m for m in MUTANTS if not args.planted or m.planted]
+    mutants = [m for m in MUTANTS if (not args.planted or m.planted) and not (args.skip_planted and m.planted)]
     if args.only:
         mutants = [m for m in mutants if Path(m.path).name in args.only]
     if args.list:
@@ -611,8 +624,11 @@ def main() -> None:
             print(f"{m.path}: {m.what} {flag}")
         return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    outcomes, baseline = run(mutants, args.timeout, args.keep)
-    print(report(outcomes, baseline, commit.stdout.strip(), args.name))
+    sha = commit.stdout.strip()
+    outcomes, baseline = run(
+        mutants, args.timeout, args.keep, on_progress=lambda done, base: report(done, base, sha, args.name)
+    )
+    print(report(outcomes, baseline, sha, args.name))
 
 
 if __name__ == "__main__":
