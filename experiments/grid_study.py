@@ -210,6 +210,7 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
             {"NB+Gibbs": [r["NB+Gibbs"] for r in runs], "Gibbs": [r["Gibbs"] for r in runs]},
             out / f"{name}.png",
             title=f"{name}: NB+Gibbs vs Gibbs ({seconds:g} s each)",
+            time_label=f"{'CPU' if record['config'].get('clock', 'wall') == 'cpu' else 'wall'} time (s)",
         )
     named = {n: e["summary"] for n, e in record["instances"].items() if n in UAI or n in ERG}
     wins = sum(summary["nb_wins"] for summary in named.values())

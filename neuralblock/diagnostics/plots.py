@@ -27,14 +27,16 @@ def plot_error_traces(
     path: str | Path,
     title: str = "",
     reference: float | None = None,
+    time_label: str = "wall time (s)",
 ) -> None:
-    """Plot mean marginal error vs wall time and vs sweeps, one colour per sampler.
+    """Plot mean marginal error vs time and vs sweeps, one colour per sampler.
 
     Args:
         traces: sampler label -> list of runs, each a dict with ``sweeps``, ``seconds``, ``errors``.
         path: where to write the PNG.
         title: figure title.
         reference: optional horizontal line (e.g. a target error).
+        time_label: the label of the time axis (e.g. ``"CPU time (s)"``).
     """
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -43,7 +45,7 @@ def plot_error_traces(
             kwargs = {"color": colors[i % len(colors)], "alpha": 0.8, "label": label if j == 0 else None}
             axes[0].loglog(run["seconds"], run["errors"], **kwargs)
             axes[1].loglog(run["sweeps"], run["errors"], **kwargs)
-    for ax, xlabel in zip(axes, ["wall time (s)", "sweeps"]):
+    for ax, xlabel in zip(axes, [time_label, "sweeps"]):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("mean |marginal error|")
         ax.grid(True, which="both", alpha=0.3)
