@@ -552,12 +552,12 @@ def test_a_run_whose_subset_hardly_moves_warns() -> None:
     y = torch.randn(2000)
     # eps tiny: nearly every subset move is rejected, so U is renewed far fewer than 20 times in 300 iterations
     stuck = LWAKernel(gaussian_model, 100, epsilon=1e-6, omega=1.0, lam=0.01)
-    with pytest.warns(RuntimeWarning, match="renewed only"):
+    with pytest.warns(RuntimeWarning, match="renewed"):
         MCMC(stuck, num_samples=300, warmup_steps=50, disable_progbar=True).run(y)
-    # uniform subsets (eps = inf) with remote jumps: U is renewed about 30 times per 300 iterations or more
+    # uniform subsets (eps = inf): half the proposals are remote jumps, all accepted: about 150 renewals
     moving = LWAKernel(gaussian_model, 100, epsilon=math.inf, omega=0.5)
     mcmc = MCMC(moving, num_samples=300, warmup_steps=50, disable_progbar=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         mcmc.run(y)
-    assert moving.diagnostics()["subset_refresh_rate"] * 300 >= 20
+    assert moving.diagnostics()["subset_renewals"] >= 20

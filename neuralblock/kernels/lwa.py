@@ -571,6 +571,8 @@ class LWAKernel(MCMCKernel):
         self._remote_proposed = self._remote_accepted = 0
         self._nonfinite = 0
         self._renewal_warned = False
+        self._renewals = 0
+        self._anchor: Tensor | None = None
         self._evals = 0
         self._elapsed = 0.0
         self._recent = (0.0, 0.0)
@@ -728,6 +730,8 @@ class LWAKernel(MCMCKernel):
             self._subset_accepted += int(subset_acc)
             self._changed += changed
             self._nonfinite += nonfinite
+            if changed or self._anchor is None:
+                self._count_renewal()
         self._t += 1
         out = dict(params)
         out.update(theta)
@@ -814,23 +818,37 @@ class LWAKernel(MCMCKernel):
             theta = proposal
         return theta, float(info.accept_prob[0]), accepted, info.num_nonfinite
 
+    def _count_renewal(self) -> None:
+        """Count a renewal when ``U`` shares under half its points with ``U`` at the last renewal (post-warmup).
+
+        Replaced points alone overstate it: a window shifting back and forth replaces many points while
+        it stays in one stretch of the series.
+        """
+        if self._anchor is None:
+            self._anchor = self._indices
+            return
+        if int(torch.isin(self._indices, self._anchor).sum()) * 2 < self.subset_size:
+            self._renewals += 1
+            self._anchor = self._indices
+
     # -- reporting --------------------------------------------------------------------------
     def cleanup(self) -> None:
         """Warn at the end of a run whose subset ``U`` was renewed fewer than ``MIN_SUBSET_RENEWALS`` times.
 
-        A renewal is ``n`` replaced points (summed over the run). With few of them the ``θ``-draws come
-        from the sub-posteriors of a handful of subsets, each centred about ``√(N/n)`` full-posterior sds
-        from the full posterior's centre, so the mean can be many posterior sds off (and the sd too small).
+        A renewal is a ``U`` sharing under half its points with ``U`` at the previous renewal. With few of
+        them the ``θ``-draws come from the sub-posteriors of a handful of subsets, each centred about
+        ``√(N/n)`` full-posterior sds from the full posterior's centre, so the mean can be many posterior
+        sds off (and the sd too small).
         """
         if self._theta_proposed < 100 or self.subset_size == self.num_data or self._renewal_warned:
             return
-        renewals = self._changed / self.subset_size
+        renewals = self._renewals
         if renewals < MIN_SUBSET_RENEWALS:
             self._renewal_warned = True  # Pyro's MCMC calls cleanup() twice per run
             warnings.warn(
-                f"LWAKernel: the subset U was renewed only {renewals:.1f} times in {self._theta_proposed} "
-                f"iterations (refresh rate {renewals / self._theta_proposed:.2g} per iteration); the draws of "
-                "theta reflect a few subsets and their mean can be many posterior sds off. Raise epsilon, "
+                f"LWAKernel: the subset U was renewed (under half of it kept) only {renewals} times in "
+                f"{self._theta_proposed} iterations; the draws of theta reflect a few subsets and their mean can "
+                "be many posterior sds off. Raise epsilon, "
                 "subset_tries (remote jumps) or subset_steps, or run longer",
                 RuntimeWarning,
                 stacklevel=2,
@@ -844,7 +862,9 @@ class LWAKernel(MCMCKernel):
         """Post-warmup rates: ``θ`` and ``U`` acceptance, subset refresh rate, cost counters.
 
         ``subset_refresh_rate`` is the mean fraction of ``U``'s points replaced per iteration (summed over
-        the ``subset_steps`` updates of ``U``, so it can exceed 1 when several jumps are accepted).
+        the ``subset_steps`` updates of ``U``, so it can exceed 1 when several jumps are accepted);
+        ``subset_renewals`` counts the times ``U`` came to share under half its points with ``U`` at the
+        previous renewal.
         """
         its = max(self._theta_proposed, 1)
         return {
@@ -853,6 +873,7 @@ class LWAKernel(MCMCKernel):
             "step_size": float(self.adapter.step_size[0]),
             "subset_acceptance_rate": self._subset_accepted / max(self._subset_proposed, 1),
             "subset_refresh_rate": self._changed / (its * self.subset_size),
+            "subset_renewals": float(self._renewals),
             "remote_jumps_accepted": float(self._remote_accepted),
             "remote_acceptance_rate": self._remote_accepted / max(self._remote_proposed, 1),
             "theta_acceptance_rate": self._theta_accepted / its,
