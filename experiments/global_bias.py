@@ -65,6 +65,14 @@ from neuralblock.priorswap import PriorSwap
 from neuralblock.subsample.likelihood import LogLikelihood
 
 MEAN_TARGET, SD_TARGET = 0.2, 0.15
+METHOD_COLORS = {
+    "exact MH": "tab:blue",
+    "AusterityMH": "tab:orange",
+    "AusterityMH (no cv)": "tab:green",
+    "coreset NUTS (FW)": "tab:red",
+    "PriorSwap (NUTS, gaussian)": "tab:purple",
+    "LWAKernel": "tab:brown",
+}
 SWAP_SCALE = 0.3
 
 
@@ -560,16 +568,12 @@ def plot(folder: Path, record: dict[str, Any]) -> None:
             methods.setdefault(row["method"], []).append(row)
         for method, rows in methods.items():
             x = range(len(rows))
+            style = {"marker": "o", "label": method, "color": METHOD_COLORS.get(method, "0.3")}
             axes[0][col].errorbar(
-                x,
-                [abs(r["mean_error_sd"]) for r in rows],
-                yerr=[r["mean_error_mcse"] for r in rows],
-                marker="o",
-                label=method,
+                x, [abs(r["mean_error_sd"]) for r in rows], yerr=[r["mean_error_mcse"] for r in rows], **style
             )
-            axes[1][col].errorbar(
-                x, [r["sd_ratio"] for r in rows], yerr=[r["sd_ratio_mcse"] for r in rows], marker="o", label=method
-            )
+            axes[1][col].errorbar(x, [r["sd_ratio"] for r in rows], yerr=[r["sd_ratio_mcse"] for r in rows], **style)
+        axes[0][col].legend(fontsize=7)
         axes[0][col].axhline(MEAN_TARGET, color="k", ls=":")
         axes[0][col].set_yscale("log")
         axes[0][col].set_title(f"{case['case']} (N={case['N']})")
@@ -578,7 +582,6 @@ def plot(folder: Path, record: dict[str, Any]) -> None:
         axes[1][col].set_yscale("log")
         axes[1][col].set_ylabel("sd ratio")
         axes[1][col].set_xlabel("knob setting (loose -> tight)")
-    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "global_bias.png", dpi=110)
     plt.close(fig)
