@@ -238,7 +238,7 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
             *summary_rows,
             "",
-            f"NB+Gibbs beats Gibbs at equal wall time on {wins} of the {len(named)} UAI and UAI-2008 instances run; "
+            f"NB+Gibbs beats Gibbs at equal time on {wins} of the {len(named)} UAI and UAI-2008 instances run; "
             f"on {halved} of the {len(strong)} strongly coupled ones its seed-mean error reaches Gibbs's final "
             "error in at most half of Gibbs's time. At p < 0.05 (paired over seeds), NB+Gibbs is better on "
             f"{clear['NB']} and Gibbs on {clear['Gibbs']} of the {len(named)}; the others are within seed noise.",
