@@ -18,6 +18,11 @@ def test_priorswap_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
     # 1-D example: IS weights collapse (tiny ESS) while the swap's estimate stays finite
     oned = res["oned"]
     assert oned["truth_mean"] > oned["false_mean"] and all(r["is_ess"] < r["T"] for r in oned["rows"])
+    # The swap MH chain on the exact false posterior finds the target's mean: 0.17-0.48 target sd off after 100
+    # steps (seeds 0-2). The false posterior's mean sits 3.3 sd away, so 1.5 sd is loose for a short chain and still
+    # fails a kernel that keeps (or mis-weights toward) the false posterior's draws.
+    assert (oned["truth_mean"] - oned["false_mean"]) / oned["truth_sd"] > 3.0
+    assert oned["exact_swap_mh_error"] < 1.5, oned["exact_swap_mh_error"]
     # linear regression: prior swap's per-iteration time is recorded at both data sizes
     lr = res["linreg"]
     assert set(lr["seconds_per_iteration"]["mh"]) == {str(lr["n_small"]), str(lr["n_large"])}
@@ -25,10 +30,24 @@ def test_priorswap_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
         methods = {m["method"] for m in lr["priors"][prior]["methods"]}
         assert "IS (false draws)" in methods and any(m.startswith("swap parametric") for m in methods)
     assert any(m["method"].startswith("swap exact") for m in lr["priors"]["Laplace"]["methods"])
+    # Laplace prior, swap on the exact false posterior: the running mean's RMS error (in posterior sd, against the
+    # study's reference) falls from about 1 after the first draw to 0.05-0.10 for independence MH and elliptical
+    # slice (seeds 0-2). 0.35 is loose for 100 draws; a chain stuck at its start or sampling the wrong prior stays
+    # near 1.
+    laplace = {m["method"]: m for m in lr["priors"]["Laplace"]["methods"]}
+    for method in ("swap exact (independence MH)", "swap exact (elliptical slice)"):
+        row = laplace[method]
+        assert row["final_error"] < 0.35 and row["final_error"] < 0.5 * row["curve"]["error"][0], row
     for prior in res["kidiq"]["priors"].values():
         assert all(m["final_error"] is not None and m["final_error"] >= 0 for m in prior["methods"])
     assert res["phishing"]["d"] == 11
     gmm = {r["method"]: r for r in res["gmm"]["rows"]}
     assert set(gmm) >= {"false posterior (collapsed Gibbs)", "IS (false draws)"}
+    # Repulsive prior: the swap chain's mean minimum distance between cluster means moves away from the false
+    # posterior's (+0.35 to +0.39) and agrees with importance sampling's (within 0.01-0.04), seeds 0-2. A swap
+    # kernel that ignores the new prior stays at the false posterior's value.
+    swap, is_row, false = gmm["prior swap (MH)"], gmm["IS (false draws)"], gmm["false posterior (collapsed Gibbs)"]
+    assert swap["mean_min_distance"] - false["mean_min_distance"] > 0.15, (swap, false)
+    assert abs(swap["mean_min_distance"] - is_row["mean_min_distance"]) < 0.15, (swap, is_row)
     assert (folder / "priorswap_study.md").read_text().count("|") > 50
     assert {p.name for p in folder.glob("*.png")} == {"oned_error_vs_T.png", "error_vs_time.png", "gmm_repulsive.png"}
