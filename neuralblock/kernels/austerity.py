@@ -63,6 +63,9 @@ __all__ = [
 ]
 
 _CV_CHUNK = 65536
+_PRIOR_ROUNDS = 10  # prior redraws of an impossible start before uniform ones
+_UNIFORM_ROUNDS = 100  # as Pyro's initialize_model (max_tries=100)
+_UNIFORM_RADIUS = 2.0  # as Pyro's init_to_uniform: uniform in (-2, 2) of the unconstrained space
 _CV_ROWS_MAX = 50_000_000  # per-section gradients of the default control variate kept up to N·d entries
 _FUSED_MAX_SECTIONS = 4096  # larger stages run θ̂ apart from z and z' (autograd over one point, not three)
 
@@ -344,13 +347,18 @@ class AusterityMH(MCMCKernel):
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         """Trace the model once (O(N), at setup only), find the plate and sites, draw initial values."""
+        import pyro
         import pyro.poutine as poutine
 
         self._warmup_steps, self._t = int(warmup_steps), 0
         self._reset_stats()
         self.normality = None
         self._current_full = self._proposed_full = None
-        trace = poutine.trace(self._model).get_trace(*args, **kwargs)
+        try:
+            trace = poutine.trace(self._model).get_trace(*args, **kwargs)
+        except ValueError:  # e.g. a prior draw in a NaN region under validation: the start search below repairs it
+            with pyro.validation_enabled(False):
+                trace = poutine.trace(self._model).get_trace(*args, **kwargs)
         nodes = [s for s in trace.nodes.values() if s["type"] == "sample"]
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
@@ -384,20 +392,131 @@ class AusterityMH(MCMCKernel):
         }
         self.sections = SectionEvaluator(self._model, self.plate, self.num_sections, args, kwargs, local_dims)
         self.index_sampler = IndexSampler(self.num_sections)
+        full: SectionTerms | None = None
         if self._init_arg is not None:
             missing = [s for s in self.sites if s not in self._init_arg]
             if missing:
                 raise ValueError(f"initial_params lack sites {missing}")
             self._initial = {s: self._init_arg[s].reshape(self._shapes[s]) for s in self.sites}
             self._init_arg = None  # set values start the next chain only (Pyro's MCMC sets them before each chain)
+            z0 = self._flatten(self._initial)
+            full = self._check_user_start(z0, args, kwargs)
         else:
             self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
-        z0 = self._flatten(self._initial)
-        self._check_lazy(z0, nodes if from_trace else None, by_name)
+            z0 = self._flatten(self._initial)
+            try:
+                traced = self.sections.terms_of_trace(nodes) if from_trace else None
+            except (ValueError, RuntimeError, IndexError):
+                traced = None
+            log_p = self._start_log_density(z0, traced)
+            if not math.isfinite(log_p):
+                z0, full = self._find_start(z0, args, kwargs)
+                self._initial = self._unflatten(z0)
+                from_trace = False
+        if full is not None:
+            self.sections.check_lazy(self._values(z0), full)  # the density check's full run serves as reference
+        else:
+            self._check_lazy(z0, nodes if from_trace else None, by_name)
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
         self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])
         laplace = self._setup_control_variate(z0)
         self._setup_proposal(laplace)
+
+    # -- a start of positive density (setup only) ------------------------------------------
+    def _start_log_density(self, z: Tensor, full: SectionTerms | None = None) -> float:
+        """The full-data log density (with the log-Jacobian) at flat ``z``: one O(N) run unless ``full`` is given.
+
+        ``full`` holds the terms of a run at ``z`` (e.g. of the setup trace). A run that raises counts as NaN.
+        """
+        if not bool(torch.isfinite(z).all()):
+            return math.nan
+        values, log_jacobian = self._constrain(z.detach()[None])
+        if full is None:
+            try:
+                full = self.sections._run(self._values(z.detach()), None)
+            except (ValueError, RuntimeError):
+                return math.nan
+        return float(full.global_term + full.sections.sum() + log_jacobian[0])
+
+    def _check_user_start(self, z0: Tensor, args: tuple, kwargs: dict) -> SectionTerms | None:
+        """Refuse a user's start with NaN or inf values, or of zero or NaN density; return its full run's terms.
+
+        Raises:
+            ValueError: naming the sites (and their values) that make the start impossible.
+        """
+        bad = [s for s in self.sites if not bool(torch.isfinite(self._initial[s]).all())]
+        if bad:
+            raise ValueError(
+                f"initial_params: sites {bad} hold NaN or inf values; give every site a finite unconstrained value"
+            )
+        try:
+            full = self.sections._run(self._values(z0), None)
+        except (ValueError, RuntimeError):
+            full = None
+        log_p = self._start_log_density(z0, full) if full is not None else math.nan
+        if not math.isfinite(log_p):
+            kind = "a NaN log density" if math.isnan(log_p) else "zero density"
+            raise ValueError(
+                f"initial_params have {kind}: {self._describe_start(z0, args, kwargs)}; "
+                "start inside the region of positive density"
+            )
+        return full
+
+    def _find_start(self, z0: Tensor, args: tuple, kwargs: dict) -> tuple[Tensor, SectionTerms]:
+        """A start of positive density for a drawn ``z0`` of zero or NaN density, and its full run's terms.
+
+        Tries up to 10 prior draws (the other latent sites held), then up to 100 uniform draws in
+        ``(-2, 2)`` of the unconstrained space (as Pyro's ``init_to_uniform`` and ``initialize_model``).
+
+        Raises:
+            ValueError: none was found; the message names the sites of the last impossible start.
+        """
+        import pyro
+        import pyro.poutine as poutine
+
+        model = poutine.condition(self._model, data=self._fixed)
+        for attempt in range(_PRIOR_ROUNDS + _UNIFORM_ROUNDS):
+            if attempt < _PRIOR_ROUNDS:
+                with pyro.validation_enabled(False):
+                    trace = poutine.trace(model).get_trace(*args, **kwargs)
+                z = self._flatten({s: self.transforms[s](trace.nodes[s]["value"].detach()) for s in self.sites})
+            else:
+                z = (torch.rand(self.dim, dtype=z0.dtype) * 2 - 1) * _UNIFORM_RADIUS
+            try:
+                full = self.sections._run(self._values(z), None)
+            except (ValueError, RuntimeError):
+                continue
+            if math.isfinite(self._start_log_density(z, full)):
+                return z, full
+        raise ValueError(
+            f"AusterityMH found no start of positive density in {_PRIOR_ROUNDS} prior draws and {_UNIFORM_ROUNDS} "
+            f"uniform draws in (-2, 2) unconstrained: {self._describe_start(z0, args, kwargs)}; the model may have "
+            "zero total probability, or its region of positive density is hard to hit: give initial_params inside it"
+        )
+
+    def _describe_start(self, z: Tensor, args: tuple, kwargs: dict) -> str:
+        """Name the sites whose log density is not finite at flat ``z`` (one unvalidated O(N) run; errors only)."""
+        import pyro
+        import pyro.poutine as poutine
+        from pyro.poutine.util import site_is_subsample
+
+        values = self._values(z.detach())
+        shown = ", ".join(
+            f"{s}={float(values[s]):g}" if values[s].numel() == 1 else f"{s}={values[s].flatten()[:4].tolist()}"
+            for s in self.sites
+        )
+        bad: list[str] = []
+        try:
+            with pyro.validation_enabled(False):
+                trace = poutine.trace(poutine.condition(self._model, data=values)).get_trace(*args, **kwargs)
+            for name, site in trace.nodes.items():
+                if site["type"] != "sample" or site_is_subsample(site):
+                    continue
+                if not bool(torch.isfinite(site["fn"].log_prob(site["value"]).sum())):
+                    bad.append(name)
+        except (ValueError, RuntimeError) as err:
+            return f"the model fails at ({shown}): {err}"
+        return f"sites {bad} at ({shown})" if bad else f"the log-Jacobian at ({shown})"
 
     def _check_lazy(self, z0: Tensor, nodes: list[dict] | None, by_name: dict[str, dict]) -> None:
         """Check that the model honours injected indices, from the setup trace's terms when it has them.
@@ -720,6 +839,7 @@ class AusterityMH(MCMCKernel):
             "audited_decisions": float(self._audits),
             "audited_error_rate": self._audit_errors / self._audits if self._audits else float("nan"),
             "audited_false_accepts": float(self._false_accepts),
+            "divergences": [],  # no divergent transitions: read by arviz.from_pyro through MCMC.diagnostics()
         }
         if self.normality is not None:
             record.update({f"normality_{k}": v for k, v in self.normality._asdict().items()})
