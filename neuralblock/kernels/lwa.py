@@ -476,11 +476,54 @@ class LWAKernel(MCMCKernel):
         )
 
     def _given_init(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """The set ``initial_params`` (used at every ``setup``) as fresh values of ``sites``."""
+        """The set ``initial_params`` (used at every ``setup``) as fresh values of ``sites``, density-checked.
+
+        The full-data log density is checked once (O(N), at setup only): a start of zero or NaN
+        density would never move (every MH ratio from it is undefined).
+
+        Raises:
+            ValueError: sites are missing or hold NaN or inf values, or the start has zero or NaN
+                density (the message names the sites).
+        """
         missing = sorted(set(self.sites) - set(params))
         if missing:
             raise ValueError(f"initial_params lack sites {missing}")
-        return {k: params[k].detach().clone() for k in self.sites}
+        init = {k: params[k].detach().clone() for k in self.sites}
+        bad = [k for k in self.sites if not bool(torch.isfinite(init[k]).all())]
+        if bad:
+            raise ValueError(
+                f"initial_params: sites {bad} hold NaN or inf values; give every site a finite unconstrained value"
+            )
+        evals = self._evals
+        try:
+            log_p = self.log_target(init, torch.arange(self.num_data))
+        except (ValueError, RuntimeError):
+            log_p = math.nan
+        self._evals = evals  # a setup check, not a model evaluation of the run
+        if not math.isfinite(log_p):
+            kind = "a NaN log density" if math.isnan(log_p) else "zero density"
+            raise ValueError(f"initial_params have {kind}: {self._describe_start(init)}; start inside its support")
+        return init
+
+    def _describe_start(self, params: Mapping[str, Tensor]) -> str:
+        """Name the sites whose log density is not finite at unconstrained ``params`` (one unvalidated full run)."""
+        values = dict(self._base)
+        values.update({k: self.transforms[k].inv(params[k]) for k in self.sites})
+        shown = ", ".join(
+            f"{k}={float(values[k]):g}" if values[k].numel() == 1 else f"{k}={values[k].flatten()[:4].tolist()}"
+            for k in self.sites
+        )
+        bad: list[str] = []
+        try:
+            with pyro.validation_enabled(False):
+                trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(*self._args, **self._kwargs)
+            for name, site in trace.nodes.items():
+                skip = site["type"] != "sample" or isinstance(site["fn"], _Subsample)
+                if not skip and not bool(torch.isfinite(site["fn"].log_prob(site["value"]).sum())):
+                    bad.append(name)
+        except (ValueError, RuntimeError) as err:
+            return f"the model fails at ({shown}): {err}"
+        return f"sites {bad} at ({shown})" if bad else f"the log-Jacobian at ({shown})"
 
     def _prior_init(self, trace: Any, tries: int = 100) -> dict[str, Tensor]:
         """Unconstrained prior draw of ``sites`` with a finite target on ``U`` (up to ``tries`` draws)."""
@@ -575,7 +618,8 @@ class LWAKernel(MCMCKernel):
         self._anchor: Tensor | None = None
         self._evals = 0
         self._elapsed = 0.0
-        self._recent = (0.0, 0.0)
+        self._recent = (0.0, 0.0)  # (running θ acceptance rate of the phase, latest refreshed fraction of U)
+        self._phase = (0, 0)  # θ moves accepted and proposed in this phase (warmup or sampling)
 
     # -- the Pyro-facing surface --------------------------------------------------------
     @property
@@ -721,7 +765,10 @@ class LWAKernel(MCMCKernel):
         if warmup and self.adapt_step_size:
             self.adapter.update(torch.tensor([0]), torch.tensor([theta_prob]))
             self._adapt_scale(theta)
-        self._recent = (float(theta_acc), changed / self.subset_size)
+        if self._t == self._warmup_steps:  # the progress bar's running rate restarts with sampling
+            self._phase = (0, 0)
+        self._phase = (self._phase[0] + int(theta_acc), self._phase[1] + 1)
+        self._recent = (self._phase[0] / self._phase[1], changed / self.subset_size)
         if not warmup:
             self._elapsed += time.perf_counter() - start
             self._theta_proposed += 1
@@ -855,11 +902,13 @@ class LWAKernel(MCMCKernel):
             )
 
     def logging(self) -> dict[str, float]:
-        """The latest ``θ`` acceptance and fraction of ``U`` refreshed, for the progress bar."""
+        """The phase's (warmup or sampling) running ``θ`` acceptance rate and the latest fraction of ``U`` refreshed."""
         return {"acc": round(self._recent[0], 3), "refresh": round(self._recent[1], 3)}
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, Any]:
         """Post-warmup rates: ``θ`` and ``U`` acceptance, subset refresh rate, cost counters.
+
+        ``divergences`` is an empty list (MH has no divergent transitions): ``arviz.from_pyro`` reads it.
 
         ``subset_refresh_rate`` is the mean fraction of ``U``'s points replaced per iteration (summed over
         the ``subset_steps`` updates of ``U``, so it can exceed 1 when several jumps are accepted);
@@ -879,4 +928,5 @@ class LWAKernel(MCMCKernel):
             "theta_acceptance_rate": self._theta_accepted / its,
             "model_evals": float(self._evals),
             "iterations_per_second": self._theta_proposed / self._elapsed if self._elapsed > 0 else 0.0,
+            "divergences": [],
         }
