@@ -64,6 +64,9 @@ KERNELS = ("nuts", "hmc", "mh", "independence", "elliptical")
 MAX_SHRINKS = 256
 STALL_ESS_PER_DRAW = 0.02  # below this effective sample size per post-warmup draw (worst coordinate) a run stalled
 STALL_MIN_DRAWS = 100  # the check needs this many post-warmup draws (shorter runs give too noisy an ESS)
+_PRIOR_ROUNDS = 10  # rounds of 32 false-posterior draws for a start of positive density
+_UNIFORM_ROUNDS = 100  # then uniform draws, as Pyro's initialize_model (max_tries=100)
+_UNIFORM_RADIUS = 2.0  # as Pyro's init_to_uniform: uniform in (-2, 2) of the unconstrained space
 """Angles tried after which an elliptical slice step keeps the current point (the bracket's limit)."""
 CORRECTIONS = (None, "is", "semiparametric")
 
@@ -458,7 +461,7 @@ class PriorSwap(MCMCKernel):
         """Choose the initial point and build the inner sampler (model arguments are not needed)."""
         self._reset_stats(warmup_steps)
         if self._pending_init is not None:
-            z0 = self.potential_fn.flat(self._pending_init).to(self._dtype)
+            z0 = self._user_start(self._pending_init)
             self._pending_init = None
         else:
             z0 = self._default_init()
@@ -533,15 +536,80 @@ class PriorSwap(MCMCKernel):
         mean = mean.detach().reshape(-1).to(self._dtype)
         return problem.layout.to_unconstrained(mean) if density.space == "constrained" else mean.clone()
 
+    def _start_log_density(self, z: Tensor) -> Tensor:
+        """``log p_s`` at flat starts ``z [B, D]`` (NaN where it cannot be evaluated; setup only)."""
+        try:
+            return self.problem.log_density(z).detach().reshape(-1)
+        except (ValueError, RuntimeError):
+            return torch.full((z.shape[0],), math.nan, dtype=z.dtype)
+
+    def _describe(self, z: Tensor) -> str:
+        """The sites and values of flat start ``z [D]``, e.g. ``sites ['theta'] at (theta=-0.5)``."""
+        parts = self._to_params(z)
+        shown = ", ".join(
+            f"{k}={float(v):g}" if v.numel() == 1 else f"{k}={v.flatten()[:4].tolist()}" for k, v in parts.items()
+        )
+        return f"sites {list(parts)} at ({shown}, unconstrained)"
+
+    def _user_start(self, params: Mapping[str, Tensor]) -> Tensor:
+        """The flat start of a user's ``initial_params``, refused when impossible.
+
+        Raises:
+            ValueError: sites are missing or hold NaN or inf values, or ``log p_s`` is ``-inf`` or NaN there
+                (the message names the sites).
+        """
+        missing = [k for k in self.problem.layout.shapes if k not in params]
+        if missing:
+            raise ValueError(f"initial_params lack sites {missing}")
+        bad = [k for k in self.problem.layout.shapes if not bool(torch.isfinite(params[k]).all())]
+        if bad:
+            raise ValueError(
+                f"initial_params: sites {bad} hold NaN or inf values; give every site a finite unconstrained value"
+            )
+        z0 = self.potential_fn.flat(params).to(self._dtype)
+        if self.problem.density is not None:
+            log_p = float(self._start_log_density(z0[None])[0])
+            if not math.isfinite(log_p):
+                kind = "zero density" if log_p < 0 else ("infinite density" if log_p > 0 else "a NaN log density")
+                raise ValueError(
+                    f"initial_params have {kind} under the swapped posterior: {self._describe(z0)}; start inside "
+                    "the support of the new prior and the false posterior"
+                )
+        return z0
+
     def _default_init(self) -> Tensor:
-        """Best of up to 32 random false-posterior draws under p_s (or the estimate's mean)."""
+        """Best of up to 32 random false-posterior draws under p_s (or the estimate's mean), of positive density.
+
+        When none has positive density: up to 10 rounds of 32 fresh draws, then up to 100 uniform
+        draws in ``(-2, 2)`` of the unconstrained space (as Pyro's ``init_to_uniform`` and
+        ``initialize_model``); setup only.
+
+        Raises:
+            ValueError: no start of positive density was found (the message names the sites).
+        """
         problem = self.problem
         if problem.z is not None:
-            candidates = problem.z[torch.randint(problem.z.shape[0], (min(32, problem.z.shape[0]),))]
-            log_p = problem.log_density(candidates).nan_to_num(nan=-math.inf)
-            return candidates[int(log_p.argmax())].clone()
-        mean = self._density_mean()
-        return mean if mean is not None else torch.zeros(problem.layout.dim, dtype=self._dtype)
+            for _ in range(_PRIOR_ROUNDS):
+                candidates = problem.z[torch.randint(problem.z.shape[0], (min(32, problem.z.shape[0]),))]
+                log_p = problem.log_density(candidates).nan_to_num(nan=-math.inf)
+                best = int(log_p.argmax())
+                if problem.density is None or log_p[best] > -math.inf:
+                    return candidates[best].clone()
+            start = candidates[0]
+        else:
+            mean = self._density_mean()
+            start = mean if mean is not None else torch.zeros(problem.layout.dim, dtype=self._dtype)
+            if problem.density is None or math.isfinite(float(self._start_log_density(start[None])[0])):
+                return start
+        for _ in range(_UNIFORM_ROUNDS):
+            z = (torch.rand(problem.layout.dim, dtype=self._dtype) * 2 - 1) * _UNIFORM_RADIUS
+            if math.isfinite(float(self._start_log_density(z[None])[0])):
+                return z
+        raise ValueError(
+            f"PriorSwap found no start of positive swapped density in {_PRIOR_ROUNDS} rounds of false-posterior "
+            f"draws and {_UNIFORM_ROUNDS} uniform draws in (-2, 2) unconstrained: e.g. {self._describe(start)}; "
+            "the new prior may put no mass where the false posterior does: give initial_params inside both"
+        )
 
     def _to_inner(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if self._frame is None or not params:
@@ -566,7 +634,9 @@ class PriorSwap(MCMCKernel):
         self._evaluations = 0
         self._recent_accept = 0.0
         self._elapsed = 0.0
-        self._inner_stats = (0, 0, 0.0)  # post-warmup (accepted, divergences, mean accept prob) of HMC/NUTS
+        # post-warmup (accepted, divergent draw indices, mean accept prob) of HMC/NUTS
+        self._inner_stats: tuple[int, list[int], float] = (0, [], 0.0)
+        self._phase = (0, 0)  # MH moves accepted and proposed in this phase (warmup or sampling): the bar's rate
         self._draws: list[Tensor] = []  # post-warmup flat draws, for the stall check at cleanup
         self._ess_per_draw = math.nan
 
@@ -578,7 +648,7 @@ class PriorSwap(MCMCKernel):
             out = self._from_inner(self._inner.sample(self._to_inner(params)))
             if not warmup:  # read now: the inner kernel's cleanup() resets its counters before users ask
                 inner = self._inner
-                self._inner_stats = (inner._accept_cnt, len(inner._divergences), float(inner._mean_accept_prob))
+                self._inner_stats = (inner._accept_cnt, list(inner._divergences), float(inner._mean_accept_prob))
         else:
             z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
             log_p = self._log_p if torch.equal(z, self._z) else self.problem.log_density(z[None])[0]
@@ -614,24 +684,32 @@ class PriorSwap(MCMCKernel):
             self._accepted += int(info.mh.accepted)
             self._proposed += 1
             self._nonfinite += info.mh.num_nonfinite
-        self._recent_accept = 0.9 * self._recent_accept + 0.1 * float(accept_prob)
+        if self._t == self._warmup_steps:  # the running rate restarts with sampling
+            self._phase = (0, 0)
+        self._phase = (self._phase[0] + int(info.mh.accepted), self._phase[1] + 1)
+        self._recent_accept = self._phase[0] / self._phase[1]
 
     def logging(self) -> dict[str, Any]:
-        """Short progress-bar dict (Pyro's for HMC/NUTS; smoothed acceptance for the MH kernels)."""
+        """Short progress-bar dict (Pyro's for HMC/NUTS; the phase's running acceptance rate for the MH kernels)."""
         if self._inner is not None:
             return dict(self._inner.logging())
         if self.kernel_name == "elliptical":
             return {"evals": round(self._evaluations / max(self._proposed, 1), 2)}
         return {"acc": round(self._recent_accept, 3)}
 
-    def diagnostics(self) -> dict[str, float]:
-        """Iterations per second; acceptance (MH, HMC/NUTS), divergences, or evaluations per step (elliptical)."""
+    def diagnostics(self) -> dict[str, Any]:
+        """Iterations per second; acceptance (MH, HMC/NUTS), divergences, or evaluations per step (elliptical).
+
+        ``divergences`` lists the post-warmup draw indices of HMC/NUTS's divergent transitions (empty for
+        the other kernels), as ``arviz.from_pyro`` reads it; ``num_divergences`` counts them.
+        """
         post = max(self._t - self._warmup_steps, 0)
-        out = {"iterations_per_second": post / self._elapsed if self._elapsed > 0 else 0.0}
+        out: dict[str, Any] = {"iterations_per_second": post / self._elapsed if self._elapsed > 0 else 0.0}
         out["ess_per_draw"] = self._stall_check(warn=False)
+        accepted, divergences, mean_prob = self._inner_stats
+        out["divergences"] = list(divergences)
+        out["num_divergences"] = float(len(divergences))
         if self._inner is not None:
-            accepted, divergences, mean_prob = self._inner_stats
-            out["divergences"] = float(divergences)
             out["acceptance_rate"] = accepted / post if post else 0.0
             out["mean_accept_prob"] = mean_prob
             out["step_size"] = float(self._inner.step_size)
