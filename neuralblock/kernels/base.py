@@ -221,7 +221,8 @@ class GraphKernel(MCMCKernel):
         if self._pending_init is not None:
             state = self._checked_start(self._params_to_state(self._pending_init))
             self._pending_init = None
-            _raise_if_impossible(self.fg, state.cpu(), "the initial_params")
+            if self._conditioned is None:  # inside a compound sampler the joint start is the compound's to judge:
+                _raise_if_impossible(self.fg, state.cpu(), "the initial_params")  # other blocks may still move
         else:
             if self.from_pyro:
                 state = self._prior_state(*args, **kwargs)
