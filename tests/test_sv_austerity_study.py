@@ -106,6 +106,17 @@ def test_sv_austerity_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
             assert run[arm]["draws"] > 3 and 0 < run[arm]["seconds_global"] < run[arm]["seconds_total"]
             assert 0 < run[arm]["phi"]["mean"] < 1 and run[arm]["sigma2"]["mean"] > 0
         assert {"phi_ratio_total", "sigma2_ratio_global", "phi_bias_in_sd"} <= set(result["summary"][austerity])
+    # The seed setting (110-190 draws per arm): both MH arms accept 0.1-0.43 of their proposals and their phi draws
+    # move (seeds 0-2); a kernel that never accepts, or always does, fails.
+    run = saved["settings"]["seed"]["runs"][0]
+    for arm in (exact, austerity):
+        assert 0.03 < run[arm]["kernel"]["acceptance_rate"] < 0.9 and run[arm]["phi"]["sd"] > 0, run[arm]["kernel"]
+    # S&P 500 (600 days, about 25 draws): the austerity arm agrees with exact MH on phi (differences 0.001-0.006,
+    # chain sds 0.006-0.009, seeds 0-2). The 0.03 bound is loose for 25 draws of a slow chain; a global kernel with a
+    # wrong acceptance ratio drifts off toward phi's bounds.
+    run = saved["settings"]["sp500"]["runs"][0]
+    assert abs(run[austerity]["phi"]["mean"] - run[exact]["phi"]["mean"]) < 0.03
+    assert all(0.94 < run[arm]["phi"]["mean"] < 1.0 for arm in (exact, austerity))
     assert {row["S"] for row in saved["scaling"]} == set(saved["config"]["scaling_sizes"])
     assert "Target and bias" in (folder / "sv_austerity.md").read_text()
     assert {p.name for p in folder.glob("*.png")} == {"sv_seed.png", "sv_sp500.png"}
