@@ -374,7 +374,7 @@ def test_nuts_diagnostics_survive_cleanup_and_a_healthy_run_does_not_warn() -> N
     diag = kernel.diagnostics()  # after MCMC's cleanup(), which resets Pyro's counters
     # NUTS on a 1-D Gaussian accepts a new point on (nearly) every iteration, at Pyro's adapted 0.8 target
     assert diag["acceptance_rate"] > 0.5 and 0.5 < diag["mean_accept_prob"] <= 1.0, diag
-    assert diag["divergences"] == 0.0 and diag["ess_per_draw"] > 0.1
+    assert diag["num_divergences"] == 0.0 and diag["ess_per_draw"] > 0.1
 
 
 def test_a_stalled_independence_sampler_warns() -> None:
