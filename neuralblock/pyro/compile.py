@@ -487,6 +487,18 @@ class _Compiler:
         return values if isinstance(values, dict) else None
 
     # -- building
+    def _site_table(self, name: str, site: dict) -> Tensor:
+        """A site's log-probabilities under enumeration; an observed discrete site's table gets its value axis.
+
+        The observed variable's axis is leftmost (index 0), over all its values.
+        """
+        if name not in self.evidence:
+            return _site_log_prob(site)
+        fn, k = site["fn"], self.evidence[name][1]
+        values = torch.arange(k).reshape((k,) + (1,) * len(fn.batch_shape)).to(site["value"].dtype)
+        log_p = torch.as_tensor(scale_and_mask(fn.log_prob(values), site["scale"], site["mask"]))
+        return log_p.reshape((k,) + (1,) * max(0, self.nesting + 1 - log_p.dim()) + log_p.shape[1:])
+
     def analyse(self, trace: poutine.Trace) -> list[str]:
         """Check the sites of a plain trace, set the plate nesting and the layouts; returns factor sites."""
         nesting = 0
@@ -503,13 +515,7 @@ class _Compiler:
             if not site["is_observed"]:
                 _discrete_cardinality(name, site)
             try:
-                if name in self.evidence:  # the table gets the observed variable's axis (leftmost, index 0)
-                    fn, k = site["fn"], self.evidence[name][1]
-                    values = torch.arange(k).reshape((k,) + (1,) * len(fn.batch_shape)).to(site["value"].dtype)
-                    log_p = torch.as_tensor(scale_and_mask(fn.log_prob(values), site["scale"], site["mask"]))
-                    log_p = log_p.reshape((k,) + (1,) * max(0, self.nesting + 1 - log_p.dim()) + log_p.shape[1:])
-                else:
-                    log_p = _site_log_prob(site)
+                log_p = self._site_table(name, site)
             except Exception as err:
                 raise ValueError(f"log_prob of site {name!r} failed: {_error_text(err)}") from err
             nesting = max(nesting, log_p.dim())
@@ -568,13 +574,7 @@ class _Compiler:
             if site is None or site["type"] != "sample":
                 raise ValueError(f"site {name!r} is missing when the model runs under enumeration (dynamic structure)")
             try:
-                if name in self.evidence:  # the table gets the observed variable's axis (leftmost, index 0)
-                    fn, k = site["fn"], self.evidence[name][1]
-                    values = torch.arange(k).reshape((k,) + (1,) * len(fn.batch_shape)).to(site["value"].dtype)
-                    log_p = torch.as_tensor(scale_and_mask(fn.log_prob(values), site["scale"], site["mask"]))
-                    log_p = log_p.reshape((k,) + (1,) * max(0, self.nesting + 1 - log_p.dim()) + log_p.shape[1:])
-                else:
-                    log_p = _site_log_prob(site)
+                log_p = self._site_table(name, site)
             except Exception as err:
                 raise ValueError(
                     f"site {name!r} cannot be evaluated on the enumerated values of its discrete parents: "
