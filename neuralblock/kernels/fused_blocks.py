@@ -384,9 +384,9 @@ def fused_class_update(
         The new states, the accept indicator ``[K, I]`` and the non-finite ratio indicator ``[K, I]``.
     """
     width, size = cdf.shape[-1], values.shape[-1]
-    digits = state[:, ids].long() * radix  # [K, I, c + b]
-    keys = base + digits[..., :-size].sum(-1)  # [K, I]
-    current = digits[..., -size:].sum(-1)
+    digits = state[:, ids] * radix  # [K, I, c + b]; float radix: keys stay below 2^24, so this is exact
+    keys = base + digits[..., :-size].sum(-1).long()  # [K, I]
+    current = digits[..., -size:].sum(-1).long()
     rows = cdf[keys]  # [K, I, J]
     proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1).clamp(max=width - 1)
     where = (keys * width).unsqueeze(-1) + torch.stack([proposed, current], -1)
@@ -442,7 +442,7 @@ class FusedBlockSweep:
         block_radix = _radix(torch.tensor(cards, dtype=torch.long)).to(device).expand(len(instances), -1)
         radix = torch.cat([self.table.radix, block_radix], -1)
         self.ids = [ids[rows] for rows in self.rows]
-        self.radix = [radix[rows] for rows in self.rows]
+        self.radix = [radix[rows].to(torch.float32) for rows in self.rows]  # the table's rows stay below 2^24
         self.base = [self.table.base[rows] for rows in self.rows]
         self.padded = [size < width for size in self.sizes]
         self.update = compiled(fused_class_update) if compile else fused_class_update

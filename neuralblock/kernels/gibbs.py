@@ -85,7 +85,13 @@ class _FusedTables:
         self.mask = torch.zeros(num_vars, kmax).masked_fill(invalid, -math.inf) if invalid.any() else None
 
     def to(self, device: torch.device) -> _FusedTables:
-        """Move the index tensors to ``device``."""
+        """Move the index tensors to ``device``.
+
+        Strides become floats when every offset they make is exact in float32 (below 2^24): the
+        state is gathered and weighted without an integer copy of the gathered values.
+        """
+        if self.strides.numel() == 0 or int(self.strides.sum(-1).max()) * int(self.index.shape[-1]) < 1 << 24:
+            self.strides = self.strides.to(torch.float32)
         for name in ("scopes", "strides", "index", "mask"):
             value = getattr(self, name)
             if value is not None:
@@ -112,7 +118,10 @@ def gibbs_class_update(
     exponential draws (made outside, so both paths give the same chain for the same seed);
     ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``.
     """
-    shift = (state[:, scopes].long() * strides).sum(-1)  # [K, V, d]
+    if strides.is_floating_point():  # exact: every table offset is below 2^24 (see _FusedTables.to)
+        shift = (state[:, scopes] * strides).sum(-1).long()  # [K, V, d]
+    else:
+        shift = (state[:, scopes].long() * strides).sum(-1)
     logits = flat[index + shift.unsqueeze(-1)].sum(-2)  # [K, V, kmax]
     if beta is not None:
         logits = logits * beta[:, None, None].to(logits.dtype)
