@@ -64,13 +64,23 @@ def mixed_graph(seed: int) -> FactorGraph:
     return fg
 
 
-@pytest.mark.parametrize("graph", ["tables", "mixed"])
+def binary_loop(seed: int) -> FactorGraph:
+    """An 8-cycle of binary variables with random unaries and couplings (Gibbs's logistic path)."""
+    g = torch.Generator().manual_seed(seed)
+    fg = FactorGraph()
+    fg.add_variables(8, cardinality=2)
+    fg.add_table_factors(torch.tensor([[v, (v + 1) % 8] for v in range(8)]), 1.5 * torch.randn(8, 2, 2, generator=g))
+    fg.add_table_factors(torch.arange(8)[:, None], torch.randn(8, 2, generator=g))
+    return fg
+
+
+@pytest.mark.parametrize("graph", ["tables", "mixed", "binary"])
 def test_gibbs_chains_leave_the_joint_invariant(graph: str) -> None:
-    fg = chain_graph(seed=4) if graph == "tables" else mixed_graph(seed=4)
+    fg = {"tables": chain_graph, "mixed": mixed_graph, "binary": binary_loop}[graph](seed=4)
     kernel = GibbsKernel(fg, chains=8)
     draws = run(kernel, 1000)
     assert_matches_enumeration(draws, fg)
-    assert kernel.plan.tables_only == (graph == "tables")
+    assert kernel.plan.tables_only == (graph != "mixed")
     assert kernel.diagnostics()["chains"] == 8.0
 
 

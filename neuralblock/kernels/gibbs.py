@@ -115,7 +115,8 @@ def gibbs_class_update(
     The fused update (gather, slice the tables, sample, scatter) that :class:`GibbsPlan`
     runs eagerly or under ``torch.compile``. ``scopes``, ``strides``, ``index`` and ``mask``
     are the class's :class:`_FusedTables` layout; ``noise [K, V, k_max]`` are standard
-    exponential draws (made outside, so both paths give the same chain for the same seed);
+    exponential draws, or for binary variables ``noise [K, V]`` are logits of uniforms (made
+    outside, so both paths give the same chain for the same seed);
     ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``.
     """
     if strides.is_floating_point():  # exact: every table offset is below 2^24 (see _FusedTables.to)
@@ -127,10 +128,18 @@ def gibbs_class_update(
         logits = logits * beta[:, None, None].to(logits.dtype)
     if mask is not None:
         logits = logits + mask
-    info = gibbs_sample(logits.to(state.dtype), state[:, vars_], noise)
+    current = state[:, vars_]
+    if noise.dim() == 2:  # binary variables: value 1 iff logit(u) < l_1 - l_0 (one uniform per variable)
+        diff = (logits[..., 1] - logits[..., 0]).to(state.dtype)
+        stuck = torch.isnan(diff)  # both values impossible: keep the current one (counted)
+        values = torch.where(stuck, current, (noise < diff).to(state.dtype))
+        num_stuck = stuck.sum()
+    else:
+        info = gibbs_sample(logits.to(state.dtype), current, noise)
+        values, num_stuck = info.values, info.num_stuck
     state = state.clone()
-    state[:, vars_] = info.values
-    return state, info.num_stuck
+    state[:, vars_] = values
+    return state, num_stuck
 
 
 class GibbsPlan:
@@ -203,9 +212,12 @@ class GibbsPlan:
         if self.tables_only:
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
-                noise = torch.empty(
-                    state.shape[0], len(vars_), tables.index.shape[-1], dtype=state.dtype, device=state.device
-                ).exponential_()
+                kmax = tables.index.shape[-1]
+                if kmax == 2:  # logistic noise for binary variables
+                    noise = torch.rand(state.shape[0], len(vars_), dtype=state.dtype, device=state.device).logit_()
+                else:  # Gumbel-max noise
+                    noise = torch.empty(state.shape[0], len(vars_), kmax, dtype=state.dtype, device=state.device)
+                    noise.exponential_()
                 state, count = self.update(
                     state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, self.flat, noise, beta
                 )
