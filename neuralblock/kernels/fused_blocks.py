@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, TableGroup
+from neuralblock.kernels.gibbs import compiled, flat_tables, pad_by_owner
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -128,25 +129,18 @@ class BlockTableEnergy:
             empty = torch.zeros(0, dtype=torch.long)
             rows_scopes, rows_strides = [empty.reshape(0, arity)], [empty.reshape(0, arity)]
             rows_index, rows_block = [empty.reshape(0, len(values))], [empty]
-        segment = torch.cat(rows_block)
-        order = torch.argsort(segment, stable=True)
-        segment = segment[order]
-        counts = torch.bincount(segment, minlength=num)
-        depth = max(int(counts.max()) if num else 1, 1)
-        slot = torch.arange(len(segment)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
-        self.scopes = torch.zeros(num, depth, arity, dtype=torch.long)
-        self.strides = torch.zeros(num, depth, arity, dtype=torch.long)
-        self.index = torch.full((num, depth, len(values)), self.zero, dtype=torch.long)
-        self.scopes[segment, slot] = torch.cat(rows_scopes)[order]
-        self.strides[segment, slot] = torch.cat(rows_strides)[order]
-        self.index[segment, slot] = torch.cat(rows_index)[order]
+        self.scopes, self.strides, self.index = pad_by_owner(
+            torch.cat(rows_block),
+            num,
+            [torch.cat(rows_scopes), torch.cat(rows_strides), torch.cat(rows_index)],
+            [0, 0, self.zero],
+        )
         self.flat = self.flat_tables(fg)
 
     @staticmethod
     def flat_tables(fg: FactorGraph) -> Tensor:
-        """All table factors' log-tables in one flat tensor, then one zero entry (padding reads it)."""
-        parts = [g._flat.reshape(-1).to(torch.get_default_dtype()) for g in fg.groups]
-        return torch.cat(parts + [torch.zeros(1, dtype=torch.get_default_dtype())])
+        """All table factors' log-tables in one flat tensor, then one zero entry (:func:`flat_tables`)."""
+        return flat_tables(fg)
 
     def to(self, device: torch.device) -> BlockTableEnergy:
         """Move the index tensors and tables to ``device``."""
@@ -423,8 +417,6 @@ class FusedBlockSweep:
         device: torch.device,
         compile: bool,
     ) -> None:
-        from neuralblock.kernels.gibbs import compiled  # gibbs imports the kernels' base module
-
         cards = list(proposal.motif.block_spec.cardinalities)
         self.device = device
         self.sizes = offsets.diff().tolist()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -26,7 +26,44 @@ from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import gibbs_sample
 
-__all__ = ["GibbsKernel", "GibbsPlan", "compiled", "gibbs_class_update", "resolve_compile"]
+__all__ = [
+    "GibbsKernel",
+    "GibbsPlan",
+    "compiled",
+    "flat_tables",
+    "gibbs_class_update",
+    "pad_by_owner",
+    "resolve_compile",
+]
+
+
+def flat_tables(fg: FactorGraph) -> Tensor:
+    """All table factors' log-tables in one flat tensor, then one zero entry (padding reads it)."""
+    dtype = torch.get_default_dtype()
+    return torch.cat([g._flat.reshape(-1).to(dtype) for g in fg.groups] + [torch.zeros(1, dtype=dtype)])
+
+
+def pad_by_owner(owner: Tensor, count: int, parts: Sequence[Tensor], fills: Sequence[int]) -> list[Tensor]:
+    """Lay rows out per owner: each ``part [m, ...]`` becomes ``[count, depth, ...]`` padded with its fill.
+
+    ``owner [m]`` names the owner (a variable or a block) of each row; ``depth`` is the most rows
+    any owner has, so one gather reads every owner's rows.
+
+    Example:
+        >>> pad_by_owner(torch.tensor([1, 0, 1]), 2, [torch.tensor([5, 6, 7])], [0])[0].tolist()
+        [[6, 0], [5, 7]]
+    """
+    order = torch.argsort(owner, stable=True)
+    owner = owner[order]
+    counts = torch.bincount(owner, minlength=count)
+    depth = max(int(counts.max()) if count and len(owner) else 1, 1)
+    slot = torch.arange(len(owner)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    out = []
+    for part, fill in zip(parts, fills):
+        full = torch.full((count, depth) + tuple(part.shape[1:]), fill, dtype=part.dtype)
+        full[owner, slot] = part[order]
+        out.append(full)
+    return out
 
 
 class _FusedTables:
@@ -64,23 +101,12 @@ class _FusedTables:
         if not pairs:  # no variable of the class touches a factor: one padding pair each (a flat conditional)
             empty = torch.zeros(0, dtype=torch.long)
             pairs.append((empty, empty.reshape(0, arity), empty.reshape(0, arity), empty, empty))
-        segment = torch.cat([p[0] for p in pairs])
-        order = torch.argsort(segment, stable=True)
-        segment = segment[order]
-        counts = torch.bincount(segment, minlength=num_vars)
-        depth = max(int(counts.max()), 1)
-        slot = torch.arange(len(segment)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
-        zero = offsets[-1]  # index of the zero entry at the end of the flat tables
-        self.scopes = torch.zeros(num_vars, depth, arity, dtype=torch.long)
-        self.strides = torch.zeros(num_vars, depth, arity, dtype=torch.long)
-        index = torch.full((num_vars, depth, kmax), zero, dtype=torch.long)
+        segment, scopes, strides, var_stride, base = (torch.cat([p[i] for p in pairs]) for i in range(5))
         card = fg.cardinalities[vars_]
         values = torch.minimum(torch.arange(kmax), (card - 1)[:, None])  # [V, kmax]
-        cat = [torch.cat([p[i] for p in pairs])[order] for i in range(1, 5)]
-        self.scopes[segment, slot] = cat[0]
-        self.strides[segment, slot] = cat[1]
-        index[segment, slot] = cat[3][:, None] + values[segment] * cat[2][:, None]
-        self.index = index
+        index = base[:, None] + values[segment] * var_stride[:, None]  # [m, kmax]
+        zero = offsets[-1]  # index of the zero entry at the end of the flat tables
+        self.scopes, self.strides, self.index = pad_by_owner(segment, num_vars, [scopes, strides, index], [0, 0, zero])
         invalid = torch.arange(kmax) >= card[:, None]
         self.mask = torch.zeros(num_vars, kmax).masked_fill(invalid, -math.inf) if invalid.any() else None
 
@@ -185,21 +211,16 @@ class GibbsPlan:
                 self.fused.append(_FusedTables(fg, vars_, scaffold, kmax, offsets).to(self.device))
             values = torch.minimum(grid, card - 1).to(torch.get_default_dtype())
             self.values.append(torch.where(grid < card, values, torch.full_like(values, -1.0)))
-        self.flat = self._flat_tables(fg) if self.tables_only else None
+        self.flat = flat_tables(fg).to(self.device) if self.tables_only else None
         self.update = gibbs_class_update
         self.compile_seconds = 0.0
         if compile and self.tables_only:
             self.update = compiled(gibbs_class_update)
 
-    def _flat_tables(self, fg: FactorGraph) -> Tensor:
-        """All table factors' log-tables in one flat tensor, then one zero entry (padding reads it)."""
-        parts = [g._flat.reshape(-1) for g in fg.groups] + [torch.zeros(1, dtype=torch.get_default_dtype())]
-        return torch.cat([p.to(torch.get_default_dtype()) for p in parts]).to(self.device)
-
     def refresh(self, fg: FactorGraph) -> None:
         """Re-read the table values after the graph's parameters changed (same structure)."""
         if self.tables_only:
-            self.flat = self._flat_tables(fg)
+            self.flat = flat_tables(fg).to(self.device)
 
     def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals.
