@@ -19,7 +19,15 @@ import torch
 from torch import Tensor
 from torch.distributions import Transform
 
-__all__ = ["GibbsInfo", "MHInfo", "gibbs_sample", "mh_accept", "nonfinite_ratios", "random_walk_propose"]
+__all__ = [
+    "GibbsInfo",
+    "MHInfo",
+    "gibbs_sample",
+    "mh_accept",
+    "mh_decide",
+    "nonfinite_ratios",
+    "random_walk_propose",
+]
 
 
 class MHInfo(NamedTuple):
@@ -48,7 +56,7 @@ class GibbsInfo(NamedTuple):
     num_stuck: Tensor
 
 
-def mh_accept(log_alpha: Tensor) -> MHInfo:
+def mh_accept(log_alpha: Tensor, log_u: Tensor | None = None) -> MHInfo:
     """Vectorized MH accept test; a non-finite ratio is a counted rejection.
 
     ``-inf`` is an ordinary certain rejection; ``NaN`` and ``+inf`` (which arise
@@ -57,15 +65,26 @@ def mh_accept(log_alpha: Tensor) -> MHInfo:
 
     Args:
         log_alpha: log acceptance ratios, any shape.
+        log_u: optional ``log`` of uniform draws shaped like ``log_alpha`` (default: fresh ones).
 
     Returns:
         An :class:`MHInfo`.
     """
+    info = mh_decide(log_alpha, torch.rand_like(log_alpha).log() if log_u is None else log_u)
+    return MHInfo(info.accepted, info.accept_prob, int(info.num_nonfinite))
+
+
+def mh_decide(log_alpha: Tensor, log_u: Tensor) -> MHInfo:
+    """:func:`mh_accept` with given uniforms, all in tensors (``num_nonfinite`` a 0-dim tensor): recordable.
+
+    Example:
+        >>> info = mh_decide(torch.tensor([-1.0, float("nan")]), torch.tensor([-2.0, -2.0]))
+        >>> info.accepted.tolist(), int(info.num_nonfinite)
+        ([True, False], 1)
+    """
     bad = nonfinite_ratios(log_alpha)
     safe = torch.where(bad, torch.full_like(log_alpha, -float("inf")), log_alpha)
-    log_u = torch.rand_like(log_alpha).log()
-    accepted = log_u < safe
-    return MHInfo(accepted, safe.clamp(max=0.0).exp(), int(bad.sum()))
+    return MHInfo(log_u < safe, safe.clamp(max=0.0).exp(), bad.sum())
 
 
 def nonfinite_ratios(log_alpha: Tensor) -> Tensor:
@@ -100,7 +119,9 @@ def gibbs_sample(logits: Tensor, current: Tensor, noise: Tensor | None = None) -
     return GibbsInfo(values, stuck.sum())
 
 
-def random_walk_propose(value: Tensor, step_size: Tensor, transform: Transform) -> tuple[Tensor, Tensor]:
+def random_walk_propose(
+    value: Tensor, step_size: Tensor, transform: Transform, noise: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Gaussian random walk in the unconstrained space of ``transform``.
 
     The walk is symmetric in the unconstrained coordinates, so the proposal
@@ -110,6 +131,7 @@ def random_walk_propose(value: Tensor, step_size: Tensor, transform: Transform) 
         value: current constrained values.
         step_size: standard deviation of the unconstrained step (broadcasts with ``value``).
         transform: bijection from unconstrained reals onto the support.
+        noise: optional standard normal draws shaped like ``value`` (default: fresh ones).
 
     Returns:
         ``(proposed, log_q_correction)`` with ``log_q_correction = log q(x | x') - log q(x' | x)``
@@ -122,7 +144,7 @@ def random_walk_propose(value: Tensor, step_size: Tensor, transform: Transform) 
         True
     """
     y = transform.inv(value)
-    y_new = y + step_size * torch.randn_like(y)
+    y_new = y + step_size * (torch.randn_like(y) if noise is None else noise)
     proposed = transform(y_new)
     correction = transform.log_abs_det_jacobian(y_new, proposed) - transform.log_abs_det_jacobian(y, value)
     return proposed, correction

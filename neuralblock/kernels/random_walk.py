@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -41,7 +42,9 @@ from torch.distributions import Transform, biject_to
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel
-from neuralblock.kernels.functional import mh_accept, random_walk_propose
+from neuralblock.kernels.functional import mh_decide, random_walk_propose
+from neuralblock.pyro.compile import fixed_values
+from neuralblock.replay import ReplayedFunction
 
 __all__ = ["RandomWalkMH", "RandomWalkPlan", "SweepStats"]
 
@@ -81,7 +84,8 @@ class RandomWalkPlan:
     def __init__(self, fg: FactorGraph, variables: list[int], step_size: float, target_accept: float) -> None:
         self.variables = variables
         self.adapter = StepSizeAdapter(len(variables), step_size, target_accept)
-        self.classes = []
+        self.classes: list[_ColorClass] = []
+        self._replays: dict[tuple[str, ...], ReplayedFunction] = {}
         for members in fg.color_blocks([[v] for v in variables]):
             vars_ = torch.tensor([variables[int(i)] for i in members], dtype=torch.long)
             self.classes.append(_ColorClass(fg, vars_, members))
@@ -90,29 +94,99 @@ class RandomWalkPlan:
         """One chromatic sweep of single-site random-walk MH (adapting step sizes if ``adapt``).
 
         ``state`` is ``[n]`` or a batch of chains ``[..., n]``; a step size is shared by the
-        chains and adapts to their mean acceptance.
+        chains and adapts to their mean acceptance. The random numbers are drawn first, so the
+        sweep itself is a function of tensors: on a graph compiled from a Pyro model it is
+        recorded once and replayed (:class:`~neuralblock.replay.ReplayedFunction`), with the
+        model's fixed sites (a compound sampler's other sites) as inputs.
         """
-        state = state.clone()
-        accepted_total, proposed_total, nonfinite = 0, 0, 0
-        for cls in self.classes:
-            current = state[..., cls.vars]
-            proposal = current.clone()
-            correction = torch.zeros_like(current)
-            steps = self.adapter.step_size[cls.positions].to(state)
-            for transform, idx in cls.parts:
-                proposal[..., idx], correction[..., idx] = random_walk_propose(current[..., idx], steps[idx], transform)
-            pair = torch.stack([state, state])
-            pair[1][..., cls.vars] = proposal
-            local = cls.scaffold.local_log_density(fg, pair)  # [2, ..., m]
-            info = mh_accept(local[1] - local[0] + correction)
-            state[..., cls.vars] = torch.where(info.accepted, proposal, current)
-            if adapt:
-                rate = info.accept_prob.reshape(-1, len(cls.vars)).mean(0)
-                self.adapter.update(cls.positions, rate.to(self.adapter.log_step))
-            accepted_total += int(info.accepted.sum())
-            proposed_total += int(info.accepted.numel())
-            nonfinite += info.num_nonfinite
-        return state, SweepStats(proposed_total, accepted_total, nonfinite)
+        batch = state.shape[:-1]
+        noises = [torch.randn(batch + (len(cls.vars),), dtype=state.dtype, device=state.device) for cls in self.classes]
+        log_us = [
+            torch.rand(batch + (len(cls.vars),), dtype=state.dtype, device=state.device).log() for cls in self.classes
+        ]
+        steps = self.adapter.step_size.to(state)
+        model = _pyro_model(fg)
+        if model is None:
+            out = _sweep_core(self.classes, fg, state, steps, *noises, *log_us)
+        else:
+            fixed = fixed_values(model)
+            names = tuple(sorted(fixed))
+            replay = self._replays.get(names)
+            if replay is None:
+                replay = self._replays[names] = ReplayedFunction(
+                    functools.partial(_recordable_sweep, self.classes, fg, fixed, len(self.classes)),
+                    f"the random-walk sweep of model {getattr(model, '__name__', type(model).__name__)!r}",
+                )
+            out = replay(state, steps, *noises, *log_us, *(fixed[name] for name in names))
+        count = len(self.classes)
+        state, probs, accepted, nonfinite = out[0], out[1 : 1 + count], out[1 + count : 1 + 2 * count], out[-1]
+        if adapt:
+            for cls, prob in zip(self.classes, probs):
+                self.adapter.update(cls.positions, prob.reshape(-1, len(cls.vars)).mean(0).to(self.adapter.log_step))
+        return state, SweepStats(
+            sum(int(a.numel()) for a in accepted), sum(int(a.sum()) for a in accepted), int(nonfinite)
+        )
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_replays"] = {}  # recorded graphs hold closures: recorded again after unpickling
+        return state
+
+
+def _pyro_model(fg: FactorGraph) -> Any:
+    """The model of a graph whose every group runs one Pyro model (fixed sites: recording inputs), else None."""
+    from neuralblock.pyro.bridge import PyroModelGroup
+
+    groups = fg.groups
+    if not groups or not all(type(group) is PyroModelGroup for group in groups):
+        return None
+    model = groups[0].model
+    return model if all(group.model is model for group in groups) else None
+
+
+def _recordable_sweep(
+    classes: list[_ColorClass], fg: FactorGraph, fixed: dict[str, Tensor], count: int, *tensors: Tensor
+) -> tuple[Tensor, ...]:
+    """:func:`_sweep_core` with the model's fixed sites taken from the trailing inputs (sorted names)."""
+    state, steps = tensors[0], tensors[1]
+    randoms, values = tensors[2 : 2 + 2 * count], tensors[2 + 2 * count :]
+    saved = dict(fixed)
+    fixed.update(zip(sorted(fixed), values))
+    try:
+        return _sweep_core(classes, fg, state, steps, *randoms)
+    finally:
+        fixed.update(saved)
+
+
+def _sweep_core(
+    classes: list[_ColorClass], fg: FactorGraph, state: Tensor, steps: Tensor, *randoms: Tensor
+) -> tuple[Tensor, ...]:
+    """One sweep given its random numbers (per class: normal noise, then per class: log uniforms).
+
+    Returns ``(state, *accept_prob per class, *accepted per class, number of non-finite ratios)``.
+    """
+    state = state.clone()
+    count = len(classes)
+    probs, accepted = [], []
+    nonfinite = torch.zeros((), dtype=torch.long, device=state.device)
+    for cls, noise, log_u in zip(classes, randoms[:count], randoms[count:]):
+        current = state[..., cls.vars]
+        proposal = current.clone()
+        correction = torch.zeros_like(current)
+        class_steps = steps[cls.positions]
+        for transform, idx in cls.parts:
+            proposal[..., idx], correction[..., idx] = random_walk_propose(
+                current[..., idx], class_steps[idx], transform, noise[..., idx]
+            )
+        pair = torch.stack([state, state])
+        pair[1][..., cls.vars] = proposal
+        local = cls.scaffold.local_log_density(fg, pair)  # [2, ..., m]
+        info = mh_decide(local[1] - local[0] + correction, log_u)
+        state[..., cls.vars] = torch.where(info.accepted, proposal, current)
+        probs.append(info.accept_prob)
+        accepted.append(info.accepted)
+        nonfinite = nonfinite + info.num_nonfinite
+    return (state, *probs, *accepted, nonfinite)
 
 
 def continuous_latent(fg: FactorGraph, requested: list[int | str] | None, kernel: str) -> list[int]:

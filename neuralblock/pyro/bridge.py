@@ -30,10 +30,12 @@ from neuralblock.pyro.compile import (
     SiteLayout,
     _element_names,
     compile_pyro_model,
+    fixed_values,
     is_all_discrete,
     site_values_to_state,
     state_to_site_values,
 )
+from neuralblock.replay import ReplayedFunction
 
 __all__ = [
     "FactorGraphModel",
@@ -439,6 +441,7 @@ class PyroModelGroup(FactorGroup):
             ]
         self.layouts = {layout.name: layout for layout in layouts}
         self._last_flat: Tensor | None = None
+        self._replays: dict[tuple[str, ...], ReplayedFunction] = {}
 
     def _site_value(self, layout: SiteLayout, flat: Tensor) -> Tensor:
         """A site's values for a batch of states ``[B, n]``: ``[B, 1, ..., 1, *site shape]`` (plates aligned)."""
@@ -509,19 +512,47 @@ class PyroModelGroup(FactorGroup):
     def log_factors(self, state: Tensor, index: Tensor | None = None) -> Tensor:
         batch_shape = state.shape[:-1]
         flat = state.reshape(math.prod(batch_shape), state.shape[-1])
-        batch = flat.shape[0]
-        trace = self._run(flat)
-        names = self.factor_names if index is None else [self.factor_names[int(i)] for i in index.reshape(-1)]
-        if not names:
+        if not self.factor_names:
             return state.new_zeros(batch_shape + (0,))
-        values = []
-        for name in names:
-            log_p = self._site_log_prob(trace, name, batch)
-            if name in self.layouts and self.layouts[name].transform is not None:  # density of u, not of the value
-                log_p = log_p + self.log_jacobian(flat, name).to(log_p)
-            values.append(log_p)
-        out = torch.stack(values, dim=-1)
-        return out.to(state.dtype).reshape(batch_shape + (len(names),))
+        fixed = fixed_values(self.model)
+        names = tuple(sorted(fixed))
+        replay = self._replays.get(names)
+        if replay is None:
+            replay = self._replays[names] = ReplayedFunction(
+                self._all_factors, f"the log density of model {_model_name(self.model)!r}"
+            )
+        out = replay(flat, *(fixed[name] for name in names))
+        if index is not None:
+            out = out[:, index.reshape(-1)]
+        return out.to(state.dtype).reshape(batch_shape + (out.shape[-1],))
+
+    def _all_factors(self, flat: Tensor, *fixed: Tensor) -> Tensor:
+        """Every factor ``[B, F]`` at the states ``flat``, with the model's fixed sites at ``fixed`` (sorted names).
+
+        The function a :class:`~neuralblock.replay.ReplayedFunction` records: the conditioned
+        values are its inputs (they change between a compound sampler's updates), not constants.
+        """
+        values = fixed_values(self.model)
+        saved = dict(values)
+        values.update(zip(sorted(values), fixed))
+        try:
+            trace = self._run(flat)
+        finally:
+            values.update(saved)
+        batch = flat.shape[0]
+        out = []
+        with pyro.validation_enabled(False):  # as the run: out-of-support values give -inf or NaN (rejected)
+            for name in self.factor_names:
+                log_p = self._site_log_prob(trace, name, batch)
+                if name in self.layouts and self.layouts[name].transform is not None:  # density of u, not the value
+                    log_p = log_p + self.log_jacobian(flat, name).to(log_p)
+                out.append(log_p)
+        return torch.stack(out, dim=-1)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_replays"] = {}  # recorded graphs hold closures: recorded again after unpickling
+        return state
 
 
 MAX_TABLE_ENTRIES = 1024

@@ -46,6 +46,7 @@ from torch.distributions import Transform
 
 from neuralblock.graph.factor_graph import FactorGraph
 from neuralblock.graph.groups import TableGroup
+from neuralblock.replay import ReplayedFunction
 
 __all__ = [
     "MAX_ENUM_DIMS",
@@ -98,6 +99,9 @@ class SiteLayout:
     transform: Transform | None = None
     value_shape: torch.Size | None = None
     event_dim: int = 0
+
+    def __post_init__(self) -> None:
+        self.first = int(self.ids.min()) if self.ids.numel() else -1  # a Python int: no tensor op when recorded
 
     @property
     def shape(self) -> torch.Size:
@@ -439,6 +443,17 @@ class _Factor:
     rows: slice  # its rows in that group
 
 
+def fixed_values(model: Callable[..., Any]) -> dict[str, Tensor]:
+    """The mutable dict of fixed sites of a conditioned model (a ``ConditionedModel``), else an empty dict.
+
+    Example:
+        >>> fixed_values(lambda: None)
+        {}
+    """
+    values = getattr(model, "values", None)
+    return values if isinstance(values, dict) else {}
+
+
 class _Compiler:
     """Holds what is needed to re-tabulate a model's sites with one enumerated run."""
 
@@ -451,6 +466,7 @@ class _Compiler:
         self._plate_names: dict[str, list[str]] = {}
         self.evidence: dict[str, tuple[int, int, float]] = {}  # scalar observed discrete site -> (id, k, value)
         self._key: dict[str, Tensor] | None = None
+        self._replays: dict[tuple[str, ...], ReplayedFunction] = {}
 
     # -- running the model
     def plain_trace(self) -> poutine.Trace:
@@ -483,8 +499,7 @@ class _Compiler:
             ) from err
 
     def _conditioned_values(self) -> dict[str, Tensor] | None:
-        values = getattr(self.model, "values", None)
-        return values if isinstance(values, dict) else None
+        return fixed_values(self.model) if hasattr(self.model, "values") else None
 
     # -- building
     def _site_table(self, name: str, site: dict) -> Tensor:
@@ -615,7 +630,7 @@ class _Compiler:
                 )
             parents.append((parent, i))
         own = [p for p in parents if p[0] == name]
-        others = sorted((p for p in parents if p[0] != name), key=lambda p: int(self._ids(p[0]).reshape(-1)[0]))
+        others = sorted((p for p in parents if p[0] != name), key=lambda p: self._first_id(p[0]))
         parents = others + own
         for parent, _ in parents:
             ids = self._ids(parent).shape
@@ -655,6 +670,10 @@ class _Compiler:
     def _plates_of(self, name: str) -> list[str]:
         return self._plate_names.get(name, [])
 
+    def _first_id(self, site: str) -> int:
+        """The smallest variable id of a latent or evidence site (layouts are contiguous ranges)."""
+        return self.evidence[site][0] if site in self.evidence else self.layouts[site].first
+
     def _ids(self, site: str) -> Tensor:
         """Variable ids of a latent or evidence site, padded to the plate nesting."""
         if site in self.evidence:
@@ -668,27 +687,49 @@ class _Compiler:
         return torch.stack([self._ids(p).expand(batch_shape).reshape(-1) for p in parents], -1)
 
     def refresh(self) -> None:
-        """Re-tabulate every group in place (skipped when the conditioned values did not change)."""
+        """Re-tabulate every group in place (skipped when the conditioned values did not change).
+
+        The tabulation (one enumerated and one plain run) is recorded as a graph of the fixed
+        values once it has run a few times, and replayed after (see :class:`ReplayedFunction`).
+        """
         values = self._conditioned_values()
         if values is not None and self._key is not None and _same_values(values, self._key):
             return
-        trace = self.enum_trace()
-        plain = self.plain_trace()
-        rows = self.tabulate(trace, plain, [f.site for f in self.factors])
-        for factor, (_, parents, _, _, tables) in zip(self.factors, rows):
-            if parents != factor.parents:
-                raise ValueError(
-                    f"site {factor.site!r} now depends on {parents} instead of {factor.parents}: the model's "
-                    "structure changed with the conditioned values"
-                )
+        names = tuple(sorted(values or {}))
+        replay = self._replays.get(names)
+        if replay is None:
+            replay = self._replays[names] = ReplayedFunction(
+                self._tables, f"re-tabulating model {_model_name(self.model)!r}"
+            )
+        for factor, tables in zip(self.factors, replay(*((values or {})[name] for name in names))):
             group = self.groups[factor.group]
             group.log_tables[factor.rows] = tables.to(group.log_tables.dtype)
         for group in self.groups:
             group._check_values()
         self._key = None if values is None else {k: torch.as_tensor(v).clone() for k, v in values.items()}
 
+    def _tables(self, *fixed: Tensor) -> tuple[Tensor, ...]:
+        """Every factor's tables with the model's fixed sites at ``fixed`` (sorted names): what refresh records."""
+        values = fixed_values(self.model)
+        saved = dict(values)
+        values.update(zip(sorted(values), fixed))
+        try:  # validation off, as in Pyro's MCMC: an invalid value gives NaN or +inf, refused by _check_values
+            with pyro.validation_enabled(False):
+                rows = self.tabulate(self.enum_trace(), self.plain_trace(), [f.site for f in self.factors])
+        finally:
+            values.update(saved)
+        for factor, (_, parents, _, _, _) in zip(self.factors, rows):
+            if parents != factor.parents:
+                raise ValueError(
+                    f"site {factor.site!r} now depends on {parents} instead of {factor.parents}: the model's "
+                    "structure changed with the conditioned values"
+                )
+        return tuple(tables for *_, tables in rows)
+
     def __getstate__(self) -> dict:
-        return dict(vars(self))
+        state = dict(vars(self))
+        state["_replays"] = {}  # recorded graphs hold closures: recorded again after unpickling
+        return state
 
 
 def _same_values(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:

@@ -38,13 +38,13 @@ Example:
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from neuralblock.replay import _aten, _shape, fast_call, fast_targets, simplify_graph
 from neuralblock.subsample.sections import SectionEvaluator, SectionTerms, is_subsample_site, site_plate_frame
 
 __all__ = ["CompileError", "DirectPath", "LogLikelihood", "bucket_size"]
@@ -191,23 +191,23 @@ class DirectPath:
         inputs = [v.detach() for v in (*b_vals, *s_vals)]
         if size is None:  # all sections: one ordinary run
             gm = make_fx(self._function(b_names, s_names, with_global, points, True))(*inputs)
-            _simplify(gm)
+            simplify_graph(gm)
         elif not self.plain:
             idx = torch.randperm(n)[:size]
             gm = make_fx(self._function(b_names, s_names, with_global, points, False))(*inputs, idx)
-            _simplify(gm)
+            simplify_graph(gm)
         else:  # trace at full size, then re-index every data-sized input by the placeholder idx
             fn = self._function(b_names, s_names, with_global, points, True)
             gm = make_fx(lambda *t: fn(*t[:-1]))(*inputs, torch.arange(n))
-            _simplify(gm)
+            simplify_graph(gm)
             _subsample(gm, n, size, skip=len(b_vals))
         plain = copy.deepcopy(gm)
-        _fast_targets(gm)
-        graph = _fast_call(gm)
+        fast_targets(gm)
+        graph = fast_call(gm)
         try:
             self._check(graph, b_names, s_names, b_vals, s_vals, size, with_global, points)
         except CompileError:  # keep the aten overloads the trace recorded
-            graph = _fast_call(plain)
+            graph = fast_call(plain)
             self._check(graph, b_names, s_names, b_vals, s_vals, size, with_global, points)
         return graph
 
@@ -268,84 +268,7 @@ class DirectPath:
         return glob, torch.stack([t.sections for t in out])
 
 
-# -- graph passes -------------------------------------------------------------------------------
-def _aten() -> Any:
-    return torch.ops.aten
-
-
-def _shape(node: Any) -> tuple[int, ...] | None:
-    val = node.meta.get("val", None) if hasattr(node, "meta") else None
-    if isinstance(val, Tensor):
-        return tuple(val.shape)
-    meta = node.meta.get("tensor_meta", None) if hasattr(node, "meta") else None
-    return None if meta is None else tuple(meta.shape)
-
-
-def _mutates(node: Any) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return bool(schema is not None and schema.is_mutable)
-
-
-def _simplify(gm: Any) -> None:
-    """Drop identity views and ``select(unsqueeze(x, d), d, 0)``, fold input-free subgraphs, drop dead nodes."""
-    aten = _aten()
-    views = {aten.view.default, aten.expand.default, aten._unsafe_view.default, aten.reshape.default}
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function":
-            continue
-        if node.target in views and isinstance(node.args[0], type(node)):
-            before, after = _shape(node.args[0]), _shape(node)
-            if before is not None and before == after:
-                node.replace_all_uses_with(node.args[0])
-                gm.graph.erase_node(node)
-        elif node.target is aten.select.int and tuple(node.args[1:]) in {(0, 0), (1, 0)}:
-            src = node.args[0]
-            if (
-                isinstance(src, type(node))
-                and src.op == "call_function"
-                and src.target is aten.unsqueeze.default
-                and src.args[1] == node.args[1]
-            ):
-                node.replace_all_uses_with(src.args[0])
-                gm.graph.erase_node(node)
-    gm.graph.eliminate_dead_code()
-    _fold_constants(gm)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-
-
-def _fold_constants(gm: Any) -> None:
-    """Evaluate once every node that depends on no placeholder (and is neither random nor mutated)."""
-    from torch.fx.node import map_arg
-
-    graph = gm.graph
-    value: dict[Any, Any] = {}
-    for node in graph.nodes:
-        if node.op == "get_attr":
-            value[node] = getattr(gm, node.target)
-        elif node.op == "call_function":
-            if _mutates(node) or any(_mutates(user) for user in node.users):
-                continue
-            tags = getattr(node.target, "tags", ())
-            if torch.Tag.nondeterministic_seeded in tags:
-                continue
-            if all(arg in value for arg in node.all_input_nodes):
-                value[node] = node.target(*map_arg(node.args, value.get), **map_arg(node.kwargs, value.get))
-    count = 0
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node not in value or not isinstance(value[node], Tensor):
-            continue
-        if all(user in value for user in node.users):
-            continue  # only folded nodes read it
-        name = f"_folded_{count}"
-        count += 1
-        setattr(gm, name, value[node])
-        with graph.inserting_before(node), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # FX asks for a registered buffer; a plain attribute is ours
-            const = graph.get_attr(name)
-        node.replace_all_uses_with(const)
-
-
+# -- graph passes ---------------------------------------------------------------------------------
 def _subsample(gm: Any, num_sections: int, size: int, skip: int) -> None:
     """Re-index a full-size graph to ``size`` sections given by its last placeholder.
 
@@ -392,50 +315,6 @@ def _subsample(gm: Any, num_sections: int, size: int, skip: int) -> None:
             raise CompileError("a per-point parameter has a dimension of the plate's size")
     graph.lint()
     gm.recompile()
-
-
-def _fast_targets(gm: Any) -> None:
-    """Call ``torch.<op>`` (and ``x[i]`` for one-tensor indexing) instead of ``torch.ops.aten.<op>.<overload>``.
-
-    The public bindings dispatch the same kernels with about half the Python overhead per call;
-    the graph is checked against the Pyro run after this pass (and rebuilt without it on mismatch).
-    """
-    import operator
-
-    aten = _aten()
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        if node.target is aten.index.Tensor:
-            indices = node.args[1]
-            if len(indices) == 1 and indices[0] is not None and not node.kwargs:
-                node.target, node.args = operator.getitem, (node.args[0], indices[0])
-            continue
-        name = node.target.overloadpacket.__name__
-        fast = getattr(torch, name, None)
-        if fast is None and name.endswith("_"):
-            fast = getattr(Tensor, name, None)
-        if (
-            fast is not None
-            and callable(fast)
-            and type(fast).__name__ in ("builtin_function_or_method", "method_descriptor")
-        ):
-            node.target = fast
-    gm.recompile()
-
-
-def _plain_attributes(gm: Any) -> None:
-    """Move the graph's constants from the module's buffers to plain attributes (no ``Module.__getattr__`` per call)."""
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and node.target in gm._buffers:
-            gm.__dict__[node.target] = gm._buffers.pop(node.target)
-
-
-def _fast_call(gm: Any) -> Callable[..., tuple[Tensor, Tensor]]:
-    """The graph's generated ``forward``, called without ``nn.Module.__call__``'s hooks machinery."""
-    _plain_attributes(gm)
-    forward = gm.forward
-    return lambda *tensors: tuple(forward(*tensors))
 
 
 # -- the user-facing likelihood ---------------------------------------------------------------------

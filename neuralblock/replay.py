@@ -1,0 +1,409 @@
+"""Replaying a tensor function as a recorded graph: the shared fast path for Pyro model runs.
+
+A Pyro model run costs a trace per call (messengers, site dictionaries, distribution
+constructors, argument checks); the tensor arithmetic it does is often a tenth of that.
+:class:`ReplayedFunction` records, once per input signature (shapes, dtypes, device), the
+tensor operations a function performs with ``torch.fx.experimental.proxy_tensor.make_fx``,
+folds what does not depend on the inputs, and replays the graph on new inputs. The graph
+is checked against the function itself on the traced inputs and on the next calls with other
+inputs; a function the recording cannot represent (data-dependent Python control flow,
+randomness) falls back to plain calls with a warning that names the reason.
+
+The graph passes (:func:`simplify_graph`, :func:`fast_call`) are shared with the direct
+likelihood path of :mod:`neuralblock.subsample.likelihood`.
+
+Example:
+    >>> import torch
+    >>> calls = []
+    >>> def log_density(x, mu):
+    ...     calls.append(1)
+    ...     return torch.distributions.Normal(mu, 1.0, validate_args=False).log_prob(x).sum(-1)
+    >>> fast = ReplayedFunction(log_density, "a normal log density", record_after=1)
+    >>> x, mu = torch.zeros(4, 3), torch.ones(3)
+    >>> bool(torch.allclose(fast(x, mu), log_density(x, mu)))
+    True
+    >>> _ = [fast(torch.randn(4, 3), mu) for _ in range(5)]
+    >>> fast.verified, len(calls) < 12
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["ReplayedFunction", "fast_call", "fast_targets", "simplify_graph"]
+
+_CHECK_RTOL, _CHECK_ATOL = 1e-4, 1e-4
+_RECORDING: list[Any] = []  # the replayed functions being recorded now (innermost last)
+
+
+def _aten() -> Any:
+    return torch.ops.aten
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    val = node.meta.get("val", None) if hasattr(node, "meta") else None
+    if isinstance(val, Tensor):
+        return tuple(val.shape)
+    meta = node.meta.get("tensor_meta", None) if hasattr(node, "meta") else None
+    return None if meta is None else tuple(meta.shape)
+
+
+def _meta(node: Any) -> Any:
+    return node.meta.get("val", None) if hasattr(node, "meta") else None
+
+
+def _mutates(node: Any) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def simplify_graph(gm: Any) -> None:
+    """Drop identity views and ``select(unsqueeze(x, d), d, 0)``, fold input-free subgraphs, drop dead nodes."""
+    aten = _aten()
+    views = {aten.view.default, aten.expand.default, aten._unsafe_view.default, aten.reshape.default}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in views and isinstance(node.args[0], type(node)):
+            before, after = _shape(node.args[0]), _shape(node)
+            if before is not None and before == after:
+                node.replace_all_uses_with(node.args[0])
+                gm.graph.erase_node(node)
+        elif node.target is aten.select.int and tuple(node.args[1:]) in {(0, 0), (1, 0)}:
+            src = node.args[0]
+            if (
+                isinstance(src, type(node))
+                and src.op == "call_function"
+                and src.target is aten.unsqueeze.default
+                and src.args[1] == node.args[1]
+            ):
+                node.replace_all_uses_with(src.args[0])
+                gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    _fold_constants(gm)
+    _pick_stacked(gm)
+    _merge_duplicates(gm)
+    _drop_unused(gm)
+    gm.recompile()
+
+
+def _equal(a: Tensor, b: Tensor) -> bool:
+    return (
+        a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and a.numel() <= 4096 and torch.equal(a, b)
+    )
+
+
+def _pick_stacked(gm: Any) -> None:
+    """``stack([a, b, c], d)[..., idx]`` with a constant ``idx`` along ``d`` -> ``stack([picked], d)``.
+
+    A model run stacks every factor's log density and a kernel then picks the few it needs (a
+    block's scaffold): the others become dead code, dropped with their arithmetic.
+    """
+    aten = _aten()
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.index.Tensor:
+            continue
+        src, indices = node.args
+        if not (isinstance(src, type(node)) and src.op == "call_function" and src.target is aten.stack.default):
+            continue
+        dims = [i for i, ix in enumerate(indices) if ix is not None]
+        shape = _shape(src)
+        if len(dims) != 1 or shape is None or indices[dims[0]].op != "get_attr":
+            continue
+        dim = src.args[1] if len(src.args) > 1 else 0
+        dim = dim % len(shape)
+        pick = getattr(gm, indices[dims[0]].target)
+        if dims[0] != dim or pick.dim() != 1 or pick.dtype not in (torch.long, torch.int):
+            continue
+        parts = src.args[0]
+        chosen = [parts[int(i)] for i in pick.tolist()]
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(aten.stack.default, (chosen, dim))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+
+
+def _drop_unused(gm: Any) -> None:
+    """Drop every node whose result nobody reads, random draws included (a trace's samples of sites the
+    function only needs the shapes of), unless it mutates its input."""
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op in ("call_function", "get_attr") and not node.users and not _mutates(node):
+            gm.graph.erase_node(node)
+
+
+def _hashable(arg: Any) -> Any:
+    if isinstance(arg, list | tuple):
+        return tuple(_hashable(a) for a in arg)
+    if isinstance(arg, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in arg.items()))
+    if isinstance(arg, torch.dtype | torch.device | torch.layout | torch.memory_format):
+        return str(arg)
+    return arg
+
+
+def _merge_duplicates(gm: Any) -> None:
+    """Common subexpressions: a node equal to an earlier one (same op, same arguments) is replaced by it.
+
+    A model run often computes one thing twice (a transform for the value and again for its
+    log-Jacobian); random and mutating ops are never merged.
+    """
+    seen: dict[Any, Any] = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr":
+            key = ("get_attr", node.target)
+            if key in seen:
+                node.replace_all_uses_with(seen[key])
+                gm.graph.erase_node(node)
+            else:
+                seen[key] = node
+            continue
+        if node.op != "call_function" or _mutates(node) or any(_mutates(user) for user in node.users):
+            continue
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            continue
+        try:
+            key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        if key in seen:
+            node.replace_all_uses_with(seen[key])
+            gm.graph.erase_node(node)
+        else:
+            seen[key] = node
+
+
+def _fold_constants(gm: Any) -> None:
+    """Evaluate once every node that depends on no placeholder (and is neither random nor mutated)."""
+    from torch.fx.node import map_arg
+
+    graph = gm.graph
+    aten = _aten()
+    shape_only = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default}
+    value: dict[Any, Any] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value[node] = getattr(gm, node.target)
+        elif node.op == "call_function":
+            if _mutates(node) or any(_mutates(user) for user in node.users):
+                continue
+            tags = getattr(node.target, "tags", ())
+            if torch.Tag.nondeterministic_seeded in tags:
+                continue
+            if all(arg in value for arg in node.all_input_nodes):
+                value[node] = node.target(*map_arg(node.args, value.get), **map_arg(node.kwargs, value.get))
+            elif node.target in shape_only and isinstance(_meta(node.args[0]), Tensor):
+                like = _meta(node.args[0])  # reads only the input's dtype and device: constant per signature
+                dummy = torch.empty((), dtype=like.dtype, device=like.device)
+                value[node] = node.target(dummy, *map_arg(node.args[1:], value.get), **node.kwargs)
+    count = 0
+    folded: dict[str, Tensor] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node not in value or not isinstance(value[node], Tensor):
+            continue
+        if all(user in value for user in node.users):
+            continue  # only folded nodes read it
+        tensor = value[node]
+        name = next((n for n, t in folded.items() if _equal(t, tensor)), None)  # equal constants share a name
+        if name is None:
+            name = f"_folded_{count}"
+            count += 1
+            setattr(gm, name, tensor)
+            folded[name] = tensor
+        with graph.inserting_before(node), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # FX asks for a registered buffer; a plain attribute is ours
+            const = graph.get_attr(name)
+        node.replace_all_uses_with(const)
+
+
+def fast_targets(gm: Any) -> None:
+    """Call ``torch.<op>`` (and ``x[i]`` for one-tensor indexing) instead of ``torch.ops.aten.<op>.<overload>``.
+
+    The public bindings dispatch the same kernels with about half the Python overhead per call;
+    the graph is checked against the Pyro run after this pass (and rebuilt without it on mismatch).
+    """
+    aten = _aten()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if node.target is aten.index.Tensor:
+            indices = node.args[1]
+            if len(indices) == 1 and indices[0] is not None and not node.kwargs:
+                node.target, node.args = operator.getitem, (node.args[0], indices[0])
+            continue
+        name = node.target.overloadpacket.__name__
+        fast = getattr(torch, name, None)
+        if fast is None:  # in-place ops and views (view, expand) are methods only
+            fast = getattr(Tensor, name, None)
+        if (
+            fast is not None
+            and callable(fast)
+            and type(fast).__name__ in ("builtin_function_or_method", "method_descriptor")
+        ):
+            node.target = fast
+    gm.recompile()
+
+
+def _plain_attributes(gm: Any) -> None:
+    """Move the graph's constants from the module's buffers to plain attributes (no ``Module.__getattr__`` per call)."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target in gm._buffers:
+            gm.__dict__[node.target] = gm._buffers.pop(node.target)
+
+
+def fast_call(gm: Any) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The graph's generated ``forward``, called without ``nn.Module.__call__``'s hooks machinery."""
+    _plain_attributes(gm)
+    forward = gm.forward
+    return lambda *tensors: tuple(forward(*tensors))
+
+
+def _as_tuple(out: Tensor | tuple[Tensor, ...] | list[Tensor]) -> tuple[Tensor, ...]:
+    return (out,) if isinstance(out, Tensor) else tuple(out)
+
+
+def _same(got: tuple[Tensor, ...], want: tuple[Tensor, ...]) -> bool:
+    return len(got) == len(want) and all(
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.allclose(a.double(), b.double(), rtol=_CHECK_RTOL, atol=_CHECK_ATOL, equal_nan=True)
+        for a, b in zip(got, want)
+    )
+
+
+class ReplayedFunction:
+    """``fn(*tensors)`` recorded once per input signature and replayed as a graph.
+
+    ``fn`` must be a function of its tensor arguments only (everything else it reads is taken
+    as a constant) that returns a tensor or a tuple of tensors. The ``record_after``-th call with
+    a new signature records the graph and checks it against ``fn`` on the same inputs; the next
+    ``checks`` calls with other inputs are checked as well, after which the graph is trusted
+    (:attr:`verified`). If recording fails or a check disagrees, every later call runs ``fn``
+    itself, after one ``RuntimeWarning`` naming ``what`` and the reason (:attr:`failure`).
+    Calls that need gradients (an input requires grad while grad mode is on) always run ``fn``.
+
+    Args:
+        fn: the function to replay.
+        what: what ``fn`` computes, for the warning (e.g. ``"the log density of model 'gmm'"``).
+        checks: calls with new inputs checked against ``fn`` after the recording.
+        record_after: record a signature at its this-many-th call (signatures used only a few
+            times, e.g. while a kernel sets up, are not worth a recording).
+    """
+
+    def __init__(self, fn: Callable[..., Any], what: str, checks: int = 2, record_after: int = 20) -> None:
+        self.fn = fn
+        self.record_after = int(record_after)
+        self._seen: dict[tuple, int] = {}
+        self.what = what
+        self.checks = int(checks)
+        self.failure: str | None = None
+        self._graphs: dict[tuple, Callable[..., tuple[Tensor, ...]]] = {}
+        self._unchecked: dict[tuple, int] = {}
+        self._single: dict[tuple, bool] = {}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_graphs"], state["_unchecked"], state["_single"], state["_seen"] = (
+            {},
+            {},
+            {},
+            {},
+        )  # closures: rebuilt after unpickling
+        return state
+
+    @property
+    def verified(self) -> bool:
+        """Whether every recorded graph has passed all its checks (and there is at least one)."""
+        return bool(self._graphs) and self.failure is None and not any(self._unchecked.values())
+
+    def __call__(self, *tensors: Tensor) -> Any:
+        if (
+            _RECORDING
+            or self.failure is not None
+            or (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors))
+        ):
+            return self.fn(*tensors)
+        key = tuple((t.shape, t.dtype, t.device) for t in tensors)
+        graph = self._graphs.get(key)
+        if graph is None:
+            seen = self._seen[key] = self._seen.get(key, 0) + 1
+            return self.fn(*tensors) if seen < self.record_after else self._record(key, tensors)
+        with torch.no_grad():
+            out = graph(*tensors)
+        left = self._unchecked[key]
+        if left:
+            want = _as_tuple(self.fn(*tensors))
+            if not _same(out, want):
+                self._give_up(
+                    "the recorded graph disagrees with a plain run on new inputs (randomness or state?)"
+                )
+                return want[0] if self._single[key] else want
+            self._unchecked[key] = left - 1
+        return out[0] if self._single[key] else out
+
+    def _record(self, key: tuple, tensors: tuple[Tensor, ...]) -> Any:
+        want = self.fn(*tensors)  # the plain call first: its errors are the function's own, raised as they are
+        single = isinstance(want, Tensor)
+        want = _as_tuple(want)
+        try:
+            graph = self._trace(tensors, want)
+        except Exception as err:  # noqa: BLE001 - any recording failure means "replay impossible", with its reason
+            self._give_up(_reason(err))
+            graph = None
+        if graph is not None:
+            self._graphs[key] = graph
+            self._unchecked[key] = self.checks
+            self._single[key] = single
+        return want[0] if single else want
+
+    def _trace(self, tensors: tuple[Tensor, ...], want: tuple[Tensor, ...]) -> Callable[..., tuple[Tensor, ...]] | None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        inputs = [t.detach() for t in tensors]
+        _RECORDING.append(self)  # replayed functions called inside record their own operations into this graph
+        try:
+            with torch.no_grad():
+                gm = make_fx(lambda *t: _as_tuple(self.fn(*t)))(*inputs)
+        finally:
+            _RECORDING.pop()
+        simplify_graph(gm)
+        plain = copy.deepcopy(gm)
+        fast_targets(gm)
+        for candidate in (gm, plain):  # the public bindings first; the recorded aten overloads if they disagree
+            graph = fast_call(candidate)
+            with torch.no_grad():
+                if _same(graph(*inputs), want):
+                    return graph
+        self._give_up("the recorded graph disagrees with the function on the recorded inputs")
+        return None
+
+    def _give_up(self, reason: str) -> None:
+        self.failure = reason
+        self._graphs.clear()
+        warnings.warn(
+            f"{self.what} runs without its recorded fast path ({reason}); results are unaffected, only slower",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _reason(err: Exception) -> str:
+    """Why recording failed, in a user's terms."""
+    text = str(err)
+    if "_local_scalar_dense" in text or "data-dependent" in text:
+        return (
+            "the model turns a sampled value into a Python number: indexing with a 0-dim tensor (use "
+            "torch.index_select or pyro.ops.indexing.Vindex), float()/int()/item(), or an if on a value "
+            "(use torch.where)"
+        )
+    first = text.splitlines()[0] if text else ""
+    return f"recording failed: {type(err).__name__}: {first}"

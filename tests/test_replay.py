@@ -1,0 +1,129 @@
+"""The recorded fast path (neuralblock.replay) and its use for Pyro model runs."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+from neuralblock.kernels import RandomWalkMH
+from neuralblock.replay import ReplayedFunction
+
+
+def counted(fn):
+    """``fn`` with a call counter (``wrapper.calls``)."""
+
+    def wrapper(*args):
+        wrapper.calls += 1
+        return fn(*args)
+
+    wrapper.calls = 0
+    return wrapper
+
+
+def test_replay_matches_the_function_and_stops_calling_it_once_verified() -> None:
+    fn = counted(lambda x, w: (torch.log_softmax(x @ w, -1), (x * x).sum(-1) + torch.ones(3).sum()))
+    fast = ReplayedFunction(fn, "a test function", checks=2, record_after=2)
+    w = torch.randn(4, 3)
+    for i in range(10):
+        x = torch.randn(5, 4)
+        got = fast(x, w)
+        want = fn(x, w)
+        assert all(torch.allclose(a, b) for a, b in zip(got, want))
+        if i == 1:
+            assert not fast.verified  # just recorded: its checks are still to come
+    assert fast.verified and fast.failure is None
+    # 10 comparison calls + 1 plain call + the recording (1 plain call, 1 trace) + 2 checked calls; then none
+    assert fn.calls == 10 + 1 + 2 + 2
+
+
+def test_data_dependent_control_flow_falls_back_with_a_warning_naming_it() -> None:
+    def branchy(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if float(x.sum()) > 0 else -x
+
+    fast = ReplayedFunction(branchy, "branchy", record_after=1)
+    with pytest.warns(RuntimeWarning, match="Python number"):
+        fast(torch.ones(3))
+    for x in (torch.ones(3), -torch.ones(3)):
+        assert torch.equal(fast(x), branchy(x))
+    assert fast.failure is not None and not fast.verified
+
+
+def test_randomness_inside_is_caught_by_the_checks_and_falls_back() -> None:
+    fast = ReplayedFunction(lambda x: x + torch.randn(()), "noisy", record_after=1)
+    with pytest.warns(RuntimeWarning, match="disagrees"):
+        for _ in range(4):
+            fast(torch.zeros(2))
+    assert fast.failure is not None
+
+
+def test_inputs_that_need_gradients_run_the_function_itself() -> None:
+    fast = ReplayedFunction(lambda x: (x**2).sum(), "square", record_after=1)
+    for _ in range(4):
+        fast(torch.ones(3))
+    x = torch.ones(3, requires_grad=True)
+    fast(x).backward()
+    assert torch.equal(x.grad, 2 * torch.ones(3))
+
+
+def test_a_pickled_replay_records_again() -> None:
+    fast = ReplayedFunction(torch.sin, "sine", record_after=1)
+    for _ in range(4):
+        fast(torch.ones(2))
+    again = pickle.loads(pickle.dumps(fast))
+    assert not again._graphs
+    assert torch.equal(again(torch.ones(2)), torch.sin(torch.ones(2)))
+
+
+def normal_mean(data: torch.Tensor) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", len(data)):
+        pyro.sample("y", dist.Normal(mu, 1.0), obs=data)
+
+
+def test_new_data_at_setup_are_not_replaced_by_recorded_constants() -> None:
+    """A graph recorded on one run's data must not serve the next run's (the graph is rebuilt at setup)."""
+    kernel = RandomWalkMH(normal_mean)
+    means = []
+    for shift in (0.0, 5.0):
+        pyro.set_rng_seed(0)
+        data = shift + torch.randn(200, generator=torch.Generator().manual_seed(1))
+        kernel.setup(20, data)
+        params = kernel.initial_params
+        draws = []
+        for _ in range(400):
+            params = kernel.sample(params)
+            draws.append(float(params["mu"]))
+        means.append(sum(draws[100:]) / 300)
+        group = kernel.fg.groups[0]
+        state = torch.randn(2, kernel.fg.num_variables)
+        assert torch.allclose(group.log_factors(state), group._all_factors(state))
+    assert abs(means[0] - 0.0) < 0.4 and abs(means[1] - 5.0) < 0.4
+
+
+def test_a_model_indexing_with_a_scalar_sample_still_runs_correctly() -> None:
+    table = torch.tensor([-1.0, 2.0])
+
+    def model() -> None:
+        z = pyro.sample("z", dist.Categorical(torch.tensor([0.5, 0.5])))
+        s = pyro.sample("s", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(s + table[z], 1.0), obs=torch.tensor(0.0))
+
+    from neuralblock.kernels.conditioning import set_conditioning
+
+    kernel = RandomWalkMH(model)
+    set_conditioning(kernel, {"z": torch.tensor(1)}, reset=True)
+    kernel.setup(0)
+    params = kernel.initial_params
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(30):  # past the recording (after 20 calls), which falls back
+            params = kernel.sample(params)
+    assert any("Python number" in str(w.message) for w in caught)
+    state = torch.zeros(2, kernel.fg.num_variables)
+    group = kernel.fg.groups[0]
+    assert torch.allclose(group.log_factors(state), group._all_factors(state))
