@@ -343,9 +343,7 @@ class ReplayedFunction:
         if left:
             want = _as_tuple(self.fn(*tensors))
             if not _same(out, want):
-                self._give_up(
-                    "the recorded graph disagrees with a plain run on new inputs (randomness or state?)"
-                )
+                self._give_up("the recorded graph disagrees with a plain run on new inputs (randomness or state?)")
                 return want[0] if self._single[key] else want
             self._unchecked[key] = left - 1
         return out[0] if self._single[key] else out
