@@ -472,3 +472,57 @@ def test_hierarchical_under_gibbs_plus_random_walk_and_plus_nuts_matches_quadrat
         assert samples["mu"].shape == (num,) and samples["z"].shape == (num, 5)
         draws = torch.cat([samples["mu"][:, None], samples["mu"][:, None] ** 2, samples["z"]], -1)
         assert_compound_means(draws, exact)
+
+
+def test_marginal_random_walk_on_the_gmm_and_the_hierarchical_model_matches_exact_posteriors() -> None:
+    # GMM: 3 weights + 8 x 3 assignment indicators; hierarchical: mu, mu^2 and 5 group indicators; |z| < 5
+    from neuralblock.kernels import MarginalRandomWalk
+
+    pyro.set_rng_seed(0)
+    data = GMM_DATA[:8]
+    kernel = MarginalRandomWalk(gmm)
+    samples = run(kernel, data, num_samples=4000, warmup=300)
+    assert kernel._sweep.verified  # the sweep ran as a recorded graph
+    weights, assign = gmm_exact(data)
+    draws = torch.cat([samples["weights"].double(), one_hot_draws(samples["z"], K)], -1)
+    assert_compound_means(draws, torch.cat([weights, assign.reshape(-1)]))
+    samples = run(MarginalRandomWalk(hierarchical, sweeps=2), HIER_DATA, num_samples=3000, warmup=200)
+    assert samples["mu"].shape == (3000,) and samples["z"].shape == (3000, 5)
+    draws = torch.cat([samples["mu"][:, None], samples["mu"][:, None] ** 2, samples["z"]], -1)
+    assert_compound_means(draws, hierarchical_exact(HIER_DATA))
+
+
+def scaled_hmm(data: torch.Tensor) -> None:
+    scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+    x = None
+    for t in pyro.markov(range(len(data))):
+        x = pyro.sample(f"x_{t}", dist.Categorical(torch.tensor([0.5, 0.5]) if x is None else TRANS_2[x]))
+        pyro.sample(f"y_{t}", dist.Normal(x.float(), scale), obs=data[t])
+
+
+TRANS_2 = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+
+
+def test_marginal_random_walk_refuses_coupled_discrete_sites_and_all_discrete_models() -> None:
+    from neuralblock.kernels import MarginalRandomWalk
+
+    with pytest.raises(ValueError, match="share a factor.*CompoundKernel"):
+        MarginalRandomWalk(scaled_hmm).setup(0, torch.tensor([0.1, 0.9, 1.2]))
+    with pytest.raises(ValueError, match="only discrete.*GibbsKernel"):
+        MarginalRandomWalk(gmm).setup(0, GMM_DATA[:4], torch.tensor([0.2, 0.5, 0.3]))
+    with pytest.raises(ValueError, match="sweeps"):
+        MarginalRandomWalk(gmm, sweeps=0)
+    with pytest.raises(ValueError, match="step_size"):
+        MarginalRandomWalk(gmm, step_size=-1.0)
+
+
+def test_marginal_random_walk_starts_where_asked() -> None:
+    from neuralblock.kernels import MarginalRandomWalk
+
+    kernel = MarginalRandomWalk(gmm)
+    start = torch.tensor([0.6, 0.3, 0.1])
+    kernel.initial_params = {"weights": start}
+    kernel.setup(0, GMM_DATA[:4])
+    got = kernel.transforms["weights"].inv(kernel.initial_params["weights"])
+    torch.testing.assert_close(got, start)
+    assert kernel.initial_params["z"].shape == (4,)

@@ -9,6 +9,7 @@ from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
 from neuralblock.kernels.lwa import LWAKernel
+from neuralblock.kernels.marginal import MarginalRandomWalk
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
 from neuralblock.kernels.particle_gibbs import ParticleGibbs, StateSpaceModel, csmc_step
 from neuralblock.kernels.random_walk import RandomWalkMH
@@ -26,6 +27,7 @@ __all__ = [
     "GraphKernel",
     "LWAKernel",
     "MHInfo",
+    "MarginalRandomWalk",
     "NeuralBlockKernel",
     "ParticleGibbs",
     "RandomWalkMH",
