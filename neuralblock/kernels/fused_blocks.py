@@ -377,22 +377,27 @@ def fused_class_update(
     Returns:
         The new states, the accept indicator ``[K, I]`` and the non-finite ratio indicator ``[K, I]``.
     """
+    chains, count = state.shape[0], ids.shape[0]
     width, size = cdf.shape[-1], values.shape[-1]
-    digits = state[:, ids] * radix  # [K, I, c + b]; float radix: keys stay below 2^24, so this is exact
-    keys = base + digits[..., :-size].sum(-1).long()  # [K, I]
-    current = digits[..., -size:].sum(-1).long()
-    rows = cdf[keys]  # [K, I, J]
-    proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1).clamp(max=width - 1)
-    where = (keys * width).unsqueeze(-1) + torch.stack([proposed, current], -1)
-    pair = log_ratio.reshape(-1)[where]
-    log_alpha = pair[..., 0] - pair[..., 1]
+    read = state.index_select(1, ids.reshape(-1)).reshape(chains, count, -1)  # [K, I, c + b]
+    # float radix: keys stay below 2^24, so these sums are exact
+    keys = base + (read[..., :-size] * radix[:, :-size]).sum(-1).long()  # [K, I]
+    current = (read[..., -size:] @ radix[0, -size:].to(read.dtype)).long()  # one block radix for all instances
+    rows = cdf.index_select(0, keys.reshape(-1)).reshape(chains, count, width)  # [K, I, J]
+    draw = uniforms[..., 0:1] * rows[..., -1:]
+    proposed = torch.searchsorted(rows, draw, right=True).squeeze(-1).clamp(max=width - 1)
+    first = keys * width
+    flat_ratio = log_ratio.reshape(-1)
+    log_alpha = flat_ratio.take(first + proposed) - flat_ratio.take(first + current)
     if energy is not None and beta is not None:
-        energies = energy.reshape(-1)[where]
-        log_alpha = log_alpha + (beta[:, None] - 1) * (energies[..., 0] - energies[..., 1])
+        flat_energy = energy.reshape(-1)
+        change = flat_energy.take(first + proposed) - flat_energy.take(first + current)
+        log_alpha = log_alpha + (beta[:, None] - 1) * change
     finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
     accepted = (uniforms[..., 1].log() < log_alpha) & finite
+    chosen = torch.where(accepted, proposed, current)
     state = state.clone()
-    state[:, ids[:, -size:]] = values[torch.where(accepted, proposed, current)].to(state.dtype)
+    state[:, ids[:, -size:]] = values.index_select(0, chosen.reshape(-1)).reshape(chains, count, size).to(state.dtype)
     return state, accepted, ~finite
 
 

@@ -26,6 +26,9 @@ from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import gibbs_sample
 
+_VALUE_LOOP = 16
+"""Classes of at most this many values gather each value's table entries apart (else all at once)."""
+
 __all__ = [
     "GibbsKernel",
     "GibbsPlan",
@@ -69,11 +72,11 @@ def pad_by_owner(owner: Tensor, count: int, parts: Sequence[Tensor], fills: Sequ
 class _FusedTables:
     """The conditionals of one colour class read straight from table factors, for all chains at once.
 
-    Every (variable, scaffold factor) pair is one row of a ``[V, d]`` layout (``d`` the most
-    factors any variable of the class touches; shorter rows point at a zero entry). For
-    states ``[K, n]`` the factor tables, concatenated into one flat tensor, are sliced along
-    each variable's axis at the current values of the other scope variables: one gather of
-    the state, one gather of ``k_max`` table entries per pair, a sum over ``d``. No candidate
+    Every (variable, scaffold factor) pair is one entry of a factor-major ``[d, V]`` layout (``d``
+    the most factors any variable of the class touches; missing pairs point at a zero entry).
+    For states ``[K, n]`` the factor tables, concatenated into one flat tensor, are sliced along
+    each variable's axis at the current values of the factor's other variables: one gather of
+    the state (the other variables only), one gather per value, a sum over ``d``. No candidate
     states are materialized and no Python loop runs over variables or groups.
     """
 
@@ -106,7 +109,15 @@ class _FusedTables:
         values = torch.minimum(torch.arange(kmax), (card - 1)[:, None])  # [V, kmax]
         index = base[:, None] + values[segment] * var_stride[:, None]  # [m, kmax]
         zero = offsets[-1]  # index of the zero entry at the end of the flat tables
-        self.scopes, self.strides, self.index = pad_by_owner(segment, num_vars, [scopes, strides, index], [0, 0, zero])
+        # keep only the other variables of each scope (the variable's own axis is in ``index``): a pairwise
+        # factor reads one state entry, not two
+        others = strides != 0
+        order = torch.argsort((~others).to(torch.int8), dim=-1, stable=True)
+        width = int(others.sum(-1).max()) if len(others) else 0
+        scopes, strides = scopes.gather(-1, order)[:, :width], strides.gather(-1, order)[:, :width]
+        scopes, strides, index = pad_by_owner(segment, num_vars, [scopes, strides, index], [0, 0, zero])
+        # factor-major layout [d, V, ...]: the sum over a variable's factors adds d contiguous slices
+        self.scopes, self.strides, self.index = (x.transpose(0, 1).contiguous() for x in (scopes, strides, index))
         invalid = torch.arange(kmax) >= card[:, None]
         self.mask = torch.zeros(num_vars, kmax).masked_fill(invalid, -math.inf) if invalid.any() else None
 
@@ -140,29 +151,52 @@ def gibbs_class_update(
 
     The fused update (gather, slice the tables, sample, scatter) that :class:`GibbsPlan`
     runs eagerly or under ``torch.compile``. ``scopes``, ``strides``, ``index`` and ``mask``
-    are the class's :class:`_FusedTables` layout; ``noise [K, V, k_max]`` are standard
+    are the class's :class:`_FusedTables` layout (``scopes``/``strides`` ``[d, V, a]`` over the
+    other variables of each factor, ``index [d, V, k_max]``); ``noise [K, V, k_max]`` are standard
     exponential draws, or for binary variables ``noise [K, V]`` are logits of uniforms (made
     outside, so both paths give the same chain for the same seed);
     ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``.
     """
-    if strides.is_floating_point():  # exact: every table offset is below 2^24 (see _FusedTables.to)
-        shift = (state[:, scopes] * strides).sum(-1).long()  # [K, V, d]
-    else:
-        shift = (state[:, scopes].long() * strides).sum(-1)
-    logits = flat[index + shift.unsqueeze(-1)].sum(-2)  # [K, V, kmax]
-    if beta is not None:
-        logits = logits * beta[:, None, None].to(logits.dtype)
-    if mask is not None:
-        logits = logits + mask
+    chains = state.shape[0]
+    depth, count, width = scopes.shape  # [d, V, a]: each variable's factors, the other variables of each
+    shift: Tensor | int = 0
+    if width:
+        read = state.index_select(1, scopes.reshape(-1)).reshape(chains, depth, count, width)
+        if not strides.is_floating_point():
+            read = read.long()
+        total = read[..., 0] * strides[..., 0]
+        for j in range(1, width):
+            total = total + read[..., j] * strides[..., j]
+        shift = total.long() if strides.is_floating_point() else total  # exact below 2^24 (see _FusedTables.to)
+    kmax = index.shape[-1]
     current = state[:, vars_]
-    if noise.dim() == 2:  # binary variables: value 1 iff logit(u) < l_1 - l_0 (one uniform per variable)
-        diff = (logits[..., 1] - logits[..., 0]).to(state.dtype)
+    if noise.dim() == 2 and mask is None:  # binary variables: value 1 iff logit(u) < l_1 - l_0 (one uniform each)
+        diff = flat.take(index[..., 1] + shift).sum(-2) - flat.take(index[..., 0] + shift).sum(-2)  # [K, V] or [V]
+        if beta is not None:
+            diff = diff * beta[:, None].to(diff.dtype)
+        diff = diff.to(state.dtype)
         stuck = torch.isnan(diff)  # both values impossible: keep the current one (counted)
         values = torch.where(stuck, current, (noise < diff).to(state.dtype))
-        num_stuck = stuck.sum()
+        num_stuck = stuck.sum() * (chains if stuck.dim() == 1 else 1)
     else:
-        info = gibbs_sample(logits.to(state.dtype), current, noise)
-        values, num_stuck = info.values, info.num_stuck
+        if kmax <= _VALUE_LOOP:  # one gather per value, summed over the factors (the outer dim): fastest on CPU
+            columns = [flat.take(index[..., j] + shift).sum(-2) for j in range(kmax)]  # [K, V] ([V] if no shift)
+            logits = torch.stack([c.expand(chains, count) for c in columns], -1)  # [K, V, kmax]
+        else:
+            logits = flat.take(index + (shift.unsqueeze(-1) if width else shift)).sum(-3)
+            logits = logits.expand(chains, count, kmax)
+        if beta is not None:
+            logits = logits * beta[:, None, None].to(logits.dtype)
+        if mask is not None:
+            logits = logits + mask
+        if noise.dim() == 2:  # binary with a masked value (a variable of cardinality 1 in the class)
+            diff = (logits[..., 1] - logits[..., 0]).to(state.dtype)
+            stuck = torch.isnan(diff)
+            values = torch.where(stuck, current, (noise < diff).to(state.dtype))
+            num_stuck = stuck.sum()
+        else:
+            info = gibbs_sample(logits.to(state.dtype), current, noise)
+            values, num_stuck = info.values, info.num_stuck
     state = state.clone()
     state[:, vars_] = values
     return state, num_stuck
