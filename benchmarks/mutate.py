@@ -166,7 +166,7 @@ MUTANTS: list[Mutant] = [
         planted=True,
     ),
     # --- kernels/functional.py
-    Mutant(F, "accepted = log_u < safe", "accepted = log_u > safe", "MH accept test inverted"),
+    Mutant(F, "return MHInfo(log_u < safe,", "return MHInfo(log_u > safe,", "MH accept test inverted"),
     Mutant(
         F,
         'return torch.isnan(log_alpha) | (log_alpha == float("inf"))',
@@ -185,8 +185,8 @@ MUTANTS: list[Mutant] = [
     # --- kernels/gibbs.py
     Mutant(
         G,
-        "shift = (state[:, scopes].long() * strides).sum(-1)",
-        "shift = (state[:, scopes].long() + strides).sum(-1)",
+        "total = read[..., 0] * strides[..., 0]",
+        "total = read[..., 0] + strides[..., 0]",
         "fused Gibbs table offset",
     ),
     Mutant(
@@ -203,8 +203,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         G,
-        "    state = state.clone()\n    state[:, vars_] = info.values\n    return state, info.num_stuck",
-        "    state = state.clone()\n    state[:, vars_[:-1]] = info.values[:, :-1]\n    return state, info.num_stuck",
+        "    state = state.clone()\n    state[:, vars_] = values\n    return state, num_stuck",
+        "    state = state.clone()\n    state[:, vars_[:-1]] = values[:, :-1]\n    return state, num_stuck",
         "fused Gibbs drops the last variable of each class (off-by-one)",
     ),
     Mutant(
@@ -235,7 +235,12 @@ MUTANTS: list[Mutant] = [
         "block MH drops the proposal ratio",
     ),
     # --- kernels/fused_blocks.py
-    Mutant(FB, "log_alpha = pair[..., 0] - pair[..., 1]", "log_alpha = pair[..., 1] - pair[..., 0]", "fused ratio"),
+    Mutant(
+        FB,
+        "log_alpha = flat_ratio.take(first + proposed) - flat_ratio.take(first + current)",
+        "log_alpha = flat_ratio.take(first + current) - flat_ratio.take(first + proposed)",
+        "fused ratio",
+    ),
     Mutant(
         FB,
         "self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) - log_q",
@@ -244,8 +249,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         FB,
-        "keys = base + digits[..., :-size].sum(-1)",
-        "keys = base + 0 * digits[..., :-size].sum(-1)",
+        "keys = base + (read[..., :-size] @ radix[0, :-size].to(read.dtype)).long()",
+        "keys = base + 0 * (read[..., :-size] @ radix[0, :-size].to(read.dtype)).long()",
         "fused path ignores the context (one row per instance)",
     ),
     Mutant(
@@ -262,22 +267,22 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         FB,
-        "proposed = (rows <= uniforms[..., 0:1] * rows[..., -1:]).sum(-1)",
-        "proposed = (rows < uniforms[..., 0:1] * rows[..., -1:]).sum(-1)",
+        "proposed = torch.searchsorted(rows, draw, right=True)",
+        "proposed = torch.searchsorted(rows, draw, right=False)",
         "inverse-CDF comparison at equality",
         equivalent="a continuous uniform equals a CDF value with probability 0",
     ),
     # --- kernels/random_walk.py
     Mutant(
         RW,
-        "info = mh_accept(local[1] - local[0] + correction)",
-        "info = mh_accept(local[1] - local[0] - correction)",
+        "info = mh_decide(local[1] - local[0] + correction, log_u)",
+        "info = mh_decide(local[1] - local[0] - correction, log_u)",
         "single-site RW-MH Jacobian sign",
     ),
     Mutant(
         RW,
-        "info = mh_accept(local[1] - local[0] + correction)",
-        "info = mh_accept(local[0] - local[1] + correction)",
+        "info = mh_decide(local[1] - local[0] + correction, log_u)",
+        "info = mh_decide(local[0] - local[1] + correction, log_u)",
         "single-site RW-MH density change reversed",
     ),
     Mutant(

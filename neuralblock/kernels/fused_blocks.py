@@ -365,7 +365,8 @@ def fused_class_update(
         ids: ``[I, c + b]`` each instance's context ids then block ids (rows may repeat:
             see the module docstring).
         radix: ``[I, c + b]`` mixed-radix place values: of the context value (0 for padding)
-            within the instance's rows, then of the block's joint value.
+            within the instance's rows, then of the block's joint value; ``[1, c + b]`` when every
+            instance has the same.
         base: ``[I]`` first table row of each instance.
         cdf: ``[R, J]`` the proposal's CDF over joint block values, per row.
         log_ratio: ``[R, J]`` ``w`` per row.
@@ -381,7 +382,10 @@ def fused_class_update(
     width, size = cdf.shape[-1], values.shape[-1]
     read = state.index_select(1, ids.reshape(-1)).reshape(chains, count, -1)  # [K, I, c + b]
     # float radix: keys stay below 2^24, so these sums are exact
-    keys = base + (read[..., :-size] * radix[:, :-size]).sum(-1).long()  # [K, I]
+    if radix.shape[0] == 1:  # every instance has the same place values: one matrix-vector product
+        keys = base + (read[..., :-size] @ radix[0, :-size].to(read.dtype)).long()  # [K, I]
+    else:
+        keys = base + (read[..., :-size] * radix[:, :-size]).sum(-1).long()
     current = (read[..., -size:] @ radix[0, -size:].to(read.dtype)).long()  # one block radix for all instances
     rows = cdf.index_select(0, keys.reshape(-1)).reshape(chains, count, width)  # [K, I, J]
     draw = uniforms[..., 0:1] * rows[..., -1:]
@@ -440,8 +444,12 @@ class FusedBlockSweep:
         radix = torch.cat([self.table.radix, block_radix], -1)
         self.ids = [ids[rows] for rows in self.rows]
         self.radix = [radix[rows].to(torch.float32) for rows in self.rows]  # the table's rows stay below 2^24
+        self.radix = [r[:1] if bool((r == r[:1]).all()) else r for r in self.radix]  # shared place values: one row
         self.base = [self.table.base[rows] for rows in self.rows]
         self.padded = [size < width for size in self.sizes]
+        # one draw of every class's random numbers per sweep: padded slots read their class's last real slot
+        self.rand_flat = torch.cat([c * width + r for c, r in enumerate(self.rand_index)])
+        self.real = (torch.arange(width)[None, :] < torch.tensor(self.sizes)[:, None]).to(device)  # [C, width]
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
         self.compile_seconds = 0.0
@@ -464,25 +472,29 @@ class FusedBlockSweep:
         Returns:
             The states, accepted blocks per chain ``[K]``, the non-finite count and the proposals made.
         """
-        accepted = torch.zeros(state.shape[0], dtype=torch.long, device=state.device)
-        nonfinite = torch.zeros((), dtype=torch.long, device=state.device)
         chains = state.shape[0]
         table = self.table
-        for c, size in enumerate(self.sizes):
+        count, width = len(self.sizes), len(self.rand_index[0])
+        uniforms = torch.rand(chains, count * width, 2, device=state.device, dtype=table.cdf.dtype)
+        if any(self.padded):
+            uniforms = uniforms.index_select(1, self.rand_flat.to(state.device))
+        uniforms = uniforms.reshape(chains, count, width, 2)
+        energy = None if beta is None else table.energy_rows
+        beta_rows = None if beta is None else beta.to(table.cdf.dtype)
+        accepts, broken = [], []
+        for c in range(count):
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
-            uniforms = torch.rand(chains, len(self.rand_index[c]), 2, device=state.device, dtype=table.cdf.dtype)
-            if self.padded[c]:
-                uniforms = uniforms[:, self.rand_index[c]]
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
-            energy = None if beta is None else table.energy_rows
-            beta_rows = None if beta is None else beta.to(table.cdf.dtype)
             state, acc, bad = self.update(
-                state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms, self.values,
-                energy, beta_rows,
+                state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms[:, c],
+                self.values, energy, beta_rows,
             )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start
-            accepted = accepted + acc[:, :size].sum(-1)
-            nonfinite = nonfinite + bad[:, :size].sum()
+            accepts.append(acc)
+            broken.append(bad)
+        real = self.real.to(state.device)
+        accepted = (torch.stack(accepts, 1) & real).sum((1, 2))  # padded slots repeat a real one: not counted
+        nonfinite = (torch.stack(broken, 1) & real).sum()
         return state, accepted, nonfinite, chains * sum(self.sizes)
