@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -469,3 +470,33 @@ def test_direct_weighted_potential_equals_pyros_potential_of_the_weighted_model(
             grads = torch.autograd.grad(got, list(point.values()))  # NUTS needs the gradient too
             expected = torch.autograd.grad(want, list(point.values()))
             assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(grads, expected, strict=True))
+
+
+# --- the bias warning ----------------------------------------------------------------------------
+
+
+def test_posterior_shift_estimates_the_exact_shift_of_the_coreset_posterior(data: torch.Tensor) -> None:
+    # exact pi_hat draws (the full Gaussian posterior); J = 4000 draws: the estimate's MC error is ~0.05 sd
+    gen = torch.Generator().manual_seed(3)
+    mean, var = gaussian_posterior(data, torch.ones(len(data), dtype=data.dtype))
+    draws = mean + var**0.5 * torch.randn(4000, 2, generator=gen, dtype=data.dtype)
+    proj = Projector.from_model(gaussian_model, {"theta": draws}, model_args=(data,))
+    for size in (250, 300, 350):  # shifts of about sqrt(N / M - 1) = 0.8, 0.6 and 0.4 posterior sds
+        idx = torch.randperm(len(data), generator=gen)[:size]
+        core = Coreset(idx, torch.full((size,), len(data) / size, dtype=data.dtype))
+        exact = (gaussian_posterior(data, core.dense(len(data)))[0] - mean) / var**0.5
+        est = proj.posterior_shift(core)
+        assert 0.0 < est.efficiency <= 1.0, est
+        assert (est.shift - exact).abs().max() < 0.15 + 0.1 * exact.abs().max(), (est.shift, exact)
+
+
+def test_build_warns_when_the_coreset_moves_the_posterior_and_not_when_it_does_not(data: torch.Tensor) -> None:
+    proj = projector(data)
+    with pytest.warns(RuntimeWarning, match="moves the posterior mean"):
+        HilbertCoreset(proj, "uniform", generator=torch.Generator().manual_seed(0)).build(3)
+    hilbert = HilbertCoreset(proj, "fw")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        hilbert.build(200)
+        HilbertCoreset(proj, "uniform", check=False).build(3)
+    assert hilbert.shift is not None and float(hilbert.shift.shift.abs().max()) < 0.2

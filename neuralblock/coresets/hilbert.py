@@ -16,10 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
-from neuralblock.coresets.projection import Projector
+from neuralblock.coresets.projection import Projector, ShiftEstimate
 from neuralblock.coresets.solvers import (
     Coreset,
     CoresetSolver,
@@ -30,6 +32,11 @@ from neuralblock.coresets.solvers import (
 )
 
 __all__ = ["HilbertCoreset", "merge_coresets", "streaming_coreset"]
+
+SHIFT_WARNING = 0.2
+"""Estimated shift of the posterior mean, in posterior sds, above which ``build`` warns."""
+EFFICIENCY_WARNING = 0.1
+"""Effective fraction of the ``pi_hat`` draws below which the shift estimate is unreliable and ``build`` warns."""
 
 
 class HilbertCoreset:
@@ -44,6 +51,10 @@ class HilbertCoreset:
             :class:`~neuralblock.coresets.solvers.CoresetSolver`.
         indices: optional data indices to build on (a shard); default all ``N``.
         generator: RNG of the random constructions (uniform, IS); default torch's global RNG.
+        check: after each :meth:`build`, estimate how far the coreset moves the posterior mean
+            (:meth:`Projector.posterior_shift`, one more pass over the data; kept in :attr:`shift`)
+            and warn when it is over 0.2 posterior sds or the estimate rests on under a tenth of
+            the ``pi_hat`` draws.
 
     Example:
         >>> import torch
@@ -60,6 +71,7 @@ class HilbertCoreset:
         method: str | CoresetSolver = "fw",
         indices: Tensor | None = None,
         generator: torch.Generator | None = None,
+        check: bool = True,
     ) -> None:
         if not isinstance(projector, Projector):
             raise TypeError(f"projector must be a Projector, got {type(projector).__name__}")
@@ -71,6 +83,8 @@ class HilbertCoreset:
         self.generator = generator
         self._features: Tensor | None = None
         self._weights: Tensor | None = None
+        self.check = bool(check)
+        self.shift: ShiftEstimate | None = None
 
     @property
     def features(self) -> Tensor:
@@ -97,7 +111,20 @@ class HilbertCoreset:
         if weights.shape != (len(self.indices),) or not torch.isfinite(weights).all() or (weights < 0).any():
             raise ValueError(f"solver {type(self.solver).__name__} returned invalid weights (shape, sign or NaN)")
         self._weights = weights
-        return Coreset.from_dense(weights, self.indices)
+        coreset = Coreset.from_dense(weights, self.indices)
+        if self.check:
+            self.shift = self.projector.posterior_shift(coreset, self.indices)
+            worst = float(self.shift.shift.abs().max())
+            if worst > SHIFT_WARNING or self.shift.efficiency < EFFICIENCY_WARNING:
+                warnings.warn(
+                    f"HilbertCoreset: the coreset of {len(coreset.indices)} points moves the posterior mean by about "
+                    f"{worst:.2g} posterior sds or more (importance estimate over the pi_hat draws, which understates "
+                    f"large shifts; effective fraction {self.shift.efficiency:.2g}); a posterior on it is biased. "
+                    "Build a larger coreset",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return coreset
 
     def _built(self) -> Tensor:
         if self._weights is None:
@@ -197,5 +224,9 @@ def streaming_coreset(
     check_size(num_shards, "num_shards")
     shard_size = size if shard_size is None else check_size(shard_size, "shard_size")
     shards = torch.tensor_split(torch.arange(projector.num_data), num_shards)
-    parts = [HilbertCoreset(projector, method, shard, generator).build(shard_size) for shard in shards if len(shard)]
+    parts = [
+        HilbertCoreset(projector, method, shard, generator, check=False).build(shard_size)  # a shard's bias is moot
+        for shard in shards
+        if len(shard)
+    ]
     return merge_coresets(projector, parts, size if recompress else None, FrankWolfe())

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -39,11 +39,24 @@ from torch.func import jvp, vmap
 
 from neuralblock.coresets.solvers import Coreset, check_size
 
-__all__ = ["LogLikelihood", "Norm", "Projector"]
+__all__ = ["LogLikelihood", "Norm", "Projector", "ShiftEstimate"]
 
 Norm = Literal["fisher", "l2"]
 LogLikelihood = Callable[[Tensor, Tensor], Tensor]
 """``loglik(theta [D], indices [m]) -> [m]`` per-datum log-likelihoods at one flat parameter vector."""
+
+
+class ShiftEstimate(NamedTuple):
+    """A coreset's estimated shift of the posterior mean (see :meth:`Projector.posterior_shift`).
+
+    Attributes:
+        shift: ``[D]`` per coordinate, in ``pi_hat`` sds.
+        efficiency: effective fraction of the ``pi_hat`` draws under the importance weights (1 for
+            the full data; near 0 when the coreset's log-likelihood differs from the data's by many nats).
+    """
+
+    shift: Tensor
+    efficiency: float
 
 
 class Projector:
@@ -227,6 +240,43 @@ class Projector:
         for start in range(0, len(indices), self.chunk_size):
             total += self.project(indices[start : start + self.chunk_size]).sum(0, dtype=torch.float64)
         return total
+
+    def log_likelihoods(self, indices: Tensor) -> Tensor:
+        """``[J, m]`` per-datum log-likelihoods of ``indices`` at every ``pi_hat`` sample (no gradient)."""
+        indices = self._check_indices(indices)
+        with torch.no_grad():
+            if not self.vectorize:
+                return torch.stack([self.loglik(theta, indices) for theta in self.samples])
+            return vmap(lambda theta: self.loglik(theta, indices))(self.samples)
+
+    def posterior_shift(self, coreset: Coreset, indices: Tensor | None = None) -> ShiftEstimate:
+        """How far a coreset moves the posterior mean, estimated by importance weights over the ``pi_hat`` draws.
+
+        The coreset posterior is the full one times ``exp(e)``, ``e(theta) = sum_n (w_n - 1) l_n(theta)``
+        (over ``indices``, default all data). With ``pi_hat`` close to the full posterior, weighting its
+        draws by ``exp(e)`` gives the coreset posterior's mean; its shift from the draws' mean, in the
+        draws' sds, is the bias the coreset adds (an estimate: it needs ``pi_hat`` near the posterior and
+        enough effective draws). One pass over the data, chunk by chunk.
+
+        Example:
+            >>> y = torch.randn(200, generator=torch.Generator().manual_seed(0))
+            >>> proj = Projector(lambda th, i: -0.5 * (y[i] - th[0]) ** 2, 0.07 * torch.randn(100, 1), 200)
+            >>> whole = Coreset(torch.arange(200), torch.ones(200))
+            >>> est = proj.posterior_shift(whole)
+            >>> float(est.shift.abs().max()) < 1e-12, round(est.efficiency, 6)
+            (True, 1.0)
+        """
+        indices = self._check_indices(indices)
+        weights = coreset.dense(self.num_data).to(torch.float64)[indices]
+        excess = torch.zeros(self.dim, dtype=torch.float64)
+        for start in range(0, len(indices), self.chunk_size):
+            chunk = slice(start, start + self.chunk_size)
+            excess += self.log_likelihoods(indices[chunk]).to(torch.float64) @ (weights[chunk] - 1.0)
+        draws = self.samples.to(torch.float64)
+        importance = torch.softmax(excess, 0)
+        scale = draws.std(0).clamp_min(1e-12)
+        shift = (importance @ draws - draws.mean(0)) / scale
+        return ShiftEstimate(shift, float(1.0 / (importance**2).sum() / self.dim))
 
     def error(self, coreset: Coreset, total: Tensor | None = None) -> float:
         """``||sum_n f_n - sum_i w_i f_{idx_i}||`` of a coreset without storing all features.
