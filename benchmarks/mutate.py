@@ -68,6 +68,13 @@ TESTS: dict[str, list[str]] = {
         "power or leaves_joint_invariant",
     ],
     "neuralblock/kernels/random_walk.py": ["tests/test_kernels.py", "-k", "random_walk_matches or positive_support"],
+    "neuralblock/kernels/marginal.py": ["tests/test_pyro_models.py", "-k", "marginal_random_walk"],
+    "neuralblock/replay.py": [
+        "tests/test_replay.py",
+        "tests/test_pyro_models.py",
+        "-k",
+        "replay or marginal or gmm_with",
+    ],
     "neuralblock/kernels/austerity.py": [
         "tests/test_power_austerity.py",
         "tests/test_austerity.py",
@@ -127,6 +134,7 @@ F, G, NB, FB = (
 RW, AU, LWA = "neuralblock/kernels/random_walk.py", "neuralblock/kernels/austerity.py", "neuralblock/kernels/lwa.py"
 SEQ, JT = "neuralblock/subsample/sequential.py", "neuralblock/exact/junction_tree.py"
 SOL, SW, DIA = "neuralblock/coresets/solvers.py", "neuralblock/priorswap/swap.py", "neuralblock/diagnostics/__init__.py"
+MRW, REP = "neuralblock/kernels/marginal.py", "neuralblock/replay.py"
 
 MUTANTS: list[Mutant] = [
     # --- the five bugs planted for issue 25
@@ -271,6 +279,40 @@ MUTANTS: list[Mutant] = [
         "proposed = torch.searchsorted(rows, draw, right=False)",
         "inverse-CDF comparison at equality",
         equivalent="a continuous uniform equals a CDF value with probability 0",
+    ),
+    # --- kernels/marginal.py
+    Mutant(
+        MRW,
+        "info = mh_decide(potential - new, log_u[j])",
+        "info = mh_decide(new - potential, log_u[j])",
+        "marginal MH ratio",
+    ),
+    Mutant(
+        MRW,
+        "            u = torch.where(info.accepted, proposal, u)\n"
+        "            potential = torch.where(info.accepted, new, potential)",
+        "            u = torch.where(info.accepted, proposal, u)",
+        "marginal walk keeps the old potential after an accept",
+    ),
+    Mutant(
+        MRW,
+        "            self._values = self._gibbs.sample(discrete)",
+        "            self._values = discrete",
+        "discrete sites never redrawn after the walk",
+    ),
+    # --- replay.py
+    Mutant(
+        REP,
+        "            if not _same(out, want):",
+        "            if False:",
+        "recorded graphs never checked on new inputs",
+    ),
+    Mutant(
+        REP,
+        "            if _mutates(node) or any(_mutates(user) for user in node.users):\n"
+        "                continue\n            tags",
+        "            if False:\n                continue\n            tags",
+        "constant folding through in-place updates",
     ),
     # --- kernels/random_walk.py
     Mutant(
