@@ -309,9 +309,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         REP,
-        "            if _mutates(node) or any(_mutates(user) for user in node.users):\n"
-        "                continue\n            tags",
-        "            if False:\n                continue\n            tags",
+        "        if node in written:",
+        "        if False:",
         "constant folding through in-place updates",
     ),
     # --- kernels/random_walk.py

@@ -182,6 +182,31 @@ def _merge_duplicates(gm: Any) -> None:
             seen[key] = node
 
 
+def _is_view(node: Any) -> bool:
+    """Whether ``node`` returns a view of its first argument (its schema's result aliases an input)."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None or not schema.returns or not schema.arguments:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _written(gm: Any) -> set[Any]:
+    """The nodes whose memory an in-place op writes: each written argument and, through views, what it aliases."""
+    out: set[Any] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not _mutates(node):
+            continue
+        for spec, arg in zip(node.target._schema.arguments, node.args):
+            if spec.alias_info is None or not spec.alias_info.is_write:
+                continue
+            base = arg
+            while isinstance(base, type(node)) and base not in out:
+                out.add(base)
+                base = base.args[0] if _is_view(base) else None
+    return out
+
+
 def _fold_constants(gm: Any) -> None:
     """Evaluate once every node that depends on no placeholder (and is neither random nor mutated)."""
     from torch.fx.node import map_arg
@@ -189,8 +214,11 @@ def _fold_constants(gm: Any) -> None:
     graph = gm.graph
     aten = _aten()
     shape_only = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default}
+    written = _written(gm)
     value: dict[Any, Any] = {}
     for node in graph.nodes:
+        if node in written:  # an in-place op changes it after it is made: its value is not a constant
+            continue
         if node.op == "get_attr":
             value[node] = getattr(gm, node.target)
         elif node.op == "call_function":

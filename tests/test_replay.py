@@ -127,3 +127,26 @@ def test_a_model_indexing_with_a_scalar_sample_still_runs_correctly() -> None:
     state = torch.zeros(2, kernel.fg.num_variables)
     group = kernel.fg.groups[0]
     assert torch.allclose(group.log_factors(state), group._all_factors(state))
+
+
+def test_state_read_by_the_function_is_caught_by_the_checks_on_later_calls() -> None:
+    scale = {"value": 1.0}  # state outside the inputs: a recorded graph holds its value as a constant
+    fast = ReplayedFunction(lambda x: x * scale["value"], "stateful", checks=2, record_after=1)
+    fast(torch.ones(2))  # recorded with scale 1, and right for it
+    scale["value"] = 3.0
+    with pytest.warns(RuntimeWarning, match="disagrees"):
+        got = fast(torch.ones(2))
+    assert torch.equal(got, torch.full((2,), 3.0)) and fast.failure is not None
+
+
+def test_functions_writing_into_fresh_buffers_are_recorded_and_stay_right() -> None:
+    def scatter(x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(4)
+        out[1:3] = x  # an in-place write into a constant-born tensor: nothing downstream may be folded
+        return out * 2
+
+    fast = ReplayedFunction(scatter, "scatter", record_after=1)
+    for _ in range(5):
+        x = torch.randn(2)
+        assert torch.equal(fast(x), scatter(x))
+    assert fast.verified
