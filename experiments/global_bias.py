@@ -342,7 +342,9 @@ def coreset_runs(
     setup = time.perf_counter() - start
     for k, size in enumerate(args.coreset_sizes):
         t0 = time.perf_counter()
-        core = hilbert.build(size)
+        with warnings.catch_warnings(record=True) as built:  # the coreset's own bias warning (HilbertCoreset.build)
+            warnings.simplefilter("always")
+            core = hilbert.build(size)
         build = time.perf_counter() - t0
         potential = post.ll.weighted_potential_fn(core.indices, core.weights, post.transforms)
         init = {s: v[0] for s, v in post.split(ref["mode_flat"][None].float()).items()}
@@ -355,10 +357,15 @@ def coreset_runs(
             )
             mcmc.run()
         z = torch.cat([v.reshape(args.samples, -1) for v in (mcmc.get_samples()[s] for s in post.shapes)], -1)
-        run = Run(post.constrain(z).double(), setup + build + time.perf_counter() - t0, _kernel_warnings(caught), {})
+        seconds = setup + build + time.perf_counter() - t0
+        run = Run(post.constrain(z).double(), seconds, _kernel_warnings([*built, *caught]), {})
         row = scores(run, ref)
         row.update(method="coreset NUTS (FW)", knob=f"M={len(core.indices)}", kind="default" if k == 1 else "knob")
-        row["diagnostics"] = {"coreset_size": len(core.indices), "projection_error": proj.error(core)}
+        row["diagnostics"] = {
+            "coreset_size": len(core.indices),
+            "projection_error": proj.error(core),
+            "estimated_shift_sd": float(hilbert.shift.shift.abs().max()) if hilbert.shift is not None else None,
+        }
         rows.append(row)
     return rows
 

@@ -33,7 +33,7 @@ from neuralblock.coresets.solvers import (
 
 __all__ = ["HilbertCoreset", "merge_coresets", "streaming_coreset"]
 
-SHIFT_WARNING = 0.2
+SHIFT_WARNING = 0.1
 """Estimated shift of the posterior mean, in posterior sds, above which ``build`` warns."""
 EFFICIENCY_WARNING = 0.1
 """Effective fraction of the ``pi_hat`` draws below which the shift estimate is unreliable and ``build`` warns."""
@@ -53,7 +53,8 @@ class HilbertCoreset:
         generator: RNG of the random constructions (uniform, IS); default torch's global RNG.
         check: after each :meth:`build`, estimate how far the coreset moves the posterior mean
             (:meth:`Projector.posterior_shift`, one more pass over the data; kept in :attr:`shift`)
-            and warn when it is over 0.2 posterior sds or the estimate rests on under a tenth of
+            and warn when it is over 0.1 posterior sds (the estimate is off by a factor of up to about 5
+            on the bias bench, either way) or rests on under a tenth of
             the ``pi_hat`` draws.
 
     Example:
