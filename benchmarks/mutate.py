@@ -257,14 +257,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         FB,
-        "keys = base + (read[..., :-size] @ radix[0, :-size].to(read.dtype)).long()",
-        "keys = base + 0 * (read[..., :-size] @ radix[0, :-size].to(read.dtype)).long()",
+        "keys = base + (context @ context_radix).long()",
+        "keys = base + 0 * (context @ context_radix).long()",
         "fused path ignores the context (one row per instance)",
     ),
     Mutant(
         FB,
-        "accepted = (uniforms[..., 1].log() < log_alpha) & finite",
-        "accepted = (uniforms[..., 1].log() < log_alpha) | finite",
+        "accepted = (log_accept < log_alpha) & finite",
+        "accepted = (log_accept < log_alpha) | finite",
         "fused path accepts every finite proposal",
     ),
     Mutant(
@@ -275,8 +275,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         FB,
-        "proposed = torch.searchsorted(rows, draw, right=True)",
-        "proposed = torch.searchsorted(rows, draw, right=False)",
+        "proposed = torch.searchsorted(rows, draws.unsqueeze(-1), right=True)",
+        "proposed = torch.searchsorted(rows, draws.unsqueeze(-1), right=False)",
         "inverse-CDF comparison at equality",
         equivalent="a continuous uniform equals a CDF value with probability 0",
     ),

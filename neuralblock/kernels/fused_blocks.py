@@ -323,6 +323,7 @@ class BlockTable:
             chunk = slice(lo, lo + _PREFILL_BATCH)
             log_q = block_log_q_table(self.proposal, features[chunk], self.values).to(self.cdf.dtype)
             self.cdf[keys[chunk]] = log_q.exp().cumsum(-1)
+            self.cdf[keys[chunk], -1] = 1.0  # a uniform in [0, 1) always lands on a value (log_q sums to 1)
             self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) - log_q
             self.energy_rows[keys[chunk]] = energy[chunk].to(log_q.dtype)
         self.filled[keys] = True
@@ -343,11 +344,14 @@ class BlockTable:
 def fused_class_update(
     state: Tensor,
     ids: Tensor,
-    radix: Tensor,
+    context_radix: Tensor,
+    block_radix: Tensor,
+    block_ids: Tensor,
     base: Tensor,
     cdf: Tensor,
     log_ratio: Tensor,
-    uniforms: Tensor,
+    draws: Tensor,
+    log_accept: Tensor,
     values: Tensor,
     energy: Tensor | None = None,
     beta: Tensor | None = None,
@@ -362,47 +366,48 @@ def fused_class_update(
 
     Args:
         state: ``[K, n]`` states.
-        ids: ``[I, c + b]`` each instance's context ids then block ids (rows may repeat:
-            see the module docstring).
-        radix: ``[I, c + b]`` mixed-radix place values: of the context value (0 for padding)
-            within the instance's rows, then of the block's joint value; ``[1, c + b]`` when every
-            instance has the same.
+        ids: ``[I * (c + b)]`` each instance's context ids then block ids, flattened (rows may
+            repeat: see the module docstring).
+        context_radix: ``[I, c]`` mixed-radix place values of the context value (0 for padding)
+            within the instance's rows, or ``[c]`` when every instance has the same (the state's dtype).
+        block_radix: ``[b]`` place values of the block's joint value (the state's dtype).
+        block_ids: ``[I * b]`` the block ids, flattened.
         base: ``[I]`` first table row of each instance.
-        cdf: ``[R, J]`` the proposal's CDF over joint block values, per row.
+        cdf: ``[R, J]`` the proposal's CDF over joint block values, per row (each row ends at 1).
         log_ratio: ``[R, J]`` ``w`` per row.
-        uniforms: ``[K, I, 2]`` uniforms: the proposal draw (inverse CDF) and the accept test.
-        values: ``[J, b]`` block values of each joint index.
+        draws: ``[K, I]`` uniforms of the proposal draws (inverse CDF).
+        log_accept: ``[K, I]`` logs of the uniforms of the accept tests.
+        values: ``[J, b]`` block values of each joint index (the state's dtype).
         energy: ``[R, J]`` block energies ``E`` per row (tempered targets only).
         beta: ``[K]`` inverse temperatures (with ``energy``), or ``None`` for the target itself.
 
     Returns:
-        The new states, the accept indicator ``[K, I]`` and the non-finite ratio indicator ``[K, I]``.
+        The new states, the accept indicator ``[K, I]`` and the finite-ratio indicator ``[K, I]``.
     """
-    chains, count = state.shape[0], ids.shape[0]
-    width, size = cdf.shape[-1], values.shape[-1]
-    read = state.index_select(1, ids.reshape(-1)).reshape(chains, count, -1)  # [K, I, c + b]
-    # float radix: keys stay below 2^24, so these sums are exact
-    if radix.shape[0] == 1:  # every instance has the same place values: one matrix-vector product
-        keys = base + (read[..., :-size] @ radix[0, :-size].to(read.dtype)).long()  # [K, I]
+    chains, count = state.shape[0], base.shape[0]
+    width, size = cdf.shape[-1], block_radix.shape[0]
+    read = state.index_select(1, ids).view(chains, count, -1)  # [K, I, c + b]
+    context, block = read.split([read.shape[-1] - size, size], -1)
+    # float place values: keys stay below 2^24, so these sums are exact
+    if context_radix.dim() == 1:  # every instance has the same place values: one matrix-vector product
+        keys = base + (context @ context_radix).long()  # [K, I]
     else:
-        keys = base + (read[..., :-size] * radix[:, :-size]).sum(-1).long()
-    current = (read[..., -size:] @ radix[0, -size:].to(read.dtype)).long()  # one block radix for all instances
-    rows = cdf.index_select(0, keys.reshape(-1)).reshape(chains, count, width)  # [K, I, J]
-    draw = uniforms[..., 0:1] * rows[..., -1:]
-    proposed = torch.searchsorted(rows, draw, right=True).squeeze(-1).clamp(max=width - 1)
+        keys = base + (context * context_radix).sum(-1).long()
+    current = (block @ block_radix).long()
+    rows = cdf.index_select(0, keys.view(-1)).view(chains, count, width)  # [K, I, J]
+    proposed = torch.searchsorted(rows, draws.unsqueeze(-1), right=True).squeeze(-1)  # the rows end at 1
     first = keys * width
-    flat_ratio = log_ratio.reshape(-1)
+    flat_ratio = log_ratio.view(-1)
     log_alpha = flat_ratio.take(first + proposed) - flat_ratio.take(first + current)
     if energy is not None and beta is not None:
-        flat_energy = energy.reshape(-1)
+        flat_energy = energy.view(-1)
         change = flat_energy.take(first + proposed) - flat_energy.take(first + current)
         log_alpha = log_alpha + (beta[:, None] - 1) * change
     finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
-    accepted = (uniforms[..., 1].log() < log_alpha) & finite
+    accepted = (log_accept < log_alpha) & finite
     chosen = torch.where(accepted, proposed, current)
-    state = state.clone()
-    state[:, ids[:, -size:]] = values.index_select(0, chosen.reshape(-1)).reshape(chains, count, size).to(state.dtype)
-    return state, accepted, ~finite
+    new = values.index_select(0, chosen.view(-1)).view(chains, -1)  # repeated (padded) rows write equal values
+    return state.index_copy(1, block_ids, new), accepted, finite
 
 
 class FusedBlockSweep:
@@ -442,10 +447,14 @@ class FusedBlockSweep:
         ids = torch.cat([self.table.context, instances.blocks.to(device)], -1)
         block_radix = _radix(torch.tensor(cards, dtype=torch.long)).to(device).expand(len(instances), -1)
         radix = torch.cat([self.table.radix, block_radix], -1)
-        self.ids = [ids[rows] for rows in self.rows]
-        self.radix = [radix[rows].to(torch.float32) for rows in self.rows]  # the table's rows stay below 2^24
-        self.radix = [r[:1] if bool((r == r[:1]).all()) else r for r in self.radix]  # shared place values: one row
+        size = len(cards)
+        self.ids = [ids[rows].reshape(-1) for rows in self.rows]
+        self.block_ids = [ids[rows][:, -size:].reshape(-1) for rows in self.rows]
+        context_radix = [radix[rows][:, :-size].to(torch.float32) for rows in self.rows]  # rows stay below 2^24
+        self.context_radix = [r[0] if bool((r == r[:1]).all()) else r for r in context_radix]  # shared: one row
+        self.block_radix = block_radix[0].to(torch.float32)
         self.base = [self.table.base[rows] for rows in self.rows]
+        self._by_dtype: dict[torch.dtype, tuple[list[Tensor], Tensor, Tensor]] = {}
         self.padded = [size < width for size in self.sizes]
         # one draw of every class's random numbers per sweep: padded slots read their class's last real slot
         self.rand_flat = torch.cat([c * width + r for c, r in enumerate(self.rand_index)])
@@ -453,6 +462,16 @@ class FusedBlockSweep:
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
         self.compile_seconds = 0.0
+
+    def _in_dtype(self, dtype: torch.dtype) -> tuple[list[Tensor], Tensor, Tensor]:
+        """Place values and block values in the state's dtype (converted once per dtype)."""
+        if dtype not in self._by_dtype:
+            self._by_dtype[dtype] = (
+                [r.to(dtype) for r in self.context_radix],
+                self.block_radix.to(dtype),
+                self.values.to(dtype),
+            )
+        return self._by_dtype[dtype]
 
     def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
         """Follow new parameter values: new tables and instance parameters, a recomputed block table."""
@@ -479,16 +498,19 @@ class FusedBlockSweep:
         if any(self.padded):
             uniforms = uniforms.index_select(1, self.rand_flat.to(state.device))
         uniforms = uniforms.reshape(chains, count, width, 2)
+        draws = uniforms[..., 0].transpose(0, 1).contiguous()  # [C, K, width]: each class's block contiguous
+        log_accept = uniforms[..., 1].log().transpose(0, 1)
         energy = None if beta is None else table.energy_rows
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
+        context_radix, block_radix, values = self._in_dtype(state.dtype)
         accepts, broken = [], []
         for c in range(count):
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
             state, acc, bad = self.update(
-                state, self.ids[c], self.radix[c], self.base[c], table.cdf, table.log_ratio, uniforms[:, c],
-                self.values, energy, beta_rows,
+                state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], table.cdf,
+                table.log_ratio, draws[c], log_accept[c], values, energy, beta_rows,
             )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start
@@ -496,5 +518,5 @@ class FusedBlockSweep:
             broken.append(bad)
         real = self.real.to(state.device)
         accepted = (torch.stack(accepts, 1) & real).sum((1, 2))  # padded slots repeat a real one: not counted
-        nonfinite = (torch.stack(broken, 1) & real).sum()
+        nonfinite = (~torch.stack(broken, 1) & real).sum()
         return state, accepted, nonfinite, chains * sum(self.sizes)
