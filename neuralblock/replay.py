@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ReplayedFunction", "fast_call", "fast_targets", "simplify_graph"]
+__all__ = ["ReplayedFunction", "fast_call", "fast_targets", "recording_failure", "simplify_graph"]
 
 _CHECK_RTOL, _CHECK_ATOL = 1e-4, 1e-4
 _RECORDING: list[Any] = []  # the replayed functions being recorded now (innermost last)
@@ -383,7 +383,7 @@ class ReplayedFunction:
         try:
             graph = self._trace(tensors, want)
         except Exception as err:  # noqa: BLE001 - any recording failure means "replay impossible", with its reason
-            self._give_up(_reason(err))
+            self._give_up(recording_failure(err))
             graph = None
         if graph is not None:
             self._graphs[key] = graph
@@ -422,10 +422,15 @@ class ReplayedFunction:
         )
 
 
-def _reason(err: Exception) -> str:
-    """Why recording failed, in a user's terms."""
+def recording_failure(err: Exception) -> str:
+    """Why recording a model run failed, in a user's terms.
+
+    Example:
+        >>> recording_failure(ValueError("bad shape"))
+        'recording failed: ValueError: bad shape'
+    """
     text = str(err)
-    if "_local_scalar_dense" in text or "data-dependent" in text:
+    if "_local_scalar_dense" in text or "data-dependent" in text or ".item()" in text:
         return (
             "the model turns a sampled value into a Python number: indexing with a 0-dim tensor (use "
             "torch.index_select or pyro.ops.indexing.Vindex), float()/int()/item(), or an if on a value "

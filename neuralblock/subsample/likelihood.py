@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from neuralblock.replay import _aten, _shape, fast_call, fast_targets, simplify_graph
+from neuralblock.replay import _aten, _shape, fast_call, fast_targets, recording_failure, simplify_graph
 from neuralblock.subsample.sections import SectionEvaluator, SectionTerms, is_subsample_site, site_plate_frame
 
 __all__ = ["CompileError", "DirectPath", "LogLikelihood", "bucket_size"]
@@ -147,7 +147,7 @@ class DirectPath:
             self.failure = str(err)
             raise
         except Exception as err:  # noqa: BLE001 - any tracing failure means "cannot compile", with its reason
-            self.failure = f"tracing the model failed: {type(err).__name__}: {err}"
+            self.failure = recording_failure(err)
             raise CompileError(self.failure) from err
         return graph
 
