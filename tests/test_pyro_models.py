@@ -439,6 +439,11 @@ def test_gmm_with_dirichlet_weights_under_gibbs_plus_random_walk_matches_enumera
     samples = run(kernel, data, num_samples=4000, warmup=300)
     assert samples["weights"].shape == (4000, K) and samples["z"].shape == (4000, 8)
     torch.testing.assert_close(samples["weights"].sum(-1), torch.ones(4000))
+    # both blocks ran on recorded graphs: the re-tabulation of z's tables and the random-walk sweep
+    gibbs, walk = kernel.kernels
+    (tables,) = gibbs.fg.groups[0].compiler._replays.values()
+    (sweep,) = walk.plan._replays.values()
+    assert tables.verified and sweep.verified, (tables.failure, sweep.failure)
     weights, assign = gmm_exact(data)
     draws = torch.cat([samples["weights"].double(), one_hot_draws(samples["z"], K)], -1)
     assert_compound_means(draws, torch.cat([weights, assign.reshape(-1)]))
