@@ -329,23 +329,19 @@ class ReplayedFunction:
 
     def __init__(self, fn: Callable[..., Any], what: str, checks: int = 2, record_after: int = 20) -> None:
         self.fn = fn
-        self.record_after = int(record_after)
-        self._seen: dict[tuple, int] = {}
         self.what = what
         self.checks = int(checks)
+        self.record_after = int(record_after)
         self.failure: str | None = None
+        self._seen: dict[tuple, int] = {}
         self._graphs: dict[tuple, Callable[..., tuple[Tensor, ...]]] = {}
         self._unchecked: dict[tuple, int] = {}
         self._single: dict[tuple, bool] = {}
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_graphs"], state["_unchecked"], state["_single"], state["_seen"] = (
-            {},
-            {},
-            {},
-            {},
-        )  # closures: rebuilt after unpickling
+        for name in ("_graphs", "_unchecked", "_single", "_seen"):  # graphs hold closures: recorded again
+            state[name] = {}
         return state
 
     @property
