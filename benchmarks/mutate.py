@@ -251,8 +251,8 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         FB,
-        "self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) - log_q",
-        "self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) + log_q",
+        "self.log_ratio[keys[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn",
+        "self.log_ratio[keys[chunk]] = energy[chunk].to(self.cdf.dtype) + log_drawn",
         "fused table's proposal term sign (the fused swapped ratio)",
     ),
     Mutant(
@@ -269,9 +269,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         FB,
-        "self.cdf[keys[chunk]] = log_q.exp().cumsum(-1)",
-        "self.cdf[keys[chunk]] = log_q.exp().cumsum(-1).roll(1, -1)",
-        "fused proposal draws from a shifted CDF (off-by-one)",
+        "self.log_ratio[keys[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn",
+        "self.log_ratio[keys[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn.roll(1, -1)",
+        "fused ratio reads the proposal one value off (off-by-one)",
     ),
     Mutant(
         FB,

@@ -197,7 +197,8 @@ def _written(gm: Any) -> set[Any]:
     for node in gm.graph.nodes:
         if node.op != "call_function" or not _mutates(node):
             continue
-        for spec, arg in zip(node.target._schema.arguments, node.args):
+        given = [*node.args, *(node.kwargs.get(spec.name) for spec in node.target._schema.arguments[len(node.args) :])]
+        for spec, arg in zip(node.target._schema.arguments, given):
             if spec.alias_info is None or not spec.alias_info.is_write:
                 continue
             base = arg
@@ -295,6 +296,23 @@ def fast_call(gm: Any) -> Callable[..., tuple[Tensor, Tensor]]:
     return lambda *tensors: tuple(forward(*tensors))
 
 
+def _fresh_outputs(gm: Any, graph: Callable[..., tuple[Tensor, ...]]) -> Callable[..., tuple[Tensor, ...]]:
+    """``graph`` with its constant outputs (folded attributes) cloned per call, so no two calls share a result."""
+    (output,) = [node for node in gm.graph.nodes if node.op == "output"]
+    results = output.args[0] if isinstance(output.args[0], list | tuple) else [output.args[0]]
+    constant = [i for i, node in enumerate(results) if getattr(node, "op", None) == "get_attr"]
+    if not constant:
+        return graph
+
+    def call(*tensors: Tensor) -> tuple[Tensor, ...]:
+        out = list(graph(*tensors))
+        for i in constant:
+            out[i] = out[i].clone()
+        return tuple(out)
+
+    return call
+
+
 def _as_tuple(out: Tensor | tuple[Tensor, ...] | list[Tensor]) -> tuple[Tensor, ...]:
     return (out,) if isinstance(out, Tensor) else tuple(out)
 
@@ -312,7 +330,8 @@ class ReplayedFunction:
     """``fn(*tensors)`` recorded once per input signature and replayed as a graph.
 
     ``fn`` must be a function of its tensor arguments only (everything else it reads is taken
-    as a constant) that returns a tensor or a tuple of tensors. The ``record_after``-th call with
+    as a constant) that returns a tensor or a tuple of tensors and leaves its arguments unchanged
+    (the recording runs it several times on them). The ``record_after``-th call with
     a new signature records the graph and checks it against ``fn`` on the same inputs; the next
     ``checks`` calls with other inputs are checked as well, after which the graph is trusted
     (:attr:`verified`). If recording fails or a check disagrees, every later call runs ``fn``
@@ -356,6 +375,7 @@ class ReplayedFunction:
             or (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors))
         ):
             return self.fn(*tensors)
+        tensors = tuple(t.contiguous() for t in tensors)  # the recorded views assume contiguous inputs
         key = tuple((t.shape, t.dtype, t.device) for t in tensors)
         graph = self._graphs.get(key)
         if graph is None:
@@ -401,10 +421,13 @@ class ReplayedFunction:
         plain = copy.deepcopy(gm)
         fast_targets(gm)
         for candidate in (gm, plain):  # the public bindings first; the recorded aten overloads if they disagree
-            graph = fast_call(candidate)
-            with torch.no_grad():
-                if _same(graph(*inputs), want):
-                    return graph
+            graph = _fresh_outputs(candidate, fast_call(candidate))
+            try:
+                with torch.no_grad():
+                    if _same(graph(*inputs), want):
+                        return graph
+            except Exception:  # noqa: BLE001 - a binding that rejects the recorded arguments: try the next one
+                continue
         self._give_up("the recorded graph disagrees with the function on the recorded inputs")
         return None
 

@@ -524,10 +524,65 @@ def test_marginal_random_walk_refuses_coupled_discrete_sites_and_all_discrete_mo
 def test_marginal_random_walk_starts_where_asked() -> None:
     from neuralblock.kernels import MarginalRandomWalk
 
+    from torch.distributions import biject_to, constraints
+
     kernel = MarginalRandomWalk(gmm)
     start = torch.tensor([0.6, 0.3, 0.1])
-    kernel.initial_params = {"weights": start}
+    to_simplex = biject_to(constraints.simplex)
+    kernel.initial_params = {"weights": to_simplex.inv(start)}  # unconstrained, as for Pyro's HMC
     kernel.setup(0, GMM_DATA[:4])
     got = kernel.transforms["weights"].inv(kernel.initial_params["weights"])
     torch.testing.assert_close(got, start)
     assert kernel.initial_params["z"].shape == (4,)
+    kernel.initial_params = {"weights": torch.tensor([float("nan"), 0.0])}
+    with pytest.raises(ValueError, match="non-finite log density"):
+        kernel.setup(0, GMM_DATA[:4])
+
+
+def test_marginal_random_walk_in_a_compound_sampler_follows_the_other_blocks() -> None:
+    # mu ~ N(0, 1) moved by a random walk; the mixture's location shift s (fixed by the other block) moves mu's
+    # posterior: if the walk kept a stale density or recorded s as a constant, mu would miss E[mu | y] by sds
+    from neuralblock.kernels import ConditionedModel, MarginalRandomWalk
+
+    pyro.set_rng_seed(1)
+    kernel = CompoundKernel(
+        [(MarginalRandomWalk(ConditionedModel(shifted_mixture)), ["mu", "z"]), (RandomWalkMH(shifted_mixture), ["s"])]
+    )
+    samples = run(kernel, SHIFT_DATA, num_samples=3000, warmup=300)
+    s_grid = torch.linspace(-8.0, 8.0, 801, dtype=torch.float64)
+    mu_grid = torch.linspace(-12.0, 12.0, 1201, dtype=torch.float64)
+    y = SHIFT_DATA.double()
+    lik = torch.logaddexp(
+        math.log(0.5) + dist.Normal(mu_grid[:, None, None], 1.0).log_prob(y),
+        math.log(0.5) + dist.Normal(mu_grid[:, None, None] + s_grid[None, :, None], 1.0).log_prob(y),
+    ).sum(-1)  # [M, S]
+    log_post = lik + dist.Normal(0.0, 1.0).log_prob(mu_grid)[:, None] + dist.Normal(0.0, 3.0).log_prob(s_grid)
+    post = torch.softmax(log_post.reshape(-1), 0).reshape(log_post.shape)
+    exact = torch.stack([(post.sum(1) * mu_grid).sum(), (post.sum(0) * s_grid).sum()])
+    draws = torch.stack([samples["mu"], samples["s"]], -1)
+    assert_compound_means(draws, exact)
+    walk = kernel.kernels[0]
+    assert walk._sweep.verified  # the moving s is an input of the recorded sweep, not a constant of it
+    # a new value of the fixed site recomputes the cached log density, even when mu itself did not move
+    params = {"mu": walk._u.clone(), "z": walk._values["z"]}
+    walk.model.set_values({"s": torch.tensor(-6.0)})
+    walk.sample(params)
+    walk.model.set_values({"s": torch.tensor(-7.0)})
+    walk._u = torch.full_like(walk._u, 99.0)  # force the next call to see its start as new... then undo:
+    walk._u = params["mu"].reshape(-1).clone()
+    before = walk._potential.clone()
+    walk.sweeps, walk.adapt_step_size = 0, False  # no walk: only the cache logic runs
+    walk.sample(params)
+    torch.testing.assert_close(walk._potential, walk._potential_of(params["mu"].reshape(-1)))
+    assert not torch.equal(before, walk._potential)
+
+
+SHIFT_DATA = torch.tensor([0.3, -0.2, 4.1, 3.8, 0.1, 4.4, -0.4, 3.9])
+
+
+def shifted_mixture(data: torch.Tensor) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    s = pyro.sample("s", dist.Normal(0.0, 3.0))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(mu + s * z, 1.0), obs=data)

@@ -150,3 +150,27 @@ def test_functions_writing_into_fresh_buffers_are_recorded_and_stay_right() -> N
         x = torch.randn(2)
         assert torch.equal(fast(x), scatter(x))
     assert fast.verified
+
+
+def test_constant_outputs_and_batched_index_writes_and_strided_inputs() -> None:
+    fast = ReplayedFunction(lambda x: (x * 2, torch.ones(3)), "constant output", record_after=1)
+    for _ in range(4):
+        fast(torch.randn(2))
+    first = fast(torch.randn(2))[1]
+    first.add_(5.0)  # a caller may write into a result: the next call's must not change
+    assert torch.equal(fast(torch.randn(2))[1], torch.ones(3)) and fast.verified
+
+    idx = torch.tensor([0, 2])
+
+    def write(state: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        out = state.clone()
+        out[..., idx] = value  # a None index before the tensor one (batched chains)
+        return out
+
+    fast = ReplayedFunction(write, "batched write", record_after=1)
+    for _ in range(4):
+        state, value = torch.randn(5, 4), torch.randn(5, 2)
+        assert torch.equal(fast(state, value), write(state, value))
+    assert fast.verified
+    strided = torch.randn(4, 5).T  # same shape as the recorded input, other strides
+    assert torch.equal(fast(strided, torch.zeros(5, 2)), write(strided, torch.zeros(5, 2)))

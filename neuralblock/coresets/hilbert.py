@@ -116,7 +116,7 @@ class HilbertCoreset:
         if self.check:
             self.shift = self.projector.posterior_shift(coreset, self.indices)
             worst = float(self.shift.shift.abs().max())
-            if worst > SHIFT_WARNING or self.shift.efficiency < EFFICIENCY_WARNING:
+            if not worst <= SHIFT_WARNING or not self.shift.efficiency >= EFFICIENCY_WARNING:  # NaN warns too
                 warnings.warn(
                     f"HilbertCoreset: the coreset of {len(coreset.indices)} points moves the posterior mean by about "
                     f"{worst:.2g} posterior sds or more (importance estimate over the pi_hat draws, which understates "

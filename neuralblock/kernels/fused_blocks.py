@@ -321,11 +321,17 @@ class BlockTable:
         """Write rows: the proposal's CDF and ``energy - log q`` (``energy`` over all joint values)."""
         for lo in range(0, len(keys), _PREFILL_BATCH):
             chunk = slice(lo, lo + _PREFILL_BATCH)
-            log_q = block_log_q_table(self.proposal, features[chunk], self.values).to(self.cdf.dtype)
-            self.cdf[keys[chunk]] = log_q.exp().cumsum(-1)
-            self.cdf[keys[chunk], -1] = 1.0  # a uniform in [0, 1) always lands on a value (log_q sums to 1)
-            self.log_ratio[keys[chunk]] = energy[chunk].to(log_q.dtype) - log_q
-            self.energy_rows[keys[chunk]] = energy[chunk].to(log_q.dtype)
+            log_q = block_log_q_table(self.proposal, features[chunk], self.values)
+            cdf = log_q.double().exp().cumsum(-1).to(self.cdf.dtype)
+            cdf[:, -1] = 1.0  # a uniform in [0, 1) always lands on a value
+            self.cdf[keys[chunk]] = cdf
+            # the proposal the sampler draws is the stored CDF's steps (a uniform lands in [c_{j-1}, c_j) with
+            # probability c_j - c_{j-1}): the MH ratio uses exactly those, not the network's log q, so rounding in
+            # the CDF cannot bias the chain (a value whose step is 0 is never proposed, and never left by a block)
+            steps = torch.diff(cdf.double(), dim=-1, prepend=torch.zeros_like(cdf[:, :1], dtype=torch.float64))
+            log_drawn = steps.clamp_min(0.0).log().to(self.cdf.dtype)
+            self.log_ratio[keys[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn
+            self.energy_rows[keys[chunk]] = energy[chunk].to(self.cdf.dtype)
         self.filled[keys] = True
         self.computed += len(keys)
 

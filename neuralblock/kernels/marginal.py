@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -52,6 +53,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.conditioning import set_conditioning
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.pyro.compile import fixed_values
 from neuralblock.replay import ReplayedFunction
 
 __all__ = ["MarginalRandomWalk"]
@@ -74,6 +76,10 @@ class MarginalRandomWalk(MCMCKernel):
         adapt_step_size: whether to adapt during warmup.
         sweeps: random-walk sweeps per transition (each costs one recorded graph call).
         max_plate_nesting: as for Pyro's NUTS (default: found by a trace of the model).
+
+    Inside a :class:`~neuralblock.kernels.CompoundKernel`, build it on a
+    :class:`~neuralblock.kernels.ConditionedModel`; the fixed sites' values are inputs of the
+    recorded sweep and a change of them recomputes the cached log density.
 
     Raises:
         ValueError: (at setup) the model has no continuous latent site, or discrete sites that
@@ -135,13 +141,19 @@ class MarginalRandomWalk(MCMCKernel):
         ]
         self._potential_fn = potential_fn
         self._sweep = ReplayedFunction(
-            self._sweep_core, f"the marginal random walk of model {getattr(self.model, '__name__', 'model')!r}"
+            self._recordable_sweep, f"the marginal random walk of model {getattr(self.model, '__name__', 'model')!r}"
         )
         self.adapter = StepSizeAdapter(sum(self._sizes), self.initial_step_size, self.target_accept)
         pending, self._pending_init = self._pending_init, None
-        u = self._flatten({k: transforms[k](pending[k]) if pending and k in pending else v for k, v in init.items()})
+        u = self._flatten({k: pending[k] if pending and k in pending else v for k, v in init.items()})
         self._u = u
         self._potential = self._potential_of(u)
+        self._fixed_key = _copy(fixed_values(self.model))
+        if not torch.isfinite(self._potential):
+            raise ValueError(
+                f"the initial values of {self._names} have a non-finite log density ({float(-self._potential)}); "
+                "give unconstrained values inside the support"
+            )
         self._gibbs: GibbsKernel | None = None
         self._values: dict[str, Tensor] = {}
         if self._discrete:
@@ -170,9 +182,22 @@ class MarginalRandomWalk(MCMCKernel):
         return {name: self.transforms[name].inv(value) for name, value in self._unflatten(u).items()}
 
     def _potential_of(self, u: Tensor) -> Tensor:
-        return self._potential_fn(self._unflatten(u)).detach()
+        with pyro.validation_enabled(False):  # an invalid proposal gives a NaN or infinite potential: rejected
+            return self._potential_fn(self._unflatten(u)).detach()
 
     # -- the transition ------------------------------------------------------------------------
+    def _recordable_sweep(
+        self, u: Tensor, potential: Tensor, steps: Tensor, noise: Tensor, log_u: Tensor, *fixed: Tensor
+    ) -> tuple:
+        """:meth:`_sweep_core` with a conditioned model's fixed sites as inputs (sorted names), not constants."""
+        values = fixed_values(self.model)
+        saved = dict(values)
+        values.update(zip(sorted(values), fixed))
+        try:
+            return self._sweep_core(u, potential, steps, noise, log_u)
+        finally:
+            values.update(saved)
+
     def _sweep_core(self, u: Tensor, potential: Tensor, steps: Tensor, noise: Tensor, log_u: Tensor) -> tuple:
         """One single-site sweep over every coordinate, given its random numbers: ``(u, potential, accept_prob)``."""
         probs = []
@@ -191,14 +216,19 @@ class MarginalRandomWalk(MCMCKernel):
         start = time.perf_counter()
         warmup = self._t < self._warmup_steps
         u = self._flatten({name: params[name] for name in self._names})
-        if not torch.equal(u, self._u):  # a caller (a compound sampler) moved the values
+        fixed = fixed_values(self.model)
+        moved = not _same_values(fixed, self._fixed_key)
+        if moved or not torch.equal(u, self._u):  # a compound sampler moved the values or the fixed sites
             self._potential = self._potential_of(u)
+            self._fixed_key = _copy(fixed) if moved else self._fixed_key
         potential = self._potential
         d = u.shape[0]
+        names = sorted(fixed)
         for _ in range(self.sweeps):
             steps = self.adapter.step_size.to(u)
-            noise, log_u = torch.randn(d, dtype=u.dtype), torch.rand(d, dtype=u.dtype).log()
-            u, potential, probs = self._sweep(u, potential, steps, noise, log_u)
+            noise = torch.randn(d, dtype=u.dtype, device=u.device)
+            log_u = torch.rand(d, dtype=u.dtype, device=u.device).log()
+            u, potential, probs = self._sweep(u, potential, steps, noise, log_u, *(fixed[k] for k in names))
             if warmup and self.adapt_step_size:
                 self.adapter.update(torch.arange(d), probs.to(self.adapter.log_step))
             self._count(probs, warmup)
@@ -224,7 +254,7 @@ class MarginalRandomWalk(MCMCKernel):
 
     @initial_params.setter
     def initial_params(self, params: dict[str, Tensor]) -> None:
-        """Start from ``params`` (constrained values, as Pyro's ``MCMC(initial_params=...)`` gives them)."""
+        """Start from ``params``: unconstrained values of continuous sites, as for Pyro's HMC (and discrete values)."""
         self._pending_init = {k: torch.as_tensor(v) for k, v in params.items()}
 
     def _reset_stats(self) -> None:
@@ -263,6 +293,14 @@ class MarginalRandomWalk(MCMCKernel):
         for name in ("_potential_fn", "_sweep"):  # closures over Pyro's evaluator: rebuilt at setup
             state.pop(name, None)
         return state
+
+
+def _copy(values: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: torch.as_tensor(v).clone() for k, v in values.items()}
+
+
+def _same_values(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(torch.as_tensor(v), b[k]) for k, v in a.items())
 
 
 def _plate_nesting(model: Callable[..., Any], args: tuple, kwargs: dict) -> int:
