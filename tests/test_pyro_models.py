@@ -522,9 +522,9 @@ def test_marginal_random_walk_refuses_coupled_discrete_sites_and_all_discrete_mo
 
 
 def test_marginal_random_walk_starts_where_asked() -> None:
-    from neuralblock.kernels import MarginalRandomWalk
-
     from torch.distributions import biject_to, constraints
+
+    from neuralblock.kernels import MarginalRandomWalk
 
     kernel = MarginalRandomWalk(gmm)
     start = torch.tensor([0.6, 0.3, 0.1])
