@@ -50,10 +50,10 @@ from pyro.infer.mcmc.util import initialize_model
 from torch import Tensor
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
-from neuralblock.kernels.conditioning import set_conditioning
+from neuralblock.kernels.conditioning import set_conditioning, values_changed
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.gibbs import GibbsKernel
-from neuralblock.pyro.compile import fixed_values
+from neuralblock.pyro.compile import fixed_sites_at, fixed_values
 from neuralblock.replay import ReplayedFunction
 
 __all__ = ["MarginalRandomWalk"]
@@ -190,13 +190,8 @@ class MarginalRandomWalk(MCMCKernel):
         self, u: Tensor, potential: Tensor, steps: Tensor, noise: Tensor, log_u: Tensor, *fixed: Tensor
     ) -> tuple:
         """:meth:`_sweep_core` with a conditioned model's fixed sites as inputs (sorted names), not constants."""
-        values = fixed_values(self.model)
-        saved = dict(values)
-        values.update(zip(sorted(values), fixed))
-        try:
+        with fixed_sites_at(self.model, fixed):
             return self._sweep_core(u, potential, steps, noise, log_u)
-        finally:
-            values.update(saved)
 
     def _sweep_core(self, u: Tensor, potential: Tensor, steps: Tensor, noise: Tensor, log_u: Tensor) -> tuple:
         """One single-site sweep over every coordinate, given its random numbers: ``(u, potential, accept_prob)``."""
@@ -217,7 +212,7 @@ class MarginalRandomWalk(MCMCKernel):
         warmup = self._t < self._warmup_steps
         u = self._flatten({name: params[name] for name in self._names})
         fixed = fixed_values(self.model)
-        moved = not _same_values(fixed, self._fixed_key)
+        moved = values_changed(self._fixed_key, fixed)
         if moved or not torch.equal(u, self._u):  # a compound sampler moved the values or the fixed sites
             self._potential = self._potential_of(u)
             self._fixed_key = _copy(fixed) if moved else self._fixed_key
@@ -297,10 +292,6 @@ class MarginalRandomWalk(MCMCKernel):
 
 def _copy(values: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: torch.as_tensor(v).clone() for k, v in values.items()}
-
-
-def _same_values(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(torch.as_tensor(v), b[k]) for k, v in a.items())
 
 
 def _plate_nesting(model: Callable[..., Any], args: tuple, kwargs: dict) -> int:

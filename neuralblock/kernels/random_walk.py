@@ -43,7 +43,7 @@ from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import mh_decide, random_walk_propose
-from neuralblock.pyro.compile import fixed_values
+from neuralblock.pyro.compile import fixed_sites_at, replay_with_fixed_sites
 from neuralblock.replay import ReplayedFunction
 
 __all__ = ["RandomWalkMH", "RandomWalkPlan", "SweepStats"]
@@ -109,15 +109,13 @@ class RandomWalkPlan:
         if model is None:
             out = _sweep_core(self.classes, fg, state, steps, *noises, *log_us)
         else:
-            fixed = fixed_values(model)
-            names = tuple(sorted(fixed))
-            replay = self._replays.get(names)
-            if replay is None:
-                replay = self._replays[names] = ReplayedFunction(
-                    functools.partial(_recordable_sweep, self.classes, fg, fixed, len(self.classes)),
-                    f"the random-walk sweep of model {getattr(model, '__name__', type(model).__name__)!r}",
-                )
-            out = replay(state, steps, *noises, *log_us, *(fixed[name] for name in names))
+            replay, fixed = replay_with_fixed_sites(
+                self._replays,
+                model,
+                functools.partial(_recordable_sweep, self.classes, fg, model, len(self.classes)),
+                f"the random-walk sweep of model {getattr(model, '__name__', type(model).__name__)!r}",
+            )
+            out = replay(state, steps, *noises, *log_us, *fixed)
         count = len(self.classes)
         state, probs, accepted, nonfinite = out[0], out[1 : 1 + count], out[1 + count : 1 + 2 * count], out[-1]
         if adapt:
@@ -145,17 +143,13 @@ def _pyro_model(fg: FactorGraph) -> Any:
 
 
 def _recordable_sweep(
-    classes: list[_ColorClass], fg: FactorGraph, fixed: dict[str, Tensor], count: int, *tensors: Tensor
+    classes: list[_ColorClass], fg: FactorGraph, model: Any, count: int, *tensors: Tensor
 ) -> tuple[Tensor, ...]:
     """:func:`_sweep_core` with the model's fixed sites taken from the trailing inputs (sorted names)."""
     state, steps = tensors[0], tensors[1]
     randoms, values = tensors[2 : 2 + 2 * count], tensors[2 + 2 * count :]
-    saved = dict(fixed)
-    fixed.update(zip(sorted(fixed), values))
-    try:
+    with fixed_sites_at(model, values):
         return _sweep_core(classes, fg, state, steps, *randoms)
-    finally:
-        fixed.update(saved)
 
 
 def _sweep_core(

@@ -30,8 +30,9 @@ from neuralblock.pyro.compile import (
     SiteLayout,
     _element_names,
     compile_pyro_model,
-    fixed_values,
+    fixed_sites_at,
     is_all_discrete,
+    replay_with_fixed_sites,
     site_values_to_state,
     state_to_site_values,
 )
@@ -514,14 +515,10 @@ class PyroModelGroup(FactorGroup):
         flat = state.reshape(math.prod(batch_shape), state.shape[-1])
         if not self.factor_names:
             return state.new_zeros(batch_shape + (0,))
-        fixed = fixed_values(self.model)
-        names = tuple(sorted(fixed))
-        replay = self._replays.get(names)
-        if replay is None:
-            replay = self._replays[names] = ReplayedFunction(
-                self._all_factors, f"the log density of model {_model_name(self.model)!r}"
-            )
-        out = replay(flat, *(fixed[name] for name in names))
+        replay, fixed = replay_with_fixed_sites(
+            self._replays, self.model, self._all_factors, f"the log density of model {_model_name(self.model)!r}"
+        )
+        out = replay(flat, *fixed)
         if index is not None:
             out = out[:, index.reshape(-1)]
         return out.to(state.dtype).reshape(batch_shape + (out.shape[-1],))
@@ -532,13 +529,8 @@ class PyroModelGroup(FactorGroup):
         The function a :class:`~neuralblock.replay.ReplayedFunction` records: the conditioned
         values are its inputs (they change between a compound sampler's updates), not constants.
         """
-        values = fixed_values(self.model)
-        saved = dict(values)
-        values.update(zip(sorted(values), fixed))
-        try:
+        with fixed_sites_at(self.model, fixed):
             trace = self._run(flat)
-        finally:
-            values.update(saved)
         batch = flat.shape[0]
         out = []
         with pyro.validation_enabled(False):  # as the run: out-of-support values give -inf or NaN (rejected)

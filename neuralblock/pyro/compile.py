@@ -30,7 +30,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -454,6 +455,52 @@ def fixed_values(model: Callable[..., Any]) -> dict[str, Tensor]:
     return values if isinstance(values, dict) else {}
 
 
+@contextmanager
+def fixed_sites_at(model: Callable[..., Any], values: Sequence[Tensor]) -> Iterator[None]:
+    """Hold a conditioned model's fixed sites (in sorted name order) at ``values`` while the block runs.
+
+    A function recorded by :class:`ReplayedFunction` takes the fixed sites as inputs this way, so
+    that a compound sampler's other blocks can move them without the graph holding old values.
+
+    Example:
+        >>> class Model:
+        ...     values = {"a": torch.tensor(1.0)}
+        >>> with fixed_sites_at(Model, [torch.tensor(5.0)]):
+        ...     float(Model.values["a"])
+        5.0
+        >>> float(Model.values["a"])
+        1.0
+    """
+    fixed = fixed_values(model)
+    saved = dict(fixed)
+    fixed.update(zip(sorted(fixed), values))
+    try:
+        yield
+    finally:
+        fixed.update(saved)
+
+
+def replay_with_fixed_sites(
+    cache: dict[tuple[str, ...], ReplayedFunction], model: Callable[..., Any], fn: Callable[..., Any], what: str
+) -> tuple[ReplayedFunction, tuple[Tensor, ...]]:
+    """The replay of ``fn`` for the model's current set of fixed sites (kept in ``cache``) and their values.
+
+    ``fn`` takes the fixed sites' values as its trailing arguments, in sorted name order (see
+    :func:`fixed_sites_at`).
+
+    Example:
+        >>> cache = {}
+        >>> replay, fixed = replay_with_fixed_sites(cache, lambda: None, torch.neg, "negation")
+        >>> list(cache), fixed, replay(torch.ones(2)).tolist()
+        ([()], (), [-1.0, -1.0])
+    """
+    fixed = fixed_values(model)
+    names = tuple(sorted(fixed))
+    if names not in cache:
+        cache[names] = ReplayedFunction(fn, what)
+    return cache[names], tuple(fixed[name] for name in names)
+
+
 class _Compiler:
     """Holds what is needed to re-tabulate a model's sites with one enumerated run."""
 
@@ -695,13 +742,10 @@ class _Compiler:
         values = self._conditioned_values()
         if values is not None and self._key is not None and _same_values(values, self._key):
             return
-        names = tuple(sorted(values or {}))
-        replay = self._replays.get(names)
-        if replay is None:
-            replay = self._replays[names] = ReplayedFunction(
-                self._tables, f"re-tabulating model {_model_name(self.model)!r}"
-            )
-        for factor, tables in zip(self.factors, replay(*((values or {})[name] for name in names))):
+        replay, fixed = replay_with_fixed_sites(
+            self._replays, self.model, self._tables, f"re-tabulating model {_model_name(self.model)!r}"
+        )
+        for factor, tables in zip(self.factors, replay(*fixed)):
             group = self.groups[factor.group]
             group.log_tables[factor.rows] = tables.to(group.log_tables.dtype)
         for group in self.groups:
@@ -710,14 +754,9 @@ class _Compiler:
 
     def _tables(self, *fixed: Tensor) -> tuple[Tensor, ...]:
         """Every factor's tables with the model's fixed sites at ``fixed`` (sorted names): what refresh records."""
-        values = fixed_values(self.model)
-        saved = dict(values)
-        values.update(zip(sorted(values), fixed))
-        try:  # validation off, as in Pyro's MCMC: an invalid value gives NaN or +inf, refused by _check_values
-            with pyro.validation_enabled(False):
-                rows = self.tabulate(self.enum_trace(), self.plain_trace(), [f.site for f in self.factors])
-        finally:
-            values.update(saved)
+        # validation off, as in Pyro's MCMC: an invalid value gives NaN or +inf, refused by _check_values
+        with fixed_sites_at(self.model, fixed), pyro.validation_enabled(False):
+            rows = self.tabulate(self.enum_trace(), self.plain_trace(), [f.site for f in self.factors])
         for factor, (_, parents, _, _, _) in zip(self.factors, rows):
             if parents != factor.parents:
                 raise ValueError(
