@@ -44,10 +44,17 @@ def test_priorswap_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
     gmm = {r["method"]: r for r in res["gmm"]["rows"]}
     assert set(gmm) >= {"false posterior (collapsed Gibbs)", "IS (false draws)"}
     # Repulsive prior: the swap chain's mean minimum distance between cluster means moves away from the false
-    # posterior's (+0.35 to +0.39) and agrees with importance sampling's (within 0.01-0.04), seeds 0-2. A swap
-    # kernel that ignores the new prior stays at the false posterior's value.
-    swap, is_row, false = gmm["prior swap (MH)"], gmm["IS (false draws)"], gmm["false posterior (collapsed Gibbs)"]
-    assert swap["mean_min_distance"] - false["mean_min_distance"] > 0.15, (swap, false)
-    assert abs(swap["mean_min_distance"] - is_row["mean_min_distance"]) < 0.15, (swap, is_row)
+    # posterior's, in the direction importance sampling gives. Quick mode, data seeds 0-11 (independence MH, 2000
+    # draws): the swap moves 0.15-0.56, at least 0.8 of IS's own move, and lands 0.00-0.12 from IS; on one dataset
+    # the chain's seed moves it by about 0.025 (sd). A swap kernel that ignores the new prior stays near 0 move.
+    swap, is_row, false = (
+        gmm["prior swap (independence)"],
+        gmm["IS (false draws)"],
+        gmm["false posterior (collapsed Gibbs)"],
+    )
+    moved = swap["mean_min_distance"] - false["mean_min_distance"]
+    is_moved = is_row["mean_min_distance"] - false["mean_min_distance"]
+    assert moved > 0.1 and moved > 0.5 * is_moved, (swap, is_row, false)
+    assert abs(swap["mean_min_distance"] - is_row["mean_min_distance"]) < 0.2, (swap, is_row)
     assert (folder / "priorswap_study.md").read_text().count("|") > 50
     assert {p.name for p in folder.glob("*.png")} == {"oned_error_vs_T.png", "error_vs_time.png", "gmm_repulsive.png"}
