@@ -303,7 +303,7 @@ def test_epsilon_zero_reproduces_exact_mh_decisions_with_one_run_for_both_points
     pyro.set_rng_seed(7)
     decisions, z = [], z0
     for _ in range(150):
-        new = kernel._flatten(kernel.sample(kernel._unflatten(z)))
+        new = kernel.layout.flatten_point(kernel.sample(kernel.layout.unflatten(z))).detach()
         decisions.append(not torch.equal(new, z))
         z = new
     pyro.set_rng_seed(7)

@@ -46,10 +46,11 @@ from typing import Any, NamedTuple
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
-from torch.distributions import Distribution, biject_to
-from torch.distributions.transforms import ComposeTransform, IndependentTransform, Transform, _InverseTransform
+from torch.distributions import Distribution
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
+from neuralblock.pyro.layout import FlatLayout
+from neuralblock.pyro.plates import find_data_plate
 from neuralblock.subsample import IndexSampler, SectionEvaluator, SectionTerms, SequentialTestInfo, sequential_test
 from neuralblock.subsample.sections import is_subsample_site, site_plate_frame
 
@@ -362,8 +363,7 @@ class AusterityMH(MCMCKernel):
         nodes = [s for s in trace.nodes.values() if s["type"] == "sample"]
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
-        self.plate = self._find_plate(samples, subsample)
-        self.num_sections = int(subsample[self.plate]["fn"].size)
+        self.plate, self.num_sections, _ = find_data_plate(trace, self._plate_arg)
         latent = [s for s in samples if not s["is_observed"]]
         inside = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
         outside = [s["name"] for s in latent if inside[s["name"]] is None]
@@ -376,11 +376,9 @@ class AusterityMH(MCMCKernel):
             raise ValueError(f"AusterityMH updates global sites; {local} lie inside plate {self.plate!r}")
         self.sites = list(sites)
         by_name = {s["name"]: s for s in latent}
-        self.transforms = {s: biject_to(by_name[s]["fn"].support).inv for s in self.sites}
-        self._identity = {s: _is_identity(self.transforms[s]) for s in self.sites}
-        self._shapes = {s: by_name[s]["value"].shape for s in self.sites}
-        self._sizes = [int(math.prod(self._shapes[s])) for s in self.sites]
-        self.dim = sum(self._sizes)
+        self.layout = FlatLayout.from_trace(by_name, self.sites)
+        self.transforms = self.layout.transforms
+        self.dim = self.layout.dim
         others = {s["name"]: s for s in latent if s["name"] not in self.sites}
         unknown_fixed = sorted(set(self._fixed) - set(others))
         if unknown_fixed:
@@ -397,13 +395,13 @@ class AusterityMH(MCMCKernel):
             missing = [s for s in self.sites if s not in self._init_arg]
             if missing:
                 raise ValueError(f"initial_params lack sites {missing}")
-            self._initial = {s: self._init_arg[s].reshape(self._shapes[s]) for s in self.sites}
+            self._initial = {s: self._init_arg[s].reshape(self.layout.unconstrained_shapes[s]) for s in self.sites}
             self._init_arg = None  # set values start the next chain only (Pyro's MCMC sets them before each chain)
-            z0 = self._flatten(self._initial)
+            z0 = self.layout.flatten_point(self._initial).detach()
             full = self._check_user_start(z0, args, kwargs)
         else:
-            self._initial = {s: self.transforms[s](by_name[s]["value"].detach()) for s in self.sites}
-            z0 = self._flatten(self._initial)
+            self._initial = self.layout.unconstrain({s: by_name[s]["value"].detach() for s in self.sites})
+            z0 = self.layout.flatten_point(self._initial).detach()
             try:
                 traced = self.sections.terms_of_trace(nodes) if from_trace else None
             except (ValueError, RuntimeError, IndexError):
@@ -411,14 +409,14 @@ class AusterityMH(MCMCKernel):
             log_p = self._start_log_density(z0, traced)
             if not math.isfinite(log_p):
                 z0, full = self._find_start(z0, args, kwargs)
-                self._initial = self._unflatten(z0)
+                self._initial = self.layout.unflatten(z0.detach())
                 from_trace = False
         if full is not None:
             self.sections.check_lazy(self._values(z0), full)  # the density check's full run serves as reference
         else:
             self._check_lazy(z0, nodes if from_trace else None, by_name)
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
-        self.sections.check_vectorized(self._fixed, self._constrain(trial)[0])
+        self.sections.check_vectorized(self._fixed, self.layout.constrain(trial)[0])
         laplace = self._setup_control_variate(z0)
         self._setup_proposal(laplace)
 
@@ -430,7 +428,7 @@ class AusterityMH(MCMCKernel):
         """
         if not bool(torch.isfinite(z).all()):
             return math.nan
-        values, log_jacobian = self._constrain(z.detach()[None])
+        values, log_jacobian = self.layout.constrain(z.detach()[None])
         if full is None:
             try:
                 full = self.sections._run(self._values(z.detach()), None)
@@ -479,7 +477,9 @@ class AusterityMH(MCMCKernel):
             if attempt < _PRIOR_ROUNDS:
                 with pyro.validation_enabled(False):
                     trace = poutine.trace(model).get_trace(*args, **kwargs)
-                z = self._flatten({s: self.transforms[s](trace.nodes[s]["value"].detach()) for s in self.sites})
+                z = self.layout.flatten_point(
+                    self.layout.unconstrain({s: trace.nodes[s]["value"].detach() for s in self.sites})
+                ).detach()
             else:
                 z = (torch.rand(self.dim, dtype=z0.dtype) * 2 - 1) * _UNIFORM_RADIUS
             try:
@@ -538,24 +538,6 @@ class AusterityMH(MCMCKernel):
                 return
         self.sections.check_lazy(self._values(z0))
 
-    def _find_plate(self, samples: list[dict], subsample: dict[str, dict]) -> str:
-        observed_frames = [
-            {f.name for f in s["cond_indep_stack"] if f.vectorized and f.name in subsample}
-            for s in samples
-            if s["is_observed"]
-        ]
-        if self._plate_arg is not None:
-            if self._plate_arg not in subsample:
-                raise ValueError(f"plate {self._plate_arg!r} is not a plate of the model; plates: {sorted(subsample)}")
-            return self._plate_arg
-        candidates = set().union(*observed_frames) if observed_frames else set()
-        if len(candidates) != 1:
-            raise ValueError(
-                f"cannot tell the plate of local sections (observed sites lie in plates {sorted(candidates)}); "
-                "pass plate=<name>"
-            )
-        return candidates.pop()
-
     def _setup_proposal(self, laplace: Tensor | None = None) -> None:
         """Random-walk scale and step adapter (``laplace``: the Laplace covariance of a ``"mode"`` control variate)."""
         scale = self._scale_arg
@@ -593,8 +575,9 @@ class AusterityMH(MCMCKernel):
             missing = [s for s in self.sites if s not in self._cv_arg]
             if missing:
                 raise ValueError(f"control_variate lacks sites {missing}")
-            point = torch.cat(
-                [self.transforms[s](self._cv_arg[s].reshape(self._shapes[s])).reshape(-1) for s in self.sites]
+            shapes = self.layout.shapes
+            point = self.layout.flatten_point(
+                self.layout.unconstrain({s: self._cv_arg[s].reshape(shapes[s]) for s in self.sites})
             ).detach()
         else:
             point = z0.detach().clone()
@@ -668,7 +651,7 @@ class AusterityMH(MCMCKernel):
         """Log prior plus log-Jacobian at ``point``, with its gradient and Hessian (O(d²), no data)."""
 
         def log_prior(z: Tensor) -> Tensor:
-            values, log_jacobian = self._constrain(z.unsqueeze(0))
+            values, log_jacobian = self.layout.constrain(z.unsqueeze(0))
             terms = self.sections.evaluate_many(self._fixed, values, torch.arange(1), with_global=True)
             return terms.global_term[0] + log_jacobian[0]
 
@@ -759,7 +742,7 @@ class AusterityMH(MCMCKernel):
         """One austerity MH transition of the global sites."""
         if self.transforms is None:
             raise RuntimeError("call setup() before sample()")
-        z = self._flatten(params)
+        z = self.layout.flatten_point(params).detach()
         warmup = self._t < self._warmup_steps
         if self.normality_check and self.normality is None:
             self.normality = self._check_normality(z)
@@ -776,7 +759,7 @@ class AusterityMH(MCMCKernel):
         elapsed = time.perf_counter() - start
         self._record(info, warmup, elapsed)
         self._t += 1
-        return self._unflatten(proposal.value if info.accept else z)
+        return self.layout.unflatten((proposal.value if info.accept else z).detach())
 
     def _audit(self, info: SequentialTestInfo, exact: SequentialTestInfo) -> None:
         """Count a decision checked against the exact one; warn once when wrong decisions are clearly above ε."""
@@ -855,7 +838,7 @@ class AusterityMH(MCMCKernel):
         n_total, z_new = self.num_sections, proposal.value
         epsilon = 0.0 if exact else self.epsilon
         if epsilon == 0:  # exact MH: every section in one batch, the current state's terms cached
-            batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
+            batch, log_jacobian = self.layout.constrain(torch.stack([z, z_new]))
             cur, nxt = self._exact_terms(z, z_new, batch)
             first, first_values, proxy = n_total, nxt.sections - cur.sections, torch.zeros((), dtype=torch.float64)
             global_diff = nxt.global_term - cur.global_term
@@ -917,7 +900,7 @@ class AusterityMH(MCMCKernel):
         if self._cv_point is not None and self._cv_rows is None and self.sections.batched:
             # the three points are one leaf: autograd reaches θ̂'s row without cat/slice nodes in each backward pass
             leaf = torch.stack([z.detach(), z_new.detach(), self._cv_point]).requires_grad_(True)
-            values, log_jacobian = self._constrain(leaf)
+            values, log_jacobian = self.layout.constrain(leaf)
             fused = self.sections.bind_many(self._fixed, values)
             delta, spread = self._directions(z, z_new) if directions is None else directions
             split: list[Callable[[Tensor], SectionTerms]] = []
@@ -942,7 +925,7 @@ class AusterityMH(MCMCKernel):
                 return terms.global_term[:2].detach(), ratios
 
             return with_point, log_jacobian[:2].detach()
-        batch, log_jacobian = self._constrain(torch.stack([z, z_new]))
+        batch, log_jacobian = self.layout.constrain(torch.stack([z, z_new]))
         evaluate = self.sections.bind_many(self._fixed, batch)
 
         def separate(idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -1007,7 +990,7 @@ class AusterityMH(MCMCKernel):
                 proposal = self._propose(z)
                 self.index_sampler.reset()
                 idx = self.index_sampler.draw(n)
-                batch = self._constrain(torch.stack([z, proposal.value]))[0]
+                batch = self.layout.constrain(torch.stack([z, proposal.value]))[0]
                 sections = self.sections.evaluate_many(self._fixed, batch, idx, with_global=False).sections
                 diff = sections[1] - sections[0]
                 ratios.append((diff - self._proxy(idx, z, proposal.value)).detach())
@@ -1040,54 +1023,9 @@ class AusterityMH(MCMCKernel):
         self._audits = self._audit_errors = self._false_accepts = 0
         self._audit_warned = False
 
-    # -- params <-> flat unconstrained vector --------------------------------------------
-    def _flatten(self, params: dict[str, Tensor]) -> Tensor:
-        missing = [s for s in self.sites if s not in params]
-        if missing:
-            raise ValueError(f"params lack sites {missing}")
-        return torch.cat([torch.as_tensor(params[s]).detach().reshape(-1) for s in self.sites])
-
-    def _unflatten(self, z: Tensor) -> dict[str, Tensor]:
-        if len(self.sites) == 1:
-            return {self.sites[0]: z.detach().reshape(self._shapes[self.sites[0]])}
-        parts = torch.split(z.detach(), self._sizes)
-        return {s: p.reshape(self._shapes[s]) for s, p in zip(self.sites, parts, strict=True)}
-
     def _values(self, z: Tensor) -> dict[str, Tensor]:
-        """Constrained values of every latent site: the updated ones at ``z``, the others held fixed."""
-        parts = torch.split(z, self._sizes)
-        values = dict(self._fixed)
-        for s, p in zip(self.sites, parts, strict=True):
-            values[s] = self.transforms[s].inv(p.reshape(self._shapes[s]))
-        return values
-
-    def _constrain(self, points: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-        """Constrained values ``{site: [P, *shape]}`` of ``P`` flat points ``[P, d]`` and their log-Jacobians ``[P]``.
-
-        The log-Jacobian is ``log |det d constrained / d z|`` summed over the updated sites.
-        """
-        count = points.shape[0]
-        values, log_jacobian = {}, torch.zeros(count, dtype=points.dtype)
-        parts = torch.split(points, self._sizes, dim=1) if len(self.sites) > 1 else (points,)
-        for s, p in zip(self.sites, parts, strict=True):
-            shape = (count, *self._shapes[s])
-            u = p if p.shape == shape else p.reshape(shape)  # no view node for autograd to traverse
-            if self._identity[s]:  # e.g. a real-valued site: no transform, zero log-Jacobian
-                values[s] = u
-                continue
-            inv = self.transforms[s].inv
-            values[s] = inv(u)
-            log_jacobian = log_jacobian + inv.log_abs_det_jacobian(u, values[s]).reshape(count, -1).sum(-1)
-        return values, log_jacobian
-
-
-def _is_identity(transform: Transform) -> bool:
-    """Whether a transform is the identity (as ``biject_to`` returns for real supports), by its structure."""
-    if isinstance(transform, _InverseTransform):
-        return _is_identity(transform.inv)
-    if isinstance(transform, IndependentTransform):
-        return _is_identity(transform.base_transform)
-    return isinstance(transform, ComposeTransform) and all(_is_identity(part) for part in transform.parts)
+        """Constrained values of every latent site: the updated ones at flat ``z``, the others held fixed."""
+        return self.layout.constrain_point(z, self._fixed)
 
 
 def _grad_or_zero(output: Tensor, wrt: Tensor, **kwargs: Any) -> Tensor:

@@ -101,12 +101,12 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
-from torch.distributions import biject_to
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
 from neuralblock.kernels.summaries import SummaryFn, default_summaries, summarise_batch
-from neuralblock.pyro.plates import PlateIndices, plate_dim
+from neuralblock.pyro.layout import FlatLayout
+from neuralblock.pyro.plates import PlateIndices, find_data_plate, plate_dim
 from neuralblock.subsample.likelihood import CompileError, LogLikelihood
 from neuralblock.subsample.sections import section_scale, site_plate_frame
 
@@ -442,7 +442,8 @@ class LWAKernel(MCMCKernel):
         self._find_plate(trace)
         self._find_sites(trace)
         self._direct = self._compile() if self.direct else None
-        self.transforms = {name: biject_to(trace.nodes[name]["fn"].support).inv for name in self.sites}
+        self.layout = FlatLayout.from_trace(trace, self.sites)
+        self.transforms = self.layout.transforms
         self._summary_fn: SummaryFn = (
             default_summaries(self.subset) if isinstance(self._summaries_arg, str) else self._summaries_arg
         )
@@ -508,7 +509,7 @@ class LWAKernel(MCMCKernel):
     def _describe_start(self, params: Mapping[str, Tensor]) -> str:
         """Name the sites whose log density is not finite at unconstrained ``params`` (one unvalidated full run)."""
         values = dict(self._base)
-        values.update({k: self.transforms[k].inv(params[k]) for k in self.sites})
+        values.update(self.layout.constrain_params(params)[0])
         shown = ", ".join(
             f"{k}={float(values[k]):g}" if values[k].numel() == 1 else f"{k}={values[k].flatten()[:4].tolist()}"
             for k in self.sites
@@ -528,7 +529,7 @@ class LWAKernel(MCMCKernel):
     def _prior_init(self, trace: Any, tries: int = 100) -> dict[str, Tensor]:
         """Unconstrained prior draw of ``sites`` with a finite target on ``U`` (up to ``tries`` draws)."""
         for _ in range(tries):
-            init = {k: self.transforms[k](trace.nodes[k]["value"].detach()) for k in self.sites}
+            init = self.layout.unconstrain({k: trace.nodes[k]["value"].detach() for k in self.sites})
             if math.isfinite(self.log_target(init, self._indices)):
                 return init
             with PlateIndices(self.plate, self._indices):
@@ -538,27 +539,11 @@ class LWAKernel(MCMCKernel):
         raise ValueError(f"no prior draw in {tries} gave a finite log density; set initial_params")
 
     def _find_plate(self, trace: Any) -> None:
-        observed = [s for s in trace.nodes.values() if s["type"] == "sample" and s["is_observed"]]
-        plates = {f.name: f for s in observed for f in s["cond_indep_stack"] if f.vectorized}
-        if self._plate_arg is not None:
-            if self._plate_arg not in plates:
-                raise ValueError(f"plate {self._plate_arg!r} holds no observed site; plates found: {sorted(plates)}")
-            name = self._plate_arg
-        else:
-            shared = [p for p in plates if all(any(f.name == p for f in s["cond_indep_stack"]) for s in observed)]
-            if len(shared) != 1:
-                raise ValueError(
-                    f"LWAKernel needs one data plate shared by the observed sites, found {shared}; pass plate="
-                )
-            name = shared[0]
-        node = trace.nodes.get(name)
-        if node is None or not isinstance(node["fn"], _Subsample):
-            raise ValueError(f"the data plate {name!r} must be a pyro.plate with a size")
-        self.plate = name
-        self.num_data = int(node["fn"].size)
+        self.plate, self.num_data, self._plate_dim = find_data_plate(
+            trace, self._plate_arg, shared=True, owner="LWAKernel"
+        )
         if self.subset_size > self.num_data:
             raise ValueError(f"subset_size {self.subset_size} exceeds the {self.num_data} data points")
-        self._plate_dim = plates[name].dim
 
     def _find_sites(self, trace: Any) -> None:
         local = [k for k, s in trace.nodes.items() if _is_latent(s) and _in_plate(s, self.plate)]
@@ -687,13 +672,8 @@ class LWAKernel(MCMCKernel):
         if self.transforms is None:
             raise RuntimeError("call setup() before evaluating the log target")
         values = dict(self._base)
-        log_jac = 0.0
-        for name in self.sites:
-            z = params[name]
-            inv = self.transforms[name].inv
-            x = inv(z)
-            values[name] = x
-            log_jac = log_jac + inv.log_abs_det_jacobian(z, x).sum()
+        constrained, log_jac = self.layout.constrain_params(params)
+        values.update(constrained)
         scale = self.num_data / indices.numel()
         if self._direct is not None:
             terms = self._direct.terms({k: v.unsqueeze(0) for k, v in values.items()}, indices, with_global=True)

@@ -54,6 +54,7 @@ from neuralblock.kernels.conditioning import set_conditioning, values_changed
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.gibbs import GibbsKernel
 from neuralblock.pyro.compile import fixed_sites_at, fixed_values
+from neuralblock.pyro.layout import FlatLayout
 from neuralblock.replay import ReplayedFunction
 
 __all__ = ["MarginalRandomWalk"]
@@ -132,8 +133,7 @@ class MarginalRandomWalk(MCMCKernel):
             )
         self.transforms = transforms
         self._names = sorted(init)
-        self._shapes = [init[name].shape for name in self._names]
-        self._sizes = [math.prod(shape) for shape in self._shapes]
+        self.layout = FlatLayout.from_trace(trace, self._names)
         self._discrete = [
             name
             for name, site in trace.iter_stochastic_nodes()
@@ -143,10 +143,10 @@ class MarginalRandomWalk(MCMCKernel):
         self._sweep = ReplayedFunction(
             self._recordable_sweep, f"the marginal random walk of model {getattr(self.model, '__name__', 'model')!r}"
         )
-        self.adapter = StepSizeAdapter(sum(self._sizes), self.initial_step_size, self.target_accept)
+        self.adapter = StepSizeAdapter(self.layout.dim, self.initial_step_size, self.target_accept)
         pending, self._pending_init = self._pending_init, None
-        u = self._flatten({k: pending[k] if pending and k in pending else v for k, v in init.items()})
-        self._u = u
+        start = {k: pending[k] if pending and k in pending else v for k, v in init.items()}
+        u = self._u = self.layout.flatten_point(start).detach()
         self._potential = self._potential_of(u)
         self._fixed_key = _copy(fixed_values(self.model))
         if not torch.isfinite(self._potential):
@@ -158,7 +158,7 @@ class MarginalRandomWalk(MCMCKernel):
         self._values: dict[str, Tensor] = {}
         if self._discrete:
             self._gibbs = GibbsKernel(self.model)
-            set_conditioning(self._gibbs, self._constrained(u), reset=True)
+            set_conditioning(self._gibbs, self.layout.constrain_point(u), reset=True)
             discrete = {k: v for k, v in (pending or {}).items() if k in self._discrete}
             if discrete:
                 self._gibbs.initial_params = discrete
@@ -169,21 +169,9 @@ class MarginalRandomWalk(MCMCKernel):
         self._t = 0
         self._reset_stats()
 
-    def _flatten(self, params: dict[str, Tensor]) -> Tensor:
-        return torch.cat([params[name].detach().reshape(-1) for name in self._names])
-
-    def _unflatten(self, u: Tensor) -> dict[str, Tensor]:
-        return {
-            name: part.reshape(shape)
-            for name, part, shape in zip(self._names, u.split(self._sizes), self._shapes, strict=True)
-        }
-
-    def _constrained(self, u: Tensor) -> dict[str, Tensor]:
-        return {name: self.transforms[name].inv(value) for name, value in self._unflatten(u).items()}
-
     def _potential_of(self, u: Tensor) -> Tensor:
         with pyro.validation_enabled(False):  # an invalid proposal gives a NaN or infinite potential: rejected
-            return self._potential_fn(self._unflatten(u)).detach()
+            return self._potential_fn(self.layout.unflatten(u)).detach()
 
     # -- the transition ------------------------------------------------------------------------
     def _recordable_sweep(
@@ -210,7 +198,7 @@ class MarginalRandomWalk(MCMCKernel):
         """``sweeps`` random-walk sweeps on the marginal, then an exact draw of the discrete sites."""
         start = time.perf_counter()
         warmup = self._t < self._warmup_steps
-        u = self._flatten({name: params[name] for name in self._names})
+        u = self.layout.flatten_point(params).detach()
         fixed = fixed_values(self.model)
         moved = values_changed(self._fixed_key, fixed)
         if moved or not torch.equal(u, self._u):  # a compound sampler moved the values or the fixed sites
@@ -228,9 +216,9 @@ class MarginalRandomWalk(MCMCKernel):
                 self.adapter.update(torch.arange(d), probs.to(self.adapter.log_step))
             self._count(probs, warmup)
         self._u, self._potential = u, potential
-        out = self._unflatten(u)
+        out = self.layout.unflatten(u)
         if self._gibbs is not None:
-            set_conditioning(self._gibbs, self._constrained(u))
+            set_conditioning(self._gibbs, self.layout.constrain_point(u))
             discrete = {name: params[name] for name in self._discrete if name in params} or self._values
             self._values = self._gibbs.sample(discrete)
             out.update(self._values)
@@ -245,7 +233,7 @@ class MarginalRandomWalk(MCMCKernel):
         """The start: unconstrained continuous values and the discrete values."""
         if self.transforms is None:
             raise RuntimeError("call setup() before reading initial_params")
-        return {**self._unflatten(self._u), **self._values}
+        return {**self.layout.unflatten(self._u), **self._values}
 
     @initial_params.setter
     def initial_params(self, params: dict[str, Tensor]) -> None:

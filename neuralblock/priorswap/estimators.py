@@ -2,7 +2,7 @@
 
 Every estimator is a :class:`FalsePosteriorDensity` over a flat vector of dimension ``dim``
 with a batched ``log_prob(x [..., dim]) -> [...]``. Fitted estimators live on the flat
-*unconstrained* vector ``z`` (see :class:`~neuralblock.priorswap.layout.SiteLayout`);
+*unconstrained* vector ``z`` (see :class:`~neuralblock.pyro.layout.FlatLayout`);
 :class:`ExactPosterior` wraps a user's closed-form density, stated on the constrained values
 (``space="constrained"``, the default) or on ``z``.
 

@@ -441,7 +441,7 @@ class PriorSwap(MCMCKernel):
 
     @property
     def layout(self) -> Any:
-        """The sites' :class:`~neuralblock.priorswap.layout.SiteLayout`."""
+        """The sites' :class:`~neuralblock.pyro.layout.FlatLayout`."""
         return self.problem.layout
 
     @property

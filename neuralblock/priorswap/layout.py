@@ -2,8 +2,9 @@
 
 A false posterior over several global sites (``MCMC.get_samples()`` of a model with, say,
 ``beta`` of shape ``[90]`` and a positive ``sigma``) is handled as one flat vector: a
-:class:`SiteLayout` records each site's shape and support, flattens dicts of samples into
-``[T, D]`` matrices, and maps the flat *unconstrained* vector ``z`` (where densities are
+:class:`SiteLayout` (the global kernels' shared :class:`~neuralblock.pyro.layout.FlatLayout`,
+under its prior-swap name) records each site's shape and support, flattens dicts of samples
+into ``[T, D]`` matrices, and maps the flat *unconstrained* vector ``z`` (where densities are
 fitted and HMC moves) to the constrained values ``theta`` with the log-Jacobian.
 
 A :class:`SitePrior` evaluates a prior given as a torch/Pyro distribution, a dict of
@@ -13,18 +14,21 @@ distributions (one per site) or a user log-density callable, batched over draws.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
-from torch.distributions import Distribution, biject_to, constraints
+from torch.distributions import Distribution, constraints
 from torch.distributions.constraints import Constraint
+
+from neuralblock.pyro.layout import FlatLayout
 
 __all__ = ["DEFAULT_SITE", "PriorLike", "SiteLayout", "SitePrior", "as_sample_dict", "same_support", "support_key"]
 
 DEFAULT_SITE = "theta"
+
+#: The prior-swap name of :class:`~neuralblock.pyro.layout.FlatLayout` (the same class).
+SiteLayout = FlatLayout
 
 #: A prior: one distribution (single site), one per site, or a callable log density taking a dict
 #: ``site -> Tensor [B, *shape]`` of constrained values and returning ``[B]``.
@@ -108,104 +112,6 @@ def _base_constraint(support: Constraint | None) -> Constraint:
     while isinstance(support, constraints.independent):
         support = support.base_constraint
     return constraints.real if support is None else support
-
-
-class SiteLayout:
-    """Shapes and supports of the swapped sites, and the flat-vector maps.
-
-    Args:
-        shapes: site -> shape of one draw (insertion order fixes the flat order).
-        supports: site -> support constraint (default: real).
-
-    Example:
-        >>> layout = SiteLayout({"beta": (2,), "sigma": ()}, {"sigma": constraints.positive})
-        >>> z = torch.zeros(4, 3)
-        >>> theta, log_det = layout.to_constrained(z)
-        >>> theta[:, 2].tolist(), layout.unflatten(theta)["beta"].shape
-        ([1.0, 1.0, 1.0, 1.0], torch.Size([4, 2]))
-    """
-
-    def __init__(self, shapes: Mapping[str, Sequence[int]], supports: Mapping[str, Constraint] | None = None) -> None:
-        if not shapes:
-            raise ValueError("a SiteLayout needs at least one site")
-        supports = dict(supports or {})
-        unknown = set(supports) - set(shapes)
-        if unknown:
-            raise ValueError(f"supports given for unknown sites {sorted(unknown)}")
-        self.shapes = {name: torch.Size(shape) for name, shape in shapes.items()}
-        self.supports: dict[str, Constraint] = {n: supports.get(n, constraints.real) for n in self.shapes}
-        self.sizes = {name: math.prod(shape) for name, shape in self.shapes.items()}
-        self.dim = sum(self.sizes.values())
-        self.bijections = {}
-        for name, support in self.supports.items():
-            transform = biject_to(support)
-            shape = self.shapes[name]
-            if transform.forward_shape(shape) != shape:
-                raise ValueError(f"site {name!r}: support {support} changes shape when unconstrained; unsupported")
-            self.bijections[name] = transform
-        self.constrained_sites = [n for n, s in self.supports.items() if support_key(s) != "Real()"]
-        offsets = torch.tensor([0, *self.sizes.values()]).cumsum(0).tolist()
-        self.slices = {name: slice(offsets[i], offsets[i + 1]) for i, name in enumerate(self.shapes)}
-
-    @classmethod
-    def from_samples(
-        cls, samples: Mapping[str, Tensor], supports: Mapping[str, Constraint] | None = None
-    ) -> SiteLayout:
-        """Layout of a dict of draws ``site -> [T, *shape]``."""
-        return cls({name: value.shape[1:] for name, value in samples.items()}, supports)
-
-    def flatten(self, values: Mapping[str, Tensor]) -> Tensor:
-        """``site -> [B, *shape]`` to ``[B, D]`` (checks that every site is present with its shape)."""
-        missing = [n for n in self.shapes if n not in values]
-        if missing:
-            raise ValueError(f"values lack sites {missing}; expected {list(self.shapes)}")
-        parts = []
-        for name, shape in self.shapes.items():
-            value = torch.as_tensor(values[name])
-            nd = len(shape)
-            if tuple(value.shape[value.dim() - nd :]) != tuple(shape) or value.dim() < nd + 1:
-                raise ValueError(f"site {name!r} has shape {tuple(value.shape)}, expected [num_draws, *{tuple(shape)}]")
-            parts.append(value.reshape(value.shape[0], -1))
-        return torch.cat(parts, -1)
-
-    def unflatten(self, flat: Tensor) -> dict[str, Tensor]:
-        """``[..., D]`` to ``site -> [..., *shape]``."""
-        if flat.shape[-1] != self.dim:
-            raise ValueError(f"flat values have last dimension {flat.shape[-1]}, expected {self.dim}")
-        batch = flat.shape[:-1]
-        return {n: flat[..., self.slices[n]].reshape(batch + self.shapes[n]) for n in self.shapes}
-
-    def to_constrained(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """Map flat unconstrained ``z [..., D]`` to ``(theta [..., D], log|d theta / d z| [...])``."""
-        if not self.constrained_sites:
-            return z, z.new_zeros(z.shape[:-1])
-        theta = z.clone()
-        batch = z.shape[:-1]
-        log_det = z.new_zeros(batch)
-        for name in self.constrained_sites:  # each site's transform sees the site's own shape
-            transform, u = self.bijections[name], self._site_values(z, name)
-            value = transform(u)
-            theta[..., self.slices[name]] = value.reshape(batch + (-1,))
-            log_det = log_det + transform.log_abs_det_jacobian(u, value).reshape(batch + (-1,)).sum(-1)
-        return theta, log_det
-
-    def to_unconstrained(self, theta: Tensor) -> Tensor:
-        """Map flat constrained ``theta [..., D]`` to unconstrained ``z`` (checks the supports)."""
-        z = theta.clone()
-        for name in self.constrained_sites:
-            value = self._site_values(theta, name)
-            if not bool(self.supports[name].check(value).all()):
-                raise ValueError(f"values of site {name!r} lie outside its support {self.supports[name]}")
-            z[..., self.slices[name]] = self.bijections[name].inv(value).reshape(theta.shape[:-1] + (-1,))
-        return z
-
-    def _site_values(self, flat: Tensor, name: str) -> Tensor:
-        """Site ``name``'s part of ``flat [..., D]`` in its own shape ``[..., *shape]``."""
-        return flat[..., self.slices[name]].reshape(flat.shape[:-1] + self.shapes[name])
-
-    def unconstrained_transforms(self) -> dict[str, Any]:
-        """Pyro-style ``transforms`` (constrained -> unconstrained) for the non-real sites."""
-        return {name: self.bijections[name].inv for name in self.constrained_sites}
 
 
 def _unvalidated(dist: Distribution) -> Distribution:
@@ -314,4 +220,4 @@ class SitePrior:
             raise RuntimeError(f"{self.name} is not bound to a layout")
         batch = theta.shape[:-1]
         flat = theta.reshape(-1, theta.shape[-1])
-        return self.log_prob(self.layout.unflatten(flat)).reshape(batch)
+        return self.log_prob(self.layout.unflatten(flat, constrained=True)).reshape(batch)

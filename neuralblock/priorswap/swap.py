@@ -139,6 +139,11 @@ class SwapProblem:
         declared = {**self.target_prior.supports(sites), **self.false_prior.supports(sites), **dict(supports or {})}
         self._check_supports(sites)
         self.layout = SiteLayout(shapes, declared)
+        if self.layout.reshaped_sites:  # the swap's flat vectors are the same size in both spaces
+            name = self.layout.reshaped_sites[0]
+            raise ValueError(
+                f"site {name!r}: support {self.layout.supports[name]} changes shape when unconstrained; unsupported"
+            )
         self.false_prior.bind(self.layout)
         self.target_prior.bind(self.layout)
         self.z: Tensor | None = None
@@ -193,8 +198,7 @@ class SwappedPotential:
 
     def flat(self, params: Mapping[str, Tensor]) -> Tensor:
         """Concatenate one draw's unconstrained site values in layout order, ``[D]``."""
-        layout = self.problem.layout
-        return torch.cat([params[name].reshape(-1) for name in layout.shapes])
+        return self.problem.layout.flatten_point(params)
 
     def __call__(self, params: Mapping[str, Tensor]) -> Tensor:
         return -self.problem.log_density(self.flat(params)[None])[0]
@@ -243,7 +247,7 @@ class SwappedModel:
             name: pyro.sample(name, _ImproperSite(layout.supports[name], (), shape))
             for name, shape in layout.shapes.items()
         }
-        theta = torch.cat([values[n].reshape(-1) for n in layout.shapes])
+        theta = layout.flatten_point(values, constrained=True)
         z = layout.to_unconstrained(theta)
         _, log_det = layout.to_constrained(z)
         pyro.factor("swapped_density", self.problem.log_density(z[None])[0] - log_det)

@@ -8,6 +8,9 @@
   one factor per sample site, with the site's true dependency structure as scope).
 * :func:`state_to_samples` and :func:`samples_to_state` convert between flat states
   ``[..., n]`` and ``{site name: values}`` dicts, e.g. ``MCMC.get_samples()``.
+* :class:`FlatLayout` (continuous sites as one flat unconstrained vector, with the map to
+  constrained values and its log-Jacobian) and :func:`find_data_plate` are shared by the
+  global-parameter kernels.
 
 Example:
     >>> import torch
@@ -33,15 +36,19 @@ from neuralblock.pyro.bridge import (
     to_pyro_model,
 )
 from neuralblock.pyro.compile import CompiledTableGroup, PyroGraph, SiteLayout, compile_pyro_model
-from neuralblock.pyro.plates import PlateIndices, plate_dim
+from neuralblock.pyro.layout import FlatLayout
+from neuralblock.pyro.plates import DataPlate, PlateIndices, find_data_plate, plate_dim
 
 __all__ = [
     "CompiledTableGroup",
+    "DataPlate",
     "FactorGraphModel",
+    "FlatLayout",
     "PlateIndices",
     "PyroGraph",
     "PyroModelGroup",
     "PyroTableGroup",
+    "find_data_plate",
     "from_pyro_model",
     "plate_dim",
     "SiteLayout",

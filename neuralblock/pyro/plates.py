@@ -3,10 +3,14 @@
 In Pyro a plate's index set is a ``_Subsample`` sample site named after the plate, so a
 messenger that sets that site's value runs the model on any subset of the data, provided the
 model indexes its data by the plate's indices (Pyro's subsampling idiom). The coresets, the
-LWA kernel and the austerity sections build on this.
+LWA kernel and the austerity sections build on this; :func:`find_data_plate` finds that plate
+in a trace for the global kernels.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 from pyro.poutine.messenger import Messenger
@@ -14,7 +18,74 @@ from pyro.poutine.runtime import Message
 from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
 
-__all__ = ["PlateIndices", "plate_dim"]
+__all__ = ["DataPlate", "PlateIndices", "find_data_plate", "plate_dim"]
+
+
+class DataPlate(NamedTuple):
+    """The data plate of a model, as found in a trace.
+
+    Attributes:
+        name: the plate's name.
+        size: its full size ``N``.
+        dim: its batch dimension on the observed sites (``None`` when no observed site lies in it).
+    """
+
+    name: str
+    size: int
+    dim: int | None
+
+
+def find_data_plate(trace: Any, plate: str | None = None, *, shared: bool = False, owner: str = "") -> DataPlate:
+    """The data plate of a traced model: the ``pyro.plate`` (with a size) its observed sites lie in.
+
+    Args:
+        trace: a ``pyro.poutine.Trace`` of the model (or a mapping site name -> site message).
+        plate: the plate's name if the user gave one (checked to be a plate of the model).
+        shared: the plate must hold every observed site (and a given ``plate`` at least one);
+            otherwise the observed sites must lie in exactly one plate between them.
+        owner: the kernel's name, for error messages.
+
+    Raises:
+        ValueError: ``plate`` is not a plate of the model (or, with ``shared``, holds no observed
+            site), or the plate cannot be told: the message lists the candidates and asks for ``plate=``.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        ...     with pyro.plate("data", len(y)):
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+        >>> find_data_plate(pyro.poutine.trace(model).get_trace(torch.zeros(5)))
+        DataPlate(name='data', size=5, dim=-1)
+    """
+    nodes = trace.nodes if hasattr(trace, "nodes") else trace
+    sites = [s for s in (nodes.values() if isinstance(nodes, Mapping) else nodes) if s["type"] == "sample"]
+    plates = {s["name"]: s for s in sites if isinstance(s["fn"], _Subsample)}
+    observed = [s for s in sites if s["is_observed"] and s["name"] not in plates]
+    frames = {f.name: f for s in observed for f in s["cond_indep_stack"] if f.vectorized}
+    if plate is not None:
+        if plate not in plates:
+            raise ValueError(f"plate {plate!r} is not a plate of the model; plates: {sorted(plates)}")
+        if shared and plate not in frames:
+            raise ValueError(f"plate {plate!r} holds no observed site; plates found: {sorted(frames)}")
+        name = plate
+    elif shared:
+        found = [p for p in frames if all(any(f.name == p for f in s["cond_indep_stack"]) for s in observed)]
+        if len(found) != 1:
+            raise ValueError(f"{owner} needs one data plate shared by the observed sites, found {found}; pass plate=")
+        name = found[0]
+    else:
+        found = [p for p in frames if p in plates]
+        if len(found) != 1:
+            raise ValueError(
+                f"cannot tell the plate of local sections (observed sites lie in plates {sorted(found)}); "
+                "pass plate=<name>"
+            )
+        name = found[0]
+    if name not in plates:
+        raise ValueError(f"the data plate {name!r} must be a pyro.plate with a size")
+    frame = frames.get(name)
+    return DataPlate(name, int(plates[name]["fn"].size), None if frame is None else frame.dim)
 
 
 def plate_dim(msg: Message, plate: str) -> int | None:
