@@ -27,8 +27,8 @@ Outputs (under ``--out``, in a folder named by a hash of the config): ``ner_stud
 
 Usage::
 
-    python experiments/ner_study.py --quick     # CI scale: 20 sentences, 2 s per sampler, 1 seed
-    python experiments/ner_study.py             # full run: 300 sentences, 60 s per sampler, 2 seeds
+    python -m experiments.ner_study --quick     # CI scale: 20 sentences, 2 s per sampler, 1 seed
+    python -m experiments.ner_study             # full run: 300 sentences, 60 s per sampler, 2 seeds
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ from pyro.infer import MCMC
 from torch import Tensor
 from tqdm import tqdm
 
-from motifs.crf import chain_marginals, chain_sample, chain_score, chain_viterbi, entity_spans, load_crf, read_conll
+from experiments.crf_model import entity_spans, precision_recall_f1
+from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.exact import chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
 from neuralblock.kernels import GraphKernel
@@ -142,9 +144,7 @@ def load_corpus(num_sentences: int, exact_samples: int, seed: int) -> NerCorpus:
 
 # ---------------------------------------------------------------------------- metrics
 def _f1(tp: int, n_pred: int, n_gold: int) -> float:
-    p = tp / n_pred if n_pred else 0.0
-    r = tp / n_gold if n_gold else 0.0
-    return 2 * p * r / (p + r) if p + r else 0.0
+    return precision_recall_f1(tp, n_pred, n_gold)["f1"]
 
 
 def token_f1(pred: Tensor, gold: Tensor) -> float:

@@ -1,9 +1,10 @@
 """Train the WNUT-17 linear-chain CRF that the NER experiment and the ``crf_tags`` motif use.
 
-Trains :class:`motifs.crf.LinearChainCRF` with AdaGrad for 10 sweeps over
-``data/ner_wnut17/wnut17train.conll`` (minibatches of 32 sentences), evaluates it on the dev
-and test sets (token accuracy, token F1 over non-O tags, entity F1 over BIO spans) and
-writes the shipped CRF ``data/ner_wnut17/crf.safetensors`` + ``crf.json`` atomically.
+Trains :class:`motifs.crf.LinearChainCRF` with AdaGrad (:func:`experiments.crf_model.train_crf`)
+for 10 sweeps over ``data/ner_wnut17/wnut17train.conll`` (minibatches of 32 sentences),
+evaluates it on the dev and test sets (token accuracy, token F1 over non-O tags, entity F1
+over BIO spans) and writes the shipped CRF ``data/ner_wnut17/crf.safetensors`` + ``crf.json``
+atomically.
 
 Outputs (under ``--results``, in a folder named by a hash of the config):
 ``train_crf.json`` (config, metrics, per-epoch NLL), ``train_crf.md`` (table) and
@@ -11,8 +12,8 @@ Outputs (under ``--results``, in a folder named by a hash of the config):
 
 Usage::
 
-    python experiments/train_crf.py --seed 0            # the shipped CRF (under a minute on 1 core)
-    python experiments/train_crf.py --quick             # CI scale: 1 sweep on 200 sentences,
+    python -m experiments.train_crf --seed 0            # the shipped CRF (under a minute on 1 core)
+    python -m experiments.train_crf --quick             # CI scale: 1 sweep on 200 sentences,
                                                         # the CRF goes to the results folder only
 """
 
@@ -27,11 +28,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from motifs.crf import evaluate, load_crf, read_conll, train_crf  # noqa: E402
-from neuralblock.io import data_path  # noqa: E402
-from neuralblock.proposals.proposal import atomic_write_bytes, code_commit  # noqa: E402
+from experiments.crf_model import evaluate, train_crf
+from motifs.crf import load_crf, read_conll
+from neuralblock.io import data_path
+from neuralblock.proposals.proposal import atomic_write_bytes, code_commit
 
 DATA_FILES = {"train": "wnut17train.conll", "dev": "emerging.dev.conll", "test": "emerging.test.annotated"}
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
             },
             "license": "derived from WNUT-17 (CC-BY 4.0); see data/ner_wnut17/LICENSE.md",
             "commit": code_commit(),
-            "command": "python experiments/train_crf.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m experiments.train_crf " + " ".join(sys.argv[1:] if argv is None else argv),
         }
     )
     crf.save(stem)

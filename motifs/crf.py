@@ -1,25 +1,22 @@
-"""A linear-chain CRF for named-entity tags (WNUT-17), trained in torch with AdaGrad.
+"""The WNUT-17 linear-chain CRF as a model of tag sequences, and its sentence graphs.
 
 The NER experiment of the seed paper samples the tag sequences of sentences under a
 trained linear-chain CRF; the ``crf_tags`` motif (:mod:`motifs.crf_tags`) proposes blocks
-of consecutive tags. This module holds everything about the CRF itself:
+of consecutive tags. This module holds what the motif needs:
 
 * data: :func:`read_conll` reads ``token<TAB>tag`` files (WNUT-17, 13 BIO tags);
 * features: :func:`token_features` gives sparse indicator features per token (word,
   shape, affixes, capitalisation, digits, ``#``/``@``, position, neighbouring words);
 * the model: :class:`LinearChainCRF`, emission score = sum of feature weights per tag,
-  a ``13 x 13`` transition matrix plus start/end scores;
-* chain algorithms on folded potentials (start/end added to the first/last unary),
-  vectorized over a padded batch: :func:`chain_forward` (log Z), :func:`chain_backward`,
-  :func:`chain_marginals`, :func:`chain_viterbi`, :func:`chain_sample` (forward filtering,
-  backward sampling) and :func:`chain_score`;
-* training and evaluation: :func:`train_crf` (AdaGrad, minibatches), :func:`evaluate`
-  (token accuracy, token F1 over non-O tags, entity F1 over BIO spans);
+  a ``13 x 13`` transition matrix plus start/end scores; its inference runs the chain
+  algorithms of :mod:`neuralblock.exact.chain` on folded potentials;
 * files: :meth:`LinearChainCRF.save` and :func:`load_crf` (safetensors weights plus a
   JSON sidecar with the feature list, the tag order, the training config and metrics;
   never pickle);
 * graphs: :meth:`LinearChainCRF.sentence_graph` builds the chain MRF of one sentence as
   a :class:`~neuralblock.graph.FactorGraph` whose ``log_joint`` equals the CRF score.
+
+Training (AdaGrad) and evaluation (token and entity F1) live in ``experiments/crf_model.py``.
 
 References:
     Wang, Wu, Moore, Russell. "Meta-Learning MCMC Proposals". NeurIPS 2018 (NER experiment).
@@ -38,15 +35,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from neuralblock.exact.chain import chain_forward, chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
 from neuralblock.proposals import proposal_files
@@ -56,20 +52,11 @@ __all__ = [
     "FEATURE_VERSION",
     "TAGS",
     "LinearChainCRF",
-    "build_feature_list",
-    "chain_backward",
-    "chain_forward",
-    "chain_marginals",
-    "chain_sample",
-    "chain_score",
-    "chain_viterbi",
+    "Sentence",
     "default_crf_path",
-    "entity_spans",
-    "evaluate",
     "load_crf",
     "read_conll",
     "token_features",
-    "train_crf",
 ]
 
 TAGS: tuple[str, ...] = (
@@ -98,6 +85,7 @@ FEATURE_VERSION = 1
 _WEIGHT_KEYS = ("emission", "transitions", "start", "end")
 
 Sentence = tuple[list[str], list[str]]
+"""One sentence as ``(tokens, tags)``."""
 
 
 # ---------------------------------------------------------------------------- data
@@ -203,186 +191,6 @@ def token_features(tokens: Sequence[str]) -> list[list[str]]:
         feats.append(f"sh+1={shapes[i + 1]}" if i + 1 < n else "sh+1=</s>")
         out.append(feats)
     return out
-
-
-def build_feature_list(sentences: Sequence[Sequence[str]], min_count: int = 2) -> list[str]:
-    """Feature strings seen on at least ``min_count`` tokens of ``sentences``, sorted.
-
-    Example:
-        >>> build_feature_list([["a", "b"], ["a"]], min_count=2)[:3]
-        ['b', 'first', 'last']
-    """
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}")
-    counts: Counter[str] = Counter()
-    for tokens in sentences:
-        for feats in token_features(tokens):
-            counts.update(set(feats))
-    return sorted(f for f, c in counts.items() if c >= min_count)
-
-
-# ---------------------------------------------------------------------------- chain algorithms
-def _check_chain(unary: Tensor, trans: Tensor, mask: Tensor | None) -> Tensor:
-    if unary.dim() != 3:
-        raise ValueError(f"unary potentials must be [B, T, K], got {tuple(unary.shape)}")
-    k = unary.shape[-1]
-    if trans.shape != (k, k):
-        raise ValueError(f"transitions must be [{k}, {k}], got {tuple(trans.shape)}")
-    if mask is None:
-        return torch.ones(unary.shape[:2], dtype=torch.bool, device=unary.device)
-    if mask.shape != unary.shape[:2]:
-        raise ValueError(f"mask {tuple(mask.shape)} does not match unary {tuple(unary.shape[:2])}")
-    return mask.bool()
-
-
-def chain_forward(unary: Tensor, trans: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Forward algorithm on a padded batch of chains, in log space.
-
-    Args:
-        unary: ``[B, T, K]`` log unary potentials (start/end scores folded into the first
-            and last valid positions).
-        trans: ``[K, K]`` log transition potentials, ``trans[i, j]`` from tag ``i`` to ``j``.
-        mask: ``[B, T]`` bool, a prefix of ``True`` per chain (length >= 1); default all.
-
-    Returns:
-        ``(alpha, log_z)``: ``alpha [B, T, K]`` the log forward messages including the unary
-        at ``t`` (carried unchanged over padding), and ``log_z [B]``.
-
-    Example:
-        >>> _, log_z = chain_forward(torch.zeros(1, 3, 2), torch.zeros(2, 2))
-        >>> torch.allclose(log_z, torch.tensor([8.0]).log())
-        True
-    """
-    mask = _check_chain(unary, trans, mask)
-    alphas = [unary[:, 0]]
-    for t in range(1, unary.shape[1]):
-        prev = alphas[-1]
-        new = torch.logsumexp(prev.unsqueeze(-1) + trans, dim=-2) + unary[:, t]
-        alphas.append(torch.where(mask[:, t, None], new, prev))
-    alpha = torch.stack(alphas, 1)
-    return alpha, torch.logsumexp(alpha[:, -1], dim=-1)
-
-
-def chain_backward(unary: Tensor, trans: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Backward log messages ``beta [B, T, K]`` (zero at the last valid position and over padding).
-
-    ``alpha[t] + beta[t] - log_z`` are the log marginals of position ``t``.
-
-    Example:
-        >>> chain_backward(torch.zeros(1, 2, 2), torch.zeros(2, 2))[0, 0]
-        tensor([0.6931, 0.6931])
-    """
-    mask = _check_chain(unary, trans, mask)
-    t_len = unary.shape[1]
-    betas = [torch.zeros_like(unary[:, 0])]
-    for t in range(t_len - 2, -1, -1):
-        nxt = unary[:, t + 1] + betas[-1]
-        new = torch.logsumexp(trans + nxt.unsqueeze(-2), dim=-1)
-        betas.append(torch.where(mask[:, t + 1, None], new, torch.zeros_like(new)))
-    return torch.stack(betas[::-1], 1)
-
-
-def chain_marginals(unary: Tensor, trans: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Per-position marginal probabilities ``[B, T, K]`` by forward-backward (zero over padding).
-
-    Example:
-        >>> chain_marginals(torch.zeros(1, 2, 3), torch.zeros(3, 3))[0, 0]
-        tensor([0.3333, 0.3333, 0.3333])
-    """
-    mask = _check_chain(unary, trans, mask)
-    alpha, log_z = chain_forward(unary, trans, mask)
-    beta = chain_backward(unary, trans, mask)
-    probs = (alpha + beta - log_z[:, None, None]).exp()
-    return probs * mask.unsqueeze(-1).to(probs.dtype)
-
-
-def chain_viterbi(unary: Tensor, trans: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Most probable tag sequences of a padded batch of chains.
-
-    Returns:
-        ``(tags [B, T] long, score [B])``; tags over padding are 0.
-
-    Example:
-        >>> unary = torch.tensor([[[0.0, 1.0], [2.0, 0.0]]])
-        >>> chain_viterbi(unary, torch.zeros(2, 2))[0]
-        tensor([[1, 0]])
-    """
-    mask = _check_chain(unary, trans, mask)
-    b, t_len, k = unary.shape
-    delta = unary[:, 0]
-    keep = torch.arange(k, device=unary.device).expand(b, k)
-    pointers = []
-    for t in range(1, t_len):
-        scores = delta.unsqueeze(-1) + trans  # [B, K_prev, K]
-        best, arg = scores.max(dim=-2)
-        m = mask[:, t, None]
-        pointers.append(torch.where(m, arg, keep))
-        delta = torch.where(m, best + unary[:, t], delta)
-    score, last = delta.max(dim=-1)
-    path = [last]
-    for ptr in reversed(pointers):
-        path.append(ptr.gather(-1, path[-1].unsqueeze(-1)).squeeze(-1))
-    tags = torch.stack(path[::-1], 1)
-    return tags * mask.long(), score
-
-
-def _gumbel_argmax(logits: Tensor, generator: torch.Generator | None) -> Tensor:
-    u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
-    u = u.clamp(min=torch.finfo(logits.dtype).tiny)
-    return (logits - torch.log(-torch.log(u))).argmax(-1)
-
-
-def chain_sample(
-    unary: Tensor,
-    trans: Tensor,
-    mask: Tensor | None = None,
-    num_samples: int = 1,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Exact joint samples of tag sequences by forward filtering, backward sampling.
-
-    Args:
-        unary: ``[B, T, K]`` folded log unary potentials.
-        trans: ``[K, K]`` log transitions.
-        mask: ``[B, T]`` prefix mask.
-        num_samples: samples per chain.
-        generator: the torch RNG (default: the global one).
-
-    Returns:
-        ``LongTensor [num_samples, B, T]`` (0 over padding).
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> chain_sample(torch.zeros(2, 4, 3), torch.zeros(3, 3), num_samples=5, generator=g).shape
-        torch.Size([5, 2, 4])
-    """
-    mask = _check_chain(unary, trans, mask)
-    alpha, _ = chain_forward(unary, trans, mask)
-    b, t_len, k = unary.shape
-    y = _gumbel_argmax(alpha[:, -1].expand(num_samples, b, k), generator)
-    path = [y]
-    for t in range(t_len - 1, 0, -1):
-        logits = alpha[:, t - 1] + trans.t()[y]  # [S, B, K]: trans[:, y_t]
-        prev = _gumbel_argmax(logits, generator)
-        y = torch.where(mask[:, t], prev, y)
-        path.append(y)
-    return torch.stack(path[::-1], -1) * mask.long()
-
-
-def chain_score(unary: Tensor, trans: Tensor, tags: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Unnormalized log score of tag sequences ``tags [..., B, T]`` -> ``[..., B]``.
-
-    Example:
-        >>> chain_score(torch.ones(1, 3, 2), torch.eye(2), torch.tensor([[0, 0, 1]]))
-        tensor([4.])
-    """
-    mask = _check_chain(unary, trans, mask)
-    tags = tags.long()
-    m = mask.to(unary.dtype)
-    u = unary.expand(tags.shape + unary.shape[-1:]).gather(-1, tags.unsqueeze(-1)).squeeze(-1)
-    total = (u * m).sum(-1)
-    pair = trans[tags[..., :-1], tags[..., 1:]]
-    return total + (pair * m[:, 1:]).sum(-1)
 
 
 # ---------------------------------------------------------------------------- the model
@@ -705,166 +513,3 @@ def load_crf(path: str | os.PathLike | None = None) -> LinearChainCRF:
             getattr(crf, key).copy_(tensors[key])
     crf.metadata = {k: v for k, v in sidecar.items() if k not in _RESERVED}
     return crf.eval()
-
-
-# ---------------------------------------------------------------------------- training
-class _Corpus:
-    """Featurized sentences packed once: token features ``[N+1, M]`` and token index ``[S, T]``."""
-
-    def __init__(self, crf: LinearChainCRF, sentences: Sequence[Sentence]) -> None:
-        feats, mask = crf.featurize([s for s, _ in sentences])
-        self.feats, self.mask = feats, mask
-        tags = torch.zeros(mask.shape, dtype=torch.long)
-        for b, (_, labels) in enumerate(sentences):
-            tags[b, : len(labels)] = crf.tag_ids(labels)
-        self.tags = tags
-        self.lengths = mask.long().sum(-1)
-
-    def batch(self, index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        t_len = int(self.lengths[index].max())
-        return self.feats[index, :t_len], self.mask[index, :t_len], self.tags[index, :t_len]
-
-
-def train_crf(
-    train: Sequence[Sentence],
-    *,
-    epochs: int = 10,
-    batch_size: int = 32,
-    lr: float = 0.2,
-    l2: float = 1e-5,
-    min_count: int = 2,
-    seed: int = 0,
-    log: Callable[[str], None] | None = None,
-) -> tuple[LinearChainCRF, list[float]]:
-    """Train a CRF by minibatch AdaGrad on the mean sentence NLL.
-
-    The feature list comes from ``train`` (features on at least ``min_count`` tokens).
-    Each epoch is one sweep over a fresh random permutation of the sentences;
-    ``l2`` is AdaGrad's weight decay on all parameters (per step).
-
-    Args:
-        train: ``(tokens, tags)`` pairs.
-        epochs: number of sweeps.
-        batch_size: sentences per AdaGrad step.
-        lr: AdaGrad learning rate.
-        l2: L2 weight decay.
-        min_count: feature count threshold.
-        seed: seeds the permutation RNG (training is otherwise deterministic).
-        log: optional callback for one line per epoch.
-
-    Returns:
-        ``(crf, epoch_losses)``: the trained CRF (``metadata["training"]`` filled) and the
-        mean training NLL per sentence of each epoch.
-
-    Example:
-        >>> data = read_conll(data_path("ner_wnut17", "wnut17train.conll"))[:20]
-        >>> crf, losses = train_crf(data, epochs=2, batch_size=10, seed=0)
-        >>> losses[1] < losses[0]
-        True
-    """
-    if epochs < 1 or batch_size < 1 or not lr > 0 or l2 < 0:
-        raise ValueError(f"bad training settings epochs={epochs} batch_size={batch_size} lr={lr} l2={l2}")
-    if not train:
-        raise ValueError("no training sentences")
-    t0 = time.perf_counter()
-    crf = LinearChainCRF(build_feature_list([s for s, _ in train], min_count))
-    corpus = _Corpus(crf, train)
-    opt = torch.optim.Adagrad(crf.parameters(), lr=lr, weight_decay=l2)
-    generator = torch.Generator().manual_seed(seed)
-    losses: list[float] = []
-    n = len(train)
-    crf.train()
-    for epoch in range(epochs):
-        perm = torch.randperm(n, generator=generator)
-        total = 0.0
-        for i in range(0, n, batch_size):
-            feats, mask, tags = corpus.batch(perm[i : i + batch_size])
-            loss = crf.nll(feats, mask, tags)
-            opt.zero_grad(set_to_none=True)
-            loss.mean().backward()
-            opt.step()
-            total += float(loss.detach().sum())
-        losses.append(total / n)
-        if log is not None:
-            log(f"epoch {epoch + 1}/{epochs}: mean NLL {losses[-1]:.4f} ({time.perf_counter() - t0:.1f}s)")
-    crf.eval()
-    crf.metadata["training"] = {
-        "optimizer": "Adagrad",
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "l2_weight_decay": l2,
-        "min_count": min_count,
-        "seed": seed,
-        "num_sentences": n,
-        "num_tokens": int(corpus.lengths.sum()),
-        "epoch_mean_nll": losses,
-        "seconds": time.perf_counter() - t0,
-    }
-    return crf, losses
-
-
-# ---------------------------------------------------------------------------- evaluation
-def entity_spans(tags: Sequence[str]) -> set[tuple[int, int, str]]:
-    """BIO entity spans ``(start, end_exclusive, type)`` (conlleval rules: ``I-X`` after
-    ``O`` or another type starts a new entity).
-
-    Example:
-        >>> sorted(entity_spans(["B-person", "I-person", "O", "I-location"]))
-        [(0, 2, 'person'), (3, 4, 'location')]
-    """
-    spans: set[tuple[int, int, str]] = set()
-    start, kind = -1, ""
-    for i, tag in enumerate([*tags, "O"]):
-        prefix, _, typ = tag.partition("-")
-        continues = prefix == "I" and typ == kind and start >= 0
-        if start >= 0 and not continues:
-            spans.add((start, i, kind))
-            start, kind = -1, ""
-        if prefix in ("B", "I") and not continues:
-            start, kind = i, typ
-    return spans
-
-
-def _f1(tp: int, n_pred: int, n_gold: int) -> dict[str, float]:
-    p = tp / n_pred if n_pred else 0.0
-    r = tp / n_gold if n_gold else 0.0
-    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0}
-
-
-def evaluate(crf: LinearChainCRF, sentences: Sequence[Sentence]) -> dict[str, Any]:
-    """Viterbi-decode ``sentences`` and score against their gold tags.
-
-    Returns:
-        ``token_accuracy``; ``token`` precision/recall/F1 over non-``O`` tokens (exact tag
-        match); ``entity`` precision/recall/F1 over BIO spans (exact span and type);
-        ``num_sentences``, ``num_tokens``, ``num_entities``.
-
-    Example:
-        >>> crf = load_crf()
-        >>> m = evaluate(crf, read_conll(data_path("ner_wnut17", "emerging.dev.conll"))[:50])
-        >>> 0.5 < m["token_accuracy"] <= 1.0
-        True
-    """
-    pred_all = crf.decode([s for s, _ in sentences])
-    correct = n_tok = tp_tok = pred_tok = gold_tok = 0
-    tp_ent = pred_ent = gold_ent = 0
-    for (_, gold), pred in zip(sentences, pred_all):
-        for g, p in zip(gold, pred):
-            n_tok += 1
-            correct += g == p
-            gold_tok += g != "O"
-            pred_tok += p != "O"
-            tp_tok += g == p and g != "O"
-        gs, ps = entity_spans(gold), entity_spans(pred)
-        tp_ent += len(gs & ps)
-        pred_ent += len(ps)
-        gold_ent += len(gs)
-    return {
-        "token_accuracy": correct / max(n_tok, 1),
-        "token": _f1(tp_tok, pred_tok, gold_tok),
-        "entity": _f1(tp_ent, pred_ent, gold_ent),
-        "num_sentences": len(sentences),
-        "num_tokens": n_tok,
-        "num_entities": gold_ent,
-    }

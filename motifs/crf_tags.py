@@ -59,7 +59,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from motifs.crf import LinearChainCRF, chain_backward, chain_forward, default_crf_path, load_crf, read_conll
+from motifs.crf import LinearChainCRF, default_crf_path, load_crf, read_conll
+from neuralblock.exact.chain import chain_backward, chain_forward, gumbel_argmax
 from neuralblock.graph import FactorGraph
 from neuralblock.graph.groups import TableGroup
 from neuralblock.io import data_path
@@ -406,12 +407,12 @@ linear-chain CRF with 13 states)
         low = torch.where(has_left, st - 1, st)
         values = torch.zeros(batch_size, n + 2, dtype=torch.long)
         rows = torch.arange(batch_size)
-        y = _gumbel_argmax(alpha[s, top] + beta[s, top], generator)
+        y = gumbel_argmax(alpha[s, top] + beta[s, top], generator)
         values[rows, top - st + 1] = y
         for j in range(1, n + 2):
             t = top - j
             valid = t >= low
-            cand = _gumbel_argmax(alpha[s, t.clamp(min=0)] + trans.t()[y], generator)
+            cand = gumbel_argmax(alpha[s, t.clamp(min=0)] + trans.t()[y], generator)
             y = torch.where(valid, cand, y)
             pos = (t - st + 1).clamp(min=0)
             values[rows, pos] = torch.where(valid, cand, values[rows, pos])
@@ -483,12 +484,6 @@ def _sentence_cache(crf_path: str | os.PathLike | None) -> dict[str, Tensor]:
     _SENTENCE_CACHE.clear()  # keep one CRF's tensors (a few MB) at a time
     _SENTENCE_CACHE[key] = entry
     return entry
-
-
-def _gumbel_argmax(logits: Tensor, generator: torch.Generator | None) -> Tensor:
-    u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype)
-    u = u.clamp(min=torch.finfo(logits.dtype).tiny)
-    return (logits - torch.log(-torch.log(u))).argmax(-1)
 
 
 register_motif("crf_tags", CrfTagsMotif)

@@ -1,32 +1,21 @@
-"""Tests of the WNUT-17 linear-chain CRF (motifs/crf.py): data, chain algorithms, training, files, graphs."""
+"""Tests of the WNUT-17 linear-chain CRF.
+
+Data, files and graphs are in motifs/crf.py, training and F1 in experiments/crf_model.py; the chain
+algorithms are tested against brute force in test_exact_chain.py.
+"""
 
 from __future__ import annotations
 
-import itertools
+import doctest
 import json
 import shutil
 
 import pytest
 import torch
-from scipy.stats import chi2
 
-from motifs.crf import (
-    TAGS,
-    LinearChainCRF,
-    build_feature_list,
-    chain_forward,
-    chain_marginals,
-    chain_sample,
-    chain_score,
-    chain_viterbi,
-    default_crf_path,
-    entity_spans,
-    evaluate,
-    load_crf,
-    read_conll,
-    token_features,
-    train_crf,
-)
+import experiments.crf_model
+from experiments.crf_model import build_feature_list, entity_spans, evaluate, precision_recall_f1, train_crf
+from motifs.crf import TAGS, LinearChainCRF, default_crf_path, load_crf, read_conll, token_features
 from neuralblock.exact import marginals as exact_marginals
 from neuralblock.io import data_path
 
@@ -39,24 +28,6 @@ def crf() -> LinearChainCRF:
 @pytest.fixture(scope="module")
 def train_sentences():
     return read_conll(data_path("ner_wnut17", "wnut17train.conll"))
-
-
-def _all_paths(k: int, length: int) -> torch.Tensor:
-    return torch.tensor(list(itertools.product(range(k), repeat=length)), dtype=torch.long)
-
-
-def _random_chain(batch: int, t_len: int, k: int, lengths: list[int], seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    unary = torch.randn(batch, t_len, k, generator=g, dtype=torch.float64) * 1.5
-    trans = torch.randn(k, k, generator=g, dtype=torch.float64) * 1.5
-    mask = torch.arange(t_len) < torch.tensor(lengths)[:, None]
-    return unary, trans, mask
-
-
-def _brute_scores(unary, trans, length):
-    """Scores of all K^length paths of one chain (first position slowest)."""
-    paths = _all_paths(unary.shape[-1], length)
-    return paths, chain_score(unary[None, :length], trans, paths[:, None, :]).squeeze(-1)
 
 
 # ---------------------------------------------------------------------------- data
@@ -91,66 +62,6 @@ def test_token_features_templates():
     assert "dig" in feats[2] and "sh=d" in feats[2] and "last" in feats[2]
     expected = {"b", "w=a", "sh=x", "p1=a", "s1=a", "first", "last", "w-1=<s>", "w+1=</s>", "sh-1=<s>", "sh+1=</s>"}
     assert build_feature_list([["a", "b"], ["a"]], min_count=2) == sorted(expected)
-
-
-# ---------------------------------------------------------------------------- chain algorithms
-def test_forward_log_z_and_marginals_match_brute_force():
-    lengths = [4, 2, 1]
-    unary, trans, mask = _random_chain(3, 4, 5, lengths)
-    _, log_z = chain_forward(unary, trans, mask)
-    marg = chain_marginals(unary, trans, mask)
-    for b, length in enumerate(lengths):
-        paths, scores = _brute_scores(unary[b], trans, length)
-        assert torch.allclose(log_z[b], torch.logsumexp(scores, 0), atol=1e-10)
-        probs = torch.softmax(scores, 0)
-        for t in range(length):
-            ref = torch.zeros(5, dtype=torch.float64).index_add_(0, paths[:, t], probs)
-            assert torch.allclose(marg[b, t], ref, atol=1e-10)
-        assert (marg[b, length:] == 0).all()
-
-
-def test_viterbi_matches_brute_force():
-    lengths = [4, 3, 1, 2]
-    unary, trans, mask = _random_chain(4, 4, 4, lengths, seed=1)
-    tags, score = chain_viterbi(unary, trans, mask)
-    for b, length in enumerate(lengths):
-        paths, scores = _brute_scores(unary[b], trans, length)
-        best = int(scores.argmax())
-        assert tags[b, :length].tolist() == paths[best].tolist()
-        assert torch.allclose(score[b], scores[best])
-        assert (tags[b, length:] == 0).all()
-
-
-def test_ffbs_sample_frequencies_match_exact():
-    """Chi-square goodness of fit of FFBS samples against exact path probabilities.
-
-    Two chains (lengths 4 and 3, K = 3: 81 and 27 paths), 40000 samples each; the test
-    fails when a p-value is below 1e-4, so its false-failure rate is about 2e-4.
-    """
-    lengths = [4, 3]
-    unary, trans, mask = _random_chain(2, 4, 3, lengths, seed=2)
-    unary, trans = unary * 0.6, trans * 0.6  # keep every path's expected count reasonable
-    draws = chain_sample(unary, trans, mask, num_samples=40_000, generator=torch.Generator().manual_seed(3))
-    for b, length in enumerate(lengths):
-        paths, scores = _brute_scores(unary[b], trans, length)
-        expected = torch.softmax(scores, 0) * draws.shape[0]
-        code = (draws[:, b, :length] * (3 ** torch.arange(length - 1, -1, -1))).sum(-1)
-        observed = torch.bincount(code, minlength=len(paths)).double()
-        assert (draws[:, b, length:] == 0).all()
-        keep = expected >= 5
-        stat = float((((observed - expected) ** 2) / expected)[keep].sum())
-        rest_o, rest_e = float(observed[~keep].sum()), float(expected[~keep].sum())
-        if rest_e > 0:
-            stat += (rest_o - rest_e) ** 2 / rest_e
-        dof = int(keep.sum()) + (1 if rest_e > 0 else 0) - 1
-        assert chi2.sf(stat, dof) > 1e-4, (b, stat, dof)
-
-
-def test_chain_sample_is_deterministic_given_generator():
-    unary, trans, mask = _random_chain(2, 5, 4, [5, 3])
-    a = chain_sample(unary, trans, mask, 7, torch.Generator().manual_seed(9))
-    b = chain_sample(unary, trans, mask, 7, torch.Generator().manual_seed(9))
-    assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------------------- the shipped CRF and graphs
@@ -205,6 +116,13 @@ def test_entity_spans_and_perfect_evaluation(crf):
     sents = [(["a", "b"], ["O", "O"])]
     perfect = evaluate(crf, [(t, crf.decode([t])[0]) for t, _ in sents])
     assert perfect["token_accuracy"] == 1.0
+    assert precision_recall_f1(0, 0, 3) == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+
+
+def test_crf_model_doctests():
+    """experiments/ is outside the doctest paths of the pytest config, so its examples run here."""
+    result = doctest.testmod(experiments.crf_model)
+    assert result.attempted > 0 and result.failed == 0
 
 
 # ---------------------------------------------------------------------------- training and files
