@@ -243,3 +243,25 @@ def test_proposals_load_onto_a_device() -> None:
     assert {p.device.type for p in proposal.parameters()} == {"cpu"}
     with pytest.raises(RuntimeError):
         load_pretrained("grid-mrf-2x2", device="no-such-device")
+
+
+@pytest.mark.parametrize("budget", [593, 27])  # the dense table holds 33 rows x 9 values x 2 = 594 floats
+def test_fused_path_with_rows_in_slots_and_evictions(monkeypatch: pytest.MonkeyPatch, budget: int) -> None:
+    """Beyond the dense table's size, rows live in slots of visited keys (evicted when full): same law."""
+    import neuralblock.kernels.fused_blocks as fused_blocks
+
+    monkeypatch.setattr(fused_blocks, "_MAX_CACHE_ENTRIES", budget)
+    fg = chain_graph(seed=6)
+    torch.manual_seed(3)
+    kernel = NeuralBlockKernel(fg, [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))], chains=8)
+    draws = run(kernel, 800)
+    table = kernel.fused[0].table
+    assert table.slot is not None and not table.prefilled
+    stored = table.slot[table.slot >= 0]
+    assert len(stored) == table.used and len(set(stored.tolist())) == table.used  # one row per stored key
+    assert table.cdf.shape[0] >= table.used and torch.equal(table.filled, table.slot >= 0)
+    cache = kernel.diagnostics()["proposal_cache"]["test-chain-window"]
+    assert cache["slots"] and cache["evictions"] == table.evictions
+    if budget == 27:  # room for one row (a class needs 16): every visit forgets and recomputes its rows
+        assert table.evictions > 0 and table.computed > table.rows
+    assert_matches_enumeration(draws, fg)

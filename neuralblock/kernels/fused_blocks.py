@@ -59,7 +59,8 @@ __all__ = [
 MAX_ENUMERATED_VALUES = 512
 """Largest number of joint block values the fused path enumerates (as the trainer's exact loss)."""
 
-_MAX_CACHE_ENTRIES = 1 << 24  # floats per proposal table (64 MB in float32)
+_MAX_CACHE_ENTRIES = 1 << 24  # floats per proposal table (64 MB in float32); beyond: rows kept in slots
+_MAX_KEYS = 1 << 24  # (instance, context value) keys per proposal: float place values stay exact
 _PREFILL_ROWS = 1 << 19  # context values per proposal tabulated at setup (beyond: filled as chains visit them)
 _PREFILL_BATCH = 1 << 14  # network rows per forward pass while tabulating
 
@@ -209,6 +210,12 @@ class BlockTable:
     context space is small (:meth:`prefill`), else computed the first time a chain visits
     them (:meth:`ensure`); the chain is exactly the one with a network pass per proposal.
 
+    When a dense table of every key would exceed ``_MAX_CACHE_ENTRIES`` floats (e.g. the
+    ``crf_tags`` instances of a whole corpus: 169 context values times 169 block values each),
+    rows live in *slots* (:attr:`slot` maps a key to its row of the stored tensors, ``-1``
+    while it has none): only visited keys take memory, and when the slots run out every row
+    is forgotten and recomputed on the next visit (the same rows: the chain is unchanged).
+
     Args:
         fg: the graph (table factors).
         proposal: the neural block proposal.
@@ -238,11 +245,19 @@ class BlockTable:
         self.base = (sizes.cumsum(0) - sizes).to(device)  # [I] first row of each instance
         self.rows = int(sizes.sum())
         self.computed = 0  # rows computed by the network (setup and visits)
-        self.cdf = torch.zeros(self.rows, len(self.values), device=device)
-        self.log_ratio = torch.zeros(self.rows, len(self.values), device=device)
-        self.energy_rows = torch.zeros(self.rows, len(self.values), device=device)  # for tempered targets
+        width = len(self.values)
+        dense = self.rows * width * 2 <= _MAX_CACHE_ENTRIES
+        # slots: None (dense, row = key), else key -> stored row (-1: none yet)
+        self.slot: Tensor | None = None if dense else torch.full((self.rows,), -1, dtype=torch.long, device=device)
+        self.max_slots = self.rows if dense else max(1, _MAX_CACHE_ENTRIES // (3 * width))
+        self.used = 0  # stored rows in use (slots only)
+        self.evictions = 0  # times every stored row was forgotten to make room (slots only)
+        stored = self.rows if dense else min(self.max_slots, 1024)
+        self.cdf = torch.zeros(stored, width, device=device)
+        self.log_ratio = torch.zeros(stored, width, device=device)
+        self.energy_rows = torch.zeros(stored, width, device=device)  # for tempered targets
         self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
-        self.prefilled = self.rows <= _PREFILL_ROWS
+        self.prefilled = dense and self.rows <= _PREFILL_ROWS
         if self.prefilled:
             self.prefill(fg, instances)
 
@@ -256,7 +271,7 @@ class BlockTable:
         if bool(((context >= 0) & (cards == 0)).any()):
             return False
         sizes = torch.where(context >= 0, cards, torch.ones_like(cards)).double().prod(-1)
-        if float(sizes.sum()) * math.prod(cardinalities) * 2 > _MAX_CACHE_ENTRIES:
+        if float(sizes.sum()) > _MAX_KEYS:
             return False
         for block, ctx in zip(instances.blocks.tolist(), context.tolist()):
             if not set(fg.markov_blanket(block)) <= set(ctx):
@@ -271,6 +286,9 @@ class BlockTable:
         """
         self.filled.zero_()
         self.prefilled = False
+        if self.slot is not None:
+            self.slot.fill_(-1)
+            self.used = 0
 
     def keys(self, state: Tensor, rows: Tensor) -> Tensor:
         """Table row of each (chain, instance): ``[K, I]`` for instances ``rows`` at states ``[K, n]``."""
@@ -306,34 +324,62 @@ class BlockTable:
 
     def ensure(self, fg: FactorGraph, instances: MotifInstances, keys: Tensor, rows: Tensor, state: Tensor) -> None:
         """Compute the rows ``keys [K, I]`` not yet in the table (instances ``rows``, data ``instances``)."""
+        if self.slot is not None and self.used + keys.numel() > max(self.max_slots, keys.numel()):
+            self.clear()  # out of slots: forget every row (this call's rows are all recomputed below)
+            self.evictions += 1
         missing = ~self.filled[keys]
         if not bool(missing.any()):
             return
         chains = missing.any(-1).nonzero().squeeze(-1)
-        where = missing[chains]
+        cols = missing.any(0).nonzero().squeeze(-1)  # encode and score only the instances some chain needs
+        where = missing[chains][:, cols]
+        if len(cols) < len(instances):
+            instances, rows, keys = instances.select(cols.cpu()), rows[cols], keys[:, cols]
         features = self._features(fg, instances, state[chains].cpu())[where]
         joint = torch.arange(len(self.values), device=self.device).expand(len(chains), len(instances), -1)
         energy = self.energy.select(rows)(self.energy.flat, state[chains], joint)[where]
         self._store(keys[chains][where], features, energy)
-        self.prefilled = bool(self.filled.all())
+        self.prefilled = self.slot is None and bool(self.filled.all())  # slots: some rows may be forgotten
 
     def _store(self, keys: Tensor, features: Tensor, energy: Tensor) -> None:
         """Write rows: the proposal's CDF and ``energy - log q`` (``energy`` over all joint values)."""
+        if self.slot is not None:  # one slot per key: rows asked for by several chains are computed once
+            keys, inverse = torch.unique(keys, return_inverse=True)
+            first = torch.full((len(keys),), len(inverse), dtype=torch.long, device=keys.device)
+            first = first.scatter_reduce(0, inverse, torch.arange(len(inverse), device=keys.device), "amin")
+            features, energy = features[first], energy[first]
+        rows = self._allocate(keys)
         for lo in range(0, len(keys), _PREFILL_BATCH):
             chunk = slice(lo, lo + _PREFILL_BATCH)
             log_q = block_log_q_table(self.proposal, features[chunk], self.values)
             cdf = log_q.double().exp().cumsum(-1).to(self.cdf.dtype)
             cdf[:, -1] = 1.0  # a uniform in [0, 1) always lands on a value
-            self.cdf[keys[chunk]] = cdf
+            self.cdf[rows[chunk]] = cdf
             # the proposal the sampler draws is the stored CDF's steps (a uniform lands in [c_{j-1}, c_j) with
             # probability c_j - c_{j-1}): the MH ratio uses exactly those, not the network's log q, so rounding in
             # the CDF cannot bias the chain (a value whose step is 0 is never proposed, and never left by a block)
             steps = torch.diff(cdf.double(), dim=-1, prepend=torch.zeros_like(cdf[:, :1], dtype=torch.float64))
             log_drawn = steps.clamp_min(0.0).log().to(self.cdf.dtype)
-            self.log_ratio[keys[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn
-            self.energy_rows[keys[chunk]] = energy[chunk].to(self.cdf.dtype)
+            self.log_ratio[rows[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn
+            self.energy_rows[rows[chunk]] = energy[chunk].to(self.cdf.dtype)
         self.filled[keys] = True
         self.computed += len(keys)
+
+    def _allocate(self, keys: Tensor) -> Tensor:
+        """Stored rows for new ``keys`` (distinct in slot mode): the keys themselves, or fresh slots."""
+        if self.slot is None:
+            return keys
+        need = self.used + len(keys)
+        if need > self.cdf.shape[0]:  # grow the stored tensors (doubling, up to the slot budget or this call's need)
+            size = max(need, min(2 * self.cdf.shape[0], max(self.max_slots, need)))
+            grow = size - self.cdf.shape[0]
+            self.cdf = torch.cat([self.cdf, self.cdf.new_zeros(grow, self.cdf.shape[1])])
+            self.log_ratio = torch.cat([self.log_ratio, self.log_ratio.new_zeros(grow, self.cdf.shape[1])])
+            self.energy_rows = torch.cat([self.energy_rows, self.energy_rows.new_zeros(grow, self.cdf.shape[1])])
+        rows = torch.arange(self.used, need, device=keys.device)
+        self.slot[keys] = rows
+        self.used = need
+        return rows
 
     def _features(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> Tensor:
         """The motif's features at CPU states ``[..., n]`` (where the graph's data lives), on the table's device."""
@@ -361,6 +407,7 @@ def fused_class_update(
     values: Tensor,
     energy: Tensor | None = None,
     beta: Tensor | None = None,
+    slot: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One exact MH block update of a colour class, for states ``[K, n]``.
 
@@ -386,6 +433,8 @@ def fused_class_update(
         values: ``[J, b]`` block values of each joint index (the state's dtype).
         energy: ``[R, J]`` block energies ``E`` per row (tempered targets only).
         beta: ``[K]`` inverse temperatures (with ``energy``), or ``None`` for the target itself.
+        slot: ``[keys]`` the stored row of each key (a :class:`BlockTable` in slot mode), or ``None``
+            when the rows are the keys.
 
     Returns:
         The new states, the accept indicator ``[K, I]`` and the finite-ratio indicator ``[K, I]``.
@@ -400,6 +449,8 @@ def fused_class_update(
     else:
         keys = base + (context * context_radix).sum(-1).long()
     current = (block @ block_radix).long()
+    if slot is not None:
+        keys = slot.index_select(0, keys.view(-1)).view(chains, count)
     rows = cdf.index_select(0, keys.view(-1)).view(chains, count, width)  # [K, I, J]
     proposed = torch.searchsorted(rows, draws.unsqueeze(-1), right=True).squeeze(-1)  # the rows end at 1
     first = keys * width
@@ -506,7 +557,6 @@ class FusedBlockSweep:
         uniforms = uniforms.reshape(chains, count, width, 2)
         draws = uniforms[..., 0].transpose(0, 1).contiguous()  # [C, K, width]: each class's block contiguous
         log_accept = uniforms[..., 1].log().transpose(0, 1)
-        energy = None if beta is None else table.energy_rows
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
         context_radix, block_radix, values = self._in_dtype(state.dtype)
         accepts, broken = [], []
@@ -516,7 +566,8 @@ class FusedBlockSweep:
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
             state, acc, bad = self.update(
                 state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], table.cdf,
-                table.log_ratio, draws[c], log_accept[c], values, energy, beta_rows,
+                table.log_ratio, draws[c], log_accept[c], values, None if beta is None else table.energy_rows,
+                beta_rows, table.slot,
             )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start

@@ -547,7 +547,13 @@ class NeuralBlockKernel(GraphKernel):
         """Post-warmup acceptance per motif, block proposals per second, non-finite rejections, compile time."""
         proposed = sum(self._proposed)
         cache = {
-            self._label(i): {"rows": f.table.rows, "computed": f.table.computed, "prefilled": f.table.prefilled}
+            self._label(i): {
+                "rows": f.table.rows,
+                "computed": f.table.computed,
+                "prefilled": f.table.prefilled,
+                "slots": f.table.slot is not None,  # rows kept for visited keys only (large context spaces)
+                "evictions": f.table.evictions,
+            }
             for i, f in enumerate(self.fused)
             if f is not None
         }
