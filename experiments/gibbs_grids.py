@@ -9,17 +9,15 @@ Outputs (under ``--out``, in a folder named by a hash of the config):
 
 Usage::
 
-    python experiments/gibbs_grids.py --quick          # CI scale, seconds
-    python experiments/gibbs_grids.py                  # full run (about 10 minutes on 2 cores)
+    python -m experiments.gibbs_grids --quick          # CI scale, seconds
+    python -m experiments.gibbs_grids                  # full run (about 10 minutes on 2 cores)
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
-from pathlib import Path
 
 import pyro
 import torch
@@ -27,6 +25,7 @@ import torch
 from neuralblock import GibbsKernel
 from neuralblock.diagnostics import trace_marginal_error
 from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.diagnostics.reports import study_folder
 from neuralblock.io import read_mar, read_uai, uai_grid
 
 ALL_GRIDS = [f"Grids_{i}" for i in range(11, 19)]
@@ -50,16 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def config_hash(args: argparse.Namespace) -> str:
-    keys = {k: v for k, v in sorted(vars(args).items()) if k not in {"out", "no_progress"}}
-    return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:10]
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = Path(args.out) / config_hash(args)
-    out.mkdir(parents=True, exist_ok=True)
+    out = study_folder(args.out, {k: v for k, v in vars(args).items() if k not in {"out", "no_progress"}})
     record: dict = {"config": vars(args), "grids": {}}
     for grid in args.grids:
         fg = read_uai(uai_grid(grid))

@@ -11,14 +11,13 @@ plus a JSON record (timings, log Z, the largest clique) and a markdown table in
 ``experiments/results/``.
 
 Example:
-    python experiments/grid_bn_exact_marginals.py            # all three grids
-    python experiments/grid_bn_exact_marginals.py --quick    # the 10x10 one only
+    python -m experiments.grid_bn_exact_marginals            # all three grids
+    python -m experiments.grid_bn_exact_marginals --quick    # the 10x10 one only
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import platform
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from neuralblock.diagnostics.reports import config_hash
 from neuralblock.exact import marginals
 from neuralblock.io import erg_grid, read_erg, write_mar
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     grids = GRIDS[:1] if args.quick else GRIDS
     config = {"grids": list(grids), "seed": args.seed}
-    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+    key = config_hash(config)
     rows = []
     for name in grids:
         row = run_grid(name, args.out_dir)

@@ -17,14 +17,13 @@ Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_stu
 
 Usage::
 
-    python experiments/grid_study.py --quick      # CI scale: two small instances, 2 s per run
-    python experiments/grid_study.py              # full run (about 30 minutes on 2 cores)
+    python -m experiments.grid_study --quick      # CI scale: two small instances, 2 s per run
+    python -m experiments.grid_study              # full run (about 30 minutes on 2 cores)
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import time
@@ -37,6 +36,7 @@ from tqdm import tqdm
 from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.diagnostics.reports import study_folder
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
@@ -307,8 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
         return record
     torch.set_num_threads(args.threads)
     config = {k: v for k, v in sorted(vars(args).items()) if k != "out"}
-    out = Path(args.out) / hashlib.sha256(json.dumps(config).encode()).hexdigest()[:10]
-    out.mkdir(parents=True, exist_ok=True)
+    out = study_folder(args.out, config)
     proposals = {"mrf": load_pretrained("grid-mrf-2x2"), "bn": load_pretrained("grid-bn-2x2")}
     record: dict = {"config": config, "instances": {}}
     instances = load_instances(args)
