@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,13 +39,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from motifs.grid import random_grid_bn  # noqa: E402
-from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
-from neuralblock.graph import FactorGraph  # noqa: E402
-from neuralblock.io import read_uai, uai_grid  # noqa: E402
-from neuralblock.kernels.neural_block import neural_block_step  # noqa: E402
+from motifs.grid import random_grid_bn
+from neuralblock import NeuralBlockKernel, load_pretrained
+from neuralblock.graph import FactorGraph
+from neuralblock.io import read_uai, uai_grid
+from neuralblock.kernels.neural_block import neural_block_step
 
 __all__ = ["main", "sweep_rates"]
 

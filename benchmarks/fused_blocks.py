@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from neuralblock import GibbsKernel, NeuralBlockKernel, load_pretrained  # noqa: E402
 from neuralblock.graph import FactorGraph  # noqa: E402

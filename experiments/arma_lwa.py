@@ -47,8 +47,8 @@ reference draws' batch-means MCSE; split R-hat over our chains.
 
 Usage::
 
-    python experiments/arma_lwa.py --quick       # CI scale, about 20 s
-    python experiments/arma_lwa.py               # full run (about 18 minutes on a loaded 2-core machine)
+    python -m experiments.arma_lwa --quick       # CI scale, about 20 s
+    python -m experiments.arma_lwa               # full run (about 18 minutes on a loaded 2-core machine)
 """
 
 from __future__ import annotations

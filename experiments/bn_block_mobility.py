@@ -25,8 +25,8 @@ config's hash): ``bn_block_mobility.json``, ``.md`` and ``.png``.
 
 Usage::
 
-    python experiments/bn_block_mobility.py --quick   # CI scale
-    python experiments/bn_block_mobility.py           # the committed run (about 10 CPU minutes)
+    python -m experiments.bn_block_mobility --quick   # CI scale
+    python -m experiments.bn_block_mobility           # the committed run (about 10 CPU minutes)
 """
 
 from __future__ import annotations

@@ -22,14 +22,13 @@ sample size per second of ``h_t`` (median over 50 evenly spaced states).
 
 Usage::
 
-    python experiments/chain_proposal_eval.py --quick
-    python experiments/chain_proposal_eval.py
+    python -m experiments.chain_proposal_eval --quick
+    python -m experiments.chain_proposal_eval
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,20 +39,16 @@ import torch
 from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sv_models import load_sp500_returns  # noqa: E402
-
-from motifs.chain import ChainMotif, stochastic_volatility_graph  # noqa: E402
-from neuralblock import NeuralBlockKernel, RandomWalkMH  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.proposals import NeuralBlockProposal, load_proposal  # noqa: E402
-from trainers.metrics import mc_acceptance  # noqa: E402
-from trainers.trainer import evaluate  # noqa: E402
+from experiments.sv_models import load_sp500_returns
+from motifs.chain import ChainMotif, stochastic_volatility_graph
+from neuralblock import NeuralBlockKernel, RandomWalkMH
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.proposals import NeuralBlockProposal, load_proposal
+from trainers.metrics import mc_acceptance
+from trainers.trainer import evaluate
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 FAMILIES = ("linear", "volatility", "mixed")
 ESS_STATES = 50  # evenly spaced states whose ESS is computed (Pyro's ESS is slow per state)

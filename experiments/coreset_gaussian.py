@@ -15,8 +15,8 @@ Outputs (under ``--out``, in a folder named by a hash of the config): ``coreset_
 
 Usage::
 
-    python experiments/coreset_gaussian.py --quick     # CI scale, seconds
-    python experiments/coreset_gaussian.py             # full run (about a minute)
+    python -m experiments.coreset_gaussian --quick     # CI scale, seconds
+    python -m experiments.coreset_gaussian             # full run (about a minute)
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro  # noqa: E402
-import pyro.distributions as dist  # noqa: E402
-import torch  # noqa: E402
-from torch import Tensor  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import matplotlib.pyplot as plt
+import pyro
+import pyro.distributions as dist
+import torch
+from torch import Tensor
+from tqdm import tqdm
 
-from neuralblock.coresets import FrankWolfe, HilbertCoreset, Projector, gaussian_kl, laplace_samples  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
+from experiments.common import lower_median
+from neuralblock.coresets import FrankWolfe, HilbertCoreset, Projector, gaussian_kl, laplace_samples
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 
 PRIOR_SD = 2.0
 SIGMA = torch.tensor([[1.0, 0.6], [0.6, 1.0]], dtype=torch.float64)
@@ -112,10 +113,6 @@ def run_trial(args: argparse.Namespace, trial: int) -> dict[str, Any]:
     return {"kl": kls, "build_seconds": seconds}
 
 
-def median(values: list[float]) -> float:
-    return float(torch.tensor(values).median())
-
-
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -126,10 +123,10 @@ def main(argv: list[str] | None = None) -> dict:
     for label in METHODS:
         per_size = list(zip(*[t["kl"][label] for t in trials]))
         summary[label] = {
-            "median_kl": [median(list(v)) for v in per_size],
+            "median_kl": [lower_median(v) for v in per_size],
             "q25_kl": [float(torch.tensor(v).quantile(0.25)) for v in per_size],
             "q75_kl": [float(torch.tensor(v).quantile(0.75)) for v in per_size],
-            "median_build_seconds": [median(list(v)) for v in zip(*[t["build_seconds"][label] for t in trials])],
+            "median_build_seconds": [lower_median(v) for v in zip(*[t["build_seconds"][label] for t in trials])],
         }
     target_size = 100 if 100 in args.sizes else args.sizes[-1]
     k = args.sizes.index(target_size)

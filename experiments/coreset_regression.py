@@ -37,15 +37,14 @@ Outputs (under ``--out``, in a folder named by a hash of the config): ``coreset_
 
 Usage::
 
-    python experiments/coreset_regression.py --quick     # CI scale, tens of seconds
-    python experiments/coreset_regression.py --jobs 4    # full run (~30 CPU minutes, NumPyro installed)
+    python -m experiments.coreset_regression --quick     # CI scale, tens of seconds
+    python -m experiments.coreset_regression --jobs 4    # full run (~30 CPU minutes, NumPyro installed)
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -55,17 +54,18 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pyro  # noqa: E402
-import pyro.distributions as dist  # noqa: E402
-import torch  # noqa: E402
-from pyro.infer import MCMC, NUTS  # noqa: E402
-from pyro.infer.autoguide.initialization import init_to_value  # noqa: E402
-from torch import Tensor  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer.autoguide.initialization import init_to_value
+from torch import Tensor
+from tqdm import tqdm
 
-from neuralblock.coresets import (  # noqa: E402
+from experiments import baselines
+from experiments.baselines import numpyro_available
+from neuralblock.coresets import (
     Coreset,
     FrankWolfe,
     HilbertCoreset,
@@ -75,9 +75,9 @@ from neuralblock.coresets import (  # noqa: E402
     laplace_samples,
     weighted_model,
 )
-from neuralblock.diagnostics import batch_means_mcse  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.io import data_path  # noqa: E402
+from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.io import data_path
 
 LOGISTIC = ["phishing", "ds1", "synth_lr", "synth_lr_1e5"]
 POISSON = ["biketrips_large", "airportdelays_large", "synth_poiss_large"]
@@ -140,16 +140,6 @@ def load_dataset(name: str, seed: int) -> tuple[str, Tensor, Tensor]:
     return kind, x, y
 
 
-class Timer:
-    """Per-iteration CPU timestamps of a Pyro MCMC run (``hook_fn``)."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-
-    def __call__(self, kernel: Any, params: Any, stage: str, i: int) -> None:
-        self.stamps.append(time.process_time())
-
-
 def start_point(kind: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> Tensor | None:
     """Where every chain starts: one draw of the full-data Laplace approximation (``--init laplace``), or
     ``None`` (Pyro's / NumPyro's default uniform draw in [-2, 2], ``--init uniform``). Callers time it."""
@@ -171,25 +161,11 @@ def pyro_nuts(
     With ``jit`` the potential is compiled with the PyTorch JIT (``jit_compile=True``); the tracing and
     compilation happen inside the timed run.
     """
-    timer = Timer()
-    start = time.process_time()
     options: dict[str, Any] = {"jit_compile": True, "ignore_jit_warnings": True} if jit else {}
     if init is not None:
         options["init_strategy"] = init_to_value(values={"beta": init})
-    kernel = NUTS(model, **options)
-    mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, hook_fn=timer, disable_progbar=True)
-    mcmc.run(*args)
-    stamps = torch.tensor(timer.stamps[warmup:], dtype=torch.float64) - start
-    return {"draws": mcmc.get_samples()["beta"].double(), "seconds": stamps}
-
-
-def numpyro_available() -> bool:
-    try:
-        import jax  # noqa: F401
-        import numpyro  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    draws, seconds = baselines.pyro_nuts(model, args, "beta", warmup, samples, clock=time.process_time, **options)
+    return {"draws": draws.double(), "seconds": seconds}
 
 
 def numpyro_nuts(
@@ -203,15 +179,11 @@ def numpyro_nuts(
     init: Tensor | None = None,
 ) -> dict[str, Any]:
     """NumPyro NUTS (JAX on CPU) on the (weighted) likelihood; compile time included, draw times interpolated."""
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     import jax
     import jax.numpy as jnp
     import numpyro
     import numpyro.distributions as ndist
-    from numpyro.infer import MCMC as NMCMC
-    from numpyro.infer import NUTS as NNUTS
 
-    jax.config.update("jax_platform_name", "cpu")
     xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
     wj = jnp.ones(len(y)) if weights is None else jnp.asarray(weights.float().numpy())
 
@@ -224,15 +196,10 @@ def numpyro_nuts(
             ll = ndist.Poisson(jax.nn.softplus(eta)).log_prob(yj)
         numpyro.factor("loglik", jnp.sum(wj * ll))
 
-    start = time.process_time()
-    mcmc = NMCMC(NNUTS(model), num_warmup=warmup, num_samples=samples, progress_bar=False)
     init_params = None if init is None else {"beta": jnp.asarray(init.float().numpy())}
-    mcmc.warmup(jax.random.PRNGKey(seed), xj, yj, wj, init_params=init_params)
-    warm = time.process_time() - start
-    mcmc.run(mcmc.post_warmup_state.rng_key, xj, yj, wj)
-    total = time.process_time() - start
-    draws = torch.tensor(np.array(mcmc.get_samples()["beta"]), dtype=torch.float64)
-    seconds = warm + (total - warm) * torch.arange(1, samples + 1, dtype=torch.float64) / samples
+    draws, seconds, _ = baselines.numpyro_nuts(
+        model, (xj, yj, wj), "beta", warmup, samples, seed, clock=time.process_time, init_params=init_params
+    )
     return {"draws": draws, "seconds": seconds}
 
 

@@ -34,8 +34,8 @@ warned in that run.
 
 Usage::
 
-    python experiments/global_bias.py --quick   # CI scale, about a minute
-    python experiments/global_bias.py           # full run (about 12 min on one thread)
+    python -m experiments.global_bias --quick   # CI scale, about a minute
+    python -m experiments.global_bias           # full run (about 12 min on one thread)
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ by quadrature; the tests check the compound sampler against it.
 
 Usage::
 
-    python experiments/gmm_hyper.py --quick
-    python experiments/gmm_hyper.py
+    python -m experiments.gmm_hyper --quick
+    python -m experiments.gmm_hyper
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import argparse
 import itertools
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -64,22 +63,19 @@ from pyro import poutine
 from torch import Tensor
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gmm_pair_eval import first_time, load_proposal_or_untrained  # noqa: E402
-
-from motifs.gmm_pair import gmm_graph  # noqa: E402
-from neuralblock import FactorGraph, NeuralBlockKernel  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH  # noqa: E402
-from neuralblock.kernels.base import GraphKernel  # noqa: E402
-from neuralblock.kernels.conditioning import ConditionedModel  # noqa: E402
-from neuralblock.kernels.split_merge import SplitMergeGMM  # noqa: E402
-from neuralblock.proposals import NeuralBlockProposal  # noqa: E402
+from experiments.common import median
+from experiments.gmm_models import first_time, load_proposal_or_untrained
+from motifs.gmm_pair import gmm_graph
+from neuralblock import FactorGraph, NeuralBlockKernel
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH
+from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.conditioning import ConditionedModel
+from neuralblock.kernels.split_merge import SplitMergeGMM
+from neuralblock.proposals import NeuralBlockProposal
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = [
     "GmmConditional",
@@ -145,7 +141,7 @@ def mixture_log_lik(points: Tensor, mu: Tensor, v: Tensor, sigma: Tensor | float
     return torch.where(count > 0, value, torch.full_like(value, -math.inf))
 
 
-def gmm_hyper_model(points: Tensor, num_mixtures: int, priors: HyperPriors = HyperPriors()) -> None:  # noqa: B008
+def gmm_hyper_model(points: Tensor, num_mixtures: int, priors: HyperPriors = HyperPriors()) -> None:
     """Open-universe GMM with hyper-priors on ``sigma`` and ``p`` (labels summed out).
 
     Sites: ``sigma``, ``p`` (scalars), ``mu [m, D]``, ``v [m]``; ``v`` is conditioned on
@@ -213,7 +209,7 @@ class GmmConditional:
         values: Mapping[str, Tensor],
         points: Tensor,
         num_mixtures: int,
-        priors: HyperPriors = HyperPriors(),  # noqa: B008
+        priors: HyperPriors = HyperPriors(),
     ) -> FactorGraph:
         hyper = {**self.fixed, **{k: float(values[k]) for k in HYPER_SITES if k in values}}
         missing = [k for k in HYPER_SITES if k not in hyper]
@@ -267,7 +263,7 @@ def compound_sampler(
     local_steps: int = 3,
     gibbs_prob: float = 0.5,
     fixed: Mapping[str, float] | None = None,
-    priors: HyperPriors = HyperPriors(),  # noqa: B008
+    priors: HyperPriors = HyperPriors(),
     step_size: float = 0.5,
 ) -> CompoundKernel:
     """The compound sampler: a graph kernel on ``(mu, v)`` + random-walk MH on ``(sigma, p)``.
@@ -492,10 +488,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _median(values: list[float]) -> float:
-    return float(statistics.median(values))
-
-
 def _posterior(run: dict[str, Any]) -> dict[str, float]:
     """Posterior summaries from the second half of a run's transitions."""
     half = len(run["times"]) // 2
@@ -596,7 +588,7 @@ def aggregate(label: str, metrics: list[dict[str, Any]]) -> dict[str, Any]:
 
     def med(key: str) -> float | None:
         values = [m[key] for m in metrics]
-        return None if None in values else _median(values)
+        return None if None in values else median(values)
 
     def mean(key: str) -> float | None:
         values = [m[key] for m in metrics if m[key] is not None]

@@ -20,15 +20,13 @@ the in-kernel block acceptance rate.
 
 Usage::
 
-    python experiments/gmm_pair_eval.py --quick
-    python experiments/gmm_pair_eval.py
+    python -m experiments.gmm_pair_eval --quick
+    python -m experiments.gmm_pair_eval
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +34,25 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from motifs.gmm_pair import GmmPairMotif, gmm_graph, prior_proposal, sample_gmm  # noqa: E402
-from neuralblock import NeuralBlockKernel  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.graph import FactorGraph, GaussianMixtureGroup  # noqa: E402
-from neuralblock.kernels.base import GraphKernel, sequential_init  # noqa: E402
-from neuralblock.proposals import NeuralBlockProposal, load_proposal  # noqa: E402
-from trainers.trainer import evaluate  # noqa: E402
+from experiments.gmm_models import (
+    P_ACTIVE,
+    SIGMA,
+    TAU,
+    first_time,
+    held_out_gmm,
+    load_proposal_or_untrained,
+    run_sampler,
+)
+from motifs.gmm_pair import prior_proposal
+from neuralblock import NeuralBlockKernel
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.kernels.base import sequential_init
+from neuralblock.proposals import NeuralBlockProposal
+from trainers.trainer import evaluate
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-SIGMA, TAU, P_ACTIVE = 1.0, 5.0, 0.5
 NEAR_TRUTH = 5.0  # nats below the log joint at the true state that count as "converged"
 
 
@@ -72,16 +75,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_proposal_or_untrained(name: str, quick: bool) -> NeuralBlockProposal:
-    """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
-
-    def untrained() -> NeuralBlockProposal:
-        torch.manual_seed(0)
-        return NeuralBlockProposal(GmmPairMotif(), components=4, hidden=(32,))
-
-    return load_proposal(name, untrained if quick else None)
-
-
 def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Part 1: NLL and independence-MH acceptance of the network and of the prior proposal."""
     motif = proposal.motif
@@ -92,55 +85,6 @@ def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[di
             metrics = evaluate(candidate.mdn, batch, motif.block_spec, args.mc_samples, seed=args.seed)
         rows.append({"proposal": label, "instances": args.instances, **metrics})
     return rows
-
-
-def _mixture_group(fg: FactorGraph) -> GaussianMixtureGroup:
-    return next(g for g in fg.groups if isinstance(g, GaussianMixtureGroup))
-
-
-def run_sampler(kernel: GraphKernel, start: torch.Tensor, seconds: float, seed: int) -> dict[str, Any]:
-    """Run a GMM ``kernel`` from ``start`` for ``seconds`` of wall time.
-
-    Returns:
-        Per transition: ``times``, ``log_joint``, ``log_lik`` (the points' log-likelihood) and
-        ``active`` (the number of active mixtures); plus ``sweeps`` and the kernel's diagnostics.
-    """
-    torch.manual_seed(seed)
-    kernel.setup(warmup_steps=0)
-    fg = kernel.fg
-    group = _mixture_group(fg)
-    trace: dict[str, list[float]] = {"times": [], "log_joint": [], "log_lik": [], "active": []}
-
-    def record(state: torch.Tensor, now: float) -> None:
-        trace["times"].append(now)
-        trace["log_joint"].append(float(fg.log_joint(state)))
-        trace["log_lik"].append(float(group.log_factors(state).sum()))
-        trace["active"].append(float(state[group.active].sum()))
-
-    params = {"x": start.clone()}
-    record(params["x"], 0.0)
-    begin = time.perf_counter()
-    while time.perf_counter() - begin < seconds:
-        params = kernel.sample(params)
-        record(params["x"], time.perf_counter() - begin)
-    return {**trace, "sweeps": len(trace["times"]) - 1, "diagnostics": kernel.diagnostics()}
-
-
-def held_out_gmm(mixtures: int, points: int, seed: int) -> tuple[FactorGraph, torch.Tensor, dict[str, float]]:
-    """A GMM drawn from the model (``sigma, tau, p`` of this study), its true state and reference numbers."""
-    gen = torch.Generator().manual_seed(seed)
-    data, means, active = sample_gmm(mixtures, points, gen, SIGMA, TAU, P_ACTIVE)
-    fg = gmm_graph(data, mixtures, SIGMA, TAU, P_ACTIVE)
-    group = _mixture_group(fg)
-    truth = sequential_init(fg, gen)
-    truth[group.means.reshape(-1)] = means.reshape(-1)
-    truth[group.active] = active
-    reference = {
-        "true_active": float(active.sum()),
-        "true_log_joint": float(fg.log_joint(truth)),
-        "true_log_lik": float(group.log_factors(truth).sum()),
-    }
-    return fg, truth, reference
 
 
 def mcmc_comparison(proposal: NeuralBlockProposal, args: argparse.Namespace) -> dict[str, Any]:
@@ -162,16 +106,6 @@ def mcmc_comparison(proposal: NeuralBlockProposal, args: argparse.Namespace) -> 
             record[label] = run
         models.append(record)
     return {"models": models, "samplers": list(samplers)}
-
-
-def first_time(times: list[float], values: list[float], level: float) -> float | None:
-    """The first time at which ``values`` reaches ``level`` (``None`` if it never does).
-
-    Example:
-        >>> first_time([0.0, 1.0, 2.0], [-9.0, -1.0, 0.0], -2.0)
-        1.0
-    """
-    return next((t for t, v in zip(times, values) if v >= level), None)
 
 
 def summarize(part2: dict[str, Any]) -> list[dict[str, Any]]:

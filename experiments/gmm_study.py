@@ -19,14 +19,13 @@ itself needs to reach it.
 
 Usage::
 
-    python experiments/gmm_study.py --quick
-    python experiments/gmm_study.py
+    python -m experiments.gmm_study --quick
+    python -m experiments.gmm_study
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +33,15 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from gmm_pair_eval import first_time, held_out_gmm, load_proposal_or_untrained, run_sampler  # noqa: E402
-
-from neuralblock import NeuralBlockKernel  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.kernels.base import sequential_init  # noqa: E402
-from neuralblock.kernels.split_merge import SplitMergeGMM  # noqa: E402
+from experiments.common import lower_median
+from experiments.gmm_models import first_time, held_out_gmm, load_proposal_or_untrained, run_sampler
+from neuralblock import NeuralBlockKernel
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.kernels.base import sequential_init
+from neuralblock.kernels.split_merge import SplitMergeGMM
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 NB, SM = "NB(gmm_pair) + Gibbs", "split-merge + Gibbs"
 
@@ -74,10 +70,6 @@ def time_to_reach(run: dict[str, Any], level: float) -> float | None:
     return first_time(run["times"], run["log_lik"], level)
 
 
-def _median(values: list[Any]) -> float:
-    return float(torch.tensor([float(v) for v in values]).median())
-
-
 def study_size(m: int, n: int, args: argparse.Namespace, proposal: Any) -> dict[str, Any]:
     """Both samplers, ``args.runs`` runs each, on one GMM of ``m`` mixtures and ``n`` points."""
     largest = m == max(args.mixtures) and n == max(args.points)
@@ -95,7 +87,7 @@ def study_size(m: int, n: int, args: argparse.Namespace, proposal: Any) -> dict[
             diag = run.pop("diagnostics")
             run["acceptance"] = diag["acceptance"]
             runs[label].append(run)
-    final_sm = float(torch.tensor([run["log_lik"][-1] for run in runs[SM]]).median())
+    final_sm = lower_median(run["log_lik"][-1] for run in runs[SM])
     summary = []
     for label, label_runs in runs.items():
         reach = [time_to_reach(run, final_sm) for run in label_runs]
@@ -107,15 +99,13 @@ def study_size(m: int, n: int, args: argparse.Namespace, proposal: Any) -> dict[
                 "sampler": label,
                 "seconds": seconds,
                 "true M": reference["true_active"],
-                "median final M": float(torch.tensor([run["active"][-1] for run in label_runs]).median()),
+                "median final M": lower_median(run["active"][-1] for run in label_runs),
                 "median final log-lik - truth": float(
                     torch.tensor([run["log_lik"][-1] for run in label_runs]).median() - reference["true_log_lik"]
                 ),
                 "runs reaching SM final": f"{len(reached)}/{len(reach)}",
-                "median time to SM final (s)": float(torch.tensor(reach).median())
-                if len(reached) == len(reach)
-                else None,
-                "median sweeps": float(torch.tensor([float(run["sweeps"]) for run in label_runs]).median()),
+                "median time to SM final (s)": lower_median(reach) if len(reached) == len(reach) else None,
+                "median sweeps": lower_median(run["sweeps"] for run in label_runs),
             }
         )
     return {"m": m, "n": n, "seconds": seconds, "reference": reference, "runs": runs, "summary": summary}

@@ -53,8 +53,8 @@ reaches exact MH's final test accuracy in at most 1/5 of exact MH's time.
 
 Usage::
 
-    python experiments/joint_dpm.py --quick   # CI scale, seconds
-    python experiments/joint_dpm.py           # full run (~15 min on a busy core)
+    python -m experiments.joint_dpm --quick   # CI scale, seconds
+    python -m experiments.joint_dpm           # full run (~15 min on a busy core)
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -77,15 +76,12 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from logistic_austerity import logistic_model  # noqa: E402
-
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.kernels.austerity import AusterityMH  # noqa: E402
+from experiments.logistic_models import logistic_model
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.kernels.austerity import AusterityMH
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["Arm", "Data", "Hyper", "JointDPMState", "main", "make_data"]
 

@@ -46,17 +46,15 @@ mean and sd with the chains' MCSEs.
 
 Usage::
 
-    python experiments/logistic_austerity.py --quick   # CI scale, seconds
-    python experiments/logistic_austerity.py           # full run (~18 min on 1 busy core)
+    python -m experiments.logistic_austerity --quick   # CI scale, seconds
+    python -m experiments.logistic_austerity           # full run (~18 min on 1 busy core)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import math
-import os
 import random
 import time
 import warnings
@@ -71,16 +69,17 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.infer import MCMC, NUTS
 from torch import Tensor
 from tqdm import tqdm
 
+from experiments import baselines
+from experiments.logistic_models import logistic_model, logistic_model_full
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.io import data_path
 from neuralblock.kernels.austerity import AusterityMH
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["Dataset", "LaplaceProposal", "laplace_fit", "main", "reference_posterior", "running_metrics"]
 
@@ -131,33 +130,6 @@ class Dataset:
     def dim(self) -> int:
         """Number of weights ``D``."""
         return int(self.X.shape[1])
-
-
-# -- models -----------------------------------------------------------------------------------
-def logistic_model(X: Tensor, y: Tensor) -> None:
-    """Bayesian logistic regression in Pyro's subsampling idiom (sections = data points).
-
-    The logits are written ``(X[idx] * w).sum(-1)`` rather than ``X[idx] @ w`` so that they
-    broadcast a leading batch dimension of ``w`` (``[P, 1, D]`` gives ``[P, k]`` logits): then
-    :class:`AusterityMH` evaluates ``θ`` and ``θ'`` of a test stage in one model run.
-
-    Example:
-        >>> from neuralblock.subsample import SectionEvaluator
-        >>> X, y = torch.randn(6, 3), torch.ones(6)
-        >>> sections = SectionEvaluator(logistic_model, "data", 6, (X, y))
-        >>> sections.check_vectorized({}, {"w": torch.randn(2, 3)})
-        True
-    """
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    with pyro.plate("data", X.shape[0]) as idx:
-        pyro.sample("y", dist.Bernoulli(logits=(X[idx] * w).sum(-1)), obs=y[idx])
-
-
-def logistic_model_full(X: Tensor, y: Tensor) -> None:
-    """The same model written on the full data (what a user runs with exact MH or NUTS)."""
-    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    with pyro.plate("data", X.shape[0]):
-        pyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -449,30 +421,12 @@ def make_exact(fit: tuple[Tensor, Tensor, Tensor], proposal: LaplaceProposal | N
     )  # fmt: skip
 
 
-class _Stop(Exception):
-    """Raised by the NUTS hook when the wall-time cap is reached."""
-
-
 def run_pyro_nuts(ds: Dataset, warmup: int, draws: int, cap: float) -> Chain:
     """Pyro NUTS on the full-data model: ``draws`` post-warmup draws with times (warmup counted), or until ``cap``."""
-    samples: list[Tensor] = []
-    seconds: list[float] = []
-    start = time.perf_counter()
-
-    def hook(kernel: Any, params: dict[str, Tensor], stage: str, i: int) -> None:
-        now = time.perf_counter() - start
-        if stage == "Sample":
-            samples.append(params["w"].detach().clone())
-            seconds.append(now)
-        if now > cap:
-            raise _Stop
-
-    mcmc = MCMC(NUTS(logistic_model_full), num_samples=draws, warmup_steps=warmup, hook_fn=hook, disable_progbar=True)
-    with contextlib.suppress(_Stop):
-        mcmc.run(ds.X, ds.y)
-    if not samples:
+    samples, seconds = baselines.pyro_nuts(logistic_model_full, (ds.X, ds.y), "w", warmup, draws, cap=cap)
+    if samples.shape[0] == 0:
         return Chain(torch.empty(0, ds.dim), torch.empty(0), 0.0, {"finished_warmup": False})
-    return Chain(torch.stack(samples), torch.tensor(seconds), 0.0, {"finished_warmup": True})
+    return Chain(samples, seconds.float(), 0.0, {"finished_warmup": True})
 
 
 def run_numpyro_nuts(ds: Dataset, warmup: int, draws: int, seed: int) -> Chain | None:
@@ -481,32 +435,19 @@ def run_numpyro_nuts(ds: Dataset, warmup: int, draws: int, seed: int) -> Chain |
     Compilation counts in the time, as a user experiences it; JAX calls cannot be interrupted, so
     there is no wall-time cap.
     """
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        import jax
-        import jax.numpy as jnp
-        import numpyro
-        import numpyro.distributions as ndist
-        from numpyro.infer import MCMC as NMCMC
-        from numpyro.infer import NUTS as NNUTS
-    except ImportError:
+    if not baselines.numpyro_available():
         return None
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as ndist
 
     def model(X: Any, y: Any) -> None:
         w = numpyro.sample("w", ndist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
         numpyro.sample("y", ndist.Bernoulli(logits=X @ w), obs=y)
 
     X, y = jnp.asarray(ds.X.numpy()), jnp.asarray(ds.y.numpy())
-    start = time.perf_counter()
-    mcmc = NMCMC(NNUTS(model), num_warmup=warmup, num_samples=draws, progress_bar=False)
-    mcmc.warmup(jax.random.PRNGKey(seed), X, y)
-    warm = time.perf_counter() - start
-    mcmc.run(mcmc.post_warmup_state.rng_key, X, y)  # one compiled sampling call
-    samples = torch.from_numpy(np.array(mcmc.get_samples()["w"])).float()
-    now = time.perf_counter() - start
-    # the draws of the sampling call are spread evenly over its time
-    return Chain(samples, torch.linspace(warm, now, len(samples) + 1)[1:], 0.0, {"warmup_seconds": warm})
+    samples, seconds, warm = baselines.numpyro_nuts(model, (X, y), "w", warmup, draws, seed)
+    return Chain(samples.float(), seconds.float(), 0.0, {"warmup_seconds": warm})
 
 
 # -- metrics -----------------------------------------------------------------------------------

@@ -49,8 +49,8 @@ Outputs (under ``--out``, in a folder named by a hash of the config): ``priorswa
 
 Usage::
 
-    python experiments/priorswap_study.py --quick   # CI scale (MH everywhere, tiny sizes)
-    python experiments/priorswap_study.py           # full run (under 20 min on 1 thread)
+    python -m experiments.priorswap_study --quick   # CI scale (MH everywhere, tiny sizes)
+    python -m experiments.priorswap_study           # full run (under 20 min on 1 thread)
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from neuralblock.io import data_path
 from neuralblock.priorswap import ExactPosterior, PriorSwap, SiteLayout, SwapProblem, importance_swap
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 STUDIES = ["oned", "linreg", "kidiq", "phishing", "gmm"]
 THRESHOLD = 0.05

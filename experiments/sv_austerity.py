@@ -29,8 +29,8 @@ arm and seed: ESS (``pyro.ops.stats.effective_sample_size``) of phi and sigma2 p
 posterior means/sds (the bias of austerity against the exact arm).
 
 Usage:
-    python experiments/sv_austerity.py --quick
-    python experiments/sv_austerity.py --out experiments/results/sv_austerity
+    python -m experiments.sv_austerity --quick
+    python -m experiments.sv_austerity --out experiments/results/sv_austerity
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,9 +51,8 @@ from pyro.ops.stats import autocorrelation, effective_sample_size
 from torch import Tensor
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sv_models import (  # noqa: E402
+from experiments.common import median
+from experiments.sv_models import (
     load_sp500_returns,
     simulate_sv,
     sv_blocked_sweep,
@@ -63,10 +60,9 @@ from sv_models import (  # noqa: E402
     sv_state_space,
     sv_timestep_model,
 )
-
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.kernels.austerity import AusterityMH  # noqa: E402
-from neuralblock.kernels.particle_gibbs import ParticleGibbs  # noqa: E402
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.kernels.austerity import AusterityMH
+from neuralblock.kernels.particle_gibbs import ParticleGibbs
 
 __all__ = [
     "GibbsChain",
@@ -492,17 +488,6 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan
 
 
-def _median(values: list[float]) -> float:
-    """Median of the finite values (the mean of the two middle ones for an even count).
-
-    Example:
-        >>> _median([0.9, 6.7]), _median([1.0, math.nan, 3.0, 2.0])
-        (3.8, 2.0)
-    """
-    finite = [v for v in values if math.isfinite(v)]
-    return float(statistics.median(finite)) if finite else math.nan
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the study; returns the JSON record (also written with a markdown table and plots)."""
     args = _parse(argv)
@@ -622,17 +607,17 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
         row: dict[str, Any] = {}
         for k in PARAMS:
             for kind in ("total", "global"):
-                row[f"{k}_ess_per_s_{kind}"] = _median([run[arm][k][f"ess_per_s_{kind}"] for run in runs])
+                row[f"{k}_ess_per_s_{kind}"] = median([run[arm][k][f"ess_per_s_{kind}"] for run in runs])
                 ratios = [_ratio(run[arm][k][f"ess_per_s_{kind}"], run[exact][k][f"ess_per_s_{kind}"]) for run in runs]
-                row[f"{k}_ratio_{kind}"] = _median(ratios)
+                row[f"{k}_ratio_{kind}"] = median(ratios)
             means = [run[arm][k]["mean"] for run in runs]
             row[f"{k}_mean"] = sum(means) / len(means)
             row[f"{k}_sd"] = sum(run[arm][k]["sd"] for run in runs) / len(runs)
             row[f"{k}_ess"] = sum(run[arm][k]["ess"] for run in runs)
         for key in ("acceptance_rate", "mean_data_fraction", "mean_stages", "seconds_per_transition"):
-            row[key] = _median([run[arm]["kernel"][key] for run in runs])
-        row["iterations_per_second"] = _median([run[arm]["iterations_per_second"] for run in runs])
-        row["global_time_fraction"] = _median([run[arm]["seconds_global"] / run[arm]["seconds_total"] for run in runs])
+            row[key] = median([run[arm]["kernel"][key] for run in runs])
+        row["iterations_per_second"] = median([run[arm]["iterations_per_second"] for run in runs])
+        row["global_time_fraction"] = median([run[arm]["seconds_global"] / run[arm]["seconds_total"] for run in runs])
         summary[arm] = row
     # Amdahl: with the exact arm's share f of time in the global update, a free global update
     # (same ESS per iteration) would raise total-time ESS/s by at most 1 / (1 - f)

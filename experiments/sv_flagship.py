@@ -27,15 +27,14 @@ series Pyro NUTS needs about 5-10 CPU seconds per iteration, so no arm would get
 budget within the study's time limit (``--window 0`` uses the full series).
 
 Usage:
-    python experiments/sv_flagship.py --quick
-    python experiments/sv_flagship.py --out experiments/results/sv_flagship
+    python -m experiments.sv_flagship --quick
+    python -m experiments.sv_flagship --out experiments/results/sv_flagship
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -50,29 +49,26 @@ from pyro.ops.stats import autocorrelation
 from torch import Tensor
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sv_austerity import START, GibbsChain, Setting, conditional_laplace, tune_batch_size  # noqa: E402
-from sv_models import (  # noqa: E402
+from experiments.common import median
+from experiments.sv_austerity import START, GibbsChain, Setting, conditional_laplace, tune_batch_size
+from experiments.sv_models import (
     PHI_PRIOR,
     SIGMA2_PRIOR,
     load_sp500_returns,
     sv_blocked_sweep,
     sv_timestep_model,
 )
-
-from motifs.chain import stochastic_volatility_graph  # noqa: E402
-from neuralblock import load_pretrained  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
-from neuralblock.graph import FactorGraph  # noqa: E402
-from neuralblock.kernels import (  # noqa: E402
+from motifs.chain import stochastic_volatility_graph
+from neuralblock import load_pretrained
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.graph import FactorGraph
+from neuralblock.kernels import (
     AusterityMH,
     CompoundKernel,
     ConditionalGraphKernel,
     NeuralBlockKernel,
 )
-from neuralblock.proposals import NeuralBlockProposal  # noqa: E402
+from neuralblock.proposals import NeuralBlockProposal
 
 __all__ = [
     "SVConditionalGraph",
@@ -631,11 +627,6 @@ def _gibbs_ceiling(y: Tensor, out: dict[str, Any], h_mean: Tensor) -> dict[str, 
     return record
 
 
-def _median(values: list[float]) -> float:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return float(np.median(finite)) if finite else math.nan
-
-
 def _quantities(run: dict[str, Any], arm: str) -> list[str]:
     return [k for k in run[arm] if k in PARAMS or k.startswith("h[")]
 
@@ -647,12 +638,12 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
         row: dict[str, Any] = {}
         for k in PARAMS:
             for what in ("ess_per_s", "ess_per_iteration", "ess", "mean", "sd"):
-                row[f"{k}_{what}"] = _median([run[arm][k][what] for run in runs])
+                row[f"{k}_{what}"] = median([run[arm][k][what] for run in runs])
         h_rates = [[run[arm][q]["ess_per_s"] for q in _quantities(run, arm) if q.startswith("h[")] for run in runs]
-        row["h_ess_per_s_median"] = _median([_median(r) for r in h_rates])
-        row["h_ess_per_s_min"] = _median([min(r) for r in h_rates])
+        row["h_ess_per_s_median"] = median([median(r) for r in h_rates])
+        row["h_ess_per_s_min"] = median([min(r) for r in h_rates])
         for key in ("seconds_per_iteration", "seconds", "warmup_seconds", "draws", "global_time_fraction"):
-            row[key] = _median([run[arm].get(key, math.nan) for run in runs])
+            row[key] = median([run[arm].get(key, math.nan) for run in runs])
         for k in PARAMS:
             row[f"{k}_ess_per_seed"] = [run[arm][k]["ess"] for run in runs]
         summary[arm] = row
@@ -664,12 +655,12 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
                 per_seed = []
                 for run in runs:
                     if k == "h":
-                        mine = _median([run[lead][q]["ess_per_s"] for q in _quantities(run, lead) if q[0] == "h"])
-                        theirs = _median([run[other][q]["ess_per_s"] for q in _quantities(run, other) if q[0] == "h"])
+                        mine = median([run[lead][q]["ess_per_s"] for q in _quantities(run, lead) if q[0] == "h"])
+                        theirs = median([run[other][q]["ess_per_s"] for q in _quantities(run, other) if q[0] == "h"])
                     else:
                         mine, theirs = run[lead][k]["ess_per_s"], run[other][k]["ess_per_s"]
                     per_seed.append(mine / theirs if theirs > 0 else math.nan)
-                ratios[k] = _median(per_seed)
+                ratios[k] = median(per_seed)
                 ratios[f"{k}_per_seed"] = per_seed
             # the ratio of iteration rates: what the ESS/s ratio would be at equal ESS per iteration
             ratios["iteration_rate"] = summary[other]["seconds_per_iteration"] / summary[lead]["seconds_per_iteration"]
@@ -699,7 +690,7 @@ def _plot(runs: list[dict[str, Any]], summary: dict[str, Any], arms: list[str], 
         axes[0, 0].bar(xs, heights, width, color=colors[arm], label=arm)
         for run in runs:
             dots = [run[arm][k]["ess_per_s"] for k in PARAMS]
-            dots.append(_median([run[arm][q]["ess_per_s"] for q in _quantities(run, arm) if q[0] == "h"]))
+            dots.append(median([run[arm][q]["ess_per_s"] for q in _quantities(run, arm) if q[0] == "h"]))
             axes[0, 0].scatter(xs, dots, color="black", s=8, zorder=3)
     axes[0, 0].set(xticks=np.arange(len(labels)) + 0.4 - width / 2, xticklabels=labels, yscale="log")
     axes[0, 0].set(ylabel="ESS per CPU second (bars: median; dots: seeds)")

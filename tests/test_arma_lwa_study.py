@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_experiments_quick import load
+from experiments import arma_lwa as study
 
 
 def test_arma_lwa_quick_mode_writes_outputs(tmp_path: Path) -> None:
-    study = load("arma_lwa")
     record = study.main(["--quick", "--out", str(tmp_path), "--no-progress"])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "arma_lwa.json").read_text())

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_experiments_quick import load
+from experiments import chain_proposal_eval as study
 
 
 def test_chain_proposal_eval_quick_mode_writes_outputs(tmp_path: Path) -> None:
-    study = load("chain_proposal_eval")
     record = study.main(["--quick", "--out", str(tmp_path)])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "chain_proposal.json").read_text())

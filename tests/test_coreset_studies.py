@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from experiments import coreset_gaussian, coreset_regression
 
 
 def test_gaussian_coreset_study_quick(tmp_path: Path) -> None:
-    study = load("coreset_gaussian")
-    record = study.main(["--quick", "--out", str(tmp_path), "--no-progress"])
+    record = coreset_gaussian.main(["--quick", "--out", str(tmp_path), "--no-progress"])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "coreset_gaussian.json").read_text())
     assert saved["config"]["quick"] is True and saved["sizes"] == record["sizes"]
@@ -38,8 +25,7 @@ def test_gaussian_coreset_study_quick(tmp_path: Path) -> None:
 
 
 def test_regression_coreset_study_quick(tmp_path: Path) -> None:
-    study = load("coreset_regression")
-    study.main(["--quick", "--out", str(tmp_path), "--no-progress"])
+    coreset_regression.main(["--quick", "--out", str(tmp_path), "--no-progress"])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "coreset_regression.json").read_text())
     for name, res in saved["datasets"].items():

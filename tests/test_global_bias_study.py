@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_experiments_quick import load
+from experiments import global_bias as study
 
 
 def test_global_bias_quick_writes_outputs(tmp_path: Path) -> None:
-    study = load("global_bias")
     # one logistic case and the AR(1) case keep CI's time (the full run has three)
     record = study.main(["--quick", "--cases", "logistic-corr", "ar1", "--out", str(tmp_path)])
     (folder,) = list(tmp_path.iterdir())

@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 
 import torch
-from test_experiments_quick import load
 
+from experiments import gmm_hyper as study
 from neuralblock import load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
-
-study = load("gmm_hyper")
 
 # Two clear clusters in 2-D; m = 3 candidate mixtures, so M = 3 (a split or an unused third mean) keeps
 # posterior mass 0.17 that depends on p and on the M >= 1 truncation; E[sigma] = 0.53 is far from its prior (1.13).

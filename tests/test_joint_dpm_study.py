@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_experiments_quick import load
 
-study = load("joint_dpm")
+from experiments import joint_dpm as study
 
 
 def test_joint_dpm_quick_writes_outputs(tmp_path: Path) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_experiments_quick import load
+from experiments import logistic_austerity as study
 
 
 def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
-    study = load("logistic_austerity")
     record = study.main(["--quick", "--out", str(tmp_path)])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "logistic_austerity.json").read_text())
@@ -66,7 +65,6 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
 def test_laplace_fit_with_a_subsampled_fisher_finds_the_exact_mode() -> None:
     import torch
 
-    study = load("logistic_austerity")
     ds = study.synthetic(20_000, 4, torch.Generator().manual_seed(1), test=10)
     mode, cov, hessian = study.laplace_fit(ds, fisher_rows=1_000)  # Newton steps with a 1000-row Fisher
     exact_mode, exact_cov, exact_hessian = study.laplace_fit(ds, fisher_rows=10**9)  # plain Newton

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_experiments_quick import load  # tests/ is on sys.path under pytest
+from experiments import priorswap_study as study
 
 
 def test_priorswap_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
-    study = load("priorswap_study")
     record = study.main(["--quick", "--out", str(tmp_path)])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "priorswap_study.json").read_text())

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from test_experiments_quick import load  # tests/ is on sys.path under pytest
 
 
 @pytest.mark.parametrize("name", ["gibbs_grids", "grid_study"])

@@ -18,14 +18,13 @@ import pyro.distributions as dist
 import pytest
 import torch
 from scipy import stats
-from test_experiments_quick import load
 
+from experiments import sv_austerity as study
+from experiments import sv_models as sv
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.kernels.particle_gibbs import csmc_step, path_log_joint
 
 ALPHA = 1e-3
-
-sv = load("sv_models")
 
 
 def model_log_density(model, y: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -92,7 +91,6 @@ def test_blocked_sweep_input_errors() -> None:
 
 
 def test_sv_austerity_study_quick_mode_writes_outputs(tmp_path: Path) -> None:
-    study = load("sv_austerity")
     record = study.main(["--quick", "--out", str(tmp_path)])
     (folder,) = list(tmp_path.iterdir())
     saved = json.loads((folder / "sv_austerity.json").read_text())

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pyro
 import torch
-from test_experiments_quick import load
 
-flagship = load("sv_flagship")
-sv = load("sv_models")
+from experiments import sv_flagship as flagship
+from experiments import sv_models as sv
 
 
 def _log_joint(model, y: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,34 @@
+"""Small helpers that several studies share."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+
+import torch
+
+
+def median(values: Iterable[float | None]) -> float:
+    """Median of the finite values (the mean of the two middle ones for an even count); NaN if there are none.
+
+    ``None`` counts as missing, like NaN.
+
+    Example:
+        >>> median([1.0, 6.0]), median([1.0, math.nan, 3.0, None, 2.0]), median([])
+        (3.5, 2.0, nan)
+    """
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return float(statistics.median(finite)) if finite else math.nan
+
+
+def lower_median(values: Iterable[float]) -> float:
+    """``torch.median``'s median: the lower of the two middle values for an even count.
+
+    The GMM and Gaussian-coreset studies report it (their committed numbers use it).
+
+    Example:
+        >>> lower_median([3.0, 1.0, 2.0, 4.0])
+        2.0
+    """
+    return float(torch.tensor([float(v) for v in values]).median())

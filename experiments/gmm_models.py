@@ -1,0 +1,90 @@
+"""The open-universe GMM that the GMM studies share: held-out models, the proposal they load, timed runs.
+
+``gmm_pair_eval``, ``gmm_study`` and ``gmm_hyper`` draw their held-out GMMs from the same model
+(``sigma = 1``, ``tau = 5``, ``p = 0.5``), load the ``gmm_pair`` proposal the same way and run their
+samplers through :func:`run_sampler`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from motifs.gmm_pair import GmmPairMotif, gmm_graph, sample_gmm
+from neuralblock.graph import FactorGraph, GaussianMixtureGroup
+from neuralblock.kernels.base import GraphKernel, sequential_init
+from neuralblock.proposals import NeuralBlockProposal, load_proposal
+
+SIGMA, TAU, P_ACTIVE = 1.0, 5.0, 0.5
+
+
+def load_proposal_or_untrained(name: str, quick: bool) -> NeuralBlockProposal:
+    """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
+
+    def untrained() -> NeuralBlockProposal:
+        torch.manual_seed(0)
+        return NeuralBlockProposal(GmmPairMotif(), components=4, hidden=(32,))
+
+    return load_proposal(name, untrained if quick else None)
+
+
+def mixture_group(fg: FactorGraph) -> GaussianMixtureGroup:
+    """The graph's (only) Gaussian mixture group."""
+    return next(g for g in fg.groups if isinstance(g, GaussianMixtureGroup))
+
+
+def run_sampler(kernel: GraphKernel, start: torch.Tensor, seconds: float, seed: int) -> dict[str, Any]:
+    """Run a GMM ``kernel`` from ``start`` for ``seconds`` of wall time.
+
+    Returns:
+        Per transition: ``times``, ``log_joint``, ``log_lik`` (the points' log-likelihood) and
+        ``active`` (the number of active mixtures); plus ``sweeps`` and the kernel's diagnostics.
+    """
+    torch.manual_seed(seed)
+    kernel.setup(warmup_steps=0)
+    fg = kernel.fg
+    group = mixture_group(fg)
+    trace: dict[str, list[float]] = {"times": [], "log_joint": [], "log_lik": [], "active": []}
+
+    def record(state: torch.Tensor, now: float) -> None:
+        trace["times"].append(now)
+        trace["log_joint"].append(float(fg.log_joint(state)))
+        trace["log_lik"].append(float(group.log_factors(state).sum()))
+        trace["active"].append(float(state[group.active].sum()))
+
+    params = {"x": start.clone()}
+    record(params["x"], 0.0)
+    begin = time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        params = kernel.sample(params)
+        record(params["x"], time.perf_counter() - begin)
+    return {**trace, "sweeps": len(trace["times"]) - 1, "diagnostics": kernel.diagnostics()}
+
+
+def held_out_gmm(mixtures: int, points: int, seed: int) -> tuple[FactorGraph, torch.Tensor, dict[str, float]]:
+    """A GMM drawn from the model (``sigma, tau, p`` of this study), its true state and reference numbers."""
+    gen = torch.Generator().manual_seed(seed)
+    data, means, active = sample_gmm(mixtures, points, gen, SIGMA, TAU, P_ACTIVE)
+    fg = gmm_graph(data, mixtures, SIGMA, TAU, P_ACTIVE)
+    group = mixture_group(fg)
+    truth = sequential_init(fg, gen)
+    truth[group.means.reshape(-1)] = means.reshape(-1)
+    truth[group.active] = active
+    reference = {
+        "true_active": float(active.sum()),
+        "true_log_joint": float(fg.log_joint(truth)),
+        "true_log_lik": float(group.log_factors(truth).sum()),
+    }
+    return fg, truth, reference
+
+
+def first_time(times: list[float], values: list[float], level: float) -> float | None:
+    """The first time at which ``values`` reaches ``level`` (``None`` if it never does).
+
+    Example:
+        >>> first_time([0.0, 1.0, 2.0], [-9.0, -1.0, 0.0], -2.0)
+        1.0
+    """
+    return next((t for t, v in zip(times, values) if v >= level), None)
