@@ -8,6 +8,7 @@ from neuralblock.kernels.conditional_graph import ConditionalGraphKernel
 from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.gradient_discrete import DiscreteLangevin, GibbsWithGradients, PathAuxiliarySampler
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.marginal import MarginalRandomWalk
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
@@ -22,14 +23,17 @@ __all__ = [
     "CompoundKernel",
     "ConditionalGraphKernel",
     "ConditionedModel",
+    "DiscreteLangevin",
     "GibbsInfo",
     "GibbsKernel",
+    "GibbsWithGradients",
     "GraphKernel",
     "LWAKernel",
     "MHInfo",
     "MarginalRandomWalk",
     "NeuralBlockKernel",
     "ParticleGibbs",
+    "PathAuxiliarySampler",
     "RandomWalkMH",
     "ReplicaExchange",
     "SingleSiteSweep",
