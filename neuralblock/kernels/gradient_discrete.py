@@ -39,12 +39,13 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from neuralblock.exact.chain import gumbel_argmax
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import mh_decide
 
-__all__ = ["DiscreteLangevin", "GibbsWithGradients", "OneHotEnergy", "PathAuxiliarySampler", "gumbel_argmax"]
+__all__ = ["DiscreteLangevin", "GibbsWithGradients", "OneHotEnergy", "PathAuxiliarySampler"]
 
 IMPOSSIBLE = -1e30
 """Finite stand-in for ``-inf`` table entries in the energy (``-inf * 0`` would give NaN gradients)."""
@@ -53,17 +54,6 @@ _NEGLIGIBLE = IMPOSSIBLE * 1e-3
 """MH log ratios below this come from impossible entries (a proposal or reverse move of zero probability)."""
 
 _AXES = "abcdeghijklmnopqrstuvwxy"  # einsum letters for table axes ("f": factors, "z": chains)
-
-
-def gumbel_argmax(logits: Tensor) -> Tensor:
-    """A draw from ``softmax(logits)`` over the last dimension (Gumbel-max; ``-inf`` logits are never drawn).
-
-    Example:
-        >>> gumbel_argmax(torch.tensor([[0.0, -float("inf")], [-float("inf"), 0.0]])).tolist()
-        [0, 1]
-    """
-    noise = torch.empty_like(logits).exponential_().clamp_(min=torch.finfo(logits.dtype).tiny)
-    return (logits - noise.log()).argmax(-1)
 
 
 class OneHotEnergy:

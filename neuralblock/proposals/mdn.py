@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, constraints
 
 from neuralblock._shapes import broadcast_shape
+from neuralblock.exact.chain import gumbel_argmax
 from neuralblock.motif import BlockSpec
 
 __all__ = ["BlockMixture", "MixtureDensityNetwork"]
@@ -121,13 +122,13 @@ class BlockMixture(Distribution):
         """Draw block values ``sample_shape + batch_shape + [b]`` from torch's global RNG."""
         shape = torch.Size(sample_shape) + self.batch_shape
         weights = self.mixture_log_weights.expand(shape + (self.num_components,))
-        comp = _gumbel_argmax(weights)  # shape
+        comp = gumbel_argmax(weights)  # shape
         out = self.mixture_log_weights.new_zeros(shape + (len(self.cardinalities),))
         if self.discrete_log_probs is not None:
             logp = self.discrete_log_probs.expand(shape + self.discrete_log_probs.shape[-3:])
             idx = comp[..., None, None, None].expand(shape + (1,) + logp.shape[-2:])
             chosen = logp.gather(-3, idx).squeeze(-3)  # [..., D, k_max]
-            out[..., self.discrete_pos] = _gumbel_argmax(chosen).to(out.dtype)
+            out[..., self.discrete_pos] = gumbel_argmax(chosen).to(out.dtype)
         if self.loc is not None and self.log_scale is not None:
             loc = self.loc.expand(shape + self.loc.shape[-2:])
             idx = comp[..., None, None].expand(shape + (1, loc.shape[-1]))
@@ -135,12 +136,6 @@ class BlockMixture(Distribution):
             std = self.log_scale.expand(shape + self.log_scale.shape[-2:]).gather(-2, idx).squeeze(-2).exp()
             out[..., self.continuous_pos] = mean + std * torch.randn_like(mean)
         return out
-
-
-def _gumbel_argmax(logits: Tensor) -> Tensor:
-    """One categorical draw per row of ``logits [..., k]`` by the Gumbel-max trick (``-inf`` entries never win)."""
-    uniform = torch.rand_like(logits).clamp_(min=torch.finfo(logits.dtype).tiny)
-    return (logits - torch.log(-torch.log(uniform))).argmax(-1)
 
 
 class MixtureDensityNetwork(nn.Module):
