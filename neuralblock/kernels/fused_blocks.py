@@ -252,7 +252,7 @@ class BlockTable:
         self.max_slots = self.rows if dense else max(1, _MAX_CACHE_ENTRIES // (3 * width))
         self.used = 0  # stored rows in use (slots only)
         self.evictions = 0  # times every stored row was forgotten to make room (slots only)
-        stored = self.rows if dense else min(self.max_slots, 1024)
+        stored = self.rows if dense else min(self.max_slots, self.rows)  # all slots at once: fixed shapes
         self.cdf = torch.zeros(stored, width, device=device)
         self.log_ratio = torch.zeros(stored, width, device=device)
         self.energy_rows = torch.zeros(stored, width, device=device)  # for tempered targets
@@ -324,12 +324,13 @@ class BlockTable:
 
     def ensure(self, fg: FactorGraph, instances: MotifInstances, keys: Tensor, rows: Tensor, state: Tensor) -> None:
         """Compute the rows ``keys [K, I]`` not yet in the table (instances ``rows``, data ``instances``)."""
-        if self.slot is not None and self.used + keys.numel() > max(self.max_slots, keys.numel()):
-            self.clear()  # out of slots: forget every row (this call's rows are all recomputed below)
-            self.evictions += 1
         missing = ~self.filled[keys]
         if not bool(missing.any()):
             return
+        if self.slot is not None and self.used + int(keys[missing].unique().numel()) > self.max_slots:
+            self.clear()  # out of slots: forget every row (this call's rows are all recomputed below)
+            self.evictions += 1
+            missing = torch.ones_like(missing)
         chains = missing.any(-1).nonzero().squeeze(-1)
         cols = missing.any(0).nonzero().squeeze(-1)  # encode and score only the instances some chain needs
         where = missing[chains][:, cols]
@@ -370,7 +371,7 @@ class BlockTable:
         if self.slot is None:
             return keys
         need = self.used + len(keys)
-        if need > self.cdf.shape[0]:  # grow the stored tensors (doubling, up to the slot budget or this call's need)
+        if need > self.cdf.shape[0]:  # only when one call alone needs more rows than the slot budget
             size = max(need, min(2 * self.cdf.shape[0], max(self.max_slots, need)))
             grow = size - self.cdf.shape[0]
             self.cdf = torch.cat([self.cdf, self.cdf.new_zeros(grow, self.cdf.shape[1])])
