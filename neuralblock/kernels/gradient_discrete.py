@@ -136,6 +136,8 @@ class _GradientKernel(GraphKernel):
     batched_state = True
     _exact_correction = True
     """Include the proposal ratio in the MH test (tests turn it off to show they can fail)."""
+    _reverse_at_proposal = True
+    """Score the reverse proposal with the proposal's gradient (tests use the current one to show they can fail)."""
 
     def __init__(
         self,
@@ -342,7 +344,8 @@ class GibbsWithGradients(_GradientKernel):
         log_reverse = torch.zeros_like(log_forward)
         for step in range(steps - 1, -1, -1):  # the reverse path from the proposal, with its gradient
             var, old = path[step]
-            log_q = torch.log_softmax(self._move_logits(proposed[1], walk), -1)
+            reverse_grad = proposed[1] if self._reverse_at_proposal else current[1]
+            log_q = torch.log_softmax(self._move_logits(reverse_grad, walk), -1)
             term = log_q[rows, var * width + old]
             log_reverse = log_reverse + (term if lengths is None else torch.where(lengths > step, term, 0.0))
             walk = walk.clone()
@@ -487,7 +490,8 @@ class DiscreteLangevin(_GradientKernel):
         log_forward = log_q.gather(-1, draw[..., None]).squeeze(-1).sum(-1)
         proposal = draw.to(state.dtype)
         proposed = self.energy.value_and_grad(proposal)
-        log_reverse = self._log_probs(proposed[1], draw).gather(-1, values[..., None]).squeeze(-1).sum(-1)
+        reverse_grad = proposed[1] if self._reverse_at_proposal else current[1]
+        log_reverse = self._log_probs(reverse_grad, draw).gather(-1, values[..., None]).squeeze(-1).sum(-1)
         proposals = len(self.variables) * state.shape[0]
         new, accept_prob = self._finish(
             state, proposal, proposed[0] - current[0], log_reverse - log_forward, current, proposed, proposals, warmup
