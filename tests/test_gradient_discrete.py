@@ -30,13 +30,13 @@ One-step chi-square p-values over seeds 0-2: exact 0.04-0.93, reverse-gradient s
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from _stats import enumerate_joint  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
 from scipy import stats
 
@@ -101,13 +101,6 @@ def categorical_graph(seed: int = 2) -> FactorGraph:
 
 
 GRAPHS = {"ising": (ising_graph, ISING_EDGES), "categorical": (categorical_graph, CATEGORICAL_EDGES)}
-
-
-def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    """All states (evidence fixed) and their exact probabilities."""
-    ranges = [[int(fg.evidence[v])] if v in fg.evidence else range(k) for v, k in enumerate(fg.cardinalities.tolist())]
-    states = torch.tensor(list(itertools.product(*ranges)), dtype=torch.float32)
-    return states, torch.softmax(fg.log_joint(states).double(), 0)
 
 
 def features(fg: FactorGraph, states: torch.Tensor, edges: list[tuple[int, int]]) -> torch.Tensor:

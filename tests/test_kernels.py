@@ -8,15 +8,14 @@ so its false-failure rate over random seeds is at most ``alpha = 1e-3``.
 
 from __future__ import annotations
 
-import itertools
 import math
 import pickle
 
 import pytest
 import torch
+from _stats import bonferroni_t, enumerate_joint  # tests/ is on sys.path under pytest
 from pyro import set_rng_seed as pyro_seed
 from pyro.infer import MCMC
-from scipy import stats
 from torch.distributions import constraints
 
 from neuralblock import FactorGraph, GibbsKernel, RandomWalkMH
@@ -26,11 +25,6 @@ from neuralblock.kernels import gibbs_sample, mh_accept, random_walk_propose
 ALPHA = 1e-3
 CHAINS = 4
 BATCHES = 20
-
-
-def z_limit(num_tests: int) -> float:
-    """Bonferroni-corrected two-sided t threshold for the pooled batch means."""
-    return float(stats.t.ppf(1 - ALPHA / (2 * num_tests), df=CHAINS * BATCHES - 1))
 
 
 def run_chains(kernel, num_samples: int, warmup: int = 200) -> torch.Tensor:
@@ -57,14 +51,6 @@ def random_discrete_graph(seed: int, evidence: bool) -> FactorGraph:
     return fg
 
 
-def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    cards = fg.cardinalities.tolist()
-    ranges = [[int(fg.evidence[v])] if v in fg.evidence else range(k) for v, k in enumerate(cards)]
-    states = torch.tensor(list(itertools.product(*ranges)), dtype=torch.float32)
-    logp = fg.log_joint(states)
-    return states, torch.softmax(logp.double(), 0)
-
-
 @pytest.mark.parametrize("evidence", [False, True])
 def test_gibbs_leaves_enumerated_joint_invariant(evidence: bool) -> None:
     fg = random_discrete_graph(seed=3 if evidence else 1, evidence=evidence)
@@ -74,7 +60,7 @@ def test_gibbs_leaves_enumerated_joint_invariant(evidence: bool) -> None:
     mean, mcse = batch_means_mcse(hits, BATCHES)
     iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
     z = (mean - probs) / torch.maximum(mcse, iid)
-    assert z.abs().max() <= z_limit(len(probs)), f"max |z| = {z.abs().max():.2f}"
+    assert z.abs().max() <= bonferroni_t(len(probs), CHAINS * BATCHES - 1), f"max |z| = {z.abs().max():.2f}"
     if evidence:
         assert (draws[..., 4] == 1).all()
 
@@ -120,7 +106,7 @@ def test_random_walk_matches_gaussian_posterior() -> None:
     target = torch.cat([post_mean, post_var])
     mean, mcse = batch_means_mcse(stats_, BATCHES)
     z = (mean - target) / mcse
-    assert z.abs().max() <= z_limit(len(target)), f"z = {z}"
+    assert z.abs().max() <= bonferroni_t(len(target), CHAINS * BATCHES - 1), f"z = {z}"
 
 
 def _gamma_log_density(values: torch.Tensor, params: torch.Tensor | None) -> torch.Tensor:
@@ -138,7 +124,7 @@ def test_random_walk_on_positive_support_matches_gamma() -> None:
     target = torch.tensor([1.5, torch.digamma(torch.tensor(3.0)).item() - math.log(2.0)], dtype=torch.float64)
     mean, mcse = batch_means_mcse(stats_, BATCHES)
     z = (mean - target) / mcse
-    assert z.abs().max() <= z_limit(2), f"z = {z}"
+    assert z.abs().max() <= bonferroni_t(2, CHAINS * BATCHES - 1), f"z = {z}"
 
 
 def test_num_chains_two_and_diagnostics() -> None:
@@ -285,4 +271,4 @@ def test_random_walk_on_a_pyro_model_matches_the_conjugate_posterior() -> None:
     target = torch.tensor([float(y.sum()) / 4, 1.5], dtype=torch.float64)  # posterior mean of mu, prior mean of s
     mean, mcse = batch_means_mcse(draws, BATCHES)
     z = (mean - target) / mcse
-    assert z.abs().max() <= z_limit(2), f"z = {z}"
+    assert z.abs().max() <= bonferroni_t(2, CHAINS * BATCHES - 1), f"z = {z}"

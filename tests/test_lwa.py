@@ -20,8 +20,8 @@ import pyro.infer.mcmc.api as mcmc_api
 import pyro.poutine as poutine
 import pytest
 import torch
+from _stats import bonferroni_t  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
-from scipy import stats
 
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.kernels.lwa import (
@@ -48,10 +48,6 @@ BATCHES = 20
 
 TOY_Y = torch.tensor([-0.6, -0.2, 0.1, 0.3, 0.5, 0.9])
 TOY_N, TOY_n, TOY_EPS = 6, 2, 0.3
-
-
-def z_limit(num_tests: int, chains: int) -> float:
-    return float(stats.t.ppf(1 - ALPHA / (2 * num_tests), df=chains * BATCHES - 1))
 
 
 def gaussian_model(y: torch.Tensor) -> None:
@@ -127,7 +123,7 @@ def test_subset_chain_matches_its_stated_target(update: str, tries: int) -> None
     ind, mus = run_toy(update, chains, iters, tries)
     freq, se = batch_means_mcse(ind, BATCHES)
     expected, other = (joint, nu) if update == "joint" else (nu, joint)
-    limit = z_limit(len(nu) + 1, chains)
+    limit = bonferroni_t(len(nu) + 1, chains * BATCHES - 1)
     z = (freq - expected) / se.clamp_min(1e-4)
     assert z.abs().max() < limit, f"visit z-scores {z}"
     z_other = (freq - other) / se.clamp_min(1e-4)
@@ -158,7 +154,7 @@ def test_theta_update_is_exact_for_a_constrained_site_on_the_full_data() -> None
     exact = torch.tensor([shape / rate, shape * (shape + 1) / rate**2])
     m, s = batch_means_mcse(draws, BATCHES)
     z = (m - exact) / s
-    assert z.abs().max() < z_limit(2, chains), f"z = {z}"
+    assert z.abs().max() < bonferroni_t(2, chains * BATCHES - 1), f"z = {z}"
     assert kernel.diagnostics()["subset_refresh_rate"] == 0.0
 
 

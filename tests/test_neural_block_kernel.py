@@ -14,8 +14,8 @@ import pickle
 
 import pytest
 import torch
+from _stats import bonferroni_t, enumerate_joint  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
-from scipy import stats
 from torch.distributions import constraints
 
 from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
@@ -66,12 +66,6 @@ def chain_graph(seed: int, evidence: bool = False) -> FactorGraph:
     return fg
 
 
-def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    ranges = [[int(fg.evidence[v])] if v in fg.evidence else range(3) for v in range(fg.num_variables)]
-    states = torch.tensor(list(itertools.product(*ranges)), dtype=torch.float32)
-    return states, torch.softmax(fg.log_joint(states).double(), 0)
-
-
 @pytest.mark.parametrize(
     ("gibbs_prob", "evidence", "window", "fused", "chains"),
     [
@@ -103,7 +97,7 @@ def test_neural_block_kernel_leaves_joint_invariant(
     mean, mcse = batch_means_mcse(hits, 20)
     iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
     z = (mean - probs) / torch.maximum(mcse, iid)
-    limit = stats.t.ppf(1 - 1e-3 / (2 * len(probs)), df=79)
+    limit = bonferroni_t(len(probs), 79)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f}"
     acceptance = kernel.diagnostics()["acceptance"]["test-chain-window"]
     assert 0.0 < acceptance < 1.0
@@ -321,7 +315,7 @@ def test_grid_motif_blocks_leave_a_3x4_grid_bn_invariant() -> None:
     mean, mcse = batch_means_mcse(hits, 20)
     iid = (exact * (1 - exact) / hits[..., 0].numel()).sqrt()
     z = (mean - exact) / torch.maximum(mcse, iid).clamp(min=1e-12)
-    limit = stats.t.ppf(1 - 1e-3 / (2 * len(exact)), df=79)
+    limit = bonferroni_t(len(exact), 79)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f}"
 
 

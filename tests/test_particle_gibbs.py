@@ -14,8 +14,8 @@ from functools import partial
 
 import pytest
 import torch
+from _stats import bonferroni_t  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
-from scipy import stats
 
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.kernels.particle_gibbs import (
@@ -30,10 +30,6 @@ ALPHA = 1e-3
 CHAINS = 4
 BATCHES = 20
 MODEL = {"a": 0.8, "q": 0.5, "r": 0.7}
-
-
-def z_limit(num_tests: int) -> float:
-    return float(stats.t.ppf(1 - ALPHA / (2 * num_tests), df=CHAINS * BATCHES - 1))
 
 
 def pg_draws(y: torch.Tensor, sweeps: int, num_particles: int, ancestor_sampling: bool) -> torch.Tensor:
@@ -57,7 +53,7 @@ def test_csmc_matches_kalman_smoother(ancestor_sampling: bool) -> None:
     est_mean, se_mean = batch_means_mcse(draws, BATCHES)
     est_var, se_var = batch_means_mcse((draws - mean) ** 2, BATCHES)
     z = torch.cat([((est_mean - mean) / se_mean).flatten(), ((est_var - var) / se_var).flatten()])
-    assert z.abs().max() <= z_limit(z.numel()), f"max |z| = {z.abs().max():.2f}"
+    assert z.abs().max() <= bonferroni_t(z.numel(), CHAINS * BATCHES - 1), f"max |z| = {z.abs().max():.2f}"
 
 
 def test_csmc_detects_a_wrong_model() -> None:
@@ -66,7 +62,7 @@ def test_csmc_detects_a_wrong_model() -> None:
     mean, _ = kalman_smoother(y, a=MODEL["a"], q=MODEL["q"], r=0.2)
     draws = pg_draws(y, sweeps=200, num_particles=10, ancestor_sampling=True).to(torch.float64)
     est_mean, se_mean = batch_means_mcse(draws, BATCHES)
-    assert ((est_mean - mean) / se_mean).abs().max() > z_limit(mean.numel())
+    assert ((est_mean - mean) / se_mean).abs().max() > bonferroni_t(mean.numel(), CHAINS * BATCHES - 1)
 
 
 def test_kalman_smoother_matches_dense_gaussian_posterior() -> None:

@@ -20,12 +20,10 @@ standard errors, is above 3 times the limit (detected with probability > 0.999).
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
+from _stats import bonferroni_t, enumerate_joint  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
-from scipy import stats
 
 from neuralblock import FactorGraph, NeuralBlockKernel
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, register_motif
@@ -95,11 +93,6 @@ def graph(with_context: bool) -> FactorGraph:
     return fg
 
 
-def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    states = torch.tensor(list(itertools.product(range(3), repeat=fg.num_variables)), dtype=torch.float32)
-    return states, torch.softmax(fg.log_joint(states).double(), 0)
-
-
 def block_log_q(states: torch.Tensor, with_context: bool) -> torch.Tensor:
     """``log q(x0, x1 | x2)`` of the hand-set proposal, from the logits (independent of the MDN code)."""
     logits = BASE_LOGITS.double().expand(len(states), 2, 3)
@@ -140,7 +133,7 @@ def test_peaked_block_proposal_on_the_whole_graph(fused: bool) -> None:
     freqs = chain_frequencies(kernel, states, 400)
     assert kernel.diagnostics()["fused"] == {PeakedPair.name: fused}
     z, se = z_scores(freqs, probs)
-    limit = stats.t.ppf(1 - ALPHA / (2 * len(probs)), df=CHAINS - 1)
+    limit = bonferroni_t(len(probs), CHAINS - 1, ALPHA)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f} > {limit:.2f}"
     # power: the swapped ratio's target is this far away, in observed standard errors
     shift = ((swapped_stationary(probs, states) - probs) / se).abs().max()
@@ -156,7 +149,7 @@ def test_peaked_block_proposal_with_context_mixed_with_gibbs(fused: bool) -> Non
     kernel = NeuralBlockKernel(fg, proposals=[peaked_proposal(True)], gibbs_prob=0.3, fused=fused, chains=CHAINS)
     freqs = chain_frequencies(kernel, states, 400)
     z, se = z_scores(freqs, probs)
-    limit = stats.t.ppf(1 - ALPHA / (2 * len(probs)), df=CHAINS - 1)
+    limit = bonferroni_t(len(probs), CHAINS - 1, ALPHA)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f} > {limit:.2f}"
     # the proposal is peaked and disagrees with p: the block ratio matters (see the module docstring)
     log_q = block_log_q(states, True)

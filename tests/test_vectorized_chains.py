@@ -7,12 +7,10 @@ Bonferroni t threshold: false-failure rate at most 1e-3 per test over random see
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
+from _stats import bonferroni_t, enumerate_joint  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
-from scipy import stats
 from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
 
 from neuralblock import FactorGraph, GibbsKernel, NeuralBlockKernel
@@ -26,13 +24,6 @@ ALPHA = 1e-3
 BATCHES = 20
 
 
-def enumerate_joint(fg: FactorGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    cards = fg.cardinalities.tolist()
-    ranges = [[int(fg.evidence[v])] if v in fg.evidence else range(k) for v, k in enumerate(cards)]
-    states = torch.tensor(list(itertools.product(*ranges)), dtype=torch.float32)
-    return states, torch.softmax(fg.log_joint(states).double(), 0)
-
-
 def assert_matches_enumeration(draws: torch.Tensor, fg: FactorGraph) -> None:
     """``draws [chains, samples, n]`` visit every state as often as its exact probability."""
     states, probs = enumerate_joint(fg)
@@ -40,7 +31,7 @@ def assert_matches_enumeration(draws: torch.Tensor, fg: FactorGraph) -> None:
     mean, mcse = batch_means_mcse(hits, BATCHES)
     iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
     z = (mean - probs) / torch.maximum(mcse, iid)
-    limit = stats.t.ppf(1 - ALPHA / (2 * len(probs)), df=draws.shape[0] * BATCHES - 1)
+    limit = bonferroni_t(len(probs), draws.shape[0] * BATCHES - 1, ALPHA)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f} > {limit:.2f}"
 
 
