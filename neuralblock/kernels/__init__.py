@@ -5,7 +5,7 @@ from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.kernels.compound import CompoundKernel
 from neuralblock.kernels.conditional_graph import ConditionalGraphKernel
-from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
+from neuralblock.kernels.conditioning import Conditionable, ConditionedModel, ResettableConditioning, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
 from neuralblock.kernels.gradient_discrete import DiscreteLangevin, GibbsWithGradients, PathAuxiliarySampler
@@ -22,7 +22,9 @@ __all__ = [
     "AusterityMH",
     "CompoundKernel",
     "ConditionalGraphKernel",
+    "Conditionable",
     "ConditionedModel",
+    "ResettableConditioning",
     "DiscreteLangevin",
     "GibbsInfo",
     "GibbsKernel",

@@ -23,13 +23,47 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from pyro import poutine
 from torch import Tensor
 
-__all__ = ["ConditionedModel", "set_conditioning", "values_changed"]
+__all__ = ["Conditionable", "ConditionedModel", "ResettableConditioning", "set_conditioning", "values_changed"]
+
+
+@runtime_checkable
+class Conditionable(Protocol):
+    """A kernel that can hold its model's other latent sites fixed: what a compound sampler needs.
+
+    ``condition_on(values)`` fixes the sites in ``values`` (constrained space) before the next
+    ``setup`` or ``sample``; called again, it moves them. Every kernel of this package that
+    updates some of a model's sites implements it; Pyro's own kernels are conditioned by
+    building them on a :class:`ConditionedModel` instead (:func:`set_conditioning` handles both).
+
+    Example:
+        >>> from neuralblock.kernels import GibbsKernel
+        >>> from pyro.infer import NUTS
+        >>> isinstance(GibbsKernel(lambda: None), Conditionable), isinstance(NUTS(lambda: None), Conditionable)
+        (True, False)
+    """
+
+    def condition_on(self, values: Mapping[str, Tensor]) -> None:
+        """Hold the sites in ``values`` fixed at those values."""
+
+
+@runtime_checkable
+class ResettableConditioning(Conditionable, Protocol):
+    """A :class:`Conditionable` kernel that can also forget the sites it holds fixed (before a new ``setup``).
+
+    Example:
+        >>> from neuralblock.kernels import AusterityMH, ParticleGibbs
+        >>> issubclass(AusterityMH, ResettableConditioning), issubclass(ParticleGibbs, ResettableConditioning)
+        (True, False)
+    """
+
+    def reset_conditioning(self) -> None:
+        """Forget the fixed sites: the next :meth:`condition_on` may fix another set."""
 
 
 class ConditionedModel:
@@ -123,8 +157,8 @@ def set_conditioning(kernel: Any, values: Mapping[str, Tensor], reset: bool = Fa
         >>> nuts.model.values["a"].item()
         2.0
     """
-    if hasattr(kernel, "condition_on"):
-        if reset and callable(getattr(kernel, "reset_conditioning", None)):
+    if isinstance(kernel, Conditionable):
+        if reset and isinstance(kernel, ResettableConditioning):
             kernel.reset_conditioning()
         kernel.condition_on(values)
         return
