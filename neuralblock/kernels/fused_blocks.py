@@ -372,8 +372,7 @@ class BlockTable:
             return keys
         need = self.used + len(keys)
         if need > self.cdf.shape[0]:  # only when one call alone needs more rows than the slot budget
-            size = max(need, min(2 * self.cdf.shape[0], max(self.max_slots, need)))
-            grow = size - self.cdf.shape[0]
+            grow = need - self.cdf.shape[0]
             self.cdf = torch.cat([self.cdf, self.cdf.new_zeros(grow, self.cdf.shape[1])])
             self.log_ratio = torch.cat([self.log_ratio, self.log_ratio.new_zeros(grow, self.cdf.shape[1])])
             self.energy_rows = torch.cat([self.energy_rows, self.energy_rows.new_zeros(grow, self.cdf.shape[1])])
