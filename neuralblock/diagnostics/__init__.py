@@ -25,9 +25,11 @@ from neuralblock.graph import FactorGraph
 
 __all__ = [
     "MarginalErrorTrace",
+    "RunningMarginals",
     "batch_means_mcse",
     "effective_sample_size",
     "empirical_marginals",
+    "log_spaced_counts",
     "marginal_error",
     "samples_to_states",
     "split_gelman_rubin",
@@ -80,10 +82,14 @@ def marginal_error(samples: Tensor | Mapping[str, Tensor], fg: FactorGraph, exac
         fg: the graph the samples belong to.
         exact: exact marginals ``[n, k]`` (e.g. from :func:`neuralblock.exact.marginals`).
     """
-    if exact.dim() != 2 or exact.shape[0] != fg.num_variables:
-        raise ValueError(f"exact marginals must be [{fg.num_variables}, k], got {tuple(exact.shape)}")
+    _check_exact(fg, exact)
     est = empirical_marginals(samples, fg)
     return _mean_abs_error(est, exact, fg)
+
+
+def _check_exact(fg: FactorGraph, exact: Tensor) -> None:
+    if exact.dim() != 2 or exact.shape[0] != fg.num_variables:
+        raise ValueError(f"exact marginals must be [{fg.num_variables}, k], got {tuple(exact.shape)}")
 
 
 def _mean_abs_error(est: Tensor, exact: Tensor, fg: FactorGraph) -> float:
@@ -96,6 +102,54 @@ def _mean_abs_error(est: Tensor, exact: Tensor, fg: FactorGraph) -> float:
     return float(diff[mask].sum() / mask.sum())
 
 
+def log_spaced_counts(total: int, num_points: int) -> list[int]:
+    """About ``num_points`` distinct counts from 1 to ``total``, log-spaced, always including ``total``.
+
+    Example:
+        >>> log_spaced_counts(100, 3), log_spaced_counts(3, 10)
+        ([1, 10, 100], [1, 2, 3])
+    """
+    grid = torch.logspace(0, torch.log10(torch.tensor(float(max(total, 1)))), num_points)
+    return sorted({int(round(float(g))) for g in grid} | {total})
+
+
+class RunningMarginals:
+    """Visit counts of every draw it is shown, and their marginals' error against exact ones.
+
+    Call it with each draw (a state tensor or a ``get_samples()``-style dict; vectorized chains
+    pool their draws); :meth:`error` is :func:`marginal_error` of all draws so far, without
+    keeping them.
+
+    Example:
+        >>> from neuralblock import FactorGraph
+        >>> fg = FactorGraph(); _ = fg.add_variables(1, cardinality=2)
+        >>> counts = RunningMarginals(fg, torch.tensor([[0.5, 0.5]]))
+        >>> counts({"x": torch.zeros(1)}); counts({"x": torch.ones(1)})
+        >>> counts.draws, counts.error()
+        (2, 0.0)
+    """
+
+    def __init__(self, fg: FactorGraph, exact: Tensor) -> None:
+        _check_exact(fg, exact)
+        self.fg, self.exact = fg, exact
+        self.kmax = int(fg.cardinalities.max())
+        self.counts = torch.zeros(fg.num_variables, self.kmax)
+        self.draws = 0
+
+    def __call__(self, params: Tensor | Mapping[str, Tensor]) -> None:
+        state = samples_to_states(params, self.fg).cpu().long().clamp(0, self.kmax - 1)
+        state = state.reshape(-1, self.fg.num_variables)  # vectorized chains pool their draws
+        ids = torch.arange(self.fg.num_variables).expand_as(state)
+        self.counts.index_put_((ids, state), torch.ones(()).expand_as(state), accumulate=True)
+        self.draws += state.shape[0]
+
+    def error(self, params: object = None) -> float:
+        """Mean absolute marginal error of the draws so far (``params`` is ignored: the counts hold them)."""
+        if self.draws == 0:
+            raise ValueError("no draws counted yet")
+        return _mean_abs_error(self.counts / self.draws, self.exact, self.fg)
+
+
 class MarginalErrorTrace:
     """A ``pyro.infer.MCMC`` hook recording marginal error vs sweeps and vs wall time.
 
@@ -103,7 +157,8 @@ class MarginalErrorTrace:
     chain, for kernels with ``chains=K``) and, at roughly geometric checkpoints, records
     ``(sweeps, seconds, error)``. Seconds
     count from the first post-warmup draw and include only sampling time, not the
-    hook's own bookkeeping at checkpoints.
+    hook's own bookkeeping at checkpoints. (Outside ``pyro.infer.MCMC``,
+    :func:`neuralblock.diagnostics.runs.marginal_error_run` does the same with a time budget.)
 
     Args:
         fg: the graph.
@@ -132,15 +187,12 @@ class MarginalErrorTrace:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.fg, self.exact, self.clock = fg, exact, clock
-        self.kmax = int(fg.cardinalities.max())
-        self.counts = torch.zeros(fg.num_variables, self.kmax)
-        grid = torch.logspace(0, torch.log10(torch.tensor(float(max(total, 1)))), num_points)
-        self.checkpoints = sorted({int(round(float(g))) for g in grid} | {total})
+        self.running = RunningMarginals(fg, exact)
+        self.checkpoints = log_spaced_counts(total, num_points)
         self.sweeps: list[int] = []
         self.seconds: list[float] = []
         self.errors: list[float] = []
         self._n = 0
-        self._draws = 0
         self._elapsed = 0.0
         self._last: float | None = None
 
@@ -151,17 +203,12 @@ class MarginalErrorTrace:
             return
         if self._last is not None:
             self._elapsed += now - self._last
-        state = samples_to_states(params, self.fg).cpu().long().clamp(0, self.kmax - 1)
-        state = state.reshape(-1, self.fg.num_variables)  # vectorized chains pool their draws
-        ids = torch.arange(self.fg.num_variables).expand_as(state)
-        self.counts.index_put_((ids, state), torch.ones(()).expand_as(state), accumulate=True)
+        self.running(params)
         self._n += 1
-        self._draws += state.shape[0]
         if self._n in self.checkpoints:
-            err = _mean_abs_error(self.counts / self._draws, self.exact, self.fg)
             self.sweeps.append(self._n)
             self.seconds.append(self._elapsed)
-            self.errors.append(err)
+            self.errors.append(self.running.error())
         self._last = self.clock()
 
     def as_dict(self) -> dict[str, list]:
