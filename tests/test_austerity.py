@@ -473,7 +473,9 @@ def test_default_control_variate_is_the_posterior_mode_with_the_laplace_walk() -
 
 
 def test_audit_counts_decisions_and_warns_when_they_are_too_often_wrong() -> None:
-    kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, audit_every=1, normality_check=False)
+    kernel = AusterityMH(
+        logistic, epsilon=0.05, batch_size=50, audit_every=1, audit_budget=math.inf, normality_check=False
+    )
     kernel.setup(0, X, Y)
     params = kernel.initial_params
     with warnings.catch_warnings():
@@ -492,6 +494,29 @@ def test_audit_counts_decisions_and_warns_when_they_are_too_often_wrong() -> Non
     with pytest.warns(RuntimeWarning, match="audited decisions differ"):
         for i in range(12):  # 4 of 12 wrong at epsilon 0.05: far above the bound
             kernel._audit(right, wrong if i % 3 == 0 else right)
+
+
+def test_audits_stay_within_their_time_budget_and_never_change_the_chain() -> None:
+    def run(**audit: float) -> tuple[torch.Tensor, dict]:
+        pyro.set_rng_seed(3)
+        kernel = AusterityMH(logistic, epsilon=0.05, batch_size=50, audit_every=1, normality_check=False, **audit)
+        kernel.setup(0, X, Y)
+        params, draws = kernel.initial_params, []
+        for _ in range(60):
+            params = kernel.sample(params)
+            draws.append(params["w"])
+        return torch.stack(draws), kernel.diagnostics()
+
+    unlimited, all_audited = run(audit_budget=math.inf)
+    budgeted, few_audited = run(audit_budget=0.01)
+    assert torch.equal(unlimited, budgeted)  # audits decide nothing
+    assert all_audited["audited_decisions"] == 60
+    # an audit (all N sections) costs far more than 1% of a transition: at most the first one runs (its cost
+    # is guessed from setup's model run; it also builds the full-data graph, so the next one must wait long)
+    assert few_audited["audited_decisions"] <= 1
+    assert 0.0 <= few_audited["audit_time_fraction"] < 1.0
+    with pytest.raises(ValueError, match="audit_budget"):
+        AusterityMH(logistic, audit_budget=0.0)
 
 
 def test_audit_warns_when_wrong_decisions_lean_towards_accepting() -> None:

@@ -244,6 +244,12 @@ class AusterityMH(MCMCKernel):
             uniform are also decided exactly; the measured rate of wrong decisions is reported in
             :meth:`diagnostics` and a warning is given when it is clearly above ``epsilon``, or when the
             wrong decisions clearly lean towards accepting (which widens the posterior).
+        audit_budget: the most time the audits may take, as a fraction of the post-warmup time spent
+            on transitions (a due audit is skipped unless the audits so far plus its expected cost fit): an audit
+            evaluates all ``N`` sections, so at ``N = 1e6`` an audit every 200 transitions would
+            double the kernel's cost. ``math.inf`` audits every ``audit_every``-th transition.
+            Audits never change the chain (the decision is the sequential test's), so the draws
+            do not depend on the machine's speed; only the number of audits does.
 
     Raises:
         ValueError: bad ``epsilon``, ``batch_size``, ``batch_growth``, ``step_size`` or scale.
@@ -270,6 +276,7 @@ class AusterityMH(MCMCKernel):
         batch_growth: float = 2.0,
         warmup_exact_every: int = 4,
         audit_every: int = 200,
+        audit_budget: float = 0.1,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
@@ -290,6 +297,8 @@ class AusterityMH(MCMCKernel):
         for name, value in (("warmup_exact_every", warmup_exact_every), ("audit_every", audit_every)):
             if isinstance(value, bool) or not (isinstance(value, int) and value >= 0):
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if isinstance(audit_budget, bool) or not (isinstance(audit_budget, int | float) and audit_budget > 0):
+            raise ValueError(f"audit_budget must be a positive number (math.inf: no limit), got {audit_budget!r}")
         if sites is not None and (isinstance(sites, str) or not all(isinstance(s, str) for s in sites)):
             raise TypeError(f"sites must be a list of site names, got {sites!r}")
         self._model = model
@@ -307,6 +316,7 @@ class AusterityMH(MCMCKernel):
             else {k: torch.as_tensor(v) for k, v in control_variate.items()}
         )
         self.warmup_exact_every, self.audit_every = int(warmup_exact_every), int(audit_every)
+        self.audit_budget = float(audit_budget)
         self._cv_hess_arg = None if control_variate_hessian is None else torch.as_tensor(control_variate_hessian)
         self.normality_sections = int(normality_sections)
         self.batch_growth = float(batch_growth)
@@ -355,11 +365,14 @@ class AusterityMH(MCMCKernel):
         self._reset_stats()
         self.normality = None
         self._current_full = self._proposed_full = None
+        traced_at = time.perf_counter()
         try:
             trace = poutine.trace(self._model).get_trace(*args, **kwargs)
         except ValueError:  # e.g. a prior draw in a NaN region under validation: the start search below repairs it
             with pyro.validation_enabled(False):
                 trace = poutine.trace(self._model).get_trace(*args, **kwargs)
+        # an audit evaluates all N sections at two points: about two full model runs like this one
+        self._audit_estimate = 2.0 * (time.perf_counter() - traced_at)
         nodes = [s for s in trace.nodes.values() if s["type"] == "sample"]
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
@@ -754,12 +767,29 @@ class AusterityMH(MCMCKernel):
         info = self._test(z, proposal, log_u, exact=exact)
         if adapting and info.n_used >= self.num_sections and not info.nonfinite:  # exact decisions only
             self.adapter.update(torch.zeros(1, dtype=torch.long), torch.tensor([float(info.accept)]))
-        if not warmup and self.audit_every and self.epsilon > 0 and (self._n + 1) % self.audit_every == 0:
-            self._audit(info, self._test(z, proposal, log_u, exact=True))
         elapsed = time.perf_counter() - start
+        if self._audit_due(warmup):
+            audit_start = time.perf_counter()
+            self._audit(info, self._test(z, proposal, log_u, exact=True))
+            audit_seconds = time.perf_counter() - audit_start
+            self._audit_seconds += audit_seconds
+            self._audit_estimate = audit_seconds
+            elapsed += audit_seconds
         self._record(info, warmup, elapsed)
         self._t += 1
         return self.layout.unflatten((proposal.value if info.accept else z).detach())
+
+    def _audit_due(self, warmup: bool) -> bool:
+        """Whether this transition is audited: every ``audit_every``-th after warmup, within ``audit_budget``.
+
+        The audit must fit the budget with its expected cost: the last audit's time, or before the first
+        one two full model runs (timed at setup).
+        """
+        if warmup or not self.audit_every or self.epsilon == 0 or (self._n + 1) % self.audit_every:
+            return False
+        spent = self._elapsed - self._audit_seconds
+        expected = self._audit_seconds + self._audit_estimate
+        return math.isinf(self.audit_budget) or expected <= self.audit_budget * spent
 
     def _audit(self, info: SequentialTestInfo, exact: SequentialTestInfo) -> None:
         """Count a decision checked against the exact one; warn once when wrong decisions are clearly above ε."""
@@ -822,6 +852,7 @@ class AusterityMH(MCMCKernel):
             "audited_decisions": float(self._audits),
             "audited_error_rate": self._audit_errors / self._audits if self._audits else float("nan"),
             "audited_false_accepts": float(self._false_accepts),
+            "audit_time_fraction": self._audit_seconds / self._elapsed if self._elapsed > 0 else 0.0,
             "divergences": [],  # no divergent transitions: read by arviz.from_pyro through MCMC.diagnostics()
         }
         if self.normality is not None:
@@ -1019,7 +1050,7 @@ class AusterityMH(MCMCKernel):
 
     def _reset_stats(self) -> None:
         self._n = self._accepted = self._used = self._stages = self._early = self._nonfinite = 0
-        self._bound = self._elapsed = 0.0
+        self._bound = self._elapsed = self._audit_seconds = 0.0
         self._audits = self._audit_errors = self._false_accepts = 0
         self._audit_warned = False
 
