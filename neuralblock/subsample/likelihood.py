@@ -37,14 +37,21 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from neuralblock.replay import _aten, _shape, fast_call, fast_targets, recording_failure, simplify_graph
+from neuralblock.replay import (
+    _aten,
+    _shape,
+    copy_graph,
+    fast_call,
+    fast_targets,
+    recording_failure,
+    simplify_graph,
+)
 from neuralblock.subsample.sections import SectionEvaluator, SectionTerms, is_subsample_site, site_plate_frame
 
 __all__ = ["CompileError", "DirectPath", "LogLikelihood", "bucket_size"]
@@ -193,7 +200,7 @@ class DirectPath:
             gm = make_fx(self._function(b_names, s_names, with_global, points, True))(*inputs)
             simplify_graph(gm)
         elif not self.plain:
-            idx = torch.randperm(n)[:size]
+            idx = _some_sections(n, size)
             gm = make_fx(self._function(b_names, s_names, with_global, points, False))(*inputs, idx)
             simplify_graph(gm)
         else:  # trace at full size, then re-index every data-sized input by the placeholder idx
@@ -201,7 +208,7 @@ class DirectPath:
             gm = make_fx(lambda *t: fn(*t[:-1]))(*inputs, torch.arange(n))
             simplify_graph(gm)
             _subsample(gm, n, size, skip=len(b_vals))
-        plain = copy.deepcopy(gm)
+        plain = copy_graph(gm)
         fast_targets(gm)
         graph = fast_call(gm)
         try:
@@ -227,8 +234,8 @@ class DirectPath:
         trials = [list(b_vals)]
         if points is not None and points > 1:
             trials.append([v.roll(1, 0) for v in b_vals])
-        for trial in trials:
-            idx = None if size is None else torch.randperm(n)[:size]
+        for number, trial in enumerate(trials, start=1):  # other indices than the trace's
+            idx = None if size is None else _some_sections(n, size, seed=number)
             with torch.no_grad():
                 got = [graph(*trial, *s_vals, *(() if idx is None else (idx,))) for _ in range(2)]
                 want = self._reference(dict(zip(b_names, trial)), dict(zip(s_names, s_vals)), idx, with_global, points)
@@ -266,6 +273,18 @@ class DirectPath:
             return out[0].global_term, out[0].sections
         glob = torch.stack([t.global_term for t in out]) if with_global else torch.zeros(points)
         return glob, torch.stack([t.sections for t in out])
+
+
+def _some_sections(num_sections: int, size: int, seed: int = 0) -> Tensor:
+    """``size`` random section indices for tracing and checking a graph, from a private generator.
+
+    Duplicates are allowed (a graph's terms do not depend on them), so this is O(size), not an
+    O(N) permutation, and the user's random stream is left alone: graph builds do not shift the chain.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    if 4 * size >= num_sections:
+        return torch.randperm(num_sections, generator=generator)[:size]
+    return torch.randint(num_sections, (size,), generator=generator)
 
 
 # -- graph passes ---------------------------------------------------------------------------------
