@@ -48,7 +48,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -59,7 +59,9 @@ from neuralblock.motif import BlockSpec, Motif, MotifInstances, TrainingBatch, r
 __all__ = [
     "KSC_MEAN",
     "KSC_VARIANCE",
+    "ChainEncoding",
     "ChainMotif",
+    "chain_encoding",
     "state_space_graph",
     "stochastic_volatility_graph",
 ]
@@ -80,26 +82,83 @@ _NUM_PARAMS = 19
 
 
 # ------------------------------------------------------------------------------ the math
-def conditional_gaussian(params: Tensor, x_left: Tensor, x_right: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean and Cholesky factor of the linearised Gaussian conditional of the block.
+class ChainEncoding(NamedTuple):
+    """The linearised conditional of blocks and their network inputs, affine in the block's two neighbours.
+
+    Everything but the mean depends on ``Psi`` and the observations only (static for a
+    graph): the mean is ``loc + d_left x_{t-1} + d_right x_{t+2}`` and the features, before
+    clipping, are ``static + m_0 slope[0] + m_1 slope[1]``. Made by :func:`chain_encoding`.
+
+    Attributes:
+        loc, d_left, d_right: ``[..., 2]``.
+        tril: ``[..., 2, 2]`` the Cholesky factor ``L``.
+        static: ``[..., 8]`` the features at mean ``0`` (unclipped).
+        slope: ``[..., 2, 8]`` the features' change per unit of each mean entry.
+    """
+
+    loc: Tensor
+    d_left: Tensor
+    d_right: Tensor
+    tril: Tensor
+    static: Tensor
+    slope: Tensor
+
+    def mean(self, x_left: Tensor, x_right: Tensor) -> Tensor:
+        """The conditional mean ``[..., 2]`` given the neighbours ``x_{t-1}`` and ``x_{t+2}``."""
+        return self.loc + self.d_left * x_left.unsqueeze(-1) + self.d_right * x_right.unsqueeze(-1)
+
+    def features(self, mean: Tensor) -> Tensor:
+        """The 8 network inputs ``[..., 8]`` at conditional mean ``mean``."""
+        slope = self.slope
+        features = self.static + mean[..., 0:1] * slope[..., 0, :] + mean[..., 1:2] * slope[..., 1, :]
+        return features.clamp(-_FEATURE_CLIP, _FEATURE_CLIP)
+
+    def __call__(self, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(features, m, L)`` from the context's values ``[..., 6]`` (``x_{t-1}`` and ``x_{t+2}`` are read)."""
+        mean = self.mean(values[..., 1], values[..., 2])
+        return self.features(mean), mean, self.tril
+
+
+def _feature_terms(params: Tensor, tril: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``(static [..., 8], slope [..., 2, 8])``: the features ``[vol_i, zeta_i, w_i0, w_i1]`` are affine in the mean."""
+    parts, slopes = [], []
+    for i, cols in enumerate(_OBS):
+        kind, _, d, e, g = params[..., cols].unbind(-1)
+        resid = y[..., i] - d
+        vol, zeta, e = torch.broadcast_tensors((kind == _VOL).to(tril.dtype), torch.log(resid * resid + _TINY) - g, e)
+        w = e.unsqueeze(-1) * tril[..., i, :]
+        zero = torch.zeros_like(vol)
+        parts += [vol, vol * zeta, vol * w[..., 0], vol * w[..., 1]]
+        slopes.append([zero, zero, zero, zero] * i + [zero, -vol * e, zero, zero] + [zero, zero, zero, zero] * (1 - i))
+    static = torch.stack(parts, -1)
+    slope = torch.stack([torch.stack(row, -1) for row in slopes], -2)
+    return static, slope
+
+
+def chain_encoding(params: Tensor, y: Tensor) -> ChainEncoding:
+    """The linearised Gaussian conditional of the block and its features, as affine maps of the neighbours.
 
     Args:
         params: ``[..., 19]`` static instance parameters (three transitions ``a, b, s``;
             two observations ``kind, c, d, e, g``).
-        x_left: ``[...]`` the state just left of the block (``x_{t-1}``).
-        x_right: ``[...]`` the state just right of the block (``x_{t+2}``).
         y: ``[..., 2]`` the block's observations (ignored where ``kind`` is none).
 
     Returns:
-        ``(m [..., 2], L [..., 2, 2])``.
+        A :class:`ChainEncoding`.
+
+    Example:
+        >>> params = torch.tensor([0.9, 0.0, 0.5] * 3 + [0.0] * 10)  # three transitions, no observation
+        >>> enc = chain_encoding(params, torch.zeros(2))
+        >>> enc.mean(torch.tensor(1.0), torch.tensor(0.0)).shape, enc.tril.shape
+        (torch.Size([2]), torch.Size([2, 2]))
     """
     a, b, s = params[..., _TRANS].unflatten(-1, (3, 3)).unbind(-1)  # each [..., 3]
     prec = 1.0 / (s * s)
     j00 = prec[..., 0] + a[..., 1] ** 2 * prec[..., 1]
     j11 = prec[..., 1] + a[..., 2] ** 2 * prec[..., 2]
     j01 = -a[..., 1] * prec[..., 1]
-    h0 = (a[..., 0] * x_left + b[..., 0]) * prec[..., 0] - a[..., 1] * b[..., 1] * prec[..., 1]
-    h1 = b[..., 1] * prec[..., 1] + a[..., 2] * (x_right - b[..., 2]) * prec[..., 2]
+    h0 = b[..., 0] * prec[..., 0] - a[..., 1] * b[..., 1] * prec[..., 1]  # the neighbours' pull is added by the mean
+    h1 = b[..., 1] * prec[..., 1] - a[..., 2] * b[..., 2] * prec[..., 2]
     extra_j, extra_h = [], []
     for i, cols in enumerate(_OBS):
         kind, c, d, e, g = params[..., cols].unbind(-1)
@@ -115,26 +174,43 @@ def conditional_gaussian(params: Tensor, x_left: Tensor, x_right: Tensor, y: Ten
     h0, h1 = h0 + extra_h[0], h1 + extra_h[1]
     det = j00 * j11 - j01 * j01
     cov00, cov11, cov01 = j11 / det, j00 / det, -j01 / det
-    mean = torch.stack([cov00 * h0 + cov01 * h1, cov01 * h0 + cov11 * h1], -1)
+    loc = torch.stack([cov00 * h0 + cov01 * h1, cov01 * h0 + cov11 * h1], -1)
+    d_left = torch.stack([cov00, cov01], -1) * (a[..., 0] * prec[..., 0]).unsqueeze(-1)
+    d_right = torch.stack([cov01, cov11], -1) * (a[..., 2] * prec[..., 2]).unsqueeze(-1)
     l00 = cov00.sqrt()
     l10 = cov01 / l00
     l11 = (cov11 - l10 * l10).clamp(min=1e-30).sqrt()
     zero = torch.zeros_like(l00)
     tril = torch.stack([torch.stack([l00, zero], -1), torch.stack([l10, l11], -1)], -2)
-    return mean, tril
+    static, slope = _feature_terms(params, tril, y)
+    return ChainEncoding(loc, d_left, d_right, tril, static, slope)
+
+
+def conditional_gaussian(params: Tensor, x_left: Tensor, x_right: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and Cholesky factor of the linearised Gaussian conditional of the block.
+
+    Args:
+        params: ``[..., 19]`` static instance parameters (three transitions ``a, b, s``;
+            two observations ``kind, c, d, e, g``).
+        x_left: ``[...]`` the state just left of the block (``x_{t-1}``).
+        x_right: ``[...]`` the state just right of the block (``x_{t+2}``).
+        y: ``[..., 2]`` the block's observations (ignored where ``kind`` is none).
+
+    Returns:
+        ``(m [..., 2], L [..., 2, 2])``.
+    """
+    encoding = chain_encoding(params, y)
+    return encoding.mean(x_left, x_right), encoding.tril
 
 
 def whitened_features(params: Tensor, mean: Tensor, tril: Tensor, y: Tensor) -> Tensor:
-    """The 8 network inputs ``[vol_i, zeta_i, w_i0, w_i1]`` for ``i = 0, 1``, ``[..., 8]``."""
-    parts = []
-    for i, cols in enumerate(_OBS):
-        kind, _, d, e, g = params[..., cols].unbind(-1)
-        vol = (kind == _VOL).to(mean.dtype).expand(mean.shape[:-1])  # params broadcast over chains
-        resid = y[..., i] - d
-        zeta = torch.log(resid * resid + _TINY) - g - e * mean[..., i]
-        w = e.unsqueeze(-1) * tril[..., i, :]
-        parts += [vol.unsqueeze(-1), (vol * zeta).unsqueeze(-1), vol.unsqueeze(-1) * w]
-    return torch.cat(parts, -1).clamp(-_FEATURE_CLIP, _FEATURE_CLIP)
+    """The 8 network inputs ``[vol_i, zeta_i, w_i0, w_i1]`` for ``i = 0, 1``, ``[..., 8]``.
+
+    ``zeta_i = log (y_i - d_i)^2 - g_i - e_i m_i`` and ``w_i = e_i L[i, :]``, for volatility observations (0 otherwise).
+    """
+    static, slope = _feature_terms(params, tril, y)
+    zeros = torch.zeros_like(mean)
+    return ChainEncoding(zeros, zeros, zeros, tril, static, slope).features(mean)
 
 
 def whitened_log_density(u: Tensor, params: Tensor, mean: Tensor, tril: Tensor, y: Tensor) -> Tensor:
@@ -427,34 +503,52 @@ class ChainMotif(Motif):
         context = torch.stack([x0, x1, x4, x5, obs_var[x2], obs_var[x3]], -1)
         return MotifInstances(torch.stack([x2, x3], -1), context, params)
 
-    def _observations(self, instances: MotifInstances, state: Tensor) -> Tensor:
-        ids = instances.context[:, 4:6]
+    def _context_values(self, instances: MotifInstances, state: Tensor) -> Tensor:
+        ids = instances.context
         return torch.where(ids >= 0, state[..., ids.clamp(min=0)], torch.zeros((), dtype=state.dtype))
 
-    def _gaussian(self, instances: MotifInstances, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        params = instances.params.to(state.dtype)
-        y = self._observations(instances, state)
-        mean, tril = conditional_gaussian(
-            params, state[..., instances.context[:, 1]], state[..., instances.context[:, 2]], y
-        )
-        return mean, tril, y
+    def context_encoder(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> ChainEncoding:
+        """The instances' encoder with its static part precomputed: a pure function of the context values.
+
+        The observations are evidence, so everything but the mean is fixed for a graph; the
+        encoder maps context values ``[..., I, 6]`` (``0`` where absent) to ``(features, m, L)``
+        with a few elementwise operations (the fused path,
+        :mod:`neuralblock.kernels.fused_continuous`, calls it inside its class update).
+
+        Args:
+            fg: the graph.
+            instances: the instances (rows may repeat).
+            state: a state ``[n]`` holding the evidence (its dtype is the encoder's).
+
+        Example:
+            >>> fg = stochastic_volatility_graph(torch.zeros(7), phi=0.9, sigma=0.3)
+            >>> motif = ChainMotif(); inst = motif.find_instances(fg); state = fg.initial_state()
+            >>> features, mean, tril = motif.context_encoder(fg, inst, state)(motif._context_values(inst, state))
+            >>> bool(torch.allclose(features, motif.encode(fg, inst, state)))
+            True
+        """
+        observations = self._context_values(instances, state)[..., 4:6]
+        return chain_encoding(instances.params.to(state), observations)
+
+    def _encoded(self, instances: MotifInstances, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        values = self._context_values(instances, state)
+        return chain_encoding(instances.params.to(state.dtype), values[..., 4:6])(values)
 
     def encode(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> Tensor:
         """Whitened features ``[..., I, 8]``."""
-        mean, tril, y = self._gaussian(instances, state)
-        return whitened_features(instances.params.to(state.dtype), mean, tril, y)
+        return self._encoded(instances, state)[0]
 
     def block_affine(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> tuple[Tensor, Tensor]:
         """``(m, L)`` of the linearised Gaussian conditional: ``B = m + L u``."""
-        mean, tril, _ = self._gaussian(instances, state)
+        _, mean, tril = self._encoded(instances, state)
         return mean, tril
 
     def encode_with_affine(
         self, fg: FactorGraph, instances: MotifInstances, state: Tensor
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """Features and whitening map from one Gaussian computation."""
-        mean, tril, y = self._gaussian(instances, state)
-        return whitened_features(instances.params.to(state.dtype), mean, tril, y), (mean, tril)
+        features, mean, tril = self._encoded(instances, state)
+        return features, (mean, tril)
 
     # -- instantiations -------------------------------------------------------------
     def _random_params(self, size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
