@@ -8,9 +8,12 @@ proposal never saw in training (a fraction of CPT rows at 0.02/0.98, the others 
 the junction tree. For every instance and seed, each sampler runs inside ``pyro.infer.MCMC``
 with the same number of vectorized chains (``--chains``) for the same time budget (CPU time
 of the process by default, ``--clock wall`` for wall time); the mean absolute marginal error
-of the chains' pooled draws is recorded against sweeps and seconds. Reported per instance:
-both final errors at equal time, and the time NB+Gibbs needs to reach Gibbs's final error as
-a fraction of Gibbs's time.
+of the chains' pooled draws is recorded against sweeps and seconds. Runs go through the run
+harness (:func:`neuralblock.diagnostics.runs.marginal_error_run`): 20 warmup sweeps and the
+setup are timed apart, and the seconds count sampling only. Reported per instance: both final
+errors at equal time, and the time NB+Gibbs needs to reach Gibbs's final error as a fraction
+of Gibbs's time: the *first hit* (``first_time(..., for_good=False)``), the first checkpoint
+at or below that error.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
 ``grid_study.md`` (table) and one PNG per instance.
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import pyro
@@ -36,11 +38,10 @@ from tqdm import tqdm
 from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
-from neuralblock.diagnostics.reports import study_folder
+from neuralblock.diagnostics.runs import equal_time, error_at, first_time, marginal_error_run, study_folder
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
-from neuralblock.quickstart import error_at, run_for_seconds
 from neuralblock.subsample import student_t_sf
 
 UAI = [f"Grids_{i}" for i in range(11, 19)]
@@ -48,6 +49,7 @@ STRONG = {"Grids_11", "Grids_12", "Grids_13", "Grids_14", "Grids_16", "Grids_17"
 ERG = ["90-10-1", "90-14-1", "90-16-1"]
 RANDOM_SIZES = [10, 15, 20]
 NEAR_DETERMINISTIC_SIZES = [10, 15, 20]
+WARMUP = 20  # sweeps before the timed ones (lazy torch initialisation, caches)
 
 
 def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: float = 0.5) -> FactorGraph:
@@ -71,7 +73,7 @@ def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=30.0, help="wall time per sampler and run")
+    parser.add_argument("--seconds", type=float, default=30.0, help="sampling time per sampler and run (on --clock)")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
@@ -122,16 +124,11 @@ def load_instances(args: argparse.Namespace) -> dict[str, tuple[FactorGraph, tor
     return out
 
 
-def time_to_reach(trace: dict, target: float) -> float | None:
-    """First recorded time at which the error is at most ``target``."""
-    return next((s for s, e in zip(trace["seconds"], trace["errors"]) if e <= target), None)
-
-
 def mean_curve_fraction(runs: list[dict], ends: list[float], points: int = 200) -> float | None:
     """When the seed-mean NB+Gibbs error first reaches the seed-mean Gibbs error at the end, as a fraction of the end.
 
     Each seed's errors are read at the same times (a geometric grid up to the shortest common
-    run time; :func:`~neuralblock.quickstart.error_at`), so the two means compare like with like.
+    run time; :func:`~neuralblock.diagnostics.runs.error_at`), so the two means compare like with like.
 
     Example:
         >>> nb, gibbs = {"seconds": [0.1, 0.5], "errors": [0.3, 0.1]}, {"seconds": [2.0], "errors": [0.2]}
@@ -166,15 +163,17 @@ def locking(traces: list[dict], ends: list[float]) -> tuple[float, float]:
 
 
 def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
-    """Summaries, markdown table and plots; errors are compared at the same wall time.
+    """Summaries, markdown table and plots; errors are compared at equal time.
 
-    Both samplers run for a calibrated number of sweeps, so their actual run times differ
-    a little; each seed compares both errors at the shorter of the two run times.
+    Both samplers run on the same budget of sampling time and stop at the sweep that reaches
+    it, so each seed compares their last errors (:func:`~neuralblock.diagnostics.runs.equal_time`).
+    Records from before the run harness (a calibrated number of sweeps, run times that differ)
+    compare both errors at the shorter of the two run times.
     """
     summary_rows = []
     for name, entry in record["instances"].items():
         runs = entry["runs"]
-        common = [min(r["NB+Gibbs"]["seconds"][-1], r["Gibbs"]["seconds"][-1]) for r in runs]
+        common = [equal_time([r["NB+Gibbs"], r["Gibbs"]], same_budget=_same_budget(r)) for r in runs]
         nb_errors = [error_at(r["NB+Gibbs"], t) for r, t in zip(runs, common)]
         gibbs_errors = [error_at(r["Gibbs"], t) for r, t in zip(runs, common)]
         nb, gibbs = sum(nb_errors) / len(runs), sum(gibbs_errors) / len(runs)
@@ -268,6 +267,11 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     return table
 
 
+def _same_budget(run: dict) -> bool:
+    """Both samplers of a seed stopped on the seconds budget (records before the run harness: calibrated sweeps)."""
+    return all(run[label].get("run", {}).get("stopped") == "seconds" for label in ("NB+Gibbs", "Gibbs"))
+
+
 def paired_difference(nb: list[float], gibbs: list[float]) -> tuple[float, float | None, float | None]:
     """Mean over seeds of the paired error differences ``nb - gibbs``, its standard error and t-test p-value.
 
@@ -322,14 +326,14 @@ def main(argv: list[str] | None = None) -> dict:
             "Gibbs": lambda fg=fg: GibbsKernel(fg, chains=args.chains),
         }
         run = {"seed": args.seed + s}
-        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         for label, make in makers.items():
             pyro.set_rng_seed(args.seed + s)
-            run[label] = run_for_seconds(
-                make, fg, exact, args.seconds, progress=False, num_points=args.checkpoints, clock=clock
+            timed = marginal_error_run(
+                make(), fg, exact, seconds=args.seconds, warmup=WARMUP, checkpoints=args.checkpoints, clock=args.clock
             )
+            run[label] = {**timed.trace.as_dict(), "diagnostics": timed.diagnostics, "run": timed.summary()}
         gibbs_final = run["Gibbs"]["errors"][-1]
-        reach = time_to_reach(run["NB+Gibbs"], gibbs_final)
+        reach = first_time(run["NB+Gibbs"], gibbs_final, for_good=False)
         run["nb_time_to_gibbs_final_fraction"] = None if reach is None else reach / run["Gibbs"]["seconds"][-1]
         runs["runs"].append(run)
     table = write_outputs(record, out, args.seconds, args.seeds)

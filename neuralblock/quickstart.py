@@ -2,10 +2,16 @@
 
 Loads the shipped proposal ``grid-mrf-2x2`` (a mixture density network meta-trained on
 random 2x2 Ising windows), runs ``NeuralBlockKernel`` (neural 2x2 blocks mixed with
-single-site Gibbs) and ``GibbsKernel`` inside ``pyro.infer.MCMC``, each with the same number
-of vectorized chains (``--chains``, their draws pooled), for the same wall-time budget each
-on a shipped UAI grid, compares both with the shipped exact marginals, prints
-an error table and writes a PNG plot and a JSON record.
+single-site Gibbs) and ``GibbsKernel``, each with the same number of vectorized chains
+(``--chains``, their draws pooled), for the same budget of sampling wall time each on a
+shipped UAI grid, compares both with the shipped exact marginals, prints an error table and
+writes a PNG plot and a JSON record.
+
+The kernels run through the project's run harness
+(:func:`neuralblock.diagnostics.runs.marginal_error_run`), which makes the calls
+``pyro.infer.MCMC`` makes for a chain (``setup``, ``sample``, ``diagnostics``) and times them
+on ``time.perf_counter``: 20 warmup sweeps and the setup are timed apart and left out of the
+seconds, and so is the bookkeeping at the error checkpoints.
 
 Run it with ``python -m neuralblock.quickstart`` (``--help`` lists the options).
 
@@ -22,65 +28,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pyro
 import torch
 
-from neuralblock.diagnostics import trace_marginal_error
 from neuralblock.diagnostics.plots import plot_error_traces
-from neuralblock.graph import FactorGraph
+from neuralblock.diagnostics.runs import equal_time, error_at, marginal_error_run
 from neuralblock.io import read_mar, read_uai, uai_grid
 from neuralblock.kernels import GibbsKernel, GraphKernel, NeuralBlockKernel
 from neuralblock.proposals import list_pretrained, load_pretrained
 
-__all__ = ["error_at", "main", "run_for_seconds"]
+__all__ = ["main"]
 
 GRIDS = [f"Grids_{i}" for i in range(11, 19)]
-
-
-def run_for_seconds(
-    make_kernel: Callable[[], GraphKernel],
-    fg: FactorGraph,
-    exact: torch.Tensor,
-    seconds: float,
-    progress: bool,
-    num_points: int = 14,
-    clock: Callable[[], float] = time.perf_counter,
-) -> dict:
-    """Calibrate the sweep cost on a short run, then sample for about ``seconds`` of ``clock`` time.
-
-    The first sweeps pay one-off costs (lazy torch initialisation, caches), so a few untimed
-    sweeps run before the 20 timed ones. ``num_points``: about how many (log-spaced) error
-    checkpoints to record; comparisons at equal time are read at this resolution. ``clock``:
-    wall time by default, ``time.process_time`` for CPU time on a shared machine.
-    """
-    probe = make_kernel()
-    probe.setup(0)
-    params = probe.initial_params
-    for _ in range(5):
-        params = probe.sample(params)
-    start = clock()
-    for _ in range(20):
-        params = probe.sample(params)
-    per_sweep = (clock() - start) / 20
-    sweeps = max(int(seconds / per_sweep), 10)
-    return trace_marginal_error(
-        make_kernel(), fg, exact, sweeps, warmup_steps=20, progress=progress, num_points=num_points, clock=clock
-    )
-
-
-def error_at(trace: dict, seconds: float) -> float:
-    """Error at the last checkpoint recorded at or before ``seconds`` (the first one if none).
-
-    Example:
-        >>> error_at({"seconds": [0.1, 1.0, 2.0], "errors": [0.5, 0.2, 0.1]}, 1.5)
-        0.2
-    """
-    earlier = [e for s, e in zip(trace["seconds"], trace["errors"]) if s <= seconds]
-    return earlier[-1] if earlier else trace["errors"][0]
+WARMUP = 20  # sweeps before the timed ones (lazy torch initialisation, caches)
+CHECKPOINTS = 14  # about how many log-spaced error checkpoints per run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -125,7 +89,16 @@ def main(argv: list[str] | None = None) -> dict:
     for name, make in samplers.items():
         pyro.set_rng_seed(args.seed)
         print(f"{name}: sampling {args.grid} with {args.chains} chains for about {args.seconds:g} s")
-        traces[name] = run_for_seconds(make, fg, exact, args.seconds, progress=not args.no_progress)
+        run = marginal_error_run(
+            make(),
+            fg,
+            exact,
+            seconds=args.seconds,
+            warmup=WARMUP,
+            checkpoints=CHECKPOINTS,
+            progress=not args.no_progress,
+        )
+        traces[name] = {**run.trace.as_dict(), "diagnostics": run.diagnostics, "run": run.summary()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"grid": args.grid, "config": vars(args), "samplers": traces}
@@ -137,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(f"\n{args.grid} ({fg.num_variables} variables): mean |marginal error| against the exact marginals")
     print(f"{'seconds':>8} " + " ".join(f"{name:>10}" for name in traces))
-    common = min(t["seconds"][-1] for t in traces.values())  # compare at equal wall time
+    common = equal_time(list(traces.values()), same_budget=True)  # each ran the same seconds budget
     for frac in (0.1, 0.25, 0.5, 1.0):
         row = [error_at(trace, frac * common) for trace in traces.values()]
         print(f"{frac * common:>8.1f} " + " ".join(f"{e:>10.4f}" for e in row))

@@ -11,7 +11,15 @@ import torch
 from neuralblock import FactorGraph, GibbsKernel
 from neuralblock.diagnostics import marginal_error
 from neuralblock.diagnostics import runs as runs_module
-from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, error_at, first_time, marginal_error_run, timed_run
+from neuralblock.diagnostics.runs import (
+    CLOCKS,
+    ErrorTrace,
+    equal_time,
+    error_at,
+    first_time,
+    marginal_error_run,
+    timed_run,
+)
 
 # -- first_time on hand-built traces ---------------------------------------------------------------
 
@@ -83,6 +91,20 @@ def test_error_trace_validates_and_error_at_reads_the_last_point_before() -> Non
     assert [error_at(trace, t) for t in (0.5, 1.0, 3.9, 4.0, 10.0)] == [0.5, 0.5, 0.2, 0.1, 0.1]
     with pytest.raises(ValueError, match="empty"):
         error_at(ErrorTrace([], []), 1.0)
+
+
+def test_equal_time_reads_same_budget_runs_at_their_last_points() -> None:
+    # both stopped on a 4 s budget; the slower sampler's last step ended later, past its 3.9 s point
+    fast = ErrorTrace([0.5, 3.9, 4.001], [0.5, 0.3, 0.29])
+    slow = ErrorTrace([0.5, 2.0, 4.2], [0.4, 0.3, 0.1])
+    same = equal_time([fast, slow], same_budget=True)
+    assert same == 4.2 and [error_at(t, same) for t in (fast, slow)] == [0.29, 0.1]
+    other = equal_time([fast, slow], same_budget=False)  # e.g. sample budgets: the shorter run's end
+    assert other == 4.001 and [error_at(t, other) for t in (fast, slow)] == [0.29, 0.3]
+    with pytest.raises(ValueError, match="empty"):
+        equal_time([fast, ErrorTrace([], [])], same_budget=True)
+    with pytest.raises(ValueError, match="at least one"):
+        equal_time([], same_budget=False)
 
 
 # -- timed_run with a fake clock: what each reading counts ------------------------------------------

@@ -18,7 +18,8 @@ mean the same thing:
   reaches it.
 
 :func:`first_time` reads a trace in one of two stated modes (first hit, or reached for good),
-:func:`error_at` reads a trace at a time, and studies name their output folders with
+:func:`error_at` reads a trace at a time, :func:`equal_time` says when runs compare at equal
+time, and studies name their output folders with
 :func:`study_folder` (a hash of the configuration with sorted keys).
 
 Example:
@@ -54,6 +55,7 @@ __all__ = [
     "ErrorTrace",
     "KernelLike",
     "TimedRun",
+    "equal_time",
     "error_at",
     "first_time",
     "marginal_error_run",
@@ -436,3 +438,24 @@ def error_at(trace: ErrorTrace | Mapping[str, Sequence[float]], seconds: float) 
         raise ValueError("seconds must not be NaN")
     earlier = [e for t, e in zip(trace.seconds, trace.errors) if t <= seconds]
     return earlier[-1] if earlier else trace.errors[0]
+
+
+def equal_time(traces: Sequence[ErrorTrace | Mapping[str, Sequence[float]]], *, same_budget: bool) -> float:
+    """The time at which runs are compared "at equal time", read with :func:`error_at`.
+
+    * ``same_budget=True``: the runs stopped on the same ``seconds`` budget, so each ended at most one
+      step past it: compare at the latest end, that is, each run at its last point.
+    * ``same_budget=False`` (other budgets): at the shortest run's end, where every run has a point.
+
+    Example:
+        >>> a, b = {"seconds": [0.1, 2.0], "errors": [0.5, 0.2]}, {"seconds": [0.1, 2.01], "errors": [0.4, 0.3]}
+        >>> [error_at(t, equal_time([a, b], same_budget=True)) for t in (a, b)]
+        [0.2, 0.3]
+        >>> [error_at(t, equal_time([a, b], same_budget=False)) for t in (a, b)]
+        [0.2, 0.4]
+    """
+    traces = [ErrorTrace.of(t) for t in traces]
+    if not traces or any(len(t) == 0 for t in traces):
+        raise ValueError("equal_time needs at least one trace, none of them empty")
+    ends = [t.seconds[-1] for t in traces]
+    return max(ends) if same_budget else min(ends)
