@@ -64,7 +64,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from experiments.common import median
-from experiments.gmm_models import first_time, load_proposal_or_untrained
+from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
@@ -570,10 +570,13 @@ def sm_level(runs: dict[str, list[dict[str, Any]]]) -> float:
 
 
 def run_metrics(run: dict[str, Any], level: float, reference: dict[str, float]) -> dict[str, Any]:
-    """One run's numbers: first times to ``level`` and to the truth's log joint - NEAR_TRUTH, final gap, posteriors."""
+    """One run's numbers: first times to ``level`` and to the truth's log joint - NEAR_TRUTH, final gap, posteriors.
+
+    The first times are first hits (:func:`experiments.gmm_models.first_time_above`).
+    """
     return {
-        "to SM final": first_time(run["times"], run["log_joint"], level),
-        "to truth": first_time(run["times"], run["log_joint"], reference["true_log_joint"] - NEAR_TRUTH),
+        "to SM final": first_time_above(run["times"], run["log_joint"], level),
+        "to truth": first_time_above(run["times"], run["log_joint"], reference["true_log_joint"] - NEAR_TRUTH),
         "final gap": run["log_joint"][-1] - reference["true_log_joint"],
         "sigma ratio": run["posterior"]["E[sigma]"] / reference["true_sigma"],
         "M error": run["posterior"]["E[M]"] - reference["true_M"],

@@ -1,18 +1,21 @@
 """The open-universe GMM that the GMM studies share: held-out models, the proposal they load, timed runs.
 
 ``gmm_pair_eval``, ``gmm_study`` and ``gmm_hyper`` draw their held-out GMMs from the same model
-(``sigma = 1``, ``tau = 5``, ``p = 0.5``), load the ``gmm_pair`` proposal the same way and run their
-samplers through :func:`run_sampler`.
+(``sigma = 1``, ``tau = 5``, ``p = 0.5``), load the ``gmm_pair`` proposal the same way, run their
+samplers through :func:`run_sampler` (``gmm_pair_eval`` and ``gmm_study``; the run harness
+:func:`neuralblock.diagnostics.runs.timed_run` underneath) and read first times with
+:func:`first_time_above`.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from motifs.gmm_pair import GmmPairMotif, gmm_graph, sample_gmm
+from neuralblock.diagnostics.runs import ErrorTrace, first_time, timed_run
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup
 from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
@@ -36,31 +39,29 @@ def mixture_group(fg: FactorGraph) -> GaussianMixtureGroup:
 
 
 def run_sampler(kernel: GraphKernel, start: torch.Tensor, seconds: float, seed: int) -> dict[str, Any]:
-    """Run a GMM ``kernel`` from ``start`` for ``seconds`` of wall time.
+    """Run a GMM ``kernel`` from ``start`` for ``seconds`` of sampling wall time (the run harness, ``clock="wall"``).
+
+    The setup and the per-transition records are not timed.
 
     Returns:
-        Per transition: ``times``, ``log_joint``, ``log_lik`` (the points' log-likelihood) and
-        ``active`` (the number of active mixtures); plus ``sweeps`` and the kernel's diagnostics.
+        Per transition, the start first (at time 0): ``times``, ``log_joint``, ``log_lik`` (the
+        points' log-likelihood) and ``active`` (the number of active mixtures); plus ``sweeps``
+        and the kernel's diagnostics.
     """
     torch.manual_seed(seed)
-    kernel.setup(warmup_steps=0)
     fg = kernel.fg
     group = mixture_group(fg)
-    trace: dict[str, list[float]] = {"times": [], "log_joint": [], "log_lik": [], "active": []}
+    trace: dict[str, list[float]] = {"log_joint": [], "log_lik": [], "active": []}
 
-    def record(state: torch.Tensor, now: float) -> None:
-        trace["times"].append(now)
+    def record(params: dict[str, torch.Tensor]) -> None:
+        state = params["x"]
         trace["log_joint"].append(float(fg.log_joint(state)))
         trace["log_lik"].append(float(group.log_factors(state).sum()))
         trace["active"].append(float(state[group.active].sum()))
 
-    params = {"x": start.clone()}
-    record(params["x"], 0.0)
-    begin = time.perf_counter()
-    while time.perf_counter() - begin < seconds:
-        params = kernel.sample(params)
-        record(params["x"], time.perf_counter() - begin)
-    return {**trace, "sweeps": len(trace["times"]) - 1, "diagnostics": kernel.diagnostics()}
+    record({"x": start})
+    run = timed_run(kernel, seconds=seconds, initial_params={"x": start.clone()}, observe=record)
+    return {"times": [0.0, *run.times], **trace, "sweeps": run.samples, "diagnostics": run.diagnostics}
 
 
 def held_out_gmm(mixtures: int, points: int, seed: int) -> tuple[FactorGraph, torch.Tensor, dict[str, float]]:
@@ -80,11 +81,14 @@ def held_out_gmm(mixtures: int, points: int, seed: int) -> tuple[FactorGraph, to
     return fg, truth, reference
 
 
-def first_time(times: list[float], values: list[float], level: float) -> float | None:
-    """The first time at which ``values`` reaches ``level`` (``None`` if it never does).
+def first_time_above(times: Sequence[float], values: Sequence[float], level: float) -> float | None:
+    """The first time at which a rising ``values`` (a log density) reaches ``level`` or above; ``None`` if never.
+
+    The first hit, ``first_time(..., for_good=False)`` of the negated values (the harness reads errors
+    at or below a level).
 
     Example:
-        >>> first_time([0.0, 1.0, 2.0], [-9.0, -1.0, 0.0], -2.0)
+        >>> first_time_above([0.0, 1.0, 2.0], [-9.0, -1.0, -3.0], -2.0)
         1.0
     """
-    return next((t for t, v in zip(times, values) if v >= level), None)
+    return first_time(ErrorTrace(times, [-v for v in values]), -level, for_good=False)
