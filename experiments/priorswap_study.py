@@ -44,6 +44,11 @@ Sub-studies (``--only`` picks some), all measured side by side within one run:
   (1 - exp(-|μ_k - μ_l|² / 2))``. Reports the minimum inter-mean distance and the repulsion
   log-term under the false and swapped posteriors.
 
+Timing: every chain runs through the run harness (:func:`neuralblock.diagnostics.runs.timed_run`)
+on wall time (``time.perf_counter``); a chain's times count from before its kernel's setup, so they
+include setup and warmup. ``time_to_0.05`` is the time from which the running error stays at or
+below 0.05 for good (``first_time(..., for_good=True)``), not its first dip below.
+
 Outputs (under ``--out``, in a folder named by a hash of the config): ``priorswap_study.json``,
 ``priorswap_study.md`` and PNG plots.
 
@@ -75,7 +80,8 @@ from torch import Tensor
 from torch.distributions import HalfCauchy, Laplace, MultivariateNormal, Normal, StudentT
 from tqdm import tqdm
 
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json
+from neuralblock.diagnostics.runs import ErrorTrace, TimedRun, first_time, study_folder, timed_run
 from neuralblock.io import data_path
 from neuralblock.priorswap import ExactPosterior, PriorSwap, SiteLayout, SwapProblem, importance_swap
 
@@ -101,36 +107,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- shared helpers ------------------------------------------------------------------------
 def timed_chain(
-    kernel: MCMCKernel,
-    layout: SiteLayout,
-    warmup: int,
-    num_samples: int,
-    cap_s: float = math.inf,
-    stats: dict[str, float] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Run a kernel by hand; return constrained flat draws ``[S, D]`` and cumulative seconds ``[S]``.
+    kernel: MCMCKernel, layout: SiteLayout, warmup: int, num_samples: int, cap_s: float = math.inf
+) -> tuple[Tensor, Tensor, TimedRun]:
+    """Run a kernel through the run harness (wall clock); constrained flat draws ``[S, D]``, seconds ``[S]``, the run.
 
-    The clock includes setup and warmup; the run stops early past ``cap_s`` seconds. ``stats``
-    (if given) receives the iterations done (warmup included) and the seconds they took.
+    This study's times count from before the kernel's setup: each draw's time is the harness's setup
+    + warmup + sampling time up to it, so a chain's clock includes its kernel's setup (the reference
+    fit or refinement). The run stops (in warmup too) once that total reaches ``cap_s``.
     """
-    start = time.perf_counter()
-    kernel.setup(warmup)
-    params = kernel.initial_params
-    draws, times = [], []
-    for i in range(warmup + num_samples):
-        params = kernel.sample(params)
-        now = time.perf_counter() - start
-        if i >= warmup:
-            draws.append(torch.cat([params[n].detach().reshape(-1) for n in layout.shapes]))
-            times.append(now)
-        if stats is not None:
-            stats.update(iterations=i + 1, seconds=now)
-        if now > cap_s:
-            break
-    if not draws:
-        return torch.empty(0, layout.dim), torch.empty(0)
-    theta, _ = layout.to_constrained(torch.stack(draws))
-    return theta, torch.tensor(times, dtype=torch.float64)
+    run = timed_run(
+        kernel,
+        samples=num_samples,
+        warmup=warmup,
+        cap_seconds=cap_s,
+        keep=lambda params: torch.cat([params[n].detach().reshape(-1) for n in layout.shapes]),
+    )
+    if run.draws is None:
+        return torch.empty(0, layout.dim), torch.empty(0), run
+    theta, _ = layout.to_constrained(run.draws)
+    return theta, torch.tensor(run.times, dtype=torch.float64) + (run.setup_s + run.warmup_s), run
 
 
 def running_error(draws: Tensor, ref_mean: Tensor, ref_sd: Tensor) -> Tensor:
@@ -142,13 +137,14 @@ def running_error(draws: Tensor, ref_mean: Tensor, ref_sd: Tensor) -> Tensor:
     return (((means - ref_mean.double()) / ref_sd.double()) ** 2).mean(-1).sqrt()
 
 
-def time_to_threshold(times: Tensor, errors: Tensor, threshold: float = THRESHOLD) -> float | None:
-    """Seconds until the error falls below ``threshold`` for good (``None``: never)."""
-    above = (errors > threshold).nonzero()
+def time_to_threshold(times: Tensor, errors: Tensor) -> float | None:
+    """Seconds until the error is at or below ``THRESHOLD`` for good; ``None``: never.
+
+    Reached *for good* (``first_time(..., for_good=True)``): from that time on every error is at or below it.
+    """
     if errors.numel() == 0:
         return None
-    first_ok = 0 if above.numel() == 0 else int(above[-1]) + 1
-    return float(times[first_ok]) if first_ok < errors.numel() else None
+    return first_time(ErrorTrace(times.tolist(), errors.tolist()), THRESHOLD, for_good=True)
 
 
 def thin_curve(times: Tensor, errors: Tensor, points: int = 40) -> dict[str, list[float]]:
@@ -221,12 +217,11 @@ def direct_nuts(
     warmup: int,
     samples: int,
     cap: float,
-    stats: dict[str, float] | None = None,
     **kw: Any,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, TimedRun]:
     kernel = NUTS(potential_fn=Potential(site, log_joint), **kw)
     kernel.initial_params = {site: init.clone()}
-    return timed_chain(kernel, SiteLayout({site: init.shape}), warmup, samples, cap, stats)
+    return timed_chain(kernel, SiteLayout({site: init.shape}), warmup, samples, cap)
 
 
 def quiet_is(*args: Any, **kwargs: Any) -> Any:
@@ -265,14 +260,14 @@ def study_oned(args: argparse.Namespace) -> dict[str, Any]:
             errs["is"].append(abs(float(res.mean()["theta"]) - truth) / sd)
             errs["is_ess"].append(res.ess)
             kernel = PriorSwap(draws, false_prior, target, kernel="mh")
-            theta, _ = timed_chain(kernel, kernel.layout, chain_len // 4, chain_len)
+            theta, _, _ = timed_chain(kernel, kernel.layout, chain_len // 4, chain_len)
             errs["swap_mh"].append(abs(float(theta.mean()) - truth) / sd)
             errs["swap_quad"].append(abs(quad_mean(kernel.problem) - truth) / sd)
             semi = SwapProblem(draws, false_prior, target, estimator="semiparametric")
             errs["semi_quad"].append(abs(quad_mean(semi) - truth) / sd)
         rows.append({"T": t, **{k: float(np.mean(v)) for k, v in errs.items()}})
     exact = PriorSwap(ExactPosterior(false_post), false_prior, target, kernel="mh")
-    theta, _ = timed_chain(exact, exact.layout, chain_len // 4, chain_len)
+    theta, _, _ = timed_chain(exact, exact.layout, chain_len // 4, chain_len)
     return {
         "truth_mean": truth,
         "truth_sd": sd,
@@ -402,7 +397,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
                     site_shapes={"beta": (d,)},
                     kernel_options=JIT if kname == "nuts" else None,
                 )
-                _, times = timed_chain(k, k.layout, its // 2, its)
+                _, times, _ = timed_chain(k, k.layout, its // 2, its)
                 per_iter[kname].setdefault(str(n), []).append(float(times[-1] - times[its // 2 - 1]) / (its // 2))
     out["seconds_per_iteration"] = {k: {n: float(np.median(v)) for n, v in per.items()} for k, per in per_iter.items()}
     out["per_iteration_ratio"] = {
@@ -425,7 +420,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
             ref_kernel = PriorSwap(
                 exact, false_prior, target, kernel=args.kernel, site_shapes={"beta": (d,)}, kernel_options=JIT
             )
-            ref_draws, _ = timed_chain(ref_kernel, ref_kernel.layout, warm, ref_samples[prior_name])
+            ref_draws, _, _ = timed_chain(ref_kernel, ref_kernel.layout, warm, ref_samples[prior_name])
         ref_seconds = time.perf_counter() - t0
         ref_mean, ref_sd = ref_draws.mean(0), ref_draws.std(0)
         false_draws = post.sample((num_false,))
@@ -434,13 +429,12 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
             k = PriorSwap(
                 exact, false_prior, target, kernel=args.kernel, site_shapes={"beta": (d,)}, kernel_options=JIT
             )
-            stats: dict[str, float] = {}
-            th, ts = timed_chain(k, k.layout, warm, samples, cap, stats)
-            per_it["swap exact"] = stats["seconds"] / stats["iterations"]
+            th, ts, run = timed_chain(k, k.layout, warm, samples, cap)
+            per_it["swap exact"] = run.total_s / run.steps
             rows.append(method_row(f"swap exact ({args.kernel.upper()})", ts, running_error(th, ref_mean, ref_sd)))
             # the same exact swap with the false posterior itself as an independence proposal
             k = PriorSwap(exact, false_prior, target, kernel="independence", site_shapes={"beta": (d,)})
-            th, ts = timed_chain(k, k.layout, 20, 20 * samples, cap)
+            th, ts, _ = timed_chain(k, k.layout, 20, 20 * samples, cap)
             rows.append(method_row("swap exact (independence MH)", ts, running_error(th, ref_mean, ref_sd)))
             # ... and elliptical slice sampling (no tuning, so no warmup) around the exact false
             # posterior's Gaussian as it is, and around it refined towards p_s (the default)
@@ -448,7 +442,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
                 k = PriorSwap(
                     exact, false_prior, target, kernel="elliptical", site_shapes={"beta": (d,)}, reference=reference
                 )
-                th, ts = timed_chain(k, k.layout, 0, 20 * samples, cap)
+                th, ts, _ = timed_chain(k, k.layout, 0, 20 * samples, cap)
                 errors = running_error(th, ref_mean, ref_sd)
                 rows.append(method_row(f"swap exact (elliptical slice{label})", ts, errors))
         start = time.perf_counter()
@@ -456,7 +450,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
             {"beta": false_draws}, false_prior, target, kernel=args.kernel, correction="is", kernel_options=JIT
         )
         fit_s = time.perf_counter() - start
-        th, ts = timed_chain(k, k.layout, warm, samples, cap)
+        th, ts, _ = timed_chain(k, k.layout, warm, samples, cap)
         rows.append(
             method_row(f"swap parametric ({args.kernel.upper()})", ts + fit_s, running_error(th, ref_mean, ref_sd))
         )
@@ -473,7 +467,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
         rows.append(
             method_row(
                 "swap parametric + IS correction",
-                curve[:, 0].double(),
+                curve[:, 0].double().cummax(0).values,  # a later estimate is never ready before an earlier one
                 curve[:, 1].double(),
                 {"final_ess": float(curve[-1, 2]) if curve.numel() else None},
             )
@@ -481,7 +475,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
         start = time.perf_counter()
         k = PriorSwap({"beta": false_draws}, false_prior, target, kernel="elliptical")
         fit_s = time.perf_counter() - start
-        th, ts = timed_chain(k, k.layout, 0, 20 * samples, cap)
+        th, ts, _ = timed_chain(k, k.layout, 0, 20 * samples, cap)
         rows.append(method_row("swap parametric (elliptical slice)", ts + fit_s, running_error(th, ref_mean, ref_sd)))
         t0 = time.perf_counter()
         res = quiet_is({"beta": false_draws}, false_prior, target)
@@ -500,12 +494,11 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
         if prior_name == "Laplace":
             log_joint = LinRegLogJoint(x, y, prior_callable(target))
             if args.kernel == "nuts":
-                stats = {}
-                th, ts = direct_nuts("beta", log_joint, torch.zeros(d), warm, samples, direct_cap, stats, **JIT)
-                per_it["direct NUTS"] = stats["seconds"] / stats["iterations"]
-                direct_spent = stats["seconds"]  # warmup included: a capped run may have no draws at all
+                th, ts, run = direct_nuts("beta", log_joint, torch.zeros(d), warm, samples, direct_cap, **JIT)
+                per_it["direct NUTS"] = run.total_s / run.steps
+                direct_spent = run.total_s  # setup and warmup included: a capped run may have no draws at all
                 rows.append(method_row(f"direct NUTS (cap {direct_cap:g} s)", ts, running_error(th, ref_mean, ref_sd)))
-            th, ts = direct_mh("beta", log_joint, torch.zeros(d), post.scale_tril, warm, 10**7, direct_cap / 3)
+            th, ts, _ = direct_mh("beta", log_joint, torch.zeros(d), post.scale_tril, warm, 10**7, direct_cap / 3)
             rows.append(method_row(f"direct MH (cap {direct_cap / 3:g} s)", ts, running_error(th, ref_mean, ref_sd)))
         results[prior_name] = {
             "reference_seconds": ref_seconds,
@@ -570,7 +563,7 @@ def direct_sampler(
     warmup: int,
     samples: int,
     cap: float = math.inf,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, TimedRun]:
     """Direct full-data sampling: NUTS (JIT) in full runs, preconditioned MH with ``--quick``."""
     if args.kernel == "mh":
         return direct_mh(site, log_joint, init, chol, warmup, samples, cap)
@@ -579,7 +572,7 @@ def direct_sampler(
 
 def direct_mh(
     site: str, log_joint: Callable[[Tensor], Tensor], init: Tensor, chol: Tensor, warmup: int, samples: int, cap: float
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, TimedRun]:
     kernel = DirectMH(site, log_joint, init, chol)
     return timed_chain(kernel, SiteLayout({site: init.shape}), warmup, samples, cap)
 
@@ -639,11 +632,11 @@ def study_kidiq(args: argparse.Namespace) -> dict[str, Any]:
         bp = prior_callable(beta_prior)
         target = SumPrior({"beta": bp, "sigma": HalfCauchy(2.5)}, {"sigma": HalfCauchy(2.5).support})
         log_joint = KidiqLogJoint(x, y, bp)
-        ref, _ = direct_mh("z", log_joint, init, chol, warm, ref_num, math.inf)
+        ref, _, _ = direct_mh("z", log_joint, init, chol, warm, ref_num, math.inf)
         ref = torch.cat([ref[:, :2], ref[:, 2:].exp()], -1)  # compare σ, not log σ
         ref_mean, ref_sd = ref.mean(0), ref.std(0)
         rows = []
-        th, ts = direct_mh("z", log_joint, init, chol, warm, num, math.inf)
+        th, ts, _ = direct_mh("z", log_joint, init, chol, warm, num, math.inf)
         rows.append(
             method_row("direct MH", ts, running_error(torch.cat([th[:, :2], th[:, 2:].exp()], -1), ref_mean, ref_sd))
         )
@@ -651,7 +644,7 @@ def study_kidiq(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             k = PriorSwap(samples, false_prior, target, kernel="mh", estimator=estimator)
             fit = time.perf_counter() - t0
-            th, ts = timed_chain(k, k.layout, warm, num)
+            th, ts, _ = timed_chain(k, k.layout, warm, num)
             rows.append(method_row(label, ts + fit, running_error(th, ref_mean, ref_sd)))
         t0 = time.perf_counter()
         res = quiet_is(samples, false_prior, target)
@@ -723,17 +716,17 @@ def study_phishing(args: argparse.Namespace) -> dict[str, Any]:
     warm, num_false, num, ref_num = (50, 200, 150, 300) if args.quick else (100, 600, 300, 800)
     t0 = time.perf_counter()
     chol0 = 0.1 * torch.eye(d)
-    false_draws, _ = direct_sampler(
+    false_draws, _, _ = direct_sampler(
         args, "theta", _LogisticFalseJoint(loglik, sd_f), torch.zeros(d), chol0, warm, num_false
     )
     false_seconds = time.perf_counter() - t0
     target = IntegratedHierarchicalPrior(d - 1, sd_f)
     joint = HierarchicalJoint(loglik, d - 1, sd_f)
     chol = torch.block_diag(torch.linalg.cholesky(torch.cov(false_draws.T)), torch.ones(1))
-    ref, _ = direct_sampler(args, "z", joint, torch.zeros(d + 1), chol, warm, ref_num)
+    ref, _, _ = direct_sampler(args, "z", joint, torch.zeros(d + 1), chol, warm, ref_num)
     ref_mean, ref_sd = ref[:, :d].mean(0), ref[:, :d].std(0)
     rows = []
-    th, ts = direct_sampler(args, "z", joint, torch.zeros(d + 1), chol, warm, num)
+    th, ts, _ = direct_sampler(args, "z", joint, torch.zeros(d + 1), chol, warm, num)
     rows.append(
         method_row(f"direct {args.kernel.upper()} on (θ, log τ)", ts, running_error(th[:, :d], ref_mean, ref_sd))
     )
@@ -741,7 +734,7 @@ def study_phishing(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         k = PriorSwap(false_draws, false_prior, target, kernel=args.kernel, estimator=estimator, kernel_options=JIT)
         fit = time.perf_counter() - t0
-        th, ts = timed_chain(k, k.layout, warm, num)
+        th, ts, _ = timed_chain(k, k.layout, warm, num)
         rows.append(method_row(label, ts + fit, running_error(th, ref_mean, ref_sd)))
     t0 = time.perf_counter()
     res = quiet_is(false_draws, false_prior, target)
@@ -854,7 +847,7 @@ def study_gmm(args: argparse.Namespace, gen: torch.Generator) -> dict[str, Any]:
     swap_kernel = "independence" if args.quick else args.kernel
     kernel = PriorSwap({"mu": mu}, false_prior, repulsive, kernel=swap_kernel, kernel_options=JIT)
     t0 = time.perf_counter()
-    th, _ = timed_chain(kernel, kernel.layout, 200 if args.quick else 150, 2000 if args.quick else 600)
+    th, _, _ = timed_chain(kernel, kernel.layout, 200 if args.quick else 150, 2000 if args.quick else 600)
     swap_s = time.perf_counter() - t0
     swapped = th.reshape(-1, k, 2)
     res = quiet_is({"mu": mu}, false_prior, repulsive)
