@@ -322,8 +322,8 @@ def test_each_stage_is_one_model_run_and_stages_grow_geometrically() -> None:
     kernel.setup(0, DATA)
     assert kernel.sections.vectorized and kernel.batch_growth == 2.0
     params = kernel.initial_params
-    for _ in range(40):  # builds the direct path's graphs (a few Pyro runs per stage size)
-        params = kernel.sample(params)
+    for _ in range(120):  # builds the direct path's graphs (a few Pyro runs per stage size) and, for sizes used
+        params = kernel.sample(params)  # 50 times, the recorded control-variate stages
     CALLS["runs"] = 0
     for _ in range(40):
         params = kernel.sample(params)
@@ -379,6 +379,14 @@ def test_control_variate_point_joins_the_batched_stage_run(monkeypatch: pytest.M
     z, z_new = point + 0.1 * torch.randn(point.numel()), point + 0.1 * torch.randn(point.numel())
     idx = torch.arange(25)
     fused_global, fused = kernel._stage_evaluator(z, z_new)[0](idx)
+    # the recorded stage (nested forward-mode jvps, one graph per stage size): plain calls, then the recording
+    monkeypatch.setattr(austerity, "_RECORD_AFTER_USES", 0)
+    for _ in range(5):
+        recorded_global, recorded = kernel._stage_evaluator(z, z_new)[0](idx)
+        torch.testing.assert_close(recorded, fused)
+        torch.testing.assert_close(recorded_global, fused_global)
+    replay = kernel._stage_replay
+    assert replay is not None and replay.failure is None and len(replay._graphs) == 1  # idx padded to 32
     # a stage above the fused-run size: z and z' in one run without autograd, θ̂ in its own
     monkeypatch.setattr(austerity, "_FUSED_MAX_SECTIONS", 10)
     stage = kernel._stage_evaluator(z, z_new)[0]

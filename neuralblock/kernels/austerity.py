@@ -51,7 +51,9 @@ from torch.distributions import Distribution
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.pyro.layout import FlatLayout
 from neuralblock.pyro.plates import find_data_plate
+from neuralblock.replay import ReplayedFunction
 from neuralblock.subsample import IndexSampler, SectionEvaluator, SectionTerms, SequentialTestInfo, sequential_test
+from neuralblock.subsample.likelihood import bucket_size
 from neuralblock.subsample.sections import is_subsample_site, site_plate_frame
 
 __all__ = [
@@ -69,6 +71,7 @@ _UNIFORM_ROUNDS = 100  # as Pyro's initialize_model (max_tries=100)
 _UNIFORM_RADIUS = 2.0  # as Pyro's init_to_uniform: uniform in (-2, 2) of the unconstrained space
 _CV_ROWS_MAX = 50_000_000  # per-section gradients of the default control variate kept up to N·d entries
 _FUSED_MAX_SECTIONS = 4096  # larger stages run θ̂ apart from z and z' (autograd over one point, not three)
+_RECORD_AFTER_USES = 50  # a stage size (bucket) is recorded into one graph once this many stages had it
 
 
 def _no_more_sections(k: int) -> Tensor:
@@ -431,6 +434,8 @@ class AusterityMH(MCMCKernel):
         trial = torch.stack([z0, z0 + 0.1 * torch.linspace(0.5, 1.0, self.dim, dtype=z0.dtype)])
         self.sections.check_vectorized(self._fixed, self.layout.constrain(trial)[0])
         laplace = self._setup_control_variate(z0)
+        self._stage_replay = self._record_stage()
+        self._bucket_uses: dict[int, int] = {}
         self._setup_proposal(laplace)
 
     # -- a start of positive density (setup only) ------------------------------------------
@@ -929,23 +934,33 @@ class AusterityMH(MCMCKernel):
         there the arithmetic, not the per-run overhead, dominates.
         """
         if self._cv_point is not None and self._cv_rows is None and self.sections.batched:
-            # the three points are one leaf: autograd reaches θ̂'s row without cat/slice nodes in each backward pass
-            leaf = torch.stack([z.detach(), z_new.detach(), self._cv_point]).requires_grad_(True)
-            values, log_jacobian = self.layout.constrain(leaf)
-            fused = self.sections.bind_many(self._fixed, values)
+            replay, cv_point = self._stage_replay, self._cv_point
             delta, spread = self._directions(z, z_new) if directions is None else directions
+            with torch.no_grad():
+                pair, log_jacobian = self.layout.constrain(torch.stack([z, z_new]).detach())
+            leaf: list[Tensor] = []  # the three points as one autograd leaf, made at the first stage that needs it
+            fused: list[Callable[[Tensor], SectionTerms]] = []
             split: list[Callable[[Tensor], SectionTerms]] = []
             point: list[Tensor] = []
 
             def with_point(idx: Tensor) -> tuple[Tensor, Tensor]:
-                if idx.numel() <= _FUSED_MAX_SECTIONS:
-                    terms = fused(idx)
+                k = idx.numel()
+                size = bucket_size(k, self.num_sections)  # one recorded graph per bucket of sizes
+                uses = self._bucket_uses[size] = self._bucket_uses.get(size, 0) + 1
+                if k <= _FUSED_MAX_SECTIONS and uses > _RECORD_AFTER_USES and replay is not None and not replay.failure:
+                    padded = idx if size == k else torch.cat([idx, idx[:1].expand(size - k)])
+                    glob, ratios = replay(z.detach(), z_new.detach(), cv_point, padded)
+                    return glob, ratios[:k]
+                if k <= _FUSED_MAX_SECTIONS:
+                    if not fused:  # one leaf: autograd reaches θ̂'s row without cat/slice nodes in each backward pass
+                        leaf.append(torch.stack([z.detach(), z_new.detach(), cv_point]).requires_grad_(True))
+                        fused.append(self.sections.bind_many(self._fixed, self.layout.constrain(leaf[0])[0]))
+                    terms = fused[0](idx)
                     sections = terms.sections.detach()
-                    proxy = self._proxy_at(terms.sections, leaf, delta, spread, row=2)
+                    proxy = self._proxy_at(terms.sections, leaf[0], delta, spread, row=2)
                 else:  # large stage: autograd through θ̂'s run only, z and z' in a run without it (less work)
                     if not split:
-                        point.append(self._cv_point.clone().requires_grad_(True))
-                        pair = {s: v[:2].detach() for s, v in values.items()}
+                        point.append(cv_point.clone().requires_grad_(True))
                         split.extend(
                             [self.sections.bind_many(self._fixed, pair), self.sections.bind(self._values(point[0]))]
                         )
@@ -955,7 +970,7 @@ class AusterityMH(MCMCKernel):
                 ratios = sections[1] - sections[0] - proxy
                 return terms.global_term[:2].detach(), ratios
 
-            return with_point, log_jacobian[:2].detach()
+            return with_point, log_jacobian
         batch, log_jacobian = self.layout.constrain(torch.stack([z, z_new]))
         evaluate = self.sections.bind_many(self._fixed, batch)
 
@@ -964,6 +979,42 @@ class AusterityMH(MCMCKernel):
             return terms.global_term, terms.sections[1] - terms.sections[0] - self._proxy(idx, z, z_new)
 
         return separate, log_jacobian
+
+    def _record_stage(self) -> ReplayedFunction | None:
+        """The control-variate stage as one recorded graph (see :meth:`_stage_terms`), where it applies.
+
+        It applies with a second-order control variate on the direct likelihood path and no sites held by
+        :meth:`condition_on` (the graph takes their values as constants).
+        """
+        if self._cv_point is None or self._cv_rows is not None or self._fixed or self.sections.direct is None:
+            return None
+        return ReplayedFunction(self._stage_terms, "AusterityMH's control-variate stage", record_after=3)
+
+    def _stage_terms(self, z: Tensor, z_new: Tensor, point: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Global terms ``[2]`` of ``z, z'`` and the sections' control-variate-corrected log-ratios ``[k]``.
+
+        The proxy's two directional derivatives at ``point`` (``θ̂``) are nested forward-mode
+        ``jvp`` s, not backward passes, so the whole stage records into one graph of plain tensor
+        operations (:class:`~neuralblock.replay.ReplayedFunction`): at ``N = 1e6, d = 50`` a
+        128-section stage takes 0.4 ms instead of the autograd path's 0.7 ms.
+        """
+        values, _ = self.layout.constrain(torch.stack([z, z_new]))
+        terms = self.sections.evaluate_many(self._fixed, values, idx)
+        delta, spread = self._directions(z, z_new)
+
+        def sections_at(p: Tensor) -> Tensor:
+            at, _ = self.layout.constrain(p[None])
+            return self.sections.evaluate_many(self._fixed, at, idx, with_global=False).sections[0]
+
+        # a plain call first builds the direct graph outside the jvp (it cannot be traced through dual tensors);
+        # in the recorded graph this result is unused and dropped
+        sections_at(point)
+
+        def slope(p: Tensor) -> Tensor:
+            return torch.func.jvp(sections_at, (p,), (delta,))[1]
+
+        first, second = torch.func.jvp(slope, (point,), (spread,))
+        return terms.global_term, terms.sections[1] - terms.sections[0] - (first + 0.5 * second)
 
     def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
         """Second-order Taylor proxy of the drawn sections' log-ratios around ``θ̂`` (0 without one).
