@@ -212,6 +212,8 @@ def timed_run(
     cap_seconds: float = math.inf,
     clock: ClockName = "wall",
     initial_params: Any = None,
+    model_args: tuple = (),
+    model_kwargs: Mapping[str, Any] | None = None,
     observe: Callable[[Any], None] | None = None,
     keep: Callable[[Any], Tensor] | None = None,
     error: Callable[[Any], float] | None = None,
@@ -221,7 +223,7 @@ def timed_run(
     """Run a kernel (or a step function) for a budget, timing setup, warmup and sampling apart.
 
     The kernel is driven through the calls ``pyro.infer.MCMC`` makes for one chain: ``initial_params``
-    (if given) is set before ``setup(warmup)``; then ``sample(params)`` repeatedly; then
+    (if given) is set before ``setup(warmup, *model_args, **model_kwargs)``; then ``sample(params)`` repeatedly; then
     ``diagnostics()`` and ``cleanup()`` where the kernel has them. A step function ``params -> params``
     needs ``initial_params`` and has no setup. See the module docstring for the clock and the budget.
 
@@ -233,6 +235,8 @@ def timed_run(
         cap_seconds: stop (even in warmup) once setup + warmup + sampling time reaches this.
         clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (``time.process_time``).
         initial_params: the starting state.
+        model_args: positional arguments of a Pyro model, passed to ``setup`` (as ``MCMC.run(*args)`` does).
+        model_kwargs: keyword arguments of a Pyro model, passed to ``setup``.
         observe: called with every post-warmup draw (e.g. to accumulate counts).
         keep: maps every post-warmup draw to a tensor; the results are stacked into ``draws``.
         error: maps the current draw to a float at the checkpoints (after ``observe`` saw it).
@@ -263,13 +267,15 @@ def timed_run(
         raise TypeError(f"kernel must be a Pyro-style kernel (setup, sample) or a step function, got {kernel!r}")
     if not is_kernel and initial_params is None:
         raise ValueError("a step function needs initial_params")
+    if not is_kernel and (model_args or model_kwargs):
+        raise TypeError("model_args and model_kwargs are for a kernel's setup; a step function has none")
 
     setup_s = 0.0
     if is_kernel:
         if initial_params is not None:
             kernel.initial_params = initial_params
         start = _tick(read)
-        kernel.setup(warmup)
+        kernel.setup(warmup, *model_args, **dict(model_kwargs or {}))
         setup_s = _tick(read) - start
         params = kernel.initial_params
         step = kernel.sample
