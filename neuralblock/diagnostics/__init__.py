@@ -1,5 +1,8 @@
 """Diagnostics: marginal error against exact marginals, error traces, MCSE.
 
+Timed runs (budgets, the clock, error-vs-time traces, first times) live in
+:mod:`neuralblock.diagnostics.runs`, the harness the quickstart and the studies share.
+
 Example:
     >>> import torch
     >>> from neuralblock import FactorGraph
