@@ -259,6 +259,8 @@ class AusterityMH(MCMCKernel):
         TypeError: ``proposal`` is not callable.
     """
 
+    _audit_warned: bool  # set by _reset_stats
+
     def __init__(
         self,
         model: Callable,
@@ -376,12 +378,12 @@ class AusterityMH(MCMCKernel):
                 trace = poutine.trace(self._model).get_trace(*args, **kwargs)
         # an audit evaluates all N sections at two points: about two full model runs like this one
         self._audit_estimate = 2.0 * (time.perf_counter() - traced_at)
-        nodes = [s for s in trace.nodes.values() if s["type"] == "sample"]
+        nodes: list[Any] = [s for s in trace.nodes.values() if s["type"] == "sample"]  # Pyro's loosely typed sites
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
         self.plate, self.num_sections, _ = find_data_plate(trace, self._plate_arg)
         latent = [s for s in samples if not s["is_observed"]]
-        inside = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
+        inside: dict[str, Any] = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
         outside = [s["name"] for s in latent if inside[s["name"]] is None]
         sites = outside if self._sites_arg is None else self._sites_arg
         unknown = [s for s in sites if s not in inside]
@@ -460,7 +462,9 @@ class AusterityMH(MCMCKernel):
         Raises:
             ValueError: naming the sites (and their values) that make the start impossible.
         """
-        bad = [s for s in self.sites if not bool(torch.isfinite(self._initial[s]).all())]
+        initial = self._initial
+        assert initial is not None  # set by setup before it checks the start
+        bad = [s for s in self.sites if not bool(torch.isfinite(initial[s]).all())]
         if bad:
             raise ValueError(
                 f"initial_params: sites {bad} hold NaN or inf values; give every site a finite unconstrained value"
@@ -495,8 +499,9 @@ class AusterityMH(MCMCKernel):
             if attempt < _PRIOR_ROUNDS:
                 with pyro.validation_enabled(False):
                     trace = poutine.trace(model).get_trace(*args, **kwargs)
+                drawn: dict[str, Any] = dict(trace.nodes)
                 z = self.layout.flatten_point(
-                    self.layout.unconstrain({s: trace.nodes[s]["value"].detach() for s in self.sites})
+                    self.layout.unconstrain({s: drawn[s]["value"].detach() for s in self.sites})
                 ).detach()
             else:
                 z = (torch.rand(self.dim, dtype=z0.dtype) * 2 - 1) * _UNIFORM_RADIUS
@@ -527,7 +532,8 @@ class AusterityMH(MCMCKernel):
         try:
             with pyro.validation_enabled(False):
                 trace = poutine.trace(poutine.condition(self._model, data=values)).get_trace(*args, **kwargs)
-            for name, site in trace.nodes.items():
+            sites: dict[str, Any] = dict(trace.nodes)
+            for name, site in sites.items():
                 if site["type"] != "sample" or site_is_subsample(site):
                     continue
                 if not bool(torch.isfinite(site["fn"].log_prob(site["value"]).sum())):
@@ -602,9 +608,10 @@ class AusterityMH(MCMCKernel):
         known = self._cv_hess_arg
         if known is not None and known.shape != (self.dim, self.dim):
             raise ValueError(f"control_variate_hessian must be {self.dim}x{self.dim}, got {tuple(known.shape)}")
+        log_post: Tensor | None
         if self._cv_arg is None:  # "mode": Newton steps on the log posterior (a few O(N d) passes, at setup only)
-            point, grad, hess, log_post = self._find_mode(point)
-            if point is None:
+            mode, grad, hess, log_post = self._find_mode(point)
+            if mode is None:
                 warnings.warn(
                     "AusterityMH: the posterior mode search for the default control variate failed (non-finite "
                     "log density); running without a control variate, whose test is biased on hard data",
@@ -612,6 +619,7 @@ class AusterityMH(MCMCKernel):
                     stacklevel=3,
                 )
                 return None
+            point = mode
         else:
             grad, hess = self._likelihood_derivatives(point, second=known is None)
             log_post = None
@@ -1013,7 +1021,7 @@ class AusterityMH(MCMCKernel):
         def slope(p: Tensor) -> Tensor:
             return torch.func.jvp(sections_at, (p,), (delta,))[1]
 
-        first, second = torch.func.jvp(slope, (point,), (spread,))
+        first, second = torch.func.jvp(slope, (point,), (spread,))[:2]
         return terms.global_term, terms.sections[1] - terms.sections[0] - (first + 0.5 * second)
 
     def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:

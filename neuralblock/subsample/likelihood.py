@@ -132,7 +132,7 @@ class DirectPath:
             self._graphs[key] = graph
         if idx is None:
             return SectionTerms(*graph(*b_vals, *s_vals))
-        if size == k:
+        if size is None or size == k:
             return SectionTerms(*graph(*b_vals, *s_vals, idx))
         glob, sections = graph(*b_vals, *s_vals, torch.cat([idx, idx[:1].expand(size - k)]))
         return SectionTerms(glob, sections[..., :k])
@@ -170,6 +170,7 @@ class DirectPath:
             point = dict(zip(b_names, tensors[:nb], strict=True))
             idx = None if full or len(tensors) == nb + len(s_names) else tensors[-1]
             if batched:
+                assert points is not None  # batched means a number of points
                 values.update(ev._batched(point, points))
                 terms = ev._run(values, idx, with_global, points)
             else:
@@ -329,8 +330,8 @@ def _subsample(gm: Any, num_sections: int, size: int, skip: int) -> None:
             node.args = resize(node.args)
             node.kwargs = {k: resize(v) for k, v in node.kwargs.items()}
     for placeholder in placeholders[:skip]:
-        shape = _shape(placeholder)
-        if shape is not None and num_sections in shape:
+        point_shape = _shape(placeholder)
+        if point_shape is not None and num_sections in point_shape:
             raise CompileError("a per-point parameter has a dimension of the plate's size")
     graph.lint()
     gm.recompile()
@@ -382,7 +383,7 @@ class LogLikelihood:
         import pyro.poutine as poutine
 
         trace = poutine.trace(model).get_trace(*args, **kwargs)
-        nodes = [s for s in trace.nodes.values() if s["type"] == "sample"]
+        nodes: list[Any] = [s for s in trace.nodes.values() if s["type"] == "sample"]  # Pyro's loosely typed sites
         plates = {s["name"]: s for s in nodes if is_subsample_site(s)}
         observed = [s for s in nodes if s["is_observed"] and s["name"] not in plates]
         if plate is None:
@@ -457,7 +458,8 @@ class LogLikelihood:
         from torch.distributions import biject_to
 
         trace = poutine.trace(self.evaluator.model).get_trace(*self.evaluator.args, **self.evaluator.kwargs)
-        return {s: biject_to(trace.nodes[s]["fn"].support).inv for s in self.sites}
+        nodes: dict[str, Any] = dict(trace.nodes)
+        return {s: biject_to(nodes[s]["fn"].support).inv for s in self.sites}
 
     def weighted_potential_fn(
         self, indices: Tensor, weights: Tensor, transforms: dict[str, Any] | None = None

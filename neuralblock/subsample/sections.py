@@ -289,7 +289,7 @@ class SectionEvaluator:
         The global term is computed on the first call only (later calls return 0 for it).
         """
         if self.lazy:
-            calls = []  # the global term is computed on the first call only
+            calls: list[None] = []  # the global term is computed on the first call only
 
             def evaluate(idx: Tensor) -> SectionTerms:
                 calls.append(None)
@@ -358,7 +358,7 @@ class SectionEvaluator:
             (torch.Size([2]), [0.0, 0.0])
         """
         if self.lazy:
-            calls = []
+            calls: list[None] = []
 
             def evaluate(idx: Tensor) -> SectionTerms:
                 calls.append(None)
