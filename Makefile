@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint quickstart bench clean mutate
+.PHONY: install test lint typecheck quickstart bench clean mutate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# Static type check of the package (configuration in pyproject.toml, [tool.mypy]).
+typecheck: install
+	$(BIN)/mypy
 
 quickstart: install
 	$(BIN)/python -m neuralblock.quickstart
