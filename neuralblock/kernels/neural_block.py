@@ -41,6 +41,7 @@ from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
+from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
 from neuralblock.kernels.gibbs import resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.motif import Motif, MotifInstances
@@ -305,9 +306,13 @@ class NeuralBlockKernel(GraphKernel):
     (:mod:`neuralblock.kernels.fused_blocks`): the MDN's proposal is enumerated over the joint
     block values and cached per (instance, context value), the scaffold energy is read from
     the tables, and the classes are padded to one shape so that ``compile=True`` compiles
-    one function per graph. Other blocks (continuous, larger, non-table scaffolds) take the
-    general path: one batched MDN pass, one batched scaffold evaluation and one vectorized
-    MH test per class.
+    one function per graph. Continuous blocks of a motif with a pure context encoder whose
+    scaffolds are linear-Gaussian or log-linear-Gaussian rows (e.g. the ``chain`` motif) take
+    the fused continuous path (:mod:`neuralblock.kernels.fused_continuous`): one function per
+    class gathers the context, whitens, runs the MDN, draws and scores the block both ways,
+    evaluates the scaffold energy, accepts and scatters. Other blocks (larger, other
+    scaffolds) take the general path: one batched MDN pass, one batched scaffold evaluation
+    and one vectorized MH test per class.
 
     When classes are many and rarely accept (e.g. ``gmm_pair``, whose pairs all share the
     points), runs of consecutive classes are proposed and tested in one batch and kept up
@@ -366,7 +371,7 @@ class NeuralBlockKernel(GraphKernel):
         self.compile = resolve_compile(compile, self.device)
         self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
         self.num_instances: list[int] = []  # set at setup
-        self.fused: list[FusedBlockSweep | None] = []
+        self.fused: list[FusedBlockSweep | FusedContinuousSweep | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
     def _label(self, i: int) -> str:
@@ -392,9 +397,11 @@ class NeuralBlockKernel(GraphKernel):
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
             ordered = instances.select(order)
             offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
-            fused = None
+            fused: FusedBlockSweep | FusedContinuousSweep | None = None
             if self.use_fused and supports_fused(fg, instances, motif.block_spec.cardinalities):
                 fused = FusedBlockSweep(fg, proposal, ordered, offsets, self.device, self.compile)
+            elif self.use_fused and supports_fused_continuous(fg, motif, instances):
+                fused = FusedContinuousSweep(fg, proposal, ordered, offsets, self.device, self.compile)
             self.fused.append(fused)
             classes, sweep = [], None
             if fused is None:
@@ -409,8 +416,8 @@ class NeuralBlockKernel(GraphKernel):
             self.num_instances.append(len(instances))
             if fused is None and self.device.type != "cpu":
                 raise ValueError(
-                    f"motif {motif.name}: only discrete blocks on table factors (the fused path) run on "
-                    f"{self.device}; use device='cpu'"
+                    f"motif {motif.name}: only blocks on the fused path (discrete blocks on table factors, "
+                    f"whitened continuous blocks on Gaussian factors) run on {self.device}; use device='cpu'"
                 )
         if sum(self.num_instances) == 0:
             wanted = "; ".join(f"{p.motif.name} looks for {p.motif.describe()}" for p in self.proposals)
@@ -555,7 +562,7 @@ class NeuralBlockKernel(GraphKernel):
                 "evictions": f.table.evictions,
             }
             for i, f in enumerate(self.fused)
-            if f is not None
+            if isinstance(f, FusedBlockSweep)
         }
         return {
             "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
