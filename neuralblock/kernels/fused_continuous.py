@@ -416,7 +416,8 @@ class FusedContinuousSweep:
         log_accept = uniforms[..., components].log().to(state.dtype)
         normals = normals.view(chains, count, width, size).transpose(0, 1)
         encoders, energy = self._in_dtype(fg, state.dtype)
-        accepts, broken = [], []
+        accepts: list[Tensor] = []
+        broken: list[Tensor] = []
         with torch.no_grad():
             state = self._classes(state, encoders, energy, gumbel, normals, log_accept, beta, accepts, broken)
         accepted = (torch.stack(accepts, 1) & self.real).sum((1, 2))  # padded slots repeat a real one: not counted

@@ -382,9 +382,9 @@ class NeuralBlockKernel(GraphKernel):
     def _prepare(self, fg: FactorGraph) -> None:
         latent = set(fg.latent.tolist())
         self.block_classes: list[list[_BlockClass]] = []
-        self.sweeps: list[_Sweep] = []
+        self.sweeps: list[_Sweep | None] = []  # None where the proposal takes a fused path
         self.fused = []
-        self.num_instances: list[int] = []
+        self.num_instances = []
         for proposal in self.proposals:
             motif = proposal.motif
             instances = motif.find_instances(fg)
@@ -453,7 +453,8 @@ class NeuralBlockKernel(GraphKernel):
                 if not torch.equal(sub.blocks, cls.instances.blocks):
                     raise ValueError(f"motif {proposal.motif.name} found other blocks after the graph's update")
                 cls.instances = sub
-            sweep.instances = instances.select(sweep.order)
+            if sweep is not None:
+                sweep.instances = instances.select(sweep.order)
 
     def _reset_stats(self) -> None:
         n = len(self.proposals)
@@ -500,7 +501,7 @@ class NeuralBlockKernel(GraphKernel):
 
     def _general_sweep(self, i: int, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
         """The general path over proposal ``i``'s classes (speculative batches with one chain)."""
-        proposal, classes, sweep = self.proposals[i], self.block_classes[i], self.sweeps[i]
+        proposal, classes, sweep = self.proposals[i], self.block_classes[i], self._general(i)
         accepted, proposed, nonfinite, discarded, c = 0, 0, 0, 0, 0
         single = state.shape[0] == 1 and self.beta is None
         if single:  # one chain: the motif sees the state as [n] (every motif supports it)
@@ -524,17 +525,24 @@ class NeuralBlockKernel(GraphKernel):
             c += used
             accepted += int(info.accepted.sum())
             proposed += int(info.accepted.numel())
-            nonfinite += info.num_nonfinite
+            nonfinite += int(info.num_nonfinite)
         if single:
             state = state.unsqueeze(0)
         return state, torch.tensor(accepted), torch.tensor(nonfinite), proposed, discarded
+
+    def _general(self, i: int) -> _Sweep:
+        """Proposal ``i``'s classes on the general path (a proposal on a fused path has none)."""
+        sweep = self.sweeps[i]
+        if sweep is None:
+            raise RuntimeError(f"proposal {self._label(i)} takes a fused path: it has no general-path sweep")
+        return sweep
 
     def _window_size(self, i: int, first: int, num_variables: int) -> int:
         """Classes of proposal ``i`` to batch from class ``first``: ``window``, or :func:`speculative_width`.
 
         Capped so that the batch's one-state-per-block copies stay under ``_MAX_SPECULATIVE_ENTRIES``.
         """
-        offsets = self.sweeps[i].offsets
+        offsets = self._general(i).offsets
         fits = int(torch.searchsorted(offsets, offsets[first] + _MAX_SPECULATIVE_ENTRIES // num_variables, right=True))
         cap = max(1, min(len(offsets) - 1 - first, fits - 1 - first))
         if self.window is not None:
