@@ -18,6 +18,7 @@ seeds 0-5 of both statistical tests.
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -145,6 +146,8 @@ def test_compiled_update_makes_the_eager_decisions() -> None:
         assert (kernel.diagnostics()["compile_seconds"] > 0) == compile
     torch.testing.assert_close(draws[0], draws[1], rtol=1e-5, atol=1e-5)
     assert not torch.equal(draws[0][:, 0], draws[0][:, -1])  # the chains moved
+    copy = pickle.loads(pickle.dumps(kernel))  # worker processes (num_chains > 1) get a copy of the kernel
+    assert copy.fused[0].compiled and callable(copy.fused[0].update)  # compiled again at its first sweep
 
 
 def test_a_context_holding_the_block_is_refused() -> None:
