@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -114,7 +115,7 @@ class GraphKernel(MCMCKernel):
             >>> kernel.sample(kernel.initial_params)["z"].item()
             1.0
         """
-        if not self.from_pyro:
+        if isinstance(self._source, FactorGraph):  # not self.from_pyro
             raise TypeError(f"{type(self).__name__} on a FactorGraph has no Pyro sites to condition on")
         may_change, self._sites_may_change = self._sites_may_change, False
         if self._conditioned is None:
@@ -128,7 +129,7 @@ class GraphKernel(MCMCKernel):
             changed = values_changed(self._conditioned.values, values)
             self._conditioned.set_values(values)
             if changed and self.fg is not None:
-                self._follow_conditioning(self.fg)
+                self._follow_conditioning(self.fg, self._conditioned.values)
 
     def reset_conditioning(self) -> None:
         """Let the next :meth:`condition_on` fix another set of sites (the graph is then rebuilt at ``setup``).
@@ -138,16 +139,16 @@ class GraphKernel(MCMCKernel):
         """
         self._sites_may_change = True
 
-    def _follow_conditioning(self, fg: FactorGraph) -> None:
-        """After the conditioned values changed: new evidence values, re-tabulated tables."""
+    def _follow_conditioning(self, fg: FactorGraph, values: dict[str, Tensor]) -> None:
+        """After the conditioned values changed to ``values``: new evidence values, re-tabulated tables."""
         names = set(fg.names)
-        evidence = {k: float(v) for k, v in self._conditioned.values.items() if k in names}
+        evidence: dict[int | str, float] = {k: float(v) for k, v in values.items() if k in names}
         if evidence:  # a conditioned discrete site the bridge made an evidence variable
             fg.set_evidence(evidence)
             self._follow_evidence(fg)
-        tables = [group for group in fg.groups if callable(getattr(group, "refresh", None))]
-        for group in tables:
-            group.refresh()
+        tables = [refresh for group in fg.groups if callable(refresh := getattr(group, "refresh", None))]
+        for refresh in tables:
+            refresh()
         if tables or evidence:
             self._refresh(fg)
 
@@ -204,7 +205,8 @@ class GraphKernel(MCMCKernel):
         return self.fg
 
     def _graph_model(self) -> Callable:
-        return self._source if self._conditioned is None else self._conditioned
+        # Only called for Pyro models (from_pyro): the source is then the model callable, not a FactorGraph.
+        return cast(Callable, self._source) if self._conditioned is None else self._conditioned
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         """Build the graph (for Pyro models), the blocks and a valid initial state of every chain."""
@@ -274,7 +276,9 @@ class GraphKernel(MCMCKernel):
                 trace = poutine.trace(self._graph_model()).get_trace(*args, **kwargs)
             state = fg.initial_state()
             for v in fg.latent.tolist():
-                state[v] = float(trace.nodes[fg.names[v]]["value"])
+                value = trace.nodes[fg.names[v]]["value"]
+                assert value is not None  # a traced sample site holds its value
+                state[v] = float(value)
             draws.append(state)
         return torch.stack(draws) if self.batched_state else draws[0]
 
@@ -555,7 +559,8 @@ def _impossible_factors(fg: FactorGraph, state: Tensor, limit: int = 3) -> str:
     Factors of a Pyro model also name their sample site, e.g. ``factors 'f' over (w=-0.5) have a NaN log density``.
     """
     shown_vars = 6
-    zero, nan = [], []
+    zero: list[str] = []
+    nan: list[str] = []
     for group, values in zip(fg.groups, fg.log_factors(state.cpu())):
         names = getattr(group, "factor_names", None)
         for row in (~torch.isfinite(values)).nonzero().flatten().tolist():

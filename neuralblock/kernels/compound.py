@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from pyro import poutine
@@ -130,8 +130,8 @@ class CompoundKernel(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         """Resolve the site sets, condition every inner kernel on the others, set them up."""
         trace = poutine.trace(self.model).get_trace(*args, **kwargs)
-        values = {
-            name: site["value"].detach()
+        values = {  # a traced sample site holds its value (typed Optional by Pyro)
+            name: cast(Tensor, site["value"]).detach()
             for name, site in trace.nodes.items()
             if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
         }
@@ -215,6 +215,7 @@ class CompoundKernel(MCMCKernel):
         if self._params is None:
             raise RuntimeError("call setup() before sample()")
         current = dict(params)
+        order: Sequence[int]
         if self.schedule == "cycle":
             order = range(len(self.kernels))
         elif self._warmup_order is not None and self._t < len(self._warmup_order):

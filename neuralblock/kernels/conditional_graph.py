@@ -134,6 +134,7 @@ class ConditionalGraphKernel(MCMCKernel):
                 raise ValueError(f"{name!r} is not a latent sample site of the model")
             ids = torch.tensor([fg.variable_id(v) for v in _as_list(variables)], dtype=torch.long)
             value = site["value"]
+            assert value is not None  # a traced sample site holds its value
             if ids.numel() != value.numel():
                 raise ValueError(f"site {name!r} has {value.numel()} elements but {ids.numel()} graph variables")
             if any(int(v) not in latent for v in ids.tolist()):

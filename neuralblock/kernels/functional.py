@@ -36,12 +36,13 @@ class MHInfo(NamedTuple):
     Attributes:
         accepted: ``BoolTensor``, one entry per proposal.
         accept_prob: ``min(1, exp(log_alpha))`` (0 where ``log_alpha`` is NaN).
-        num_nonfinite: proposals rejected because ``log_alpha`` was NaN or ``+inf``.
+        num_nonfinite: proposals rejected because ``log_alpha`` was NaN or ``+inf`` (an ``int`` from
+            :func:`mh_accept`, a 0-dim tensor from :func:`mh_decide`).
     """
 
     accepted: Tensor
     accept_prob: Tensor
-    num_nonfinite: int
+    num_nonfinite: int | Tensor
 
 
 class GibbsInfo(NamedTuple):

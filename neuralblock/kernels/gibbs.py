@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -43,7 +44,8 @@ __all__ = [
 def flat_tables(fg: FactorGraph) -> Tensor:
     """All table factors' log-tables in one flat tensor, then one zero entry (padding reads it)."""
     dtype = torch.get_default_dtype()
-    return torch.cat([g._flat.reshape(-1).to(dtype) for g in fg.groups] + [torch.zeros(1, dtype=dtype)])
+    tables = cast(list[TableGroup], fg.groups)  # callers pass graphs whose groups are all table factors
+    return torch.cat([g._flat.reshape(-1).to(dtype) for g in tables] + [torch.zeros(1, dtype=dtype)])
 
 
 def pad_by_owner(owner: Tensor, count: int, parts: Sequence[Tensor], fills: Sequence[int]) -> list[Tensor]:
@@ -80,11 +82,16 @@ class _FusedTables:
     states are materialized and no Python loop runs over variables or groups.
     """
 
+    _compiled = False
+    """Whether the compiled class update has run on this class's shapes (its first call compiles)."""
+
     def __init__(self, fg: FactorGraph, vars_: Tensor, scaffold: BlockScaffold, kmax: int, offsets: list[int]) -> None:
         num_vars = len(vars_)
-        pairs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # (segment, scopes, var stride, table base)
+        # (segment, scopes, other strides, var stride, table base)
+        pairs: list[tuple[Tensor, Tensor, Tensor, Tensor, Tensor]] = []
         arity = max([g.scopes.shape[1] for g in fg.groups if g.num_factors] + [1])
-        for group, rows, segment, first in zip(fg.groups, scaffold.group_index, scaffold.group_segment, offsets):
+        tables = cast(list[TableGroup], fg.groups)  # built by GibbsPlan only when every group is a TableGroup
+        for group, rows, segment, first in zip(tables, scaffold.group_index, scaffold.group_segment, offsets):
             if rows.numel() == 0:
                 continue
             scopes = group.scopes[rows]  # [m, a]
@@ -183,7 +190,7 @@ def gibbs_class_update(
             columns = [flat.take(index[..., j] + shift).sum(-2) for j in range(kmax)]  # [K, V] ([V] if no shift)
             logits = torch.stack([c.expand(chains, count) for c in columns], -1)  # [K, V, kmax]
         else:
-            logits = flat.take(index + (shift.unsqueeze(-1) if width else shift)).sum(-3)
+            logits = flat.take(index + (shift.unsqueeze(-1) if isinstance(shift, Tensor) else shift)).sum(-3)
             logits = logits.expand(chains, count, kmax)
         if beta is not None:
             logits = logits * beta[:, None, None].to(logits.dtype)
@@ -265,6 +272,8 @@ class GibbsPlan:
         shape = state.shape
         state = state.reshape(-1, shape[-1])
         if self.tables_only:
+            flat = self.flat
+            assert flat is not None  # set with tables_only
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
                 kmax = tables.index.shape[-1]
@@ -274,7 +283,7 @@ class GibbsPlan:
                     noise = torch.empty(state.shape[0], len(vars_), kmax, dtype=state.dtype, device=state.device)
                     noise.exponential_()
                 state, count = self.update(
-                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, self.flat, noise, beta
+                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, flat, noise, beta
                 )
                 if self.update is not gibbs_class_update and not getattr(tables, "_compiled", False):
                     tables._compiled = True  # the first call of a shape compiles it
@@ -385,7 +394,7 @@ class GibbsKernel(GraphKernel):
         """Cheap progress-bar fields."""
         return {"colors": float(len(self.plan.classes)) if self.plan else 0.0}
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, Any]:
         """Post-warmup sweeps, single-site updates per second (all chains), stuck conditionals, compile time."""
         updates = self._sweeps * len(getattr(self, "variables", [])) * self.chains
         return {

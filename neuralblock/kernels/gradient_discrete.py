@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -94,7 +95,7 @@ class OneHotEnergy:
         """Re-read the tables (after the graph's parameters changed; same structure)."""
         dtype = torch.get_default_dtype()
         terms = []
-        for group in fg.groups:
+        for group in cast(list[TableGroup], fg.groups):  # table factors only (checked by the kernels)
             scopes = group.scopes
             arity = int(scopes.shape[1])
             if arity == 0 or group.num_factors == 0:  # constant factors do not change any ratio
@@ -138,6 +139,12 @@ class _GradientKernel(GraphKernel):
     """Include the proposal ratio in the MH test (tests turn it off to show they can fail)."""
     _reverse_at_proposal = True
     """Score the reverse proposal with the proposal's gradient (tests use the current one to show they can fail)."""
+    # post-warmup statistics, set by _reset_stats
+    _steps: int
+    _proposals: Tensor | int
+    _accepted: Tensor
+    _changed: Tensor
+    _nonfinite: Tensor
 
     def __init__(
         self,
@@ -205,6 +212,7 @@ class _GradientKernel(GraphKernel):
         cache = self._cache
         if cache is not None and cache[0].shape == state.shape and torch.equal(cache[0], state):
             return cache[1], cache[2]
+        assert self.energy is not None  # built at setup
         return self.energy.value_and_grad(state)
 
     def _finish(
@@ -240,7 +248,7 @@ class _GradientKernel(GraphKernel):
     def _reset_stats(self) -> None:
         zero = torch.zeros((), dtype=torch.long, device=getattr(self, "device", None))
         self._steps = 0
-        self._proposals: Tensor | int = 0
+        self._proposals = 0
         self._accepted, self._changed, self._nonfinite = zero, zero.clone(), zero.clone()
 
     def logging(self) -> dict[str, float]:
@@ -251,7 +259,7 @@ class _GradientKernel(GraphKernel):
         transitions = self._steps * self.chains
         return float(self._accepted) / transitions if transitions else 0.0
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, Any]:
         """Post-warmup steps, acceptance rate, variables changed per step and chain, single-site proposals per second.
 
         ``updates_per_second`` counts single-site proposals of all chains (one per step for
@@ -409,7 +417,7 @@ class PathAuxiliarySampler(GibbsWithGradients):
             return self.path_length, None
         return self.path_length, torch.randint(1, self.path_length + 1, (self.chains,), device=self.device)
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, Any]:
         """Gibbs-with-Gradients' diagnostics and the (largest) path length."""
         return {**super().diagnostics(), "path_length": float(self.path_length)}
 
@@ -501,6 +509,6 @@ class DiscreteLangevin(_GradientKernel):
             self.step_size = float(self.adapter.step_size[0])
         return new
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, Any]:
         """The shared diagnostics and the (frozen) step size."""
         return {**super().diagnostics(), "step_size": float(self.step_size)}

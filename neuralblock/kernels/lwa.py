@@ -92,11 +92,12 @@ import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pyro
 import pyro.poutine as poutine
 import torch
+from pyro.distributions import TorchDistribution
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.poutine.subsample_messenger import _Subsample
@@ -357,6 +358,8 @@ class LWAKernel(MCMCKernel):
         True
     """
 
+    _evals: int  # post-warmup model evaluations (set by _reset_stats)
+
     def __init__(
         self,
         model: Callable,
@@ -379,7 +382,8 @@ class LWAKernel(MCMCKernel):
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be a Pyro model callable, got {type(model).__name__}")
-        if isinstance(subset_size, bool) or not isinstance(subset_size, numbers.Integral) or subset_size < 1:
+        # (int listed for the type checker, which does not know int is a numbers.Integral)
+        if isinstance(subset_size, bool) or not isinstance(subset_size, int | numbers.Integral) or subset_size < 1:
             raise ValueError(f"subset_size must be a positive int, got {subset_size!r}")
         subset_size = int(subset_size)  # e.g. a NumPy integer
         if isinstance(epsilon, bool) or not (isinstance(epsilon, int | float) and epsilon > 0):
@@ -452,8 +456,11 @@ class LWAKernel(MCMCKernel):
         if not bool(torch.isfinite(self._full_summary).all()):
             raise ValueError(f"the full-data summary statistics are not finite: {self._full_summary.tolist()}")
         self._draw_subset()
-        self._base = {k: trace.nodes[k]["value"].detach() for k in self._others}
-        self._base.update({k: v for k, v in self._conditioned.items() if k in self._others})
+        others = self._others
+        assert others is not None  # set by _find_sites
+        # a traced sample site holds its value (Pyro types it Optional)
+        self._base = {k: cast(Tensor, trace.nodes[k]["value"]).detach() for k in others}
+        self._base.update({k: v for k, v in self._conditioned.items() if k in others})
         self._initial_params = self._prior_init(trace) if self._init_arg is None else self._given_init(self._init_arg)
         self._init_arg = None  # set values start the next chain only (Pyro's MCMC sets them before each chain)
         self._cache = None
@@ -519,8 +526,11 @@ class LWAKernel(MCMCKernel):
             with pyro.validation_enabled(False):
                 trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(*self._args, **self._kwargs)
             for name, site in trace.nodes.items():
-                skip = site["type"] != "sample" or isinstance(site["fn"], _Subsample)
-                if not skip and not bool(torch.isfinite(site["fn"].log_prob(site["value"]).sum())):
+                if site["type"] != "sample" or isinstance(site["fn"], _Subsample):
+                    continue
+                fn, value = cast(TorchDistribution, site["fn"]), site["value"]  # a sample site's distribution
+                assert value is not None  # a traced sample site holds its value
+                if not bool(torch.isfinite(fn.log_prob(value).sum())):
                     bad.append(name)
         except (ValueError, RuntimeError) as err:
             return f"the model fails at ({shown}): {err}"
@@ -539,9 +549,9 @@ class LWAKernel(MCMCKernel):
         raise ValueError(f"no prior draw in {tries} gave a finite log density; set initial_params")
 
     def _find_plate(self, trace: Any) -> None:
-        self.plate, self.num_data, self._plate_dim = find_data_plate(
-            trace, self._plate_arg, shared=True, owner="LWAKernel"
-        )
+        plate = find_data_plate(trace, self._plate_arg, shared=True, owner="LWAKernel")
+        assert plate.dim is not None  # shared=True: the plate holds the observed sites, so it has their dim
+        self.plate, self.num_data, self._plate_dim = plate.name, plate.size, plate.dim
         if self.subset_size > self.num_data:
             raise ValueError(f"subset_size {self.subset_size} exceeds the {self.num_data} data points")
 
@@ -675,6 +685,7 @@ class LWAKernel(MCMCKernel):
         constrained, log_jac = self.layout.constrain_params(params)
         values.update(constrained)
         scale = self.num_data / indices.numel()
+        density: Tensor | float
         if self._direct is not None:
             terms = self._direct.terms({k: v.unsqueeze(0) for k, v in values.items()}, indices, with_global=True)
             density = terms.global_term[0] + scale * terms.sections[0].sum()
@@ -696,6 +707,7 @@ class LWAKernel(MCMCKernel):
         try:
             with warnings.catch_warnings():  # the evaluator's own warnings: this method gives one, with the reason
                 warnings.simplefilter("ignore")
+                assert self._others is not None  # set by _find_sites, before this
                 compiled = LogLikelihood(
                     self.model, *self._args, plate=self.plate, sites=self.sites + self._others, **self._kwargs
                 )
@@ -782,11 +794,12 @@ class LWAKernel(MCMCKernel):
         info = mh_accept(torch.tensor([log_alpha], dtype=torch.float64))
         if prop.remote:
             self._count_remote(bool(info.accepted[0]))
+        nonfinite = int(info.num_nonfinite)  # an int already (mh_accept)
         if not bool(info.accepted[0]):
-            return False, 0, info.num_nonfinite
+            return False, 0, nonfinite
         self._indices, self._log_nu = prop.indices, log_nu
         self._cache = (theta, new_target) if new_target is not None else None
-        return True, prop.num_changed, info.num_nonfinite
+        return True, prop.num_changed, nonfinite
 
     def _count_remote(self, accepted: bool) -> None:
         """Post-warmup count of one remote jump's outcome."""
@@ -804,7 +817,7 @@ class LWAKernel(MCMCKernel):
         info = mh_accept(multiple_try_log_alpha(candidates, references, self._log_nu).reshape(1))
         self._count_remote(bool(info.accepted[0]))
         if not bool(info.accepted[0]):
-            return False, 0, info.num_nonfinite
+            return False, 0, int(info.num_nonfinite)  # an int already (mh_accept)
         pick = int(torch.distributions.Categorical(logits=candidates).sample())
         new = drawn[pick]
         changed = self.subset_size - int(torch.isin(new, self._indices).sum())
@@ -843,7 +856,7 @@ class LWAKernel(MCMCKernel):
         if accepted:
             self._cache = (proposal, new)
             theta = proposal
-        return theta, float(info.accept_prob[0]), accepted, info.num_nonfinite
+        return theta, float(info.accept_prob[0]), accepted, int(info.num_nonfinite)  # an int already (mh_accept)
 
     def _count_renewal(self) -> None:
         """Count a renewal when ``U`` shares under half its points with ``U`` at the last renewal (post-warmup).

@@ -291,13 +291,14 @@ def _plate_nesting(model: Callable[..., Any], args: tuple, kwargs: dict) -> int:
             continue
         for frame in site["cond_indep_stack"]:
             if frame.vectorized:
+                assert frame.dim is not None  # a vectorized plate has its dim
                 nesting = max(nesting, -int(frame.dim))
     return nesting
 
 
 def _check_conditionally_independent(gibbs: GibbsKernel) -> None:
     """Raise unless every factor of the compiled discrete graph holds at most one latent variable."""
-    fg = gibbs.fg
+    fg = gibbs._graph()
     latent = torch.zeros(fg.num_variables, dtype=torch.bool)
     latent[fg.latent] = True
     for group in fg.groups:

@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -426,7 +426,7 @@ class ParticleGibbs(MCMCKernel):
         """Fraction of the path changed and relative ESS in the latest sweep."""
         return {"changed": round(self._last[0], 3), "ess": round(self._last[1], 3)}
 
-    def diagnostics(self) -> dict[str, float]:
+    def diagnostics(self) -> dict[str, Any]:
         """Post-warmup means of the changed fraction and relative ESS, sweeps/s, degenerate steps."""
         n = max(self._sweeps, 1)
         return {

@@ -135,8 +135,8 @@ def _pyro_model(fg: FactorGraph) -> Any:
     """The model of a graph whose every group runs one Pyro model (fixed sites: recording inputs), else None."""
     from neuralblock.pyro.bridge import PyroModelGroup
 
-    groups = fg.groups
-    if not groups or not all(type(group) is PyroModelGroup for group in groups):
+    groups = [group for group in fg.groups if type(group) is PyroModelGroup]
+    if not groups or len(groups) != len(fg.groups):
         return None
     model = groups[0].model
     return model if all(group.model is model for group in groups) else None
@@ -275,6 +275,8 @@ class RandomWalkMH(GraphKernel):
     @property
     def adapter(self) -> StepSizeAdapter:
         """The step-size adapter (per variable)."""
+        if self.plan is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() first (the step sizes are built there)")
         return self.plan.adapter
 
     def _reset_stats(self) -> None:
@@ -286,6 +288,7 @@ class RandomWalkMH(GraphKernel):
         self._phase_proposed = 0
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
+        assert self.plan is not None  # built at setup, before any transition
         state, stats = self.plan.sweep(self._graph(), state, adapt=warmup and self.adapt_step_size)
         if warmup != self._phase_warmup:
             self._phase_warmup, self._phase_accepted, self._phase_proposed = warmup, 0, 0

@@ -587,10 +587,11 @@ class SplitMergeGMM(GraphKernel):
         local = self._scaffold(move.mixtures).local_log_density(self._graph(), torch.stack([state, move.state]))
         info = mh_accept((local[1, 0] - local[0, 0] + move.log_q_rev - move.log_q_fwd).reshape(1))
         counts[kind][0] += 1
+        nonfinite = int(info.num_nonfinite)  # an int already (mh_accept)
         if bool(info.accepted[0]):
             counts[kind][1] += 1
-            return move.state, info.num_nonfinite
-        return state, info.num_nonfinite
+            return move.state, nonfinite
+        return state, nonfinite
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
