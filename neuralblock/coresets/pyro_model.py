@@ -33,11 +33,12 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pyro
 import torch
 from pyro import poutine
+from pyro.distributions import TorchDistribution
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.mcmc.util import initialize_model
 from pyro.poutine.runtime import Message
@@ -130,7 +131,9 @@ class ModelLogLikelihood:
             if in_plate:
                 self.obs_sites.append(name)
             elif not site["is_observed"]:
-                self.site_shapes[name] = site["value"].shape
+                value = site["value"]
+                assert value is not None  # a traced sample site holds its value
+                self.site_shapes[name] = value.shape
         if not self.obs_sites:
             raise ValueError(f"no observed site inside the data plate {plate!r}")
         for name in self.obs_sites:  # the model must index its data by the plate's indices
@@ -182,7 +185,9 @@ class ModelLogLikelihood:
         dim = _plate_dim(site, self.plate)
         if dim is None:
             raise ValueError(f"site {site['name']!r} left plate {self.plate!r} between model runs")
-        log_prob = scale_and_mask(site["fn"].log_prob(site["value"]), mask=site["mask"])
+        fn, value = cast(TorchDistribution, site["fn"]), site["value"]  # a sample site's fn is its distribution
+        assert value is not None  # a traced sample site holds its value
+        log_prob = scale_and_mask(fn.log_prob(value), mask=site["mask"])
         if log_prob.dim() < -dim:
             log_prob = log_prob.reshape((1,) * (-dim - log_prob.dim()) + log_prob.shape)
         per_datum = log_prob.movedim(dim, 0)
@@ -345,7 +350,9 @@ def prior_samples(
     for _ in range(num_samples):
         trace = poutine.trace(run).get_trace(*loglik.model_args, **loglik.model_kwargs)
         for name in draws:
-            draws[name].append(trace.nodes[name]["value"].detach())
+            value = trace.nodes[name]["value"]
+            assert value is not None  # a traced sample site holds its value
+            draws[name].append(value.detach())
     return {name: torch.stack(values) for name, values in draws.items()}
 
 

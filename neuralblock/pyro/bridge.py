@@ -9,8 +9,8 @@ back). Variable ids follow the order of the latent sites in the model trace.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import pyro
 import pyro.distributions as dist
@@ -27,8 +27,10 @@ from neuralblock.graph.factor_graph import FactorGraph
 from neuralblock.graph.groups import FactorGroup, TableGroup
 from neuralblock.pyro.compile import (
     PyroGraph,
+    Site,
     SiteLayout,
     _element_names,
+    _skipped,
     compile_pyro_model,
     fixed_sites_at,
     is_all_discrete,
@@ -58,7 +60,7 @@ class _Flat(dist.ImproperUniform):
     It is *not* a draw from the graph's distribution.
     """
 
-    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:  # noqa: B008
+    def sample(self, sample_shape: Sequence[int] = torch.Size()) -> Tensor:  # noqa: B008
         shape = self.shape(sample_shape)
         with torch.no_grad():
             return transform_to(self.support)(torch.rand(shape) * 4 - 2)
@@ -239,8 +241,9 @@ NAN_TRACE_TRIES = 100
 def _nan_sites(trace: poutine.Trace) -> list[str]:
     """The sample sites of a trace whose log density is NaN (the whole trace if none can be singled out)."""
     bad = []
-    for name, site in trace.nodes.items():
-        if site["type"] != "sample" or site_is_subsample(site):
+    nodes: Mapping[str, Site] = trace.nodes
+    for name, site in nodes.items():
+        if _skipped(site):
             continue
         try:
             log_p = site["fn"].log_prob(site["value"])
@@ -279,7 +282,7 @@ def _defined_trace(model: Callable[..., Any], args: tuple, kwargs: dict) -> pout
             invalid = err
             continue
         try:
-            if not torch.isnan(trace.log_prob_sum().detach()):
+            if not torch.isnan(torch.as_tensor(trace.log_prob_sum()).detach()):  # a float 0.0 without sites
                 return trace
         except Exception:  # noqa: BLE001 - a failing log_prob is reported (with its site) by the checks after
             return trace
@@ -305,7 +308,7 @@ def _error_text(err: Exception) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
-def _contributes_nothing(site: dict) -> bool:
+def _contributes_nothing(site: Site) -> bool:
     """Observed sites whose log density is identically 0 (masked, or ``pyro.deterministic``)."""
     if site["mask"] is False or site["infer"].get("_deterministic", False):
         return True
@@ -318,7 +321,7 @@ def _base_fn(fn: Any) -> Any:
     return fn
 
 
-def _check_plates(name: str, site: dict, latent: bool) -> int:
+def _check_plates(name: str, site: Site, latent: bool) -> int:
     """Validate the plates of a site (``latent``: a discrete latent one); returns its number of vectorized dims."""
     nesting = 0
     for frame in site["cond_indep_stack"]:
@@ -340,7 +343,7 @@ def _check_plates(name: str, site: dict, latent: bool) -> int:
     return nesting
 
 
-def _latent_cardinality(name: str, site: dict) -> int:
+def _latent_cardinality(name: str, site: Site) -> int:
     """0 for a continuous site, k for a discrete site with support 0..k-1."""
     fn = site["fn"]
     if type(_base_fn(fn)).__name__ == "Delta":
@@ -367,8 +370,9 @@ def _support_dependencies(model: Callable[..., Any], args: tuple, kwargs: dict, 
     with torch.random.fork_rng(), torch.no_grad(), pyro.validation_enabled(False), TrackProvenance():
         trace = poutine.trace(model).get_trace(*args, **kwargs)
     out: dict[str, set] = {}
+    nodes: Mapping[str, Site] = trace.nodes
     for name in names:
-        support = trace.nodes[name]["fn"].support
+        support = nodes[name]["fn"].support
         found: set = set()
         for value in vars(support).values():
             if isinstance(value, Tensor):
@@ -483,7 +487,8 @@ class PyroModelGroup(FactorGroup):
         return trace
 
     def _site_log_prob(self, trace: poutine.Trace, name: str, batch: int) -> Tensor:
-        site = trace.nodes.get(name)
+        nodes: Mapping[str, Site] = trace.nodes
+        site = nodes.get(name)
         if site is None or site["type"] != "sample":
             raise ValueError(f"sample site {name!r} is missing when the model is re-run on a batch of states")
         try:
@@ -597,8 +602,9 @@ class PyroTableGroup(TableGroup):
         batch[torch.arange(num * per_factor)[:, None], scopes[row, :-1]] = assignment.repeat(num, 1)
         trace = self.evaluator._run(batch)
         tables = torch.empty(num, per_factor, k, dtype=torch.get_default_dtype())
+        nodes: Mapping[str, Site] = trace.nodes
         for f, name in enumerate(self.site_names):
-            site = trace.nodes[name]
+            site = nodes[name]
             fn = site["fn"]
             values = torch.arange(k).reshape((k,) + (1,) * len(fn.batch_shape)).to(site["value"].dtype)
             log_p = torch.as_tensor(scale_and_mask(fn.log_prob(values), site["scale"], site["mask"]))
@@ -623,7 +629,7 @@ class PyroTableGroup(TableGroup):
         self._flat = self.log_tables.reshape(self.log_tables.shape[0], -1)  # a view again, for refresh()
 
 
-def _observed_cardinality(site: dict) -> int:
+def _observed_cardinality(site: Site) -> int:
     """``k`` for an observed scalar site with support ``0..k-1`` (its value in it), else 0."""
     fn, value = site["fn"], site["value"]
     if not isinstance(value, Tensor) or value.shape != () or tuple(fn.batch_shape) or tuple(fn.event_shape):
@@ -647,7 +653,8 @@ def _table_scope(
     no vectorized plate, has only discrete latent parents and at most
     :data:`MAX_TABLE_ENTRIES` entries.
     """
-    site = trace.nodes[name]
+    nodes: Mapping[str, Site] = trace.nodes
+    site = nodes[name]
     if any(frame.vectorized for frame in site["cond_indep_stack"]):
         return None
     if site["is_observed"]:
@@ -730,8 +737,9 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     observed_cards: dict[str, int] = {}
     nesting = 0
     num_latent = 0
-    for name, site in trace.nodes.items():
-        if site["type"] != "sample" or site_is_subsample(site):
+    nodes: Mapping[str, Site] = trace.nodes
+    for name, site in nodes.items():
+        if _skipped(site):
             continue
         is_latent = not site["is_observed"]
         discrete = is_latent and site["fn"].support.is_discrete
@@ -774,7 +782,8 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
         factor_names.append(name)
 
     try:
-        deps = get_dependencies(model, args, kwargs)["prior_dependencies"]
+        # {site: {upstream site: ...}} (Pyro types the result as dict[str, object])
+        deps = cast(Mapping[str, Mapping[str, Any]], get_dependencies(model, args, kwargs)["prior_dependencies"])
         support_deps = _support_dependencies(model, args, kwargs, latent)
     except Exception as err:
         raise ValueError(f"dependency analysis of model {_model_name(model)!r} failed: {_error_text(err)}") from err
@@ -822,14 +831,14 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     scope_tensor = scope_tensor.reshape(len(rest_scopes), width)
     group = PyroModelGroup(model, args, kwargs, latent, dtypes, rest_names, scope_tensor, nesting, layouts)
     dtype = torch.get_default_dtype()
-    traced = {name: trace.nodes[name]["value"].detach() for name in latent}
+    traced = {name: nodes[name]["value"].detach() for name in latent}
     reference = site_values_to_state(fg, traced, torch.zeros(num_latent, dtype=dtype)) if latent else None
     if reference is None:
         reference = torch.zeros(0, dtype=dtype)
     table_groups = [PyroTableGroup(evaluator, rows, fg.cardinalities.tolist(), reference) for rows in tables.values()]
 
     # Check once that the model evaluates on a batch of states and agrees with the trace.
-    expected = trace.log_prob_sum().detach()
+    expected = torch.as_tensor(trace.log_prob_sum()).detach()  # a float 0.0 without sites
     full = fg.initial_state().expand(3, fg.num_variables).clone()
     full[:, :num_latent] = reference
     batch = reference.expand(3, num_latent)

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyro
 import pyro.distributions as dist
@@ -41,6 +41,7 @@ import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import InferDict, Message
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 from torch.distributions import Transform
@@ -65,6 +66,10 @@ __all__ = [
 
 MAX_ENUM_DIMS = 60
 """PyTorch tensors have at most 64 dims: enumeration dims plus plate dims must fit."""
+
+Site = Mapping[str, Any]
+"""A trace node read as a plain mapping. Pyro's ``Message`` types ``fn`` as any callable and ``value`` as
+optional; the sites read here are sample sites that ran: ``fn`` is their distribution, ``value`` a tensor."""
 
 _HOW_TO = (
     "write interacting elements as separate sites (a Python loop under pyro.markov, or one plate per "
@@ -293,7 +298,8 @@ def prior_states(fg: PyroGraph, model: Callable[..., Any], args: tuple, kwargs: 
     for _ in range(1 if count is None else count):
         with pyro.validation_enabled(False):  # a draw in a NaN region is a value to repair, not an error
             trace = poutine.trace(model).get_trace(*args, **kwargs)
-        values = {name: trace.nodes[name]["value"] for name in fg.sites}
+        nodes: Mapping[str, Site] = trace.nodes
+        values = {name: nodes[name]["value"] for name in fg.sites}
         draws.append(site_values_to_state(fg, values, fg.initial_state()))
     return draws[0] if count is None else torch.stack(draws)
 
@@ -309,12 +315,12 @@ def _is_one_hot(fn: Any) -> bool:
     return isinstance(_base_fn(fn), dist.OneHotCategorical)
 
 
-def _skipped(site: dict) -> bool:
+def _skipped(site: Site) -> bool:
     """Sites that are not sample sites of the model (plate subsample sites, params...)."""
-    return site["type"] != "sample" or site_is_subsample(site)
+    return site["type"] != "sample" or site_is_subsample(cast(Message, site))  # a trace node is a Message
 
 
-def _contributes(site: dict) -> bool:
+def _contributes(site: Site) -> bool:
     """Whether a sample site adds to the log density (not masked off, not ``pyro.deterministic``)."""
     if site["mask"] is False or site["infer"].get("_deterministic", False):
         return False
@@ -323,14 +329,15 @@ def _contributes(site: dict) -> bool:
 
 def is_all_discrete(trace: poutine.Trace) -> bool:
     """Whether every latent sample site of a trace is discrete (``support.is_discrete``)."""
+    nodes: Mapping[str, Site] = trace.nodes
     return all(
         site["fn"].support.is_discrete
-        for site in trace.nodes.values()
-        if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
+        for site in nodes.values()
+        if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(cast(Message, site))
     )
 
 
-def _discrete_cardinality(name: str, site: dict) -> int:
+def _discrete_cardinality(name: str, site: Site) -> int:
     fn = site["fn"]
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
@@ -353,7 +360,7 @@ def _discrete_cardinality(name: str, site: dict) -> int:
     return k
 
 
-def _check_plates(name: str, site: dict) -> None:
+def _check_plates(name: str, site: Site) -> None:
     for frame in site["cond_indep_stack"]:
         if frame.full_size is not None and frame.size != frame.full_size:
             raise ValueError(
@@ -362,7 +369,7 @@ def _check_plates(name: str, site: dict) -> None:
             )
 
 
-def _check_batch_dims(name: str, site: dict, shape: torch.Size) -> None:
+def _check_batch_dims(name: str, site: Site, shape: torch.Size) -> None:
     """Every non-singleton batch dim of a discrete latent site must be a plate of that size."""
     plates = {int(f.dim): f for f in site["cond_indep_stack"] if f.vectorized}
     for d in range(-len(shape), 0):
@@ -377,7 +384,7 @@ def _check_batch_dims(name: str, site: dict, shape: torch.Size) -> None:
             )
 
 
-def _evidence_cardinality(site: dict) -> int:
+def _evidence_cardinality(site: Site) -> int:
     """``k`` for an observed scalar discrete site (outside plates) whose value lies in ``0..k-1``, else 0."""
     fn, value = site["fn"], site["value"]
     if not isinstance(value, Tensor) or value.shape != () or tuple(fn.batch_shape) or tuple(fn.event_shape):
@@ -391,7 +398,7 @@ def _evidence_cardinality(site: dict) -> int:
     return k if float(value) == int(value) and 0 <= int(value) < k else 0
 
 
-def _site_log_prob(site: dict) -> Tensor:
+def _site_log_prob(site: Site) -> Tensor:
     fn, value = site["fn"], site["value"]
     log_p = fn.log_prob(value)
     return torch.as_tensor(scale_and_mask(log_p, site["scale"], site["mask"]))
@@ -425,7 +432,7 @@ def _model_name(model: Callable[..., Any]) -> str:
     return getattr(model, "__qualname__", None) or type(model).__name__
 
 
-def _enum_config(msg: dict) -> dict:
+def _enum_config(msg: Message) -> InferDict:
     if msg["type"] == "sample" and not msg["is_observed"] and getattr(msg["fn"], "has_enumerate_support", False):
         return {"enumerate": "parallel", "expand": False}
     return {}
@@ -549,7 +556,7 @@ class _Compiler:
         return fixed_values(self.model) if hasattr(self.model, "values") else None
 
     # -- building
-    def _site_table(self, name: str, site: dict) -> Tensor:
+    def _site_table(self, name: str, site: Site) -> Tensor:
         """A site's log-probabilities under enumeration; an observed discrete site's table gets its value axis.
 
         The observed variable's axis is leftmost (index 0), over all its values.
@@ -567,12 +574,14 @@ class _Compiler:
         factor_sites: list[str] = []
         shapes: dict[str, tuple[int, torch.Size, torch.dtype, bool]] = {}
         evidence: dict[str, tuple[int, float]] = {}
-        for name, site in trace.nodes.items():
+        nodes: Mapping[str, Site] = trace.nodes
+        for name, site in nodes.items():
             if _skipped(site):
                 continue
             _check_plates(name, site)
             for frame in site["cond_indep_stack"]:
                 if frame.vectorized:
+                    assert frame.dim is not None  # a vectorized plate has its dim
                     nesting = max(nesting, -int(frame.dim))
             if not site["is_observed"]:
                 _discrete_cardinality(name, site)
@@ -627,8 +636,9 @@ class _Compiler:
         """Table rows of every factor site: ``(site, parents, batch shape, sum dims, tables [F, k...])``."""
         self.check_same_sites(plain, trace)
         by_id: dict[int, str] = {}
+        nodes: Mapping[str, Site] = trace.nodes
         for name in self.layouts:
-            info = trace.nodes[name]["infer"]
+            info = nodes[name]["infer"]
             by_id[info["_dim_to_id"][info["_enumerate_dim"]]] = name
         out = []
         for name in factor_sites:
@@ -645,7 +655,7 @@ class _Compiler:
             out.append(self._site_tables(name, site, log_p, plain.nodes[name], by_id))
         return out
 
-    def _site_tables(self, name: str, site: dict, log_p: Tensor, plain_site: dict, by_id: dict[int, str]) -> tuple:
+    def _site_tables(self, name: str, site: Site, log_p: Tensor, plain_site: Site, by_id: dict[int, str]) -> tuple:
         nest = self.nesting
         plain_shape = self._padded(_site_log_prob(plain_site).shape)
         if not log_p.is_floating_point():
@@ -703,7 +713,7 @@ class _Compiler:
             tables = tables.sum(0, keepdim=True)
         return name, [p for p, _ in parents], batch_shape, tuple(free), tables
 
-    def _interaction_message(self, name: str, site: dict, got: tuple, expected: tuple) -> str:
+    def _interaction_message(self, name: str, site: Site, got: tuple, expected: tuple) -> str:
         plates = {f.name for f in site["cond_indep_stack"] if f.vectorized}
         suspects = [n for n in self.layouts if n != name and self.layouts[n].ids.numel() > 1]
         outside = [n for n in suspects if not set(self._plates_of(n)) <= plates] or suspects
@@ -888,7 +898,8 @@ def _verify(fg: PyroGraph, compiler: _Compiler, plain: poutine.Trace) -> None:
         traces += [compiler.plain_trace() for _ in range(2)]
     for trace in traces:
         compiler.check_same_sites(plain, trace)
-        values = {name: trace.nodes[name]["value"] for name in compiler.layouts}
+        nodes: Mapping[str, Site] = trace.nodes
+        values = {name: nodes[name]["value"] for name in compiler.layouts}
         state = site_values_to_state(fg, values, fg.initial_state())
         for factor in compiler.factors:
             group = compiler.groups[factor.group]
