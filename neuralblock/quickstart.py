@@ -30,6 +30,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyro
 import torch
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         "NB+Gibbs": lambda: NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=args.gibbs_prob, chains=args.chains),
         "Gibbs": lambda: GibbsKernel(fg, chains=args.chains),
     }
-    traces = {}
+    traces: dict[str, dict[str, Any]] = {}
     for name, make in samplers.items():
         pyro.set_rng_seed(args.seed)
         print(f"{name}: sampling {args.grid} with {args.chains} chains for about {args.seconds:g} s")

@@ -158,6 +158,7 @@ def _merge_duplicates(gm: Any) -> None:
     """
     seen: dict[Any, Any] = {}
     for node in list(gm.graph.nodes):
+        key: tuple[Any, ...]
         if node.op == "get_attr":
             key = ("get_attr", node.target)
             if key in seen:

@@ -39,7 +39,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -78,6 +78,13 @@ class KernelLike(Protocol):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None: ...
 
     def sample(self, params: Any) -> Any: ...
+
+
+class _StartedKernel(KernelLike, Protocol):
+    """A :class:`KernelLike` with ``initial_params`` (static typing only: a runtime check would read the property,
+    which kernels raise on before ``setup``)."""
+
+    initial_params: Any
 
 
 @dataclass(frozen=True)
@@ -271,14 +278,16 @@ def timed_run(
         raise TypeError("model_args and model_kwargs are for a kernel's setup; a step function has none")
 
     setup_s = 0.0
-    if is_kernel:
+    step: Callable[[Any], Any]
+    if isinstance(kernel, KernelLike):  # is_kernel
+        started = cast(_StartedKernel, kernel)  # Pyro-style kernels have initial_params (as pyro.infer.MCMC reads)
         if initial_params is not None:
-            kernel.initial_params = initial_params
+            started.initial_params = initial_params
         start = _tick(read)
-        kernel.setup(warmup, *model_args, **dict(model_kwargs or {}))
+        started.setup(warmup, *model_args, **dict(model_kwargs or {}))
         setup_s = _tick(read) - start
-        params = kernel.initial_params
-        step = kernel.sample
+        params = started.initial_params
+        step = started.sample
     else:
         params, step = initial_params, kernel
 
@@ -460,8 +469,8 @@ def equal_time(traces: Sequence[ErrorTrace | Mapping[str, Sequence[float]]], *, 
         >>> [error_at(t, equal_time([a, b], same_budget=False)) for t in (a, b)]
         [0.2, 0.4]
     """
-    traces = [ErrorTrace.of(t) for t in traces]
-    if not traces or any(len(t) == 0 for t in traces):
+    runs = [ErrorTrace.of(t) for t in traces]
+    if not runs or any(len(t) == 0 for t in runs):
         raise ValueError("equal_time needs at least one trace, none of them empty")
-    ends = [t.seconds[-1] for t in traces]
+    ends = [t.seconds[-1] for t in runs]
     return max(ends) if same_budget else min(ends)

@@ -105,7 +105,9 @@ def _prepare(fg: FactorGraph) -> _Problem:
 
 
 # --------------------------------------------------------------------------- orders
-def _order_cost(adj: dict[int, set[int]], cards: Sequence[int], order: Sequence[int]) -> tuple[float, float]:
+def _order_cost(
+    adj: dict[int, set[int]], cards: Sequence[int] | dict[Hashable, int], order: Sequence[int]
+) -> tuple[float, float]:
     """Simulate elimination; returns (log2 of largest clique, log2 of total clique states)."""
     adj = {v: set(n) for v, n in adj.items()}
     largest, total = 0.0, 0.0
@@ -121,7 +123,7 @@ def _order_cost(adj: dict[int, set[int]], cards: Sequence[int], order: Sequence[
     return largest, total
 
 
-def _greedy_order(adj: dict[int, set[int]], cards: Sequence[int], method: str) -> list[int]:
+def _greedy_order(adj: dict[int, set[int]], cards: Sequence[int] | dict[Hashable, int], method: str) -> list[int]:
     """Greedy min-fill or min-degree (weighted by states, ties by id) elimination order."""
     adj = {v: set(n) for v, n in adj.items()}
     logc = {v: math.log2(cards[v]) for v in adj}

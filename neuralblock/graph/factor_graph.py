@@ -624,8 +624,9 @@ class FactorGraph:
             sub = conflict.subgraph(component)
             strategies = ["DSATUR"] if len(component) <= 400 else []
             strategies += ["connected_sequential_bfs", "smallest_last", "largest_first"]
-            options = [nx.coloring.greedy_color(sub, strategy=s) for s in strategies]
-            coloring.update(min(options, key=lambda c: max(c.values())))
+            options: list[dict[int, int]] = [nx.coloring.greedy_color(sub, strategy=s) for s in strategies]
+            best = min(options, key=lambda c: max(c.values()))
+            coloring.update(best)
         classes: dict[int, list[int]] = {}
         for block, color in sorted(coloring.items()):
             classes.setdefault(color, []).append(block)
@@ -668,10 +669,10 @@ class FactorGraph:
             raise ValueError("update_parameters: the graphs observe different variables")
         if other._factor_scopes != self._factor_scopes:
             raise ValueError("update_parameters: the graphs' factor scopes differ")
-        mine, theirs = self.groups, other.groups
-        if [type(g) for g in mine] != [type(g) for g in theirs]:
+        own_groups, new_groups = self.groups, other.groups
+        if [type(g) for g in own_groups] != [type(g) for g in new_groups]:
             raise ValueError("update_parameters: the graphs' factor groups differ in kind")
-        for index, (group, new) in enumerate(zip(mine, theirs)):
+        for index, (group, new) in enumerate(zip(own_groups, new_groups)):
             _update_group(index, group, new)
         self.evidence.update(other.evidence)
 

@@ -135,7 +135,7 @@ class TableGroup(_RowwiseGroup):
         return {"scopes": self.scopes, "log_tables": self.log_tables}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["scopes"], state["log_tables"])
+        TableGroup.__init__(self, state["scopes"], state["log_tables"])
 
 
 class LinearGaussianGroup(_RowwiseGroup):

@@ -100,11 +100,11 @@ def build_graph(
             sums = table.reshape(count, -1, shape[-1]).sum(-1)
             bad = ((sums - 1.0).abs() > CPT_TOLERANCE).nonzero()
             if bad.numel():
-                f, row = int(bad[0, 0]), int(bad[0, 1])
+                f, bad_row = int(bad[0, 0]), int(bad[0, 1])
                 raise ValueError(
                     f"{source} line {tables.lines[start + f]}: CPT of factor {start + f} "
-                    f"(child {names[tables.scopes[start + f][-1]]!r}) row {row} sums to "
-                    f"{float(sums[f, row]):.6g}, expected 1"
+                    f"(child {names[tables.scopes[start + f][-1]]!r}) row {bad_row} sums to "
+                    f"{float(sums[f, bad_row]):.6g}, expected 1"
                 )
         scopes = torch.tensor(tables.scopes[start:stop], dtype=torch.long).reshape(count, len(shape))
         batches.append((scopes, table.log().to(torch.get_default_dtype())))

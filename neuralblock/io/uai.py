@@ -111,7 +111,7 @@ def read_uai(path: PathLike, evid: PathLike | Mapping[int | str, int] | None = N
             evidence = dict(evid)
         else:
             evid_source = Path(evid).name
-            evidence = dict(read_evid(evid))
+            evidence = {v: value for v, value in read_evid(evid).items()}  # keys widen to int | str
             for v, value in evidence.items():
                 if not 0 <= int(v) < n:
                     raise ValueError(f"{evid_source}: evidence variable {v} is out of range 0..{n - 1} for {source}")

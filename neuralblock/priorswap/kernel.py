@@ -479,14 +479,15 @@ class PriorSwap(MCMCKernel):
             return
         if self.kernel_name == "elliptical":
             self._inner = None
-            self._reference = self._whitening_frame()
-            if self._reference is None:
+            reference = self._whitening_frame()
+            if reference is None:
                 raise ValueError(
                     "kernel='elliptical' needs a false-posterior estimate with a mean and covariance on "
                     "unconstrained values (a Gaussian or semiparametric fit, or an exact Gaussian density)"
                 )
             if self.reference == "fit":
-                self._reference = fit_swap_reference(self.problem, *self._reference)
+                reference = fit_swap_reference(self.problem, *reference)
+            self._reference: tuple[Tensor, Tensor] = reference
             self._z, self._log_p = z0, self.problem.log_density(z0[None])[0]
             return
         if self.kernel_name == "mh":
@@ -533,6 +534,7 @@ class PriorSwap(MCMCKernel):
             mean = getattr(getattr(density, "density", None), "mean", None)
         if not isinstance(mean, Tensor) or mean.numel() != problem.layout.dim:
             return None
+        assert density is not None  # the mean came from it
         mean = mean.detach().reshape(-1).to(self._dtype)
         return problem.layout.to_unconstrained(mean) if density.space == "constrained" else mean.clone()
 
@@ -650,6 +652,7 @@ class PriorSwap(MCMCKernel):
                 inner = self._inner
                 self._inner_stats = (inner._accept_cnt, list(inner._divergences), float(inner._mean_accept_prob))
         else:
+            assert self._z is not None and self._log_p is not None  # set at setup
             z = self.potential_fn.flat(params).to(self._z.dtype) if params else self._z
             log_p = self._log_p if torch.equal(z, self._z) else self.problem.log_density(z[None])[0]
             if self.kernel_name == "elliptical":
@@ -672,6 +675,7 @@ class PriorSwap(MCMCKernel):
 
     def _metropolis(self, z: Tensor, log_p: Tensor, warmup: bool) -> None:
         if self.kernel_name == "independence":
+            assert self._z is not None  # set at setup
             log_q = self._log_q if torch.equal(z, self._z) else self._proposal.log_prob(z).to(log_p.dtype)
             info, self._log_q = swap_independence_step(z, log_p, log_q, self._proposal, self.problem)
         else:
@@ -683,7 +687,7 @@ class PriorSwap(MCMCKernel):
         else:
             self._accepted += int(info.mh.accepted)
             self._proposed += 1
-            self._nonfinite += info.mh.num_nonfinite
+            self._nonfinite += int(info.mh.num_nonfinite)  # an int already (mh_accept)
         if self._t == self._warmup_steps:  # the running rate restarts with sampling
             self._phase = (0, 0)
         self._phase = (self._phase[0] + int(info.mh.accepted), self._phase[1] + 1)

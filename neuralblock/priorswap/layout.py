@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -161,8 +162,8 @@ class SitePrior:
             if "" in self.dists:
                 if len(sites) != 1:
                     raise TypeError(f"{self.name} is one distribution but there are sites {list(sites)}; pass a dict")
-                return {sites[0]: self.dists[""].support}
-            return {k: d.support for k, d in self.dists.items() if k in sites}
+                return {sites[0]: _declared_support(self.dists[""])}
+            return {k: _declared_support(d) for k, d in self.dists.items() if k in sites}
         declared = getattr(self.fn, "support", None)
         return dict(declared) if isinstance(declared, Mapping) else {}
 
@@ -221,3 +222,8 @@ class SitePrior:
         batch = theta.shape[:-1]
         flat = theta.reshape(-1, theta.shape[-1])
         return self.log_prob(self.layout.unflatten(flat, constrained=True)).reshape(batch)
+
+
+def _declared_support(dist: Distribution) -> Constraint:
+    """``dist.support``: torch types it ``Constraint | None``, but every concrete distribution declares one."""
+    return cast(Constraint, dist.support)

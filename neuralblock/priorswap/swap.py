@@ -16,7 +16,7 @@ References:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import pyro
@@ -219,7 +219,7 @@ def swapped_potential_fn(problem: SwapProblem) -> SwappedPotential:
 class _ImproperSite(pdist.ImproperUniform):
     """An improper uniform site whose ``sample`` returns a fixed point of the support (for tracing)."""
 
-    def sample(self, sample_shape: tuple[int, ...] = ()) -> Tensor:
+    def sample(self, sample_shape: Sequence[int] = ()) -> Tensor:
         zeros = torch.zeros(torch.Size(sample_shape) + self.batch_shape + self.event_shape)
         return biject_to(self.support)(zeros)
 

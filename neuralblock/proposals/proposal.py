@@ -35,7 +35,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from safetensors import SafetensorError
@@ -134,7 +134,7 @@ def _short_repr(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[:width] + "..."
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
