@@ -1,5 +1,5 @@
 # One-command entry points. `make test` creates .venv, installs the CPU torch wheel and the
-# project with its dev extras, then runs ruff and the test suite.
+# project with its dev extras, then runs ruff, mypy and the test suite.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -16,6 +16,7 @@ install: $(BIN)/python
 # The suite runs on every core (pytest-xdist; tests set one torch thread each).
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 lint: install
@@ -38,4 +39,4 @@ mutate: install
 	$(BIN)/python benchmarks/mutate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

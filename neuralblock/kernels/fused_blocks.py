@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -99,7 +100,7 @@ class BlockTableEnergy:
     """
 
     def __init__(self, fg: FactorGraph, blocks: Tensor, cardinalities: Sequence[int]) -> None:
-        groups = fg.groups
+        groups = cast(list[TableGroup], fg.groups)  # the fused path takes graphs of table factors only
         offsets = [0]
         for group in groups:
             offsets.append(offsets[-1] + group._flat.numel())
