@@ -309,12 +309,14 @@ def timed_run(
     points: tuple[list[float], list[float], list[int]] = ([], [], [])
     elapsed = 0.0
     label = progress if isinstance(progress, str) else None
+    by_time = samples is None  # a seconds budget: the bar counts seconds, shown to a tenth
     bar = tqdm(
-        total=samples if samples is not None else seconds,
-        unit="draw" if samples is not None else "s",
+        total=seconds if by_time else samples,
+        unit="s" if by_time else "draw",
         desc=label,
         disable=not progress,
         leave=False,
+        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}]" if by_time else None,
     )
     with bar:
         while not stopped:
@@ -324,7 +326,7 @@ def timed_run(
             elapsed += took
             times.append(elapsed)
             n = len(times)
-            bar.update(1 if samples is not None else took)
+            bar.update(min(took, max(seconds - bar.n, 0.0)) if by_time and seconds is not None else 1)
             if samples is not None and n >= samples:
                 stopped = "samples"
             elif seconds is not None and elapsed >= seconds:
