@@ -183,3 +183,11 @@ def test_a_parameter_update_is_the_kernel_built_on_the_new_graph() -> None:
         draws.append(params["x"])
     assert torch.equal(draws[0], draws[1])
     assert not torch.equal(draws[0], start)
+
+
+def test_continuous_blocks_refuse_a_non_cpu_device_with_a_clear_error() -> None:
+    """The fused chain update builds its encoders on the CPU, and continuous single-site updates are CPU-only."""
+    fg = stochastic_volatility_graph(torch.randn(20, generator=torch.Generator().manual_seed(0)) * 0.1, 0.95, 0.2)
+    kernel = NeuralBlockKernel(fg, [load_pretrained("chain")], device="meta")
+    with pytest.raises(ValueError, match="use device='cpu'"):
+        kernel.setup(0)

@@ -383,9 +383,9 @@ class FusedContinuousSweep:
         self.class_instances = [instances.select(rows) for rows in self.rows]
         energy = GaussianScaffold.build(fg, instances.blocks)
         self.energy = [energy.select(rows).to(self.device) for rows in self.rows]
-        evidence = torch.zeros(fg.num_variables)
+        evidence = torch.zeros(fg.num_variables, dtype=torch.float64)  # cast once per state dtype in _in_dtype
         if fg.evidence:
-            evidence[list(fg.evidence)] = torch.tensor(list(fg.evidence.values()))
+            evidence[list(fg.evidence)] = torch.tensor(list(fg.evidence.values()), dtype=torch.float64)
         self.evidence = evidence
         self._by_dtype: dict[torch.dtype, tuple[list[Encoder], list[GaussianScaffold]]] = {}
 

@@ -414,10 +414,10 @@ class NeuralBlockKernel(GraphKernel):
             self.block_classes.append(classes)
             self.sweeps.append(sweep)
             self.num_instances.append(len(instances))
-            if fused is None and self.device.type != "cpu":
+            if not isinstance(fused, FusedBlockSweep) and self.device.type != "cpu":  # continuous: CPU only for now
                 raise ValueError(
-                    f"motif {motif.name}: only blocks on the fused path (discrete blocks on table factors, "
-                    f"whitened continuous blocks on Gaussian factors) run on {self.device}; use device='cpu'"
+                    f"motif {motif.name}: only discrete blocks on table factors (the fused path) run on "
+                    f"{self.device}; use device='cpu'"
                 )
         if sum(self.num_instances) == 0:
             wanted = "; ".join(f"{p.motif.name} looks for {p.motif.describe()}" for p in self.proposals)
