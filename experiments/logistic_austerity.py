@@ -747,7 +747,8 @@ def replicate_crossing(
     final value. Here both arms run ``replicates`` chains (the study's first run plus extra runs in
     random order), each chain's per-draw risk is read on a common time grid (its latest draw at
     each time, Laplace fit included), and the mean curves give the level (exact MH's mean risk at
-    the end, the shortest chain's clock) and austerity's first time at or below it.
+    the end: the shortest chain's clock, or the latest first draw where that is later) and austerity's first
+    time at or below it.
     """
     runs: dict[str, list[tuple[Chain, float]]] = {label: [chains[label]] for label in runners}
     extra = [label for label in runners for _ in range(args.replicates - 1)]
@@ -755,6 +756,8 @@ def replicate_crossing(
     for label in extra:
         runs[label].append((runners[label](), chains[label][1]))
     end = min(float(chain.seconds[-1]) + offset for arm in runs.values() for chain, offset in arm)
+    # every chain must have a draw by the end (a slow setup under load can put one's first draw after another's last)
+    end = max(end, max(float(chain.seconds[0]) + offset for arm in runs.values() for chain, offset in arm))
     grid = torch.linspace(0.0, end, grid_points + 1, dtype=torch.float64)[1:]
     mean_risk = {}
     for label, arm in runs.items():
