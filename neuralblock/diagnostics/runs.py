@@ -15,7 +15,8 @@ mean the same thing:
 * **Budget.** ``samples`` post-warmup draws, or ``seconds`` of sampling time (the run stops
   at the first draw whose cumulative sampling time reaches it), whichever comes first;
   ``cap_seconds`` also stops the run, during warmup too, once setup + warmup + sampling time
-  reaches it.
+  reaches it. Every budget is checked after a step, so a run makes at least one step (one warmup
+  step, or one draw without warmup) even when setup alone exceeds the cap.
 
 :func:`first_time` reads a trace in one of two stated modes (first hit, or reached for good),
 :func:`error_at` reads a trace at a time, :func:`equal_time` says when runs compare at equal
@@ -239,7 +240,8 @@ def timed_run(
         samples: post-warmup draws to make (at most).
         seconds: sampling time to spend (at least; the run stops at the draw that reaches it).
         warmup: warmup steps (untimed in ``times``, recorded in ``warmup_s``).
-        cap_seconds: stop (even in warmup) once setup + warmup + sampling time reaches this.
+        cap_seconds: stop (even in warmup) once setup + warmup + sampling time reaches this (checked after
+            each step: at least one step runs).
         clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (``time.process_time``).
         initial_params: the starting state.
         model_args: positional arguments of a Pyro model, passed to ``setup`` (as ``MCMC.run(*args)`` does).
