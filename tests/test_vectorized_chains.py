@@ -256,3 +256,21 @@ def test_fused_path_with_rows_in_slots_and_evictions(monkeypatch: pytest.MonkeyP
     if budget == 27:  # room for one row (a class needs 16): every visit forgets and recomputes its rows
         assert table.evictions > 0 and table.computed > table.rows
     assert_matches_enumeration(draws, fg)
+
+
+def test_compiled_grid_kernels_pickle_for_worker_processes() -> None:
+    """``compile=True`` kernels pickle (``MCMC(num_chains > 1)`` sends copies to workers); each copy compiles anew."""
+    import pickle
+
+    from neuralblock.io import read_uai, uai_grid
+    from neuralblock.kernels.gibbs import CompiledFunction
+    from neuralblock.proposals import load_pretrained
+
+    fg = read_uai(uai_grid("Grids_11"))
+    neural = NeuralBlockKernel(fg, [load_pretrained("grid-mrf-2x2")], compile=True)
+    for kernel in (neural, GibbsKernel(fg, compile=True)):
+        kernel.setup(0)
+        copy = pickle.loads(pickle.dumps(kernel))
+        updates = [f.update for f in getattr(copy, "fused", []) if f is not None]
+        updates += [copy.plan.update] if isinstance(copy, GibbsKernel) else [copy.single_site.gibbs_plan.update]
+        assert updates and all(isinstance(u, CompiledFunction) and u._compiled is None for u in updates)

@@ -369,14 +369,6 @@ class FusedContinuousSweep:
         self.update = compiled(fused_continuous_update) if compile else fused_continuous_update
         self.compile_seconds = 0.0
 
-    def __getstate__(self) -> dict:
-        """The sweep without its (possibly compiled, unpicklable) update function, e.g. for worker processes."""
-        return {**self.__dict__, "update": None}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.update = compiled(fused_continuous_update) if self.compiled else fused_continuous_update
-
     def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
         """Follow new parameter or evidence values (same blocks and classes): the encoders and the factors' numbers."""
         self.instances = instances

@@ -305,12 +305,39 @@ class GibbsPlan:
         return state.reshape(shape), stuck
 
 
+class CompiledFunction:
+    """``torch.compile(fn)`` (fixed shapes), made at the first call; pickles as ``fn`` (e.g. for worker processes).
+
+    A compiled function itself cannot be pickled, so a kernel holding one could not run in
+    ``pyro.infer.MCMC(num_chains > 1)``; this wrapper pickles the plain function and compiles it
+    again in the process that calls it.
+
+    Example:
+        >>> import pickle
+        >>> copy = pickle.loads(pickle.dumps(CompiledFunction(torch.neg)))  # compiles at its first call
+        >>> copy.fn is torch.neg
+        True
+    """
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self._compiled: Callable | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            try:
+                self._compiled = torch.compile(self.fn, dynamic=False)
+            except Exception:  # noqa: BLE001 - no compiler on this platform: the eager function is the same update
+                self._compiled = self.fn
+        return self._compiled(*args, **kwargs)
+
+    def __getstate__(self) -> dict:
+        return {"fn": self.fn, "_compiled": None}
+
+
 def compiled(fn: Callable) -> Callable:
-    """``torch.compile(fn)`` (fixed shapes), or ``fn`` itself where compilation is unavailable."""
-    try:
-        return torch.compile(fn, dynamic=False)
-    except Exception:  # noqa: BLE001 - no compiler on this platform: the eager function is the same update
-        return fn
+    """``fn`` under ``torch.compile`` (fixed shapes, compiled at its first call; see :class:`CompiledFunction`)."""
+    return CompiledFunction(fn)
 
 
 class GibbsKernel(GraphKernel):
