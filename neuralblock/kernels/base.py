@@ -35,7 +35,7 @@ from neuralblock.graph import FactorGraph
 from neuralblock.kernels.conditioning import ConditionedModel, values_changed
 from neuralblock.pyro.compile import PyroGraph, params_to_state, prior_states, state_to_params
 
-__all__ = ["GraphKernel", "find_valid_start", "sequential_init"]
+__all__ = ["GraphKernel", "discrete_latent_variables", "find_valid_start", "sequential_init"]
 
 STATE_SITE = "x"
 
@@ -407,6 +407,32 @@ class GraphKernel(MCMCKernel):
     @abstractmethod
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         """Return the next state."""
+
+
+def discrete_latent_variables(
+    fg: FactorGraph, requested: list[int | str] | None, kernel: str, min_values: int = 1
+) -> list[int]:
+    """The discrete latent variables a kernel updates: ``requested`` (ids or names, checked) or all of them.
+
+    Variables with fewer than ``min_values`` values are left out (a one-value variable never moves).
+
+    Raises:
+        ValueError: a requested variable is continuous or not latent (the message names ``kernel``).
+
+    Example:
+        >>> fg = FactorGraph(); a, b = fg.add_variable("a", 2), fg.add_variable("b", 1)
+        >>> discrete_latent_variables(fg, None, "Gibbs"), discrete_latent_variables(fg, ["a", "b"], "Gibbs", 2)
+        ([0, 1], [0])
+    """
+    latent = set(fg.latent.tolist())
+    if requested is None:
+        variables = [v for v in sorted(latent) if fg.cardinality(v) > 0]
+    else:
+        variables = [fg.variable_id(v) for v in requested]
+        bad = [fg.names[v] for v in variables if fg.cardinality(v) == 0 or v not in latent]
+        if bad:
+            raise ValueError(f"{kernel} updates discrete latent variables only; got {bad[:5]}")
+    return [v for v in variables if fg.cardinality(v) >= min_values]
 
 
 def sequential_init(fg: FactorGraph, generator: torch.Generator | None = None, chains: int | None = None) -> Tensor:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
-from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import gibbs_sample
 
 _VALUE_LOOP = 16
@@ -386,14 +386,7 @@ class GibbsKernel(GraphKernel):
         self._reset_stats()  # diagnostics() answer before setup (e.g. in the parent of worker chains)
 
     def _prepare(self, fg: FactorGraph) -> None:
-        latent = set(fg.latent.tolist())
-        if self._variables_arg is None:
-            variables = [v for v in sorted(latent) if fg.cardinality(v) > 0]
-        else:
-            variables = [fg.variable_id(v) for v in self._variables_arg]
-            bad = [fg.names[v] for v in variables if fg.cardinality(v) == 0 or v not in latent]
-            if bad:
-                raise ValueError(f"GibbsKernel updates discrete latent variables only; got {bad[:5]}")
+        variables = discrete_latent_variables(fg, self._variables_arg, "GibbsKernel")
         if not variables:
             raise ValueError("GibbsKernel found no discrete latent variable to update")
         self.variables = variables

@@ -43,7 +43,7 @@ from torch import Tensor
 from neuralblock.exact.chain import gumbel_argmax
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.adaptation import StepSizeAdapter
-from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import mh_decide
 
 __all__ = ["DiscreteLangevin", "GibbsWithGradients", "OneHotEnergy", "PathAuxiliarySampler"]
@@ -228,14 +228,7 @@ class _GradientKernel(GraphKernel):
                 raise ValueError(f"{name}: table factors with padded (-1) scopes are not supported")
             if scopes.shape[1] > 1 and (scopes.sort(-1).values.diff(dim=-1) == 0).any():
                 raise ValueError(f"{name}: a table factor lists one variable twice in its scope")
-        if self._variables_arg is None:
-            variables = [v for v in sorted(latent) if fg.cardinality(v) > 1]
-        else:
-            variables = [fg.variable_id(v) for v in self._variables_arg]
-            bad = [fg.names[v] for v in variables if fg.cardinality(v) == 0 or v not in latent]
-            if bad:
-                raise ValueError(f"{name} updates discrete latent variables only; got {bad[:5]}")
-            variables = [v for v in variables if fg.cardinality(v) > 1]
+        variables = discrete_latent_variables(fg, self._variables_arg, name, min_values=2)
         if not variables:
             raise ValueError(f"{name} found no discrete latent variable with two or more values to update")
         self.variables = variables
