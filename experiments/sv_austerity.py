@@ -21,9 +21,11 @@ runs a few dozen transitions side by side, and the one with the fewest CPU secon
 transition is used (``--batch-size`` overrides the trial). The trial's table is in the report.
 
 Timing is side by side: after a warmup (step-size adaptation) the arms advance in interleaved
-time slices (alternating order) until each has spent the same time budget. Time is this
-process's CPU time (``time.process_time``, one torch thread), which equals wall time on an
-idle core and is robust to the other jobs of a shared machine. Reported per
+time slices (alternating order) until each has spent the same time budget. Every time is read by
+the run harness (:func:`neuralblock.diagnostics.runs.timed_run`, ``clock="cpu"``: this process's
+CPU time, one torch thread), which equals wall time on an idle core and is robust to the other
+jobs of a shared machine; a slice ends at the first iteration that reaches its budget, and the
+recording of draws is not timed (before the harness it was, a negligible share). Reported per
 arm and seed: ESS (``pyro.ops.stats.effective_sample_size``) of phi and sigma2 per second of
 (a) total time and (b) time in the global update only, acceptance, data fraction, stages, and
 posterior means/sds (the bias of austerity against the exact arm).
@@ -38,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,6 +62,7 @@ from experiments.sv_models import (
     sv_timestep_model,
 )
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.runs import TimedRun, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.particle_gibbs import ParticleGibbs
 
@@ -212,7 +214,8 @@ def tune_batch_size(
     """The first mini-batch size with the fewest CPU seconds per transition, from a short trial at fixed ``h``.
 
     Each candidate's kernel adapts its step for ``warmup`` transitions, then all candidates run
-    ``transitions`` transitions in two interleaved halves (alternating order).
+    ``transitions`` (at least 2) transitions in two interleaved halves (alternating order), timed by the run
+    harness's CPU clock.
 
     Example:
         >>> s = make_setting("seed", quick=True, particles=8, block_len=50, batch_size=None, seed=0)
@@ -229,10 +232,8 @@ def tune_batch_size(
         kernels[m], params[m], seconds[m] = kernel, p, 0.0
     for half in range(2):
         for m in candidates if half == 0 else candidates[::-1]:
-            begin = time.process_time()
-            for _ in range(transitions // 2):
-                params[m] = kernels[m].sample(params[m])
-            seconds[m] += time.process_time() - begin
+            run = timed_run(kernels[m].sample, initial_params=params[m], samples=transitions // 2, clock="cpu")
+            params[m], seconds[m] = run.params, seconds[m] + run.sampling_s
     rows = []
     for m in candidates:
         diag = kernels[m].diagnostics()
@@ -250,7 +251,11 @@ def tune_batch_size(
 
 @dataclass
 class GibbsChain:
-    """A (h, phi, sigma2) Gibbs chain: one PG sweep then ``global_steps`` MH transitions per iteration."""
+    """A (h, phi, sigma2) Gibbs chain: one PG sweep then ``global_steps`` MH transitions per iteration.
+
+    :meth:`warm_up` runs the ``warmup`` iterations, :meth:`advance` the recorded ones; both run through
+    the run harness (``clock="cpu"``), which also times the global MH transitions of each iteration apart.
+    """
 
     setting: Setting
     epsilon: float
@@ -264,8 +269,10 @@ class GibbsChain:
     params: dict[str, Tensor] = field(init=False)
     draws: dict[str, list[float]] = field(init=False)
     iterations: int = 0
+    seconds_warmup: float = 0.0
     seconds_total: float = 0.0
     seconds_global: float = 0.0
+    _last_global: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
         s = self.setting
@@ -288,22 +295,53 @@ class GibbsChain:
         """Current constrained (phi, sigma2)."""
         return {k: float(self.kernel.transforms[k].inv(self.params[k])) for k in PARAMS}
 
-    def step(self) -> None:
-        """One Gibbs iteration; timed and recorded after the warmup."""
-        start = time.process_time()
+    def _iterate(self, _: GibbsChain) -> GibbsChain:
+        """One Gibbs iteration (the harness's step function; the chain is its own state)."""
         current = self.values()
         self.h = self.setting.pg_update(self.h, current["phi"], current["sigma2"])
-        middle = time.process_time()
         self.kernel.condition_on({"h": self.h})
-        for _ in range(self.global_steps):
-            self.params = self.kernel.sample(self.params)
-        end = time.process_time()
+        run = timed_run(self.kernel.sample, initial_params=self.params, samples=self.global_steps, clock="cpu")
+        self.params, self._last_global = run.params, run.sampling_s
         self.iterations += 1
-        if self.iterations > self.warmup:
-            self.seconds_total += end - start
-            self.seconds_global += end - middle
-            for k, v in self.values().items():
-                self.draws[k].append(v)
+        return self
+
+    def _record(self, _: GibbsChain) -> None:
+        """Record the current draw and the global update's time of the iteration that made it."""
+        self.seconds_global += self._last_global
+        for k, v in self.values().items():
+            self.draws[k].append(v)
+
+    def warm_up(self) -> None:
+        """The ``warmup`` iterations (step-size adaptation), timed into ``seconds_warmup``, not recorded.
+
+        Call it once, before :meth:`advance`.
+        """
+        if self.warmup > 0:
+            self.seconds_warmup += timed_run(
+                self._iterate, initial_params=self, samples=self.warmup, clock="cpu"
+            ).sampling_s
+
+    def advance(
+        self, seconds: float | None = None, iterations: int | None = None, progress: bool | str = False
+    ) -> TimedRun:
+        """Recorded iterations for a budget; their CPU time counts into ``seconds_total``.
+
+        Args:
+            seconds: CPU seconds (the first iteration that reaches them is the last).
+            iterations: iterations, whichever of the two budgets comes first.
+            progress: show the harness's progress bar (a string is its label).
+        """
+        run = timed_run(
+            self._iterate,
+            initial_params=self,
+            seconds=seconds,
+            samples=iterations,
+            clock="cpu",
+            observe=self._record,
+            progress=progress,
+        )
+        self.seconds_total += run.sampling_s
+        return run
 
 
 def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) -> dict[str, Any]:
@@ -312,7 +350,7 @@ def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) ->
     Example:
         >>> s = make_setting("seed", quick=True, particles=8, block_len=50, batch_size=None, seed=0)
         >>> c = GibbsChain(s, 0.0, global_steps=1, warmup=2, start={"phi": 0.9, "sigma2": 0.02})
-        >>> for _ in range(8): c.step()
+        >>> _ = c.warm_up(), c.advance(iterations=6)
         >>> summarize_chain(c)["draws"]
         6
     """
@@ -357,6 +395,11 @@ def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) ->
     return record
 
 
+def _constrained(kernel: AusterityMH, params: dict[str, Tensor]) -> Tensor:
+    """The constrained ``(phi, sigma2)`` of unconstrained ``params``, stacked."""
+    return torch.stack([kernel.transforms[k].inv(params[k]) for k in PARAMS])
+
+
 def global_scaling(
     sizes: list[int],
     arms: dict[str, float],
@@ -393,13 +436,17 @@ def global_scaling(
             kernels[arm], params[arm], draws[arm], seconds[arm] = kernel, p, {k: [] for k in PARAMS}, 0.0
         for half in range(2):
             for arm in list(arms) if half == 0 else list(arms)[::-1]:
-                kernel = kernels[arm]
-                for _ in range(transitions // 2):
-                    start = time.process_time()
-                    params[arm] = kernel.sample(params[arm])
-                    seconds[arm] += time.process_time() - start
-                    for k in PARAMS:
-                        draws[arm][k].append(float(kernel.transforms[k].inv(params[arm][k])))
+                run = timed_run(
+                    kernels[arm].sample,
+                    initial_params=params[arm],
+                    samples=transitions // 2,
+                    clock="cpu",
+                    keep=partial(_constrained, kernels[arm]),
+                )
+                params[arm], seconds[arm] = run.params, seconds[arm] + run.sampling_s
+                assert run.draws is not None
+                for i, k in enumerate(PARAMS):
+                    draws[arm][k] += run.draws[:, i].tolist()
         for arm in arms:
             per = seconds[arm] / len(draws[arm]["phi"])
             row: dict[str, Any] = {"S": size, "arm": arm, "seconds_per_transition": per}
@@ -581,18 +628,14 @@ def _run_setting(name: str, config: dict[str, Any], arms: dict[str, float], fold
             )
             for arm, eps in arms.items()
         }
-        for arm, chain in chains.items():
-            for _ in tqdm(range(warmup), desc=f"{name} seed {seed} warmup {arm}", leave=False, disable=quick):
-                chain.step()
+        for chain in chains.values():
+            chain.warm_up()
         budget = config["budget"][name] if isinstance(config["budget"], dict) else config["budget"]
         slice_s = budget / config["rounds"]
         for rnd in tqdm(range(config["rounds"]), desc=f"{name} seed {seed} rounds", leave=False, disable=quick):
             order = list(chains) if rnd % 2 == 0 else list(chains)[::-1]
             for arm in order:
-                chain = chains[arm]
-                goal = chain.seconds_total + slice_s
-                while chain.seconds_total < goal:
-                    chain.step()
+                chains[arm].advance(seconds=slice_s)
         runs.append({arm: summarize_chain(chain) for arm, chain in chains.items()})
         runs[-1]["batch_size"], runs[-1]["batch_trial"] = setting.batch_size, trial
     _plot(name, runs, list(arms), folder / f"sv_{name}.png")

@@ -19,7 +19,11 @@ standardized returns). Arms, on the same data, timed in process CPU seconds (one
   ``h`` is a deterministic AR(1) filter of standard normal innovations).
 
 Every arm starts from the same point (phi, sigma2 = 0.98, 0.02 and a path from five particle
-Gibbs sweeps there). Warmup is timed and reported but excluded from ESS/s. ESS is ArviZ's
+Gibbs sweeps there). Every arm runs through the run harness
+(:func:`neuralblock.diagnostics.runs.timed_run`, ``clock="cpu"``); its setup and warmup are timed
+and reported (``warmup_seconds``, setup included) but excluded from ESS/s, whose seconds are the
+harness's sampling time: the transitions alone (before the harness, the NB and NUTS arms' seconds
+also held ``pyro.infer.MCMC``'s per-draw bookkeeping). ESS is ArviZ's
 ``ess_bulk`` of the post-warmup draws of phi, sigma2 and ``h_t`` at five spread times, per
 seed; the table gives medians over seeds and the per-seed ratios' medians. The data is a
 documented window (default the last 2,000 trading days, 2004-2012): on the full 15,700-day
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,10 +47,9 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.infer import MCMC, NUTS
+from pyro.infer import NUTS
 from pyro.ops.stats import autocorrelation
 from torch import Tensor
-from tqdm import tqdm
 
 from experiments.common import median
 from experiments.sv_austerity import START, GibbsChain, Setting, conditional_laplace, tune_batch_size
@@ -61,6 +63,7 @@ from experiments.sv_models import (
 from motifs.chain import stochastic_volatility_graph
 from neuralblock import load_pretrained
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.runs import CLOCKS, timed_run
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels import (
     AusterityMH,
@@ -219,6 +222,7 @@ def compound_sv_kernel(
         proposal_scale: random-walk covariance of the global update (unconstrained space).
 
     Example:
+        >>> from pyro.infer import MCMC
         >>> from neuralblock import load_pretrained
         >>> y = load_sp500_returns()[-40:]
         >>> kernel = compound_sv_kernel(y, load_pretrained("chain"), batch_size=10)
@@ -289,43 +293,23 @@ def ess_record(draws: dict[str, Tensor], seconds: float, warmup_seconds: float, 
     return record
 
 
-class _CpuTimer:
-    """Wraps an inner kernel's ``sample`` to add up its process CPU seconds (which block costs what)."""
+class _BlockTimer:
+    """Wraps an inner kernel's ``sample`` to time each call on the harness's CPU clock (which block costs what)."""
 
     def __init__(self, kernel: Any) -> None:
-        self.seconds = 0.0
-        self.calls = 0
+        self.durations: list[float] = []
         self._sample = kernel.sample
         kernel.sample = self  # an instance attribute: the compound kernel's calls come here
 
     def __call__(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
-        begin = time.process_time()
+        begin = CLOCKS["cpu"]()
         out = self._sample(params)
-        self.seconds += time.process_time() - begin
-        self.calls += 1
+        self.durations.append(CLOCKS["cpu"]() - begin)
         return out
 
-    def reset(self) -> None:
-        """Forget what was counted so far (called at the end of warmup)."""
-        self.seconds, self.calls = 0.0, 0
-
-
-class _Clock:
-    """A ``hook_fn`` for ``pyro.infer.MCMC``: CPU time at the end of warmup and of sampling."""
-
-    def __init__(self, timers: tuple[_CpuTimer, ...] = ()) -> None:
-        self.start = time.process_time()
-        self.warmup_end = self.start
-        self.end = self.start
-        self.timers = timers
-
-    def __call__(self, kernel: Any, params: Any, stage: str, i: int) -> None:
-        now = time.process_time()
-        if stage == "Warmup":
-            self.warmup_end = now
-            for timer in self.timers:
-                timer.reset()
-        self.end = now
+    def per_call(self, skip: int) -> tuple[float, int]:
+        """Seconds and number of the calls after the first ``skip`` (the warmup's)."""
+        return sum(self.durations[skip:]), len(self.durations[skip:])
 
 
 # -- arms ---------------------------------------------------------------------------------------
@@ -335,9 +319,12 @@ def _h_points(length: int) -> list[int]:
     return [round(float(t)) for t in torch.linspace(0, length - 1, H_POINTS + 2)[1:-1]]
 
 
-def _draws(phi: Tensor, sigma2: Tensor, h: Tensor, points: list[int]) -> dict[str, Tensor]:
+def _draws(
+    phi: Tensor, sigma2: Tensor, h: Tensor, columns: list[int], points: list[int] | None = None
+) -> dict[str, Tensor]:
+    """Named draws: ``h[:, columns[i]]`` is ``h[points[i]]`` (``points`` defaults to ``columns``)."""
     out = {"phi": phi.reshape(-1), "sigma2": sigma2.reshape(-1)}
-    out.update({f"h[{t}]": h[:, t] for t in points})
+    out.update({f"h[{t}]": h[:, c] for c, t in zip(columns, points or columns)})
     return out
 
 
@@ -364,24 +351,31 @@ def _run_nb(
     )
     start = START["sp500"]
     init = {"h": h0, "phi": torch.logit(torch.tensor(start["phi"])), "sigma2": torch.tensor(start["sigma2"]).log()}
-    timers = (_CpuTimer(kernel.kernels[0]), _CpuTimer(kernel.kernels[1]))
-    clock = _Clock(timers)
-    mcmc = MCMC(
+    timers = (_BlockTimer(kernel.kernels[0]), _BlockTimer(kernel.kernels[1]))
+    points = _h_points(y.shape[0])
+
+    def keep(params: dict[str, Tensor]) -> Tensor:
+        transforms = kernel.transforms or {}
+        globals_ = [transforms[k].inv(params[k]).reshape(1) for k in PARAMS]
+        return torch.cat([*globals_, params["h"][points]])
+
+    run = timed_run(
         kernel,
-        num_samples=iterations,
-        warmup_steps=config["warmup"],
+        samples=iterations,
+        warmup=config["warmup"],
         initial_params=init,
-        hook_fn=clock,
-        disable_progbar=config["quick"],
+        model_args=(y,),
+        keep=keep,
+        clock="cpu",
+        progress=False if config["quick"] else f"NB eps={epsilon:g}",
     )
-    mcmc.run(y)
-    s = mcmc.get_samples()
+    assert run.draws is not None
     record = ess_record(
-        _draws(s["phi"], s["sigma2"], s["h"], _h_points(y.shape[0])),
-        clock.end - clock.warmup_end,
-        clock.warmup_end - clock.start,
+        _draws(run.draws[:, 0], run.draws[:, 1], run.draws[:, 2:], list(range(len(points))), points),
+        run.sampling_s,
+        run.setup_s + run.warmup_s,
     )
-    diag = kernel.diagnostics()
+    diag = run.diagnostics
     local, glob = diag["block 0 (ConditionalGraphKernel)"], diag["block 1 (AusterityMH)"]
     record["kernel"] = {
         "block_acceptance": local["acceptance"].get("chain"),
@@ -390,10 +384,13 @@ def _run_nb(
         "data_fraction": glob["mean_data_fraction"],
         "stages": glob["mean_stages"],
     }
-    record["kernel"]["h_seconds_per_transition"] = timers[0].seconds / max(timers[0].calls, 1)
-    record["kernel"]["global_seconds_per_transition"] = timers[1].seconds / max(timers[1].calls, 1)
-    record["global_time_fraction"] = timers[1].seconds / record["seconds"] if record["seconds"] > 0 else math.nan
-    record["h_time_fraction"] = timers[0].seconds / record["seconds"] if record["seconds"] > 0 else math.nan
+    (h_s, h_calls), (global_s, global_calls) = (
+        timer.per_call(run.warmup_steps * steps) for timer, steps in zip(timers, kernel.steps)
+    )
+    record["kernel"]["h_seconds_per_transition"] = h_s / max(h_calls, 1)
+    record["kernel"]["global_seconds_per_transition"] = global_s / max(global_calls, 1)
+    record["global_time_fraction"] = global_s / record["seconds"] if record["seconds"] > 0 else math.nan
+    record["h_time_fraction"] = h_s / record["seconds"] if record["seconds"] > 0 else math.nan
     return record
 
 
@@ -404,12 +401,11 @@ class _RecordingChain(GibbsChain):
     h_draws: list[Tensor]
     h_sum: Tensor
 
-    def step(self) -> None:
-        """One Gibbs iteration (PG sweep, then the global MH transitions); records ``h[points]``."""
-        super().step()
-        if self.iterations > self.warmup:
-            self.h_draws.append(self.h[self.points].clone())
-            self.h_sum = self.h_sum + self.h
+    def _record(self, chain: GibbsChain) -> None:
+        """Record the draw (as the parent does) and ``h[points]``."""
+        super()._record(chain)
+        self.h_draws.append(self.h[self.points].clone())
+        self.h_sum = self.h_sum + self.h
 
 
 def _pg_update(h: Tensor, phi: float, sigma2: float, y: Tensor, block_len: int, particles: int) -> Tensor:
@@ -420,18 +416,14 @@ def _run_pg(setting: Setting, config: dict[str, Any], scale: Tensor, budget: flo
     """The PG + exact MH arm for ``budget`` post-warmup CPU seconds; also returns the mean path."""
     chain = _RecordingChain(setting, 0.0, config["global_steps"], config["warmup"], START["sp500"], scale)
     chain.points, chain.h_draws, chain.h_sum = _h_points(setting.y.shape[0]), [], torch.zeros_like(setting.y)
-    begin = time.process_time()
-    for _ in range(config["warmup"]):
-        chain.step()
-    warmup_s = time.process_time() - begin
-    with tqdm(total=round(budget, 1), desc="PG + exact MH (CPU s)", disable=config["quick"], leave=False) as bar:
-        while chain.seconds_total < budget or len(chain.h_draws) < 4:
-            chain.step()
-            bar.update(round(min(chain.seconds_total, budget), 1) - bar.n)
+    chain.warm_up()
+    chain.advance(seconds=budget, progress=False if config["quick"] else "PG + exact MH")
+    if len(chain.h_draws) < 4:  # enough draws for an ESS estimate
+        chain.advance(iterations=4 - len(chain.h_draws))
     h = torch.stack(chain.h_draws)
     draws = {k: torch.tensor(chain.draws[k]) for k in PARAMS}
     draws.update({f"h[{t}]": h[:, i] for i, t in enumerate(chain.points)})
-    record = ess_record(draws, chain.seconds_total, warmup_s)
+    record = ess_record(draws, chain.seconds_total, chain.seconds_warmup)
     diag = chain.kernel.diagnostics()
     record["kernel"] = {"global_acceptance": diag["acceptance_rate"], "data_fraction": diag["mean_data_fraction"]}
     record["global_time_fraction"] = chain.seconds_global / chain.seconds_total
@@ -447,29 +439,33 @@ def _run_nuts(y: Tensor, h0: Tensor, config: dict[str, Any]) -> dict[str, Any]:
     }
     jit = not config["quick"]  # compiling costs more than a CI-sized run
     kernel = NUTS(sv_noncentred_model, jit_compile=jit, ignore_jit_warnings=True, max_tree_depth=10)
-    clock = _Clock()
-    mcmc = MCMC(
+
+    def keep(params: dict[str, Tensor]) -> Tensor:
+        phi, sigma2 = (kernel.transforms[k].inv(params[k]).reshape(1) for k in PARAMS)
+        with torch.no_grad():
+            return torch.cat([phi, sigma2, _noncentred_path(params["eps"], phi[0], sigma2[0])])
+
+    run = timed_run(
         kernel,
-        num_samples=config["nuts_samples"],
-        warmup_steps=config["nuts_warmup"],
+        samples=config["nuts_samples"],
+        warmup=config["nuts_warmup"],
         initial_params=init,
-        hook_fn=clock,
-        disable_progbar=config["quick"],
+        model_args=(y,),
+        keep=keep,
+        clock="cpu",
+        progress=False if config["quick"] else "NUTS",
     )
-    mcmc.run(y)
-    s = mcmc.get_samples()
-    with torch.no_grad():
-        h = torch.stack([_noncentred_path(e, p, v) for e, p, v in zip(s["eps"], s["phi"], s["sigma2"])])
+    assert run.draws is not None
     record = ess_record(
-        _draws(s["phi"], s["sigma2"], h, _h_points(y.shape[0])),
-        clock.end - clock.warmup_end,
-        clock.warmup_end - clock.start,
+        _draws(run.draws[:, 0], run.draws[:, 1], run.draws[:, 2:], _h_points(y.shape[0])),
+        run.sampling_s,
+        run.setup_s + run.warmup_s,
     )
-    diag = mcmc.diagnostics()
+    diag = run.diagnostics
     record["kernel"] = {
         "step_size": float(kernel.step_size),
-        "divergences": len(diag.get("divergences", {}).get("chain 0", [])),
-        "accept": float(diag.get("acceptance rate", {}).get("chain 0", math.nan)),
+        "divergences": len(diag.get("divergences", [])),
+        "accept": float(diag.get("acceptance rate", math.nan)),
     }
     return record
 
