@@ -18,7 +18,10 @@ Metropolis over ``K = max(1, --tries-budget // n)`` uniform windows (``LWAKernel
 at small ε the subset weight ν sits on a tiny fraction of the windows, and a single uniform jump
 is then almost never accepted (the previous run's U refresh rate at n = 100, ε = 1e-2 was 0.005).
 Runs are interleaved in rounds so they share the machine's noise; each gets a wall-time budget
-(exact MH a longer one, so that its time to the high-density region is observed). Exact MH and the
+(exact MH a longer one, so that its time to the high-density region is observed). Times are the run
+harness's (:func:`neuralblock.diagnostics.runs.timed_run`, ``clock="wall"``): the sampling time of the
+transitions, summed over a run's slices; a slice ends at the first transition whose sampling time reaches
+the slice's budget (before the harness, at the first whose wall time including the draw records did). Exact MH and the
 n = 1000 headline configuration (ε = 1e-2, S0) run ``--replicates`` chains, the n = 100 target
 configuration ``--target-replicates`` chains of ``--target-budget`` seconds; speed-ups compare
 median times (a chain that never gets there counts as infinitely late).
@@ -36,7 +39,8 @@ not part of the sampler.
 
 Reference posterior at ``N``: the conditional MLE with its Laplace (observed information)
 covariance; with N = 1e6 the prior is negligible. *Reaching the high-density region* (HDR) is
-the first time the chain's state satisfies ``max_j |θ_j - m_j| / s_j <= 2`` (strict: ``s_j`` the
+the first time (first hit, :func:`~neuralblock.diagnostics.runs.first_time` with ``for_good=False``)
+the chain's state satisfies ``max_j |θ_j - m_j| / s_j <= 2`` (strict: ``s_j`` the
 reference posterior sd) or ``max_j |θ_j - m_j| / (s_j sqrt(N / 1000)) <= 2`` (coarse: the 2-sd box
 of a posterior from 1000 points, the resolution an n = 1000 sub-posterior can have).
 Posterior summaries use the second half (in time) of each run.
@@ -71,8 +75,10 @@ from scipy.signal import lfilter
 from torch import Tensor
 from tqdm import tqdm
 
+from experiments.common import censored_median
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.runs import ErrorTrace, first_time, timed_run
 from neuralblock.io import data_path
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.summaries import (
@@ -245,14 +251,13 @@ class Run:
             torch.set_rng_state(outer)
 
     def _advance(self, seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            start = time.perf_counter()
-            self.params = self.kernel.sample(self.params)
-            self.elapsed += time.perf_counter() - start
-            self.times.append(self.elapsed)
-            self.draws.append([float(self.kernel.transforms[k].inv(self.params[k])) for k in PARAMS])
-            self.starts.append(int(self.kernel.indices[0]))
+        run = timed_run(self.kernel.sample, initial_params=self.params, seconds=seconds, observe=self._record)
+        self.times += [self.elapsed + t for t in run.times]
+        self.params, self.elapsed = run.params, self.elapsed + run.sampling_s
+
+    def _record(self, params: dict[str, Tensor]) -> None:
+        self.draws.append([float(self.kernel.transforms[k].inv(params[k])) for k in PARAMS])
+        self.starts.append(int(self.kernel.indices[0]))
 
 
 def unconstrained(name: str, value: float) -> Tensor:
@@ -261,9 +266,8 @@ def unconstrained(name: str, value: float) -> Tensor:
 
 
 def first_entry(times: np.ndarray, dist_sd: np.ndarray, radius: float = 2.0) -> float | None:
-    """Elapsed time of the first draw whose scaled distance is within ``radius`` (None: never)."""
-    hit = np.nonzero(dist_sd <= radius)[0]
-    return float(times[hit[0]]) if hit.size else None
+    """Elapsed time of the first draw whose scaled distance is within ``radius`` (the first hit; None: never)."""
+    return first_time(ErrorTrace(times.tolist(), dist_sd.tolist()), radius, for_good=False)
 
 
 def posterior_draws(run: Run) -> tuple[np.ndarray, bool]:
@@ -312,14 +316,6 @@ def summarise(run: Run, ref: dict[str, list[float]], num_data: int) -> dict:
     }
 
 
-def _median(values: list[float | None]) -> float | None:
-    """Median with censored (None = never reached) values counted as +inf; None when the median is censored."""
-    ordered = sorted(math.inf if v is None else v for v in values)
-    mid = len(ordered) // 2
-    med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return None if math.isinf(med) else med
-
-
 def headline_summary(rows: list[dict], exact_hdr: dict, args: argparse.Namespace) -> dict:
     """The issue's targets, measured: HDR speed-up at n = 1000 and the n = 100 posterior means."""
     out: dict = {"exact_t_hdr_coarse": exact_hdr["t_hdr_coarse"], "exact_t_hdr_strict": exact_hdr["t_hdr_strict"]}
@@ -327,7 +323,7 @@ def headline_summary(rows: list[dict], exact_hdr: dict, args: argparse.Namespace
         reps = [r for r in rows if r["label"].startswith(f"n={n} eps=0.01 S0 ")]
         if not reps:
             continue
-        t_lwa = _median([r["t_hdr_coarse"] for r in reps])
+        t_lwa = censored_median([r["t_hdr_coarse"] for r in reps])
         out[f"n{n}_t_hdr_coarse"] = t_lwa
         out[f"n{n}_speedup_coarse"] = (
             exact_hdr["t_hdr_coarse"] / t_lwa if exact_hdr["t_hdr_coarse"] is not None and t_lwa else None
@@ -471,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
                 bar.update(run.budget / args.rounds)
     rows = [summarise(run, ref, args.num_data) for run in runs]
     exact_rows = [row for row in rows if row["label"].startswith("exact")]
-    exact_hdr = {key: _median([row[key] for row in exact_rows]) for key in ("t_hdr_strict", "t_hdr_coarse")}
+    exact_hdr = {key: censored_median([row[key] for row in exact_rows]) for key in ("t_hdr_strict", "t_hdr_coarse")}
     for row, run in zip(rows, runs, strict=True):
         row["n"] = run.kernel.subset_size
         for key, value in exact_hdr.items():  # censored (None) when an exact chain never got there

@@ -32,3 +32,20 @@ def lower_median(values: Iterable[float]) -> float:
         2.0
     """
     return float(torch.tensor([float(v) for v in values]).median())
+
+
+def censored_median(values: Iterable[float | None]) -> float | None:
+    """Median of times to an event where ``None`` means never reached (counted as later than every time).
+
+    The mean of the two middle values for an even count; ``None`` when the median itself is censored.
+
+    Example:
+        >>> censored_median([1.0, None, 3.0]), censored_median([1.0, None]), censored_median([2.0, 4.0])
+        (3.0, None, 3.0)
+    """
+    ordered = sorted(math.inf if v is None else float(v) for v in values)
+    if not ordered:
+        raise ValueError("censored_median of no values")
+    mid = len(ordered) // 2
+    med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return None if math.isinf(med) else med
