@@ -13,8 +13,9 @@ so one compound sampler runs in ``pyro.infer.MCMC``:
   bridge (``mu`` and ``v`` are then observed), walking in log / logit space.
 
 Arms, side by side on the same data and the same starts, each for the same CPU-time budget
-(``time.process_time`` of this process with one torch thread: equal to wall time on an idle
-core, robust to other jobs on a shared machine), with the same hyper-parameter kernel and
+(the run harness's ``clock="cpu"``, :func:`neuralblock.diagnostics.runs.timed_run`: this process's
+CPU time with one torch thread, equal to wall time on an idle core, robust to other jobs on a shared
+machine; the kernel's setup and the per-transition records are not timed), with the same hyper-parameter kernel and
 the same schedule (``--local-steps`` local sweeps per global sweep):
 
 * ``NB(gmm_pair) + hyper-MH``: :class:`~neuralblock.NeuralBlockKernel` with the shipped
@@ -29,7 +30,7 @@ Data: ``--datasets`` synthetic sets of ``n`` points from the model with ``sigma 
 ``M = M_true``; ``p_true = M_true / m`` for the reference lines). Each run starts from a
 prior draw of ``(sigma, p, mu, v)``, shared by the arms. Recorded per transition: the
 model's log joint, the points' log-likelihood, ``M``, ``sigma`` and ``p``; reported: the
-time each arm needs to reach the split-merge arm's median final log joint, the posterior
+time each arm needs to reach the split-merge arm's median final log joint (the first hit), the posterior
 of ``sigma`` and ``M`` (second half of each run) against the truth, and acceptance rates.
 
 :func:`exact_hyper_posterior` computes ``P(M = k)``, ``E[sigma]`` and ``E[p]`` of a tiny
@@ -68,6 +69,7 @@ from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.runs import timed_run
 from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.conditioning import ConditionedModel
@@ -340,13 +342,17 @@ def run_chain(
     seed: int = 0,
     record: Callable[[dict[str, Tensor]], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Drive ``kernel`` by hand (as ``pyro.infer.MCMC`` does) for a CPU-time budget or a number of transitions.
+    """Run ``kernel`` for a CPU-time budget or a number of transitions (its setup untimed, then the harness).
+
+    The kernel is set up here (as ``pyro.infer.MCMC`` does) and its ``sample`` runs as the step function of
+    :func:`~neuralblock.diagnostics.runs.timed_run` (``clock="cpu"``), so the warmup transitions count in the
+    budget and are recorded like the others.
 
     Args:
         kernel: a compound sampler of :func:`compound_sampler`.
         model_args: ``(points, num_mixtures, priors)``.
         start: initial values of every site the kernel samples.
-        seconds: CPU-time budget (``time.process_time`` of the transitions; setup and records are not counted).
+        seconds: CPU-time budget (the harness's sampling time: setup and records are not counted).
         warmup: transitions of step-size adaptation at the start (counted in the budget).
         transitions: or a fixed number of transitions.
         seed: torch/pyro seed of the run.
@@ -363,23 +369,19 @@ def run_chain(
     kernel.setup(warmup, *model_args)
     params = kernel.initial_params
     record = record or _default_record
-    trace: dict[str, list[float]] = {"times": []}
+    trace: dict[str, list[float]] = {}
 
-    def add(now: float) -> None:
-        trace["times"].append(now)
-        for key, value in record(params).items():
+    def add(values: dict[str, Tensor]) -> None:
+        for key, value in record(values).items():
             trace.setdefault(key, []).append(value)
 
-    add(0.0)
-    elapsed, done = 0.0, 0
-    while (elapsed < seconds) if seconds is not None else (done < transitions):
-        tick = time.process_time()
-        params = kernel.sample(params)
-        elapsed += time.process_time() - tick  # the record is not timed
-        done += 1
-        add(elapsed)
+    add(params)
+    run = timed_run(
+        kernel.sample, initial_params=params, seconds=seconds, samples=transitions, clock="cpu", observe=add
+    )
     kernel.cleanup()
-    return {**trace, "transitions": done, "warmup": warmup, "diagnostics": kernel.diagnostics()}
+    times = [0.0, *run.times]
+    return {"times": times, **trace, "transitions": run.samples, "warmup": warmup, "diagnostics": kernel.diagnostics()}
 
 
 def _default_record(values: Mapping[str, Tensor]) -> dict[str, float]:
