@@ -1,8 +1,11 @@
 """Study: single-site Gibbs on the shipped UAI grids, marginal error vs sweeps and time.
 
 The baseline the neural block kernel must beat. For each grid and seed, runs
-``GibbsKernel`` inside ``pyro.infer.MCMC`` and records the mean absolute marginal
-error against the shipped exact marginals at geometric checkpoints.
+``GibbsKernel`` through the run harness (:func:`neuralblock.diagnostics.runs.marginal_error_run`,
+``clock="wall"``) and records the mean absolute marginal error of the draws so far against the
+shipped exact marginals at log-spaced checkpoints. The seconds are the harness's sampling time (the
+sweeps alone; before the harness, ``pyro.infer.MCMC``'s per-sweep bookkeeping counted too), and
+``total_seconds`` is setup + warmup + sampling.
 
 Outputs (under ``--out``, in a folder named by a hash of the config):
 ``gibbs_grids.json`` (every trace), ``gibbs_grids.md`` (table) and one PNG per grid.
@@ -17,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import pyro
 import torch
 
 from neuralblock import GibbsKernel
-from neuralblock.diagnostics import trace_marginal_error
 from neuralblock.diagnostics.plots import plot_error_traces
-from neuralblock.diagnostics.reports import study_folder
+from neuralblock.diagnostics.runs import marginal_error_run, study_folder
 from neuralblock.io import read_mar, read_uai, uai_grid
 
 ALL_GRIDS = [f"Grids_{i}" for i in range(11, 19)]
@@ -60,13 +61,17 @@ def main(argv: list[str] | None = None) -> dict:
         runs = []
         for s in range(args.seeds):
             pyro.set_rng_seed(args.seed + s)
-            start = time.perf_counter()
-            trace = trace_marginal_error(
-                GibbsKernel(fg), fg, exact, args.sweeps, args.warmup, progress=not args.no_progress
+            run = marginal_error_run(
+                GibbsKernel(fg), fg, exact, samples=args.sweeps, warmup=args.warmup, progress=not args.no_progress
             )
-            trace["seed"] = args.seed + s
-            trace["total_seconds"] = time.perf_counter() - start
-            runs.append(trace)
+            runs.append(
+                {
+                    **run.trace.as_dict(),
+                    "diagnostics": run.diagnostics,
+                    "seed": args.seed + s,
+                    "total_seconds": run.total_s,
+                }
+            )
         record["grids"][grid] = {"num_variables": fg.num_variables, "runs": runs}
         plot_error_traces({"Gibbs": runs}, out / f"{grid}.png", title=f"{grid}: Gibbs", reference=0.03)
     (out / "gibbs_grids.json").write_text(json.dumps(record, indent=1))
