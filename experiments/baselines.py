@@ -24,7 +24,7 @@ class _Stop(Exception):
 
 
 def pyro_nuts(
-    model: Callable[..., Any],
+    model: Callable[..., Any] | None,
     model_args: tuple[Any, ...],
     site: str,
     warmup: int,
@@ -32,17 +32,19 @@ def pyro_nuts(
     *,
     clock: Callable[[], float] = time.perf_counter,
     cap: float = math.inf,
+    initial_params: dict[str, Tensor] | None = None,
     **nuts_options: Any,
 ) -> tuple[Tensor, Tensor]:
     """Pyro NUTS on ``model``: the post-warmup draws of ``site`` and the time at which each was made.
 
     Args:
-        model, model_args: the Pyro model and its arguments.
+        model, model_args: the Pyro model and its arguments (``None`` and ``()`` with a ``potential_fn``).
         site: the (unconstrained, real-valued) site whose draws are returned.
         warmup, draws: NUTS warmup iterations and post-warmup draws.
         clock: the clock; times are its seconds since the start (kernel setup and warmup counted).
         cap: stop at the first iteration after ``cap`` seconds (fewer draws, maybe none).
-        nuts_options: passed to :class:`pyro.infer.NUTS` (``jit_compile``, ``init_strategy``, ...).
+        initial_params: unconstrained starting values (required with a ``potential_fn``).
+        nuts_options: passed to :class:`pyro.infer.NUTS` (``potential_fn``, ``jit_compile``, ``init_strategy``, ...).
 
     Returns:
         ``(draws [S, ...], seconds [S])``, the seconds in float64; ``draws`` is empty (shape ``[0]``) when the
@@ -60,7 +62,14 @@ def pyro_nuts(
         if now > cap:
             raise _Stop
 
-    mcmc = MCMC(NUTS(model, **nuts_options), num_samples=draws, warmup_steps=warmup, hook_fn=hook, disable_progbar=True)
+    mcmc = MCMC(
+        NUTS(model, **nuts_options),
+        num_samples=draws,
+        warmup_steps=warmup,
+        initial_params=initial_params,
+        hook_fn=hook,
+        disable_progbar=True,
+    )
     with contextlib.suppress(_Stop):
         mcmc.run(*model_args)
     return (torch.stack(samples) if samples else torch.empty(0)), torch.tensor(seconds, dtype=torch.float64)
