@@ -4,20 +4,23 @@ The NER experiment of the seed paper: the tag sequences of WNUT-17 test sentence
 sampled under the shipped linear-chain CRF (:mod:`motifs.crf`). All sentences live in
 **one** :class:`~neuralblock.graph.FactorGraph` (``crf.corpus_graph``: one chain MRF per
 sentence), so one kernel samples every sentence at once and conflict-free blocks of
-different sentences are proposed in one batch. Samplers, each inside ``pyro.infer.MCMC``
-for the same wall-time budget, from the same uniformly random initial tags:
+different sentences are proposed in one batch. Samplers, each run by the run harness
+(:func:`neuralblock.diagnostics.runs.timed_run`, ``clock="wall"``) for the same budget of sampling
+time, from the same uniformly random initial tags:
 
 * ``Gibbs``: single-site chromatic Gibbs (:class:`~neuralblock.GibbsKernel`);
 * ``NB(crf_tags-n)+Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with the shipped
   ``crf_tags-n`` proposal (``n = 2, 3, 4`` consecutive tags), mixed with Gibbs sweeps
   (``gibbs_prob = 0.5``).
 
-A ``pyro.infer.MCMC`` hook (:class:`NerTrace`) records at geometric checkpoints (in sweeps,
-i.e. MCMC iterations), against sampling time only (the hook's metric computation is
-excluded): token F1 (non-``O`` tags, micro) and entity F1 (BIO spans) against gold of the
-current sample's tags and of the max-marginal decode of the running empirical marginals;
-the model log-likelihood (CRF score, ``fg.log_joint``) of the current state; and the mean
-absolute error of the running marginals against the exact forward-backward marginals.
+:class:`NerTrace`, the harness's ``observe``, records at geometric checkpoints (in sweeps,
+i.e. MCMC iterations), against the harness's sampling time (the transitions alone: neither the
+metric computation nor, as before the harness, ``pyro.infer.MCMC``'s per-draw bookkeeping):
+token F1 (non-``O`` tags, micro) and entity F1 (BIO spans) against gold of the current sample's
+tags and of the max-marginal decode of the running empirical marginals; the model log-likelihood
+(CRF score, ``fg.log_joint``) of the current state; and the mean absolute error of the running
+marginals against the exact forward-backward marginals. The time to Gibbs's final marginal error
+is the first hit (:func:`~neuralblock.diagnostics.runs.first_time`, ``for_good=False``).
 Ceilings: exact Viterbi and exact max-marginal decoding, the Viterbi score, and the
 posterior mean score (Monte Carlo over exact FFBS samples).
 
@@ -34,11 +37,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +47,6 @@ from typing import Any
 import matplotlib
 import pyro
 import torch
-from pyro.infer import MCMC
 from torch import Tensor
 from tqdm import tqdm
 
@@ -55,6 +54,7 @@ from experiments.crf_model import entity_spans, precision_recall_f1
 from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, TimedRun, first_time, study_folder, timed_run
 from neuralblock.exact import chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
@@ -174,38 +174,28 @@ def decode_metrics(pred: Tensor, corpus: NerCorpus) -> dict[str, float]:
     return {"token_f1": token_f1(pred, corpus.gold), "entity_f1": entity_f1(pred, corpus)}
 
 
-# ---------------------------------------------------------------------------- the hook
-class BudgetReached(Exception):
-    """Raised by :class:`NerTrace` to stop ``MCMC.run`` once the sampling budget is spent."""
-
-
+# ---------------------------------------------------------------------------- the record
 class NerTrace:
-    """A ``pyro.infer.MCMC`` hook: NER metrics at geometric checkpoints, against sampling time.
+    """The run harness's ``observe`` for NER: metrics at geometric checkpoints in sweeps.
 
-    Accumulates visit counts of every draw. At sweeps ``1, 2, ...`` growing by ``growth``
-    (and at the last draw) it records the metrics of the current state and of the running
-    marginals. Seconds count sampling only: the first interval is the kernel's own
-    transition time, later ones the wall time between hook calls minus the hook's own
-    bookkeeping. Once ``seconds`` are spent it raises :class:`BudgetReached`, so every
-    sampler gets the same wall-time budget without calibration runs.
+    Accumulates visit counts of every draw. At sweeps ``1, 2, ...`` growing by ``growth`` it
+    records the metrics of the current state and of the running marginals; :meth:`finish`
+    records the last draw and reads the checkpoints' sampling times from the harness's run.
 
     Args:
         corpus: the corpus (graph, gold tags, exact marginals).
-        seconds: the sampling budget.
-        initial: the initial state, recorded as sweep 0.
+        initial: the initial state, recorded as sweep 0 (at 0 s).
         growth: checkpoint growth factor.
     """
 
-    def __init__(self, corpus: NerCorpus, seconds: float, initial: Tensor, growth: float = 1.25) -> None:
-        self.corpus, self.budget, self.growth = corpus, seconds, growth
+    def __init__(self, corpus: NerCorpus, initial: Tensor, growth: float = 1.25) -> None:
+        self.corpus, self.growth = corpus, growth
         n, k = corpus.exact.shape
         self.rows = torch.arange(n)
         self.counts = torch.zeros(n, k)
         self.trace: dict[str, list[float]] = {"sweeps": [], "seconds": [], **{m: [] for m in METRICS}}
         self.n = 0
-        self.elapsed = 0.0
         self.next_checkpoint = 1
-        self._last: float | None = None
         self._record(initial.long(), torch.nn.functional.one_hot(initial.long(), k).to(self.counts.dtype))
 
     def _record(self, state: Tensor, marginals: Tensor) -> None:
@@ -214,7 +204,6 @@ class NerTrace:
         mm = decode_metrics(marginals.argmax(-1), corpus)
         values = {
             "sweeps": float(self.n),
-            "seconds": self.elapsed,
             "errors": marginal_mae(marginals, corpus.exact),
             "loglik": float(corpus.fg.log_joint(state.to(torch.get_default_dtype()))),
             "token_f1_sample": sample["token_f1"],
@@ -225,23 +214,21 @@ class NerTrace:
         for key, value in values.items():
             self.trace[key].append(value)
 
-    def __call__(self, kernel: object, params: Mapping[str, Tensor], stage: str, i: int) -> None:
-        now = time.perf_counter()
-        if not stage.startswith("Sample"):
-            self._last = now
-            return
-        self.elapsed += getattr(kernel, "_elapsed", 0.0) if self._last is None else now - self._last
+    def __call__(self, params: Mapping[str, Tensor]) -> None:
         state = params["x"].long()
         self.counts[self.rows, state] += 1
         self.n += 1
-        done = self.elapsed >= self.budget
-        if self.n >= self.next_checkpoint or done:
+        if self.n >= self.next_checkpoint:
             self._record(state, self.counts / self.n)
             while self.next_checkpoint <= self.n:
                 self.next_checkpoint = max(self.next_checkpoint + 1, math.ceil(self.next_checkpoint * self.growth))
-        if done:
-            raise BudgetReached
-        self._last = time.perf_counter()
+
+    def finish(self, run: TimedRun) -> dict[str, list[float]]:
+        """Record the last draw (if not a checkpoint) and the checkpoints' seconds; returns the trace."""
+        if self.n and self.trace["sweeps"][-1] != self.n:
+            self._record(run.params["x"].long(), self.counts / self.n)
+        self.trace["seconds"] = [run.times[int(n) - 1] if n else 0.0 for n in self.trace["sweeps"]]
+        return self.trace
 
 
 def prime(kernel: GraphKernel, initial: Tensor) -> None:
@@ -261,23 +248,16 @@ def prime(kernel: GraphKernel, initial: Tensor) -> None:
 
 
 def run_sampler(kernel: GraphKernel, corpus: NerCorpus, initial: Tensor, seconds: float, growth: float) -> dict:
-    """Run ``kernel`` in ``pyro.infer.MCMC`` from ``initial`` for ``seconds`` of sampling time."""
-    trace = NerTrace(corpus, seconds, initial, growth)
-    mcmc = MCMC(
-        kernel,
-        num_samples=10**12,  # stopped by the hook's budget
-        warmup_steps=0,
-        initial_params={"x": initial.clone()},
-        hook_fn=trace,
-        disable_progbar=True,
-        save_params=[],  # the hook keeps the running marginals; store no draws
-    )
-    start = time.perf_counter()
-    with contextlib.suppress(BudgetReached):
-        mcmc.run()
-    out: dict[str, Any] = dict(trace.trace)
-    out["wall_seconds_total"] = time.perf_counter() - start
-    out["diagnostics"] = kernel.diagnostics()
+    """Run ``kernel`` from ``initial`` for ``seconds`` of sampling time (the run harness, wall clock).
+
+    ``wall_seconds_total`` is the whole call on the same clock: setup and the metrics included.
+    """
+    trace = NerTrace(corpus, initial, growth)
+    start = CLOCKS["wall"]()
+    run = timed_run(kernel, seconds=seconds, initial_params={"x": initial.clone()}, observe=trace)
+    out: dict[str, Any] = dict(trace.finish(run))
+    out["wall_seconds_total"] = CLOCKS["wall"]() - start
+    out["diagnostics"] = run.diagnostics
     return out
 
 
@@ -295,8 +275,7 @@ def summarize(record: dict) -> list[dict[str, Any]]:
         row["acceptance"] = sum(accs) / len(accs) if accs else None
         fractions = []
         for r in runs:
-            target = r["Gibbs"]["errors"][-1]
-            reach = next((s for s, e in zip(r[label]["seconds"], r[label]["errors"]) if e <= target), None)
+            reach = first_time(ErrorTrace.of(r[label]), r["Gibbs"]["errors"][-1], for_good=False)
             fractions.append(None if reach is None else reach / r["Gibbs"]["seconds"][-1])
         row["time_to_gibbs_error"] = None if None in fractions else max(fractions)
         rows.append(row)
@@ -427,10 +406,9 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"proposals not shipped (yet): {missing}; shipped: {sorted(shipped)}")
     proposals = {p: load_pretrained(p) for p in args.proposals if p in shipped}
     config = {k: v for k, v in sorted(vars(args).items()) if k != "out"}
-    out = Path(args.out) / hashlib.sha256(json.dumps(config).encode()).hexdigest()[:10]
-    out.mkdir(parents=True, exist_ok=True)
+    out = study_folder(args.out, config)
 
-    t0 = time.perf_counter()
+    t0 = CLOCKS["wall"]()
     corpus = load_corpus(args.sentences, args.exact_samples, args.seed)
     fg = corpus.fg
     default = torch.get_default_dtype()
@@ -442,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
         "max_marginal_loglik": float(fg.log_joint(mm_exact.to(default))),
         "gold_loglik": float(fg.log_joint(corpus.gold.to(default))),
         "posterior_mean_loglik": corpus.posterior_mean_score,
-        "seconds": time.perf_counter() - t0,
+        "seconds": CLOCKS["wall"]() - t0,
     }
     makers = {"Gibbs": lambda: GibbsKernel(fg)}
     for name, proposal in proposals.items():
