@@ -16,9 +16,11 @@ without the network, so the table shows what the learned part adds.
 Part 2, the latent log-volatility chain of S&P 500 daily log returns (standardized, the
 last ``--days`` days, ``phi``/``sigma`` fixed at typical posterior values): the proposal
 inside :class:`~neuralblock.NeuralBlockKernel` (mixed with single-site random-walk MH)
-against single-site random-walk MH alone (:class:`~neuralblock.RandomWalkMH`) in
-``pyro.infer.MCMC`` for the same number of sweeps: block acceptance, and effective
-sample size per second of ``h_t`` (median over 50 evenly spaced states).
+against single-site random-walk MH alone (:class:`~neuralblock.RandomWalkMH`), each run by the
+run harness (:func:`neuralblock.diagnostics.runs.timed_run`, ``clock="wall"``) for the same number of
+sweeps: block acceptance, and effective sample size per second of ``h_t`` (median over 50 evenly
+spaced states). The seconds are the harness's setup + warmup + sampling time, as before the harness
+(which timed the whole ``pyro.infer.MCMC`` run) less MCMC's per-draw bookkeeping.
 
 Usage::
 
@@ -29,20 +31,19 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 import pyro
 import torch
-from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size
 
 from experiments.sv_models import load_sp500_returns
 from motifs.chain import ChainMotif, stochastic_volatility_graph
 from neuralblock import NeuralBlockKernel, RandomWalkMH
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.runs import TimedRun, timed_run
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
 from trainers.metrics import mc_acceptance
 from trainers.trainer import evaluate
@@ -113,12 +114,12 @@ def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[di
     return rows
 
 
-def run_sampler(kernel: Any, sweeps: int, seed: int) -> tuple[torch.Tensor, float]:
+def run_sampler(kernel: Any, sweeps: int, seed: int) -> TimedRun:
+    """``sweeps`` draws of ``x`` (kept) after ``max(10, sweeps // 10)`` warmup sweeps, through the run harness."""
     pyro.set_rng_seed(seed)
-    mcmc = MCMC(kernel, num_samples=sweeps, warmup_steps=max(10, sweeps // 10), disable_progbar=False)
-    start = time.perf_counter()
-    mcmc.run()
-    return mcmc.get_samples()["x"], time.perf_counter() - start
+    return timed_run(
+        kernel, samples=sweeps, warmup=max(10, sweeps // 10), keep=lambda params: params["x"], progress=True
+    )
 
 
 def sp500_chain(proposal: NeuralBlockProposal, args: argparse.Namespace) -> dict[str, Any]:
@@ -132,11 +133,11 @@ def sp500_chain(proposal: NeuralBlockProposal, args: argparse.Namespace) -> dict
         "NB(chain) + single-site": NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.5),
     }
     for label, kernel in samplers.items():
-        draws, seconds = run_sampler(kernel, args.sweeps, args.seed)
-        h = draws[:, latent]
+        run = run_sampler(kernel, args.sweeps, args.seed)
+        assert run.draws is not None
+        h, seconds, diag = run.draws[:, latent], run.total_s, run.diagnostics
         tracked = torch.linspace(0, len(latent) - 1, min(len(latent), ESS_STATES)).round().long()
         ess = effective_sample_size(h[:, tracked].unsqueeze(0).double())  # per tracked state
-        diag = kernel.diagnostics()
         out[label] = {
             "seconds": seconds,
             "median_ess": float(ess.median()),
