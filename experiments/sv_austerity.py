@@ -69,6 +69,8 @@ from neuralblock.kernels.particle_gibbs import ParticleGibbs
 __all__ = [
     "GibbsChain",
     "Setting",
+    "acf_and_trace",
+    "blocked_pg",
     "conditional_laplace",
     "global_scaling",
     "main",
@@ -122,12 +124,13 @@ def make_setting(name: str, quick: bool, particles: int, block_len: int, batch_s
         y = load_sp500_returns()
         if quick:
             y = y[-600:]
-        update = partial(_blocked_pg, y=y, block_len=block_len, particles=particles)
+        update = partial(blocked_pg, y=y, block_len=block_len, particles=particles)
         return Setting(name, sv_timestep_model, y, "time", batch_size or 100, update, torch.zeros_like(y))
     raise ValueError(f"unknown setting {name!r}; expected 'seed' or 'sp500'")
 
 
-def _blocked_pg(h: Tensor, phi: float, sigma2: float, y: Tensor, block_len: int, particles: int) -> Tensor:
+def blocked_pg(h: Tensor, phi: float, sigma2: float, y: Tensor, block_len: int, particles: int) -> Tensor:
+    """The PG update of a long path: one :func:`sv_models.sv_blocked_sweep` given ``(phi, sigma2)``."""
     return sv_blocked_sweep(h, y, phi, sigma2, block_len=block_len, num_particles=particles)
 
 
@@ -344,6 +347,20 @@ class GibbsChain:
         return run
 
 
+def acf_and_trace(x: Tensor, per_iter: float, with_acf: bool, max_lag: int = 40, thin_to: int = 100) -> dict:
+    """The ACF (lags up to ``max_lag`` and a third of the draws; ``[1]`` without ``with_acf``) and a trace thinned
+    to about ``thin_to`` points, each against running time (``per_iter`` seconds per draw), rounded for JSON."""
+    n = x.numel()
+    acf = autocorrelation(x, dim=0)[: min(max_lag, n // 3) + 1] if with_acf else torch.ones(1)
+    step = max(1, n // thin_to)
+    return {
+        "acf": [round(float(a), 4) for a in acf],
+        "acf_seconds": [round(i * per_iter, 5) for i in range(acf.numel())],
+        "trace": [round(float(v), 5) for v in x[::step]],
+        "trace_seconds": [round(i * step * per_iter, 3) for i in range(len(x[::step]))],
+    }
+
+
 def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) -> dict[str, Any]:
     """ESS, ESS/s (total and global-update time), kernel diagnostics, moments, ACF and a thinned trace.
 
@@ -365,18 +382,13 @@ def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) ->
         x = torch.tensor(chain.draws[k], dtype=torch.float64)
         ess = float(effective_sample_size(x[None, :, None], chain_dim=0, sample_dim=1)[0]) if n > 3 else math.nan
         ess = 0.0 if n > 1 and float(x.std()) == 0.0 else min(ess, float(n))  # a chain that never moved
-        acf = autocorrelation(x, dim=0)[: min(max_lag, n // 3) + 1] if n > 3 else torch.ones(1)
-        step = max(1, n // thin_to)
         record[k] = {
             "ess": ess,
             "ess_per_s_total": ess / chain.seconds_total if chain.seconds_total > 0 else math.nan,
             "ess_per_s_global": ess / chain.seconds_global if chain.seconds_global > 0 else math.nan,
             "mean": float(x.mean()) if n else math.nan,
             "sd": float(x.std()) if n > 1 else math.nan,
-            "acf": [round(float(a), 4) for a in acf],
-            "acf_seconds": [round(i * per_iter, 5) for i in range(acf.numel())],
-            "trace": [round(float(v), 5) for v in x[::step]],
-            "trace_seconds": [round(i * step * per_iter, 3) for i in range(len(x[::step]))],
+            **acf_and_trace(x, per_iter, n > 3, max_lag, thin_to),
         }
     diag = chain.kernel.diagnostics()
     record["kernel"] = {

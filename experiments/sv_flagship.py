@@ -48,22 +48,28 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import NUTS
-from pyro.ops.stats import autocorrelation
 from torch import Tensor
 
 from experiments.common import median
-from experiments.sv_austerity import START, GibbsChain, Setting, conditional_laplace, tune_batch_size
+from experiments.sv_austerity import (
+    START,
+    GibbsChain,
+    Setting,
+    acf_and_trace,
+    blocked_pg,
+    conditional_laplace,
+    tune_batch_size,
+)
 from experiments.sv_models import (
     PHI_PRIOR,
     SIGMA2_PRIOR,
     load_sp500_returns,
-    sv_blocked_sweep,
     sv_timestep_model,
 )
 from motifs.chain import stochastic_volatility_graph
 from neuralblock import load_pretrained
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
-from neuralblock.diagnostics.runs import CLOCKS, timed_run
+from neuralblock.diagnostics.runs import CLOCKS, TimedRun, timed_run
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels import (
     AusterityMH,
@@ -277,18 +283,13 @@ def ess_record(draws: dict[str, Tensor], seconds: float, warmup_seconds: float, 
         x = x.double()
         moved = n > 3 and float(x.std()) > 0
         ess = float(az.ess(x.numpy()[None, :], method="bulk")) if moved else 0.0
-        acf = autocorrelation(x, dim=0)[: min(max_lag, n // 3) + 1] if moved else torch.ones(1)
-        step = max(1, n // 100)
         record[name] = {
             "ess": ess,
             "ess_per_s": ess / seconds if seconds > 0 else math.nan,
             "ess_per_iteration": ess / n if n else math.nan,
             "mean": float(x.mean()) if n else math.nan,
             "sd": float(x.std()) if n > 1 else math.nan,
-            "acf": [round(float(a), 4) for a in acf],
-            "acf_seconds": [round(i * per_iter, 5) for i in range(acf.numel())],
-            "trace": [round(float(v), 5) for v in x[::step]],
-            "trace_seconds": [round(i * step * per_iter, 3) for i in range(len(x[::step]))],
+            **acf_and_trace(x, per_iter, moved, max_lag),
         }
     return record
 
@@ -319,13 +320,28 @@ def _h_points(length: int) -> list[int]:
     return [round(float(t)) for t in torch.linspace(0, length - 1, H_POINTS + 2)[1:-1]]
 
 
-def _draws(
-    phi: Tensor, sigma2: Tensor, h: Tensor, columns: list[int], points: list[int] | None = None
-) -> dict[str, Tensor]:
-    """Named draws: ``h[:, columns[i]]`` is ``h[points[i]]`` (``points`` defaults to ``columns``)."""
-    out = {"phi": phi.reshape(-1), "sigma2": sigma2.reshape(-1)}
-    out.update({f"h[{t}]": h[:, c] for c, t in zip(columns, points or columns)})
-    return out
+def _timed_arm(
+    kernel: Any, y: Tensor, init: dict[str, Tensor], samples: int, warmup: int, keep: Any, label: str | bool
+) -> tuple[TimedRun, dict[str, Any]]:
+    """Run an arm's kernel through the harness (``clock="cpu"``) and its :func:`ess_record`.
+
+    ``keep(params)`` gives ``[phi, sigma2, h[t] for t in _h_points]`` (constrained); setup and warmup count as
+    the record's warmup seconds, the sampling time as its seconds.
+    """
+    run = timed_run(
+        kernel,
+        samples=samples,
+        warmup=warmup,
+        initial_params=init,
+        model_args=(y,),
+        keep=keep,
+        clock="cpu",
+        progress=label,
+    )
+    assert run.draws is not None
+    draws = {"phi": run.draws[:, 0], "sigma2": run.draws[:, 1]}
+    draws.update({f"h[{t}]": run.draws[:, 2 + i] for i, t in enumerate(_h_points(y.shape[0]))})
+    return run, ess_record(draws, run.sampling_s, run.setup_s + run.warmup_s)
 
 
 def _run_nb(
@@ -359,22 +375,8 @@ def _run_nb(
         globals_ = [transforms[k].inv(params[k]).reshape(1) for k in PARAMS]
         return torch.cat([*globals_, params["h"][points]])
 
-    run = timed_run(
-        kernel,
-        samples=iterations,
-        warmup=config["warmup"],
-        initial_params=init,
-        model_args=(y,),
-        keep=keep,
-        clock="cpu",
-        progress=False if config["quick"] else f"NB eps={epsilon:g}",
-    )
-    assert run.draws is not None
-    record = ess_record(
-        _draws(run.draws[:, 0], run.draws[:, 1], run.draws[:, 2:], list(range(len(points))), points),
-        run.sampling_s,
-        run.setup_s + run.warmup_s,
-    )
+    label = not config["quick"] and f"NB eps={epsilon:g}"
+    run, record = _timed_arm(kernel, y, init, iterations, config["warmup"], keep, label)
     diag = run.diagnostics
     local, glob = diag["block 0 (ConditionalGraphKernel)"], diag["block 1 (AusterityMH)"]
     record["kernel"] = {
@@ -408,10 +410,6 @@ class _RecordingChain(GibbsChain):
         self.h_sum = self.h_sum + self.h
 
 
-def _pg_update(h: Tensor, phi: float, sigma2: float, y: Tensor, block_len: int, particles: int) -> Tensor:
-    return sv_blocked_sweep(h, y, phi, sigma2, block_len=block_len, num_particles=particles)
-
-
 def _run_pg(setting: Setting, config: dict[str, Any], scale: Tensor, budget: float) -> tuple[dict[str, Any], Tensor]:
     """The PG + exact MH arm for ``budget`` post-warmup CPU seconds; also returns the mean path."""
     chain = _RecordingChain(setting, 0.0, config["global_steps"], config["warmup"], START["sp500"], scale)
@@ -439,28 +437,15 @@ def _run_nuts(y: Tensor, h0: Tensor, config: dict[str, Any]) -> dict[str, Any]:
     }
     jit = not config["quick"]  # compiling costs more than a CI-sized run
     kernel = NUTS(sv_noncentred_model, jit_compile=jit, ignore_jit_warnings=True, max_tree_depth=10)
+    points = _h_points(y.shape[0])
 
     def keep(params: dict[str, Tensor]) -> Tensor:
         phi, sigma2 = (kernel.transforms[k].inv(params[k]).reshape(1) for k in PARAMS)
         with torch.no_grad():
-            return torch.cat([phi, sigma2, _noncentred_path(params["eps"], phi[0], sigma2[0])])
+            return torch.cat([phi, sigma2, _noncentred_path(params["eps"], phi[0], sigma2[0])[points]])
 
-    run = timed_run(
-        kernel,
-        samples=config["nuts_samples"],
-        warmup=config["nuts_warmup"],
-        initial_params=init,
-        model_args=(y,),
-        keep=keep,
-        clock="cpu",
-        progress=False if config["quick"] else "NUTS",
-    )
-    assert run.draws is not None
-    record = ess_record(
-        _draws(run.draws[:, 0], run.draws[:, 1], run.draws[:, 2:], _h_points(y.shape[0])),
-        run.sampling_s,
-        run.setup_s + run.warmup_s,
-    )
+    label = not config["quick"] and "NUTS"
+    run, record = _timed_arm(kernel, y, init, config["nuts_samples"], config["nuts_warmup"], keep, label)
     diag = run.diagnostics
     record["kernel"] = {
         "step_size": float(kernel.step_size),
@@ -554,7 +539,7 @@ def _run_seed(seed: int, rep: int, y: Tensor, proposal: NeuralBlockProposal, con
     """All arms for one seed. NB + austerity runs first and sets the PG arm's CPU budget."""
     pyro.set_rng_seed(seed)
     start = START["sp500"]
-    pg = partial(_pg_update, y=y, block_len=config["block_len"], particles=config["particles"])
+    pg = partial(blocked_pg, y=y, block_len=config["block_len"], particles=config["particles"])
     h0 = torch.zeros_like(y)
     for _ in range(5):  # a shared, plausible starting path (as sv_austerity does)
         h0 = pg(h0, start["phi"], start["sigma2"])
