@@ -39,12 +39,13 @@ import pyro
 import torch
 from pyro.ops.stats import effective_sample_size
 
+from experiments.common import load_proposal_or_untrained
 from experiments.sv_models import load_sp500_returns
 from motifs.chain import ChainMotif, stochastic_volatility_graph
 from neuralblock import NeuralBlockKernel, RandomWalkMH
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.diagnostics.runs import TimedRun, timed_run
-from neuralblock.proposals import NeuralBlockProposal, load_proposal
+from neuralblock.proposals import NeuralBlockProposal
 from trainers.metrics import mc_acceptance
 from trainers.trainer import evaluate
 
@@ -72,16 +73,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.instances, args.mc_samples, args.days, args.sweeps = 256, 8, 80, 30
     return args
-
-
-def load_proposal_or_untrained(name: str, quick: bool) -> NeuralBlockProposal:
-    """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
-
-    def untrained() -> NeuralBlockProposal:
-        torch.manual_seed(0)
-        return NeuralBlockProposal(ChainMotif(), components=4, hidden=(16,))
-
-    return load_proposal(name, untrained if quick else None)
 
 
 def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -172,7 +163,7 @@ def plot(rows: list[dict[str, Any]], sv: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    proposal = load_proposal_or_untrained(args.proposal, args.quick)
+    proposal = load_proposal_or_untrained(args.proposal, args.quick, ChainMotif, hidden=(16,))
     config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
     folder = study_folder(args.out, config)
     rows = held_out(proposal, args)

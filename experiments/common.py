@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
+
+from neuralblock.motif import Motif
+from neuralblock.proposals import NeuralBlockProposal, load_proposal
 
 
 def median(values: Iterable[float | None]) -> float:
@@ -49,3 +52,19 @@ def censored_median(values: Iterable[float | None]) -> float | None:
     mid = len(ordered) // 2
     med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
     return None if math.isinf(med) else med
+
+
+def load_proposal_or_untrained(
+    name: str, quick: bool, motif: Callable[[], Motif], hidden: Sequence[int]
+) -> NeuralBlockProposal:
+    """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one.
+
+    The untrained proposal is ``NeuralBlockProposal(motif(), components=4, hidden=hidden)`` after
+    ``torch.manual_seed(0)``, so CI runs without shipped weights stay reproducible.
+    """
+
+    def untrained() -> NeuralBlockProposal:
+        torch.manual_seed(0)
+        return NeuralBlockProposal(motif(), components=4, hidden=hidden)
+
+    return load_proposal(name, untrained if quick else None)

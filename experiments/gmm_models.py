@@ -14,23 +14,19 @@ from typing import Any
 
 import torch
 
+from experiments import common
 from motifs.gmm_pair import GmmPairMotif, gmm_graph, sample_gmm
 from neuralblock.diagnostics.runs import ErrorTrace, first_time, timed_run
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup
 from neuralblock.kernels.base import GraphKernel, sequential_init
-from neuralblock.proposals import NeuralBlockProposal, load_proposal
+from neuralblock.proposals import NeuralBlockProposal
 
 SIGMA, TAU, P_ACTIVE = 1.0, 5.0, 0.5
 
 
 def load_proposal_or_untrained(name: str, quick: bool) -> NeuralBlockProposal:
-    """A shipped proposal by name, a file, or (``--quick`` only, when absent) an untrained one."""
-
-    def untrained() -> NeuralBlockProposal:
-        torch.manual_seed(0)
-        return NeuralBlockProposal(GmmPairMotif(), components=4, hidden=(32,))
-
-    return load_proposal(name, untrained if quick else None)
+    """The ``gmm_pair`` proposal ``name`` (:func:`experiments.common.load_proposal_or_untrained`, hidden (32,))."""
+    return common.load_proposal_or_untrained(name, quick, GmmPairMotif, hidden=(32,))
 
 
 def mixture_group(fg: FactorGraph) -> GaussianMixtureGroup:
