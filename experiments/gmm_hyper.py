@@ -49,7 +49,6 @@ import argparse
 import itertools
 import math
 import statistics
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -69,7 +68,7 @@ from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
-from neuralblock.diagnostics.runs import timed_run
+from neuralblock.diagnostics.runs import CLOCKS, timed_run
 from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.conditioning import ConditionedModel
@@ -721,7 +720,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config["priors"] = asdict(HyperPriors())
     folder = study_folder(args.out, config)
     warm_up(proposal)
-    wall = time.perf_counter()
+    wall = CLOCKS["wall"]()
     with tqdm(total=args.datasets * 2 * (args.runs + args.fixed_runs), desc="GMM hyper runs") as bar:
         results = [study_dataset(i, args, proposal, bar) for i in range(args.datasets)]
     pooled = pooled_summary(results)
@@ -732,7 +731,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": results,
         "pooled": pooled,
         "pooled_ratio": ratio,
-        "wall_seconds": time.perf_counter() - wall,
+        "wall_seconds": CLOCKS["wall"]() - wall,
     }
     write_json(folder / "gmm_hyper.json", record)
     verdict = "never (some NB run did not reach it)" if ratio is None else f"{ratio:.3f}"

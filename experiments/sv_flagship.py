@@ -729,14 +729,15 @@ def _markdown(record: dict[str, Any]) -> str:
         "",
         f"Data: the last {record['num_days']} daily log returns of the S&P 500 (standardized). Config: {cfg}.",
         "",
-        "Arms: **NB + austerity** = `pyro.infer.MCMC(CompoundKernel([(ConditionalGraphKernel(... "
+        "Arms: **NB + austerity** = `CompoundKernel([(ConditionalGraphKernel(... "
         f"NeuralBlockKernel(chain, gibbs_prob={cfg['gibbs_prob']})), ['h']), (AusterityMH(eps={cfg['epsilon']}), "
-        f"['phi', 'sigma2'])], steps=[{cfg['nb_steps']}, {cfg['global_steps']}]))`; **NB + exact MH** the same with "
+        f"['phi', 'sigma2'])], steps=[{cfg['nb_steps']}, {cfg['global_steps']}])`; **NB + exact MH** the same with "
         f"eps = 0; **PG + exact MH** = sv_austerity's blocked particle Gibbs ({cfg['particles']} particles, blocks "
         f"of {cfg['block_len']}) then {cfg['global_steps']} exact MH steps, run for the CPU time the NB + austerity "
         "arm took; **NUTS** = Pyro NUTS (JIT, diagonal mass matrix, max tree depth 10) on the non-centred model "
         f"({cfg['nuts_warmup']} warmup, {cfg['nuts_samples']} draws). ESS: ArviZ ess_bulk of post-warmup draws "
-        "per seed; ESS/s per post-warmup process CPU second (one thread); medians over seeds. h: 5 evenly spaced t.",
+        "per seed; ESS/s per post-warmup process CPU second (one thread; the run harness's sampling time, "
+        "timed_run(clock='cpu')); medians over seeds. h: 5 evenly spaced t.",
         "",
     ]
     columns = [
