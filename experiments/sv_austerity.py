@@ -256,8 +256,8 @@ def tune_batch_size(
 class GibbsChain:
     """A (h, phi, sigma2) Gibbs chain: one PG sweep then ``global_steps`` MH transitions per iteration.
 
-    :meth:`warm_up` runs the ``warmup`` iterations, :meth:`advance` the recorded ones; both run through
-    the run harness (``clock="cpu"``), which also times the global MH transitions of each iteration apart.
+    Its iterations run through the run harness (``clock="cpu"``), which also times each iteration's global MH
+    transitions apart: :meth:`warm_up` first, then :meth:`advance`.
     """
 
     setting: Setting
@@ -315,35 +315,29 @@ class GibbsChain:
             self.draws[k].append(v)
 
     def warm_up(self) -> None:
-        """The ``warmup`` iterations (step-size adaptation), timed into ``seconds_warmup``, not recorded.
-
-        Call it once, before :meth:`advance`.
-        """
+        """The ``warmup`` iterations (step-size adaptation), timed into ``seconds_warmup``, not recorded (call once)."""
         if self.warmup > 0:
-            self.seconds_warmup += timed_run(
-                self._iterate, initial_params=self, samples=self.warmup, clock="cpu"
-            ).sampling_s
+            self.seconds_warmup += self.advance(iterations=self.warmup, record=False).sampling_s
 
     def advance(
-        self, seconds: float | None = None, iterations: int | None = None, progress: bool | str = False
+        self,
+        seconds: float | None = None,
+        iterations: int | None = None,
+        record: bool = True,
+        progress: bool | str = False,
     ) -> TimedRun:
-        """Recorded iterations for a budget; their CPU time counts into ``seconds_total``.
-
-        Args:
-            seconds: CPU seconds (the first iteration that reaches them is the last).
-            iterations: iterations, whichever of the two budgets comes first.
-            progress: show the harness's progress bar (a string is its label).
-        """
+        """Iterations for ``seconds`` of CPU time (the first iteration that reaches them is the last) or ``iterations``,
+        whichever comes first; recorded ones count into ``seconds_total``. ``progress``: the harness's bar."""
         run = timed_run(
             self._iterate,
             initial_params=self,
             seconds=seconds,
             samples=iterations,
             clock="cpu",
-            observe=self._record,
+            observe=self._record if record else None,
             progress=progress,
         )
-        self.seconds_total += run.sampling_s
+        self.seconds_total += run.sampling_s if record else 0.0
         return run
 
 
