@@ -38,7 +38,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["ReplayedFunction", "copy_graph", "fast_call", "fast_targets", "recording_failure", "simplify_graph"]
+__all__ = [
+    "FusedPotential",
+    "ReplayedFunction",
+    "copy_graph",
+    "fast_call",
+    "fast_targets",
+    "recording_failure",
+    "simplify_graph",
+]
 
 _CHECK_RTOL, _CHECK_ATOL = 1e-4, 1e-4
 _RECORDING: list[Any] = []  # the replayed functions being recorded now (innermost last)
@@ -224,7 +232,7 @@ def _fold_constants(gm: Any) -> None:
         if node.op == "get_attr":
             value[node] = getattr(gm, node.target)
         elif node.op == "call_function":
-            if _mutates(node) or any(_mutates(user) for user in node.users):
+            if _mutates(node):  # (a node an in-place op writes is in `written`)
                 continue
             tags = getattr(node.target, "tags", ())
             if torch.Tag.nondeterministic_seeded in tags:
@@ -464,6 +472,62 @@ class ReplayedFunction:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+class FusedPotential:
+    """A Pyro HMC/NUTS ``potential_fn`` whose value and gradient come from one recorded graph.
+
+    Pyro's integrator calls the potential and then ``torch.autograd.grad`` on it at every leapfrog
+    step: a forward graph of small operations and an autograd-engine pass over it. Here the value and
+    the gradient of ``potential`` (with respect to every site) are computed by one function, replayed as a
+    recorded graph (:class:`ReplayedFunction`, checked against plain calls), and handed to autograd as
+    one node whose backward multiplies the stored gradient. Values and gradients equal the plain ones.
+
+    Args:
+        potential: ``{site: unconstrained value} -> scalar`` (differentiable in torch operations).
+        sites: the sites it reads, in a fixed order.
+        what: what it computes, for the fallback warning.
+        record_after: calls before the graph is recorded (see :class:`ReplayedFunction`).
+
+    Example:
+        >>> import torch
+        >>> fused = FusedPotential(lambda p: (p["x"] ** 2).sum() / 2, ["x"], "a Gaussian potential", record_after=1)
+        >>> x = torch.tensor([1.0, -2.0], requires_grad=True)
+        >>> value = fused({"x": x})
+        >>> float(value), torch.autograd.grad(value, x)[0].tolist()
+        (2.5, [1.0, -2.0])
+    """
+
+    def __init__(
+        self, potential: Callable[[dict[str, Tensor]], Tensor], sites: list[str], what: str, record_after: int = 20
+    ) -> None:
+        self.potential = potential
+        self.sites = list(sites)
+        self.value_and_grad = ReplayedFunction(self._value_and_grad, what, record_after=record_after)
+
+    def _value_and_grad(self, *values: Tensor) -> tuple[Tensor, ...]:
+        with torch.enable_grad():
+            leaves = [v.detach().requires_grad_() for v in values]
+            value = self.potential(dict(zip(self.sites, leaves)))
+            grads = torch.autograd.grad(value, leaves, allow_unused=True)
+        return (value.detach(), *(torch.zeros_like(v) if g is None else g for v, g in zip(values, grads)))
+
+    def __call__(self, params: dict[str, Tensor]) -> Tensor:
+        return _PotentialNode.apply(self, *(params[s] for s in self.sites))
+
+
+class _PotentialNode(torch.autograd.Function):
+    """Autograd node of a :class:`FusedPotential` value: backward scales the gradient computed with it."""
+
+    @staticmethod
+    def forward(ctx: Any, fused: FusedPotential, *values: Tensor) -> Tensor:
+        value, *grads = fused.value_and_grad(*(v.detach() for v in values))
+        ctx.save_for_backward(*grads)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        return (None, *(grad_output * g for g in ctx.saved_tensors))
 
 
 def recording_failure(err: Exception) -> str:

@@ -463,13 +463,14 @@ def test_direct_weighted_potential_equals_pyros_potential_of_the_weighted_model(
         weighted = weighted_model(model, core)
         direct = weighted.potential_fn(*args)
         init, pyro_potential, _, _ = initialize_model(weighted, args)
-        for _ in range(3):
+        for _ in range(24):  # past the recording of the fused value-and-gradient graph and its checks
             point = {k: (v + 0.5 * torch.randn(v.shape, generator=gen)).requires_grad_() for k, v in init.items()}
             got, want = direct(point), pyro_potential(point)
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-4), (got, want)
             grads = torch.autograd.grad(got, list(point.values()))  # NUTS needs the gradient too
             expected = torch.autograd.grad(want, list(point.values()))
             assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(grads, expected, strict=True))
+        assert direct.value_and_grad.verified  # the last values were replayed
 
 
 # --- the bias warning ----------------------------------------------------------------------------

@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.replay import (
+    FusedPotential,
     _aten,
     _shape,
     copy_graph,
@@ -450,7 +452,7 @@ class LogLikelihood:
             3.676
         """
         transforms = self.transforms() if transforms is None else transforms
-        return lambda params: self._potential(params, transforms, None, None)
+        return self._fused(transforms, None, None)
 
     def transforms(self) -> dict[str, Any]:
         """``{site: biject_to(support).inv}`` of :attr:`sites` (constrained -> unconstrained)."""
@@ -473,7 +475,11 @@ class LogLikelihood:
         """
         transforms = self.transforms() if transforms is None else transforms
         indices, weights = torch.as_tensor(indices, dtype=torch.long), torch.as_tensor(weights)
-        return lambda params: self._potential(params, transforms, weights, indices)
+        return self._fused(transforms, weights, indices)
+
+    def _fused(self, transforms: dict[str, Any], weights: Tensor | None, indices: Tensor | None) -> FusedPotential:
+        potential = functools.partial(self._potential, transforms=transforms, weights=weights, indices=indices)
+        return FusedPotential(potential, self.sites, f"the potential of plate {self.plate!r}'s model")
 
     def _potential(
         self, params: dict[str, Tensor], transforms: dict[str, Any], weights: Tensor | None, indices: Tensor | None
