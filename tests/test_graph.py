@@ -193,3 +193,28 @@ def test_scaffold_select_and_shared_factors() -> None:
         scaffold.select(2, 9)
     with pytest.raises(ValueError, match="one state per block"):
         scaffold.local_log_density_rows(fg, state[None])
+
+
+def test_tempered_copy_scales_every_table_and_leaves_the_graph_alone() -> None:
+    fg = FactorGraph()
+    a, b, c = fg.add_variable("a", 2), fg.add_variable("b", 3), fg.add_variable("c", 2)
+    gen = torch.Generator().manual_seed(0)
+    fg.add_table_factor([a, b], torch.randn(2, 3, generator=gen))
+    fg.add_table_factor([b, c], torch.tensor([[0.0, -math.inf], [1.0, 2.0], [-1.0, 0.5]]))
+    fg.add_table_factor([a], torch.randn(2, generator=gen))
+    states = torch.tensor([[0.0, 0.0, 0.0], [1.0, 2.0, 1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
+    fg.groups[0].log_tables.mul_(2.0)  # tables changed in place after compiling (as update_parameters does)
+    before = fg.log_joint(states)
+    hot = fg.tempered(0.3)
+    assert torch.allclose(hot.log_joint(states), 0.3 * before)  # -inf entries stay -inf
+    assert torch.equal(fg.log_joint(states), before)
+    assert hot.names == fg.names and hot.num_factors == fg.num_factors
+    with pytest.raises(ValueError, match="positive finite"):
+        fg.tempered(0.0)
+    with pytest.raises(ValueError, match="positive finite"):
+        fg.tempered(math.inf)
+    gaussian = FactorGraph()
+    x, y = gaussian.add_variable("x"), gaussian.add_variable("y")
+    gaussian.add_linear_gaussian(y, [x], [1.0], 0.0, 1.0)
+    with pytest.raises(ValueError, match="table factors only"):
+        gaussian.tempered(0.5)

@@ -44,6 +44,7 @@ def test_beta_one_replica_samples_the_target(inner: str) -> None:
     assert all(0.0 < rate <= 1.0 for rate in diag["swap_acceptance"])
     if inner == "neural":
         assert len(diag["block_acceptance_by_temperature"]) == 4
+        assert diag["tempered_proposals"]  # built on the adapted ladder after warmup, then used
 
 
 def test_every_replica_samples_its_tempered_target() -> None:
@@ -74,6 +75,35 @@ def test_every_replica_samples_its_tempered_target() -> None:
         limit = stats.t.ppf(1 - 1e-3 / (2 * len(probs)), df=8 * 20 - 1)
         assert z.abs().max() <= limit, f"replica {r} (T={temperature}): max |z| = {z.abs().max():.2f}"
     assert kernel.diagnostics()["temperatures"] == temperatures  # no adaptation
+    assert kernel.diagnostics()["tempered_proposals"]  # each replica proposed from its tempered model
+
+
+def test_tempered_proposal_tables_hold_each_temperatures_proposal_and_energy() -> None:
+    """Row block r of the stacked tables is the table built on the model tempered by beta_r."""
+    from neuralblock.kernels.fused_blocks import BlockTable, BlockTableEnergy
+
+    fg = coupled_chain(seed=5)
+    torch.manual_seed(2)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    kernel = ReplicaExchange(fg, [proposal], temperatures=[1.0, 3.0], chains=2, adapt=False)
+    kernel.setup(0)
+    kernel.sample(kernel.initial_params)
+    fused = kernel.inner.fused[0]
+    assert fused is not None and fused.tempered is not None
+    rows = fused.table.rows
+    for r, beta in enumerate(fused.tempered.betas.tolist()):
+        hot = fg.tempered(beta)
+        found = proposal.motif.find_instances(hot)
+        order = [found.blocks.tolist().index(b) for b in fused.instances.blocks.tolist()]
+        instances = found.select(torch.tensor(order))
+        cards = list(proposal.motif.block_spec.cardinalities)
+        alone = BlockTable(hot, proposal, instances, BlockTableEnergy(hot, instances.blocks, cards), fused.device)
+        assert torch.allclose(fused.tempered.cdf[r * rows : (r + 1) * rows], alone.cdf)
+        assert torch.allclose(fused.tempered.log_ratio[r * rows : (r + 1) * rows], alone.log_ratio)
+    with torch.no_grad():  # beta = 1 rows equal the kernel's own untempered table
+        assert torch.allclose(fused.tempered.cdf[:rows], fused.table.cdf)
+    assert fused.tempered.offsets(torch.tensor([1.0, 1.0, 1 / 3, 1 / 3]).float()).tolist() == [0, 0, rows, rows]
+    assert fused.tempered.offsets(torch.tensor([0.5]).float()) is None  # off the ladder: untempered path
 
 
 def test_swaps_follow_the_exact_probability() -> None:

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -675,6 +676,36 @@ class FactorGraph:
         for index, (group, new) in enumerate(zip(own_groups, new_groups)):
             _update_group(index, group, new)
         self.evidence.update(other.evidence)
+
+    def tempered(self, beta: float) -> FactorGraph:
+        """A copy whose table factors' log tables are multiplied by ``beta``: the model ``p(x)^beta``.
+
+        Replica exchange runs the same model at several inverse temperatures; a copy per
+        temperature lets a motif find its instances (and a proposal read its features) on the
+        tempered model itself.
+
+        Raises:
+            ValueError: ``beta`` is not a positive finite number, or the graph has factors other than tables.
+
+        Example:
+            >>> fg = FactorGraph()
+            >>> a, b = fg.add_variable("a", 2), fg.add_variable("b", 2)
+            >>> _ = fg.add_table_factor([a, b], torch.tensor([[2.0, 0.0], [0.0, 2.0]]))
+            >>> float(fg.tempered(0.25).log_joint(torch.tensor([1.0, 1.0])))
+            0.5
+        """
+        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+            raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+        if any(not isinstance(g, TableGroup) for g in self.groups):
+            raise ValueError("tempered copies are made of graphs of table factors only")
+        hot = copy.deepcopy(self)
+        for group in hot.groups:  # the compiled tables are the current ones (update_parameters writes into them)
+            assert isinstance(group, TableGroup)
+            group.log_tables = group.log_tables * beta
+            group._flat = group.log_tables.reshape(group.log_tables.shape[0], -1)
+        for _, tables in hot._pending_tables.values():  # kept in step, though nothing reads them once compiled
+            tables[:] = [table * beta for table in tables]
+        return hot
 
     # ------------------------------------------------------------------ states
     def initial_state(self, generator: torch.Generator | None = None) -> Tensor:

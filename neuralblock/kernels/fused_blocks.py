@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -409,6 +409,7 @@ def fused_class_update(
     energy: Tensor | None = None,
     beta: Tensor | None = None,
     slot: Tensor | None = None,
+    key_offset: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One exact MH block update of a colour class, for states ``[K, n]``.
 
@@ -436,6 +437,8 @@ def fused_class_update(
         beta: ``[K]`` inverse temperatures (with ``energy``), or ``None`` for the target itself.
         slot: ``[keys]`` the stored row of each key (a :class:`BlockTable` in slot mode), or ``None``
             when the rows are the keys.
+        key_offset: ``[K]`` a first row per chain, added to every key (tempered tables: each chain reads
+            the block of rows of its temperature), or ``None``.
 
     Returns:
         The new states, the accept indicator ``[K, I]`` and the finite-ratio indicator ``[K, I]``.
@@ -450,6 +453,8 @@ def fused_class_update(
     else:
         keys = base + (context * context_radix).sum(-1).long()
     current = (block @ block_radix).long()
+    if key_offset is not None:
+        keys = keys + key_offset[:, None]
     if slot is not None:
         keys = slot.index_select(0, keys.view(-1)).view(chains, count)
     rows = cdf.index_select(0, keys.view(-1)).view(chains, count, width)  # [K, I, J]
@@ -466,6 +471,22 @@ def fused_class_update(
     chosen = torch.where(accepted, proposed, current)
     new = values.index_select(0, chosen.view(-1)).view(chains, -1)  # repeated (padded) rows write equal values
     return state.index_copy(1, block_ids, new), accepted, finite
+
+
+class _TemperedTables(NamedTuple):
+    """Stacked :class:`BlockTable` rows of the tempered models of a ladder, ``rows`` per temperature."""
+
+    betas: Tensor
+    cdf: Tensor
+    log_ratio: Tensor
+    rows: int
+
+    def offsets(self, beta: Tensor) -> Tensor | None:
+        """Each chain's first row (``[K]``), or ``None`` when some chain's ``beta`` is not on the ladder."""
+        match = beta.to(self.betas)[:, None] == self.betas[None, :]
+        if not bool(match.any(1).all()):
+            return None
+        return match.to(torch.long).argmax(1) * self.rows
 
 
 class FusedBlockSweep:
@@ -520,6 +541,7 @@ class FusedBlockSweep:
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
         self.compile_seconds = 0.0
+        self.tempered: _TemperedTables | None = None
 
     def _in_dtype(self, dtype: torch.dtype) -> tuple[list[Tensor], Tensor, Tensor]:
         """Place values and block values in the state's dtype (converted once per dtype)."""
@@ -537,6 +559,39 @@ class FusedBlockSweep:
         self.instances = instances
         self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
         self.table.clear()
+        self.tempered = None  # built for the old parameters
+
+    def temper(self, betas: Tensor, graphs: Sequence[FactorGraph], instances: Sequence[MotifInstances]) -> bool:
+        """Tabulate the proposal conditioned on each tempered model: chains at ``betas[r]`` read ``graphs[r]``'s rows.
+
+        ``graphs[r]`` is the model with every log table scaled by ``betas[r]`` and ``instances[r]`` its
+        instances in this sweep's order. A replica's block proposal and its energy then both come from its
+        own tempered model (the MH ratio needs no ``beta`` correction). Only dense, fully tabulated tables
+        are tempered (the context spaces of grids); otherwise nothing changes and ``False`` is returned.
+        """
+        cards = list(self.table.proposal.motif.block_spec.cardinalities)
+        if self.table.slot is not None or not self.table.prefilled:
+            return False
+        tables = []
+        for graph, found in zip(graphs, instances):
+            energy = BlockTableEnergy(graph, found.blocks, cards).to(self.device)
+            table = BlockTable(graph, self.table.proposal, found, energy, self.device)
+            if table.slot is not None or not table.prefilled or table.rows != self.table.rows:
+                return False
+            tables.append(table)
+        self.tempered = _TemperedTables(
+            betas.to(self.device, torch.float64),
+            torch.cat([t.cdf for t in tables]),
+            torch.cat([t.log_ratio for t in tables]),
+            self.table.rows,
+        )
+        return True
+
+    def tempered_rows(self) -> tuple[Tensor, Tensor]:
+        """The stacked CDF and ``w`` rows of the tempered tables (see :meth:`temper`)."""
+        if self.tempered is None:
+            raise RuntimeError("temper() has not built tempered tables")
+        return self.tempered.cdf, self.tempered.log_ratio
 
     def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Update every class once.
@@ -559,16 +614,21 @@ class FusedBlockSweep:
         draws = uniforms[..., 0].transpose(0, 1).contiguous()  # [C, K, width]: each class's block contiguous
         log_accept = uniforms[..., 1].log().transpose(0, 1)
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
+        key_offset = None if self.tempered is None or beta is None else self.tempered.offsets(beta)
+        if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
+            beta_rows = None
         context_radix, block_radix, values = self._in_dtype(state.dtype)
         accepts, broken = [], []
         for c in range(count):
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
+            # (read after ensure(): a table in slot mode may have grown its tensors)
+            cdf, log_ratio = (table.cdf, table.log_ratio) if key_offset is None else self.tempered_rows()
             state, acc, bad = self.update(
-                state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], table.cdf,
-                table.log_ratio, draws[c], log_accept[c], values, None if beta is None else table.energy_rows,
-                beta_rows, table.slot,
+                state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], cdf,
+                log_ratio, draws[c], log_accept[c], values, None if beta_rows is None else table.energy_rows,
+                beta_rows, table.slot, key_offset,
             )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start

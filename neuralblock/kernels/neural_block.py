@@ -456,6 +456,35 @@ class NeuralBlockKernel(GraphKernel):
             if sweep is not None:
                 sweep.instances = instances.select(sweep.order)
 
+    def temper(self, betas: Tensor) -> bool:
+        """Condition the proposals on tempered models: chains at ``betas[r]`` propose from ``p(x)^betas[r]``'s blocks.
+
+        For each proposal on the fused path with a fully tabulated table, the motif's instances are
+        found on the graph tempered by every ``beta`` (:meth:`FactorGraph.tempered`) and tabulated;
+        a chain whose :attr:`beta` is one of ``betas`` then reads its temperature's proposal and
+        block energies (exact MH for ``p(x)^beta`` either way; this raises the acceptance of hot
+        chains, whose untempered proposal is too sharp). Returns whether any proposal was tempered.
+
+        Args:
+            betas: ``[R]`` inverse temperatures (the ladder; rows of :attr:`beta` take these values).
+        """
+        fg = self._graph()
+        graphs = [fg.tempered(float(b)) for b in betas.tolist()]
+        tempered = False
+        for proposal, fused in zip(self.proposals, self.fused):
+            if not isinstance(fused, FusedBlockSweep):
+                continue
+            found = []
+            for hot in graphs:
+                instances = proposal.motif.find_instances(hot)
+                order = _order_of(fused.instances.blocks, instances.blocks)
+                if order is None:  # the motif reads the tempered model differently: keep the untempered proposal
+                    break
+                found.append(instances.select(order))
+            else:
+                tempered = fused.temper(betas, graphs, found) or tempered
+        return tempered
+
     def _reset_stats(self) -> None:
         n = len(self.proposals)
         self._proposed = [0] * n

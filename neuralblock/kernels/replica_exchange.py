@@ -16,8 +16,13 @@ Farr and Mandel, MNRAS 455, 2016): with ``T = 1 / beta`` and ``S_r = log(T_{r+1}
 ``kappa(t) = t0 / (nu (t + t0))``; ``T_1 = 1`` and the hottest temperature stay fixed. The
 adapted ladder is in ``diagnostics()``.
 
-The neural inner kernel proposes with the untempered proposal at every temperature (any
-proposal keeps MH exact; its acceptance per temperature is reported).
+A neural inner kernel proposes, at every temperature, from the proposal conditioned on the
+*tempered* model (``tempered_proposals``, the default): a tempered replica is the same motif
+with its log tables scaled by ``beta``, so once the ladder is fixed (after warmup, or from the
+start without adaptation) each temperature's proposal is tabulated on
+:meth:`FactorGraph.tempered` copies of the model. Until then, and where a proposal cannot be
+tabulated, every temperature uses the untempered proposal. Any proposal keeps MH exact; the
+block acceptance per temperature is reported.
 
 Example:
     >>> import torch, pyro
@@ -115,6 +120,7 @@ class ReplicaExchange(GraphKernel):
         adapt_t0: ``t0`` of the adaptation rate.
         device: where states and tables live.
         compile: passed to the inner kernel.
+        tempered_proposals: neural replicas propose from their tempered model once the ladder is fixed.
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
@@ -136,6 +142,7 @@ class ReplicaExchange(GraphKernel):
         adapt_t0: float = 100.0,
         device: str | torch.device | None = None,
         compile: bool | str = "auto",
+        tempered_proposals: bool = True,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         if temperatures is not None:
@@ -162,6 +169,8 @@ class ReplicaExchange(GraphKernel):
         self.adapt = bool(adapt)
         self.adapt_nu, self.adapt_t0 = float(adapt_nu), float(adapt_t0)
         self.compile = compile
+        self.tempered_proposals = bool(tempered_proposals)
+        self._tempered: bool | None = None  # None: not tried yet for this ladder; then whether tables were built
         size = self.replicas * chains
         if self.proposals is None:
             self.inner: GibbsKernel | NeuralBlockKernel = GibbsKernel(
@@ -186,10 +195,12 @@ class ReplicaExchange(GraphKernel):
         self.inner.fg = fg
         self.inner._prepare(fg)
         self.replica_states = None
+        self._tempered = None
         self._swap_rate = torch.full((max(self.replicas - 1, 0),), 0.5, dtype=torch.float64)
 
     def _refresh(self, fg: FactorGraph) -> None:
         self.inner._refresh(fg)
+        self._tempered = None  # new parameters: tabulate the tempered proposals again
 
     def _reset_stats(self) -> None:
         pairs = max(self.replicas - 1, 0)
@@ -217,6 +228,9 @@ class ReplicaExchange(GraphKernel):
         replicas[0] = state  # Pyro's params are the beta = 1 replicas
         size, n = self.replicas * self.chains, fg.num_variables
         beta = self.betas.to(self.device)
+        fixed = not warmup or not self.adapt or self.replicas < 3
+        if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
+            self._tempered = self.inner.temper(self.betas.to(state.dtype))
         self.inner.beta = beta.repeat_interleave(self.chains).to(state.dtype)  # replica-major rows
         flat = self.inner._transition(replicas.reshape(size, n), warmup)
         replicas = flat.reshape(self.replicas, self.chains, n)
@@ -275,6 +289,7 @@ class ReplicaExchange(GraphKernel):
             "replicas": float(self.replicas),
             "chains": float(self.chains),
             "inner": self.inner.diagnostics(),
+            "tempered_proposals": bool(self._tempered),
         }
         if isinstance(self.inner, NeuralBlockKernel):
             rates = []
