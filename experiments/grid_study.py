@@ -15,6 +15,15 @@ errors at equal time, and the time NB+Gibbs needs to reach Gibbs's final error a
 of Gibbs's time: the *first hit* (``first_time(..., for_good=False)``), the first checkpoint
 at or below that error.
 
+Replica-exchange arms (``--arms ... RE-Gibbs RE-NB``, issue 22):
+:class:`~neuralblock.kernels.ReplicaExchange` with ``--replicas`` temperatures up to
+``--max-temperature`` (the ladder adapted during warmup) and Gibbs or NB+Gibbs replicas (NB
+replicas propose from their tempered model once the ladder is fixed); ``--chains / --replicas``
+ensembles, so every arm updates ``--chains`` states per sweep, and only the ``beta = 1``
+replicas' draws are pooled. They report each arm's time to mean marginal error ``--level``
+(0.05; reached *for good*: from that checkpoint on the error stays at or below it), and RE-NB
+against RE-Gibbs paired over seeds.
+
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
 ``grid_study.md`` (table) and one PNG per instance.
 
@@ -22,6 +31,7 @@ Usage::
 
     python -m experiments.grid_study --quick      # CI scale: two small instances, 2 s per run
     python -m experiments.grid_study              # full run (about 30 minutes on 2 cores)
+    python -m experiments.grid_study --arms Gibbs NB+Gibbs RE-Gibbs RE-NB --seeds 5 --seconds 60
 """
 
 from __future__ import annotations
@@ -36,12 +46,14 @@ import torch
 from tqdm import tqdm
 
 from motifs.grid import grid_bn, random_grid_bn
-from neuralblock import GibbsKernel, NeuralBlockKernel, load_pretrained
+from neuralblock import GibbsKernel, NeuralBlockKernel, ReplicaExchange, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
 from neuralblock.diagnostics.runs import equal_time, error_at, first_time, marginal_error_run, study_folder
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
+from neuralblock.kernels.base import GraphKernel
+from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.subsample import student_t_sf
 
 UAI = [f"Grids_{i}" for i in range(11, 19)]
@@ -50,6 +62,8 @@ ERG = ["90-10-1", "90-14-1", "90-16-1"]
 RANDOM_SIZES = [10, 15, 20]
 NEAR_DETERMINISTIC_SIZES = [10, 15, 20]
 WARMUP = 20  # sweeps before the timed ones (lazy torch initialisation, caches)
+ARMS = ["NB+Gibbs", "Gibbs", "RE-Gibbs", "RE-NB"]
+RE_WARMUP = 200  # replica exchange: warmup sweeps that adapt the ladder (timed apart, as the setup)
 
 
 def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: float = 0.5) -> FactorGraph:
@@ -89,6 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=120,
         help="error checkpoints per run (log-spaced): errors at equal time are read at this resolution",
     )
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=["NB+Gibbs", "Gibbs"], help="samplers to run")
+    parser.add_argument("--replicas", type=int, default=8, help="replica exchange: temperatures per ensemble")
+    parser.add_argument("--max-temperature", type=float, default=10.0, help="replica exchange: hottest temperature")
+    parser.add_argument("--level", type=float, default=0.05, help="replica-exchange table: time to this error")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="CI scale")
     parser.add_argument("--out", default="experiments/results/grid_study")
@@ -97,7 +115,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.seconds, args.seeds, args.random_sizes, args.nd_sizes, args.chains = 2.0, 1, [6], [6], 4
         args.instances = args.instances or ["Grids_12", "90-10-1", "random-bn-6", "nd-bn-6"]
+        args.replicas = min(args.replicas, 4)
+    if any(arm.startswith("RE-") for arm in args.arms) and args.chains % args.replicas:
+        parser.error(f"--chains ({args.chains}) must be a multiple of --replicas ({args.replicas})")
     return args
+
+
+def make_kernel(label: str, fg: FactorGraph, proposal: NeuralBlockProposal, args: argparse.Namespace) -> GraphKernel:
+    """The sampler of an arm: every arm updates ``args.chains`` states per sweep."""
+    if label == "NB+Gibbs":
+        return NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=args.gibbs_prob, chains=args.chains)
+    if label == "Gibbs":
+        return GibbsKernel(fg, chains=args.chains)
+    return ReplicaExchange(
+        fg,
+        proposals=[proposal] if label == "RE-NB" else None,
+        replicas=args.replicas,
+        max_temperature=args.max_temperature,
+        gibbs_prob=args.gibbs_prob,
+        chains=args.chains // args.replicas,
+    )
 
 
 def load_instances(args: argparse.Namespace) -> dict[str, tuple[FactorGraph, torch.Tensor, str]]:
@@ -163,13 +200,37 @@ def locking(traces: list[dict], ends: list[float]) -> tuple[float, float]:
 
 
 def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
-    """Summaries, markdown table and plots; errors are compared at equal time.
+    """Summaries, markdown tables and plots (one per instance, every arm).
 
-    Both samplers run on the same budget of sampling time and stop at the sweep that reaches
-    it, so each seed compares their last errors (:func:`~neuralblock.diagnostics.runs.equal_time`).
-    Records from before the run harness (a calibrated number of sweeps, run times that differ)
-    compare both errors at the shorter of the two run times.
+    The NB+Gibbs vs Gibbs table (when both ran) compares errors at equal time: both samplers run
+    on the same budget of sampling time and stop at the sweep that reaches it, so each seed compares
+    their last errors (:func:`~neuralblock.diagnostics.runs.equal_time`). Records from before the
+    run harness (a calibrated number of sweeps, run times that differ) compare both errors at the
+    shorter of the two run times. The replica-exchange table (when an RE arm ran) gives times to
+    a fixed error.
     """
+    arms = record["config"].get("arms", ["NB+Gibbs", "Gibbs"])
+    clock = "CPU" if record["config"].get("clock", "wall") == "cpu" else "wall"
+    for name, entry in record["instances"].items():
+        plot_error_traces(
+            {arm: [r[arm] for r in entry["runs"]] for arm in arms},
+            out / f"{name}.png",
+            title=f"{name}: {', '.join(arms)} ({seconds:g} s each)",
+            time_label=f"{clock} time (s)",
+        )
+    parts = []
+    if "NB+Gibbs" in arms and "Gibbs" in arms:
+        parts.append(_nb_gibbs_table(record, seconds, seeds))
+    if any(arm.startswith("RE-") for arm in arms):
+        parts.append(replica_table(record, seconds, seeds))
+    table = "\n\n".join(parts)
+    (out / "grid_study.json").write_text(json.dumps(record, indent=1))
+    (out / "grid_study.md").write_text(f"# Neural blocks vs Gibbs on grids\n\n{table}\n")
+    return table
+
+
+def _nb_gibbs_table(record: dict, seconds: float, seeds: int) -> str:
+    """NB+Gibbs against Gibbs at equal time (fills each instance's ``summary`` and the record's counts)."""
     summary_rows = []
     for name, entry in record["instances"].items():
         runs = entry["runs"]
@@ -204,12 +265,6 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
             f"{'NB' if nb < gibbs else 'Gibbs'} | {_signed(gap, gap_se, p_value)} | {_fraction(mean_frac)} | "
             f"{_fraction(frac)} | {nb_drift:.3f} / {gibbs_drift:.3f} | {nb_spread:.2f} / {gibbs_spread:.2f} | "
             f"{acc:.3f} |"
-        )
-        plot_error_traces(
-            {"NB+Gibbs": [r["NB+Gibbs"] for r in runs], "Gibbs": [r["Gibbs"] for r in runs]},
-            out / f"{name}.png",
-            title=f"{name}: NB+Gibbs vs Gibbs ({seconds:g} s each)",
-            time_label=f"{'CPU' if record['config'].get('clock', 'wall') == 'cpu' else 'wall'} time (s)",
         )
     named = {n: e["summary"] for n, e in record["instances"].items() if n in UAI or n in ERG}
     wins = sum(summary["nb_wins"] for summary in named.values())
@@ -262,9 +317,74 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
     record["wins_on_uai_instances"] = wins
     record["mode_locked_instances"] = locked
     record["strong_instances_within_half_time"] = halved
-    (out / "grid_study.json").write_text(json.dumps(record, indent=1))
-    (out / "grid_study.md").write_text(f"# Neural blocks vs Gibbs on grids\n\n{table}\n")
     return table
+
+
+def time_to_level(arm_run: dict, level: float) -> float | None:
+    """Seconds (warmup and sampling) until the run's error stays at or below ``level`` (``None``: never)."""
+    reach = first_time(arm_run, level, for_good=True)
+    return None if reach is None else reach + arm_run["run"]["warmup_s"]
+
+
+def replica_table(record: dict, seconds: float, seeds: int) -> str:
+    """Time to ``level`` of every arm, and RE-NB against RE-Gibbs paired over seeds (fills ``record``)."""
+    cfg = record["config"]
+    level, arms = cfg["level"], cfg["arms"]
+    rows, reached_all, faster, slower = [], [], [], []
+    for name, entry in record["instances"].items():
+        runs = entry["runs"]
+        times: dict[str, list[float | None]] = {arm: [time_to_level(r[arm], level) for r in runs] for arm in arms}
+        cells = []
+        for arm in arms:
+            hit = [t for t in times[arm] if t is not None]
+            final = sum(r[arm]["errors"][-1] for r in runs) / len(runs)
+            median = sorted(hit)[(len(hit) - 1) // 2] if len(hit) == len(runs) else None
+            cells.append(f"{final:.4f} / {_seconds(median)} ({len(hit)}/{len(runs)})")
+        comparison = "-"
+        if "RE-NB" in arms and "RE-Gibbs" in arms:
+            # censored at the end of the run (warmup + budget) where the level was never reached
+            ends = {
+                a: [r[a]["run"]["warmup_s"] + r[a]["run"]["sampling_s"] for r in runs] for a in ("RE-NB", "RE-Gibbs")
+            }
+            nb = [t if t is not None else e for t, e in zip(times["RE-NB"], ends["RE-NB"])]
+            gibbs = [t if t is not None else e for t, e in zip(times["RE-Gibbs"], ends["RE-Gibbs"])]
+            gap, gap_se, p_value = paired_difference(nb, gibbs)
+            comparison = _signed(gap, gap_se, p_value)
+            entry["replica_summary"] = {"re_nb_minus_re_gibbs_seconds": gap, "se": gap_se, "p_value": p_value}
+            if (p_value or 1.0) < 0.05:
+                (faster if gap < 0 else slower).append(name)
+        if "RE-NB" in arms and all(t is not None for t in times["RE-NB"]):
+            reached_all.append(name)
+        entry["times_to_level"] = times
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {comparison} |")
+    named = [n for n in record["instances"] if n in UAI]
+    record["re_nb_reached_level"] = reached_all
+    record["re_nb_faster_than_re_gibbs"] = faster
+    record["re_nb_slower_than_re_gibbs"] = slower
+    text = [
+        f"## Replica exchange: time to mean marginal error {level:g}",
+        "",
+        f"{cfg['replicas']} temperatures up to {cfg['max_temperature']:g} (ladder adapted in {RE_WARMUP} warmup "
+        f"sweeps), {cfg['chains'] // cfg['replicas']} ensembles per RE arm, {cfg['chains']} chains for the "
+        f"others; {seconds:g} s of sampling per arm and seed, {seeds} seed(s). Each cell: seed-mean final error / "
+        f"median {cfg.get('clock', 'wall')} seconds until the error stays at or below {level:g} (warmup included; "
+        "`-` unless every seed got there) (seeds that got there). `RE-NB - RE-Gibbs`: mean paired difference of "
+        "those times (a seed that never got there counts its whole run), +- SE, paired t-test p.",
+        "",
+        "| instance | " + " | ".join(arms) + " | RE-NB - RE-Gibbs (s) |",
+        "|---|" + "---|" * (len(arms) + 1),
+        *rows,
+        "",
+        f"RE-NB reached {level:g} in every seed on {len([n for n in reached_all if n in named])} of the "
+        f"{len(named)} UAI grids run ({', '.join(n for n in reached_all if n in named) or 'none'}); at p < 0.05 it "
+        f"is faster than RE-Gibbs on {len(faster)} ({', '.join(faster) or 'none'}) and slower on {len(slower)} "
+        f"({', '.join(slower) or 'none'}).",
+    ]
+    return "\n".join(text)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _same_budget(run: dict) -> bool:
@@ -319,22 +439,19 @@ def main(argv: list[str] | None = None) -> dict:
     for name, s in tqdm(jobs, desc="grid study"):
         fg, exact, family = instances[name]
         runs = record["instances"].setdefault(name, {"family": family, "num_variables": fg.num_variables, "runs": []})
-        makers = {
-            "NB+Gibbs": lambda fg=fg, family=family: NeuralBlockKernel(
-                fg, proposals=[proposals[family]], gibbs_prob=args.gibbs_prob, chains=args.chains
-            ),
-            "Gibbs": lambda fg=fg: GibbsKernel(fg, chains=args.chains),
-        }
         run = {"seed": args.seed + s}
-        for label, make in makers.items():
+        for label in args.arms:
             pyro.set_rng_seed(args.seed + s)
+            kernel = make_kernel(label, fg, proposals[family], args)
+            warmup = RE_WARMUP if label.startswith("RE-") else WARMUP
             timed = marginal_error_run(
-                make(), fg, exact, seconds=args.seconds, warmup=WARMUP, checkpoints=args.checkpoints, clock=args.clock
+                kernel, fg, exact, seconds=args.seconds, warmup=warmup, checkpoints=args.checkpoints, clock=args.clock
             )
             run[label] = {**timed.trace.as_dict(), "diagnostics": timed.diagnostics, "run": timed.summary()}
-        gibbs_final = run["Gibbs"]["errors"][-1]
-        reach = first_time(run["NB+Gibbs"], gibbs_final, for_good=False)
-        run["nb_time_to_gibbs_final_fraction"] = None if reach is None else reach / run["Gibbs"]["seconds"][-1]
+        if "NB+Gibbs" in run and "Gibbs" in run:
+            gibbs_final = run["Gibbs"]["errors"][-1]
+            reach = first_time(run["NB+Gibbs"], gibbs_final, for_good=False)
+            run["nb_time_to_gibbs_final_fraction"] = None if reach is None else reach / run["Gibbs"]["seconds"][-1]
         runs["runs"].append(run)
     table = write_outputs(record, out, args.seconds, args.seeds)
     print(table)
