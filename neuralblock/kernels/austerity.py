@@ -50,11 +50,11 @@ from torch.distributions import Distribution
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.pyro.layout import FlatLayout
+from neuralblock.pyro.likelihood import bucket_size
 from neuralblock.pyro.plates import find_data_plate
+from neuralblock.pyro.sections import SectionEvaluator, SectionTerms, is_subsample_site, site_plate_frame
 from neuralblock.replay import ReplayedFunction
-from neuralblock.subsample import IndexSampler, SectionEvaluator, SectionTerms, SequentialTestInfo, sequential_test
-from neuralblock.subsample.likelihood import bucket_size
-from neuralblock.subsample.sections import is_subsample_site, site_plate_frame
+from neuralblock.subsample import IndexSampler, SequentialTestInfo, sequential_test
 
 __all__ = [
     "AusterityMH",
@@ -194,7 +194,7 @@ class AusterityMH(MCMCKernel):
     and it keeps no per-section state.
     Each stage evaluates the current and the proposed point in *one* model run when the model
     broadcasts a leading batch dimension of the global sites (checked at setup, see
-    :meth:`SectionEvaluator.check_vectorized <neuralblock.subsample.SectionEvaluator.check_vectorized>`),
+    :meth:`SectionEvaluator.check_vectorized <neuralblock.pyro.sections.SectionEvaluator.check_vectorized>`),
     else in two; with a control variate, the point ``θ̂`` joins that run, except on stages of more than
     4096 sections, where it runs apart so that autograd covers only its run.
 

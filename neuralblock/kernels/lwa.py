@@ -61,7 +61,7 @@ window's conditional likelihood from them (e.g. an ARMA error recursion restarte
 window's first index; see ``experiments/arma_lwa.py``). Latent sites inside the data
 plate are not supported. Per-iteration cost is ``O(n)`` (at most two density evaluations on ``U``,
 one summary of ``U``); the full-data summary is computed once at ``setup``. The densities go through
-the direct likelihood path (:class:`~neuralblock.subsample.likelihood.LogLikelihood`, traced once at
+the direct likelihood path (:class:`~neuralblock.pyro.likelihood.LogLikelihood`, traced once at
 ``setup``, no Pyro run per call); a model it cannot compile runs through Pyro, with a warning.
 
 References:
@@ -100,16 +100,15 @@ import torch
 from pyro.distributions import TorchDistribution
 from pyro.distributions.util import scale_and_mask
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
-from pyro.poutine.subsample_messenger import _Subsample
 from torch import Tensor
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
 from neuralblock.kernels.summaries import SummaryFn, default_summaries, summarise_batch
 from neuralblock.pyro.layout import FlatLayout
-from neuralblock.pyro.plates import PlateIndices, find_data_plate, plate_dim
-from neuralblock.subsample.likelihood import CompileError, LogLikelihood
-from neuralblock.subsample.sections import section_scale, site_plate_frame
+from neuralblock.pyro.likelihood import CompileError, LogLikelihood
+from neuralblock.pyro.plates import PlateIndices, _Subsample, find_data_plate, plate_dim
+from neuralblock.pyro.sections import section_scale, site_plate_frame
 
 __all__ = [
     "LWAKernel",
@@ -340,7 +339,7 @@ class LWAKernel(MCMCKernel):
         summary_data: rows summarised, ``[N, ...]`` (default: the observed values of the
             plate's sites, columns concatenated).
         direct: evaluate the model on ``U`` through the direct likelihood path
-            (:class:`~neuralblock.subsample.likelihood.LogLikelihood`: traced once, replayed as a tensor
+            (:class:`~neuralblock.pyro.likelihood.LogLikelihood`: traced once, replayed as a tensor
             graph without a Pyro run per call); a model it cannot compile falls back to Pyro runs, with a
             warning. ``False`` always runs the model.
 

@@ -5,6 +5,10 @@ messenger that sets that site's value runs the model on any subset of the data, 
 model indexes its data by the plate's indices (Pyro's subsampling idiom). The coresets, the
 LWA kernel and the austerity sections build on this; :func:`find_data_plate` finds that plate
 in a trace for the global kernels.
+
+This is the one module that imports Pyro's private names (``_Subsample``, the distribution of a
+plate's index site); the rest of neuralblock imports them from here, so a Pyro upgrade that moves
+them needs one edit.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.subsample_messenger import _Subsample  # Pyro-private: imported here only, re-exported
 from torch import Tensor
 
 __all__ = ["DataPlate", "PlateIndices", "find_data_plate", "plate_dim"]
