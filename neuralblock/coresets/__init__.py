@@ -10,8 +10,10 @@ Pipeline for an ordinary Pyro model with a data plate:
    uniform sampling, or :func:`streaming_coreset` over shards);
 4. run any Pyro MCMC kernel on :func:`weighted_model`.
 
-The core (projection, solvers, streaming) needs only torch; :mod:`neuralblock.coresets.pyro_model`
-holds the Pyro glue.
+The core (projection, solvers, streaming) needs only torch, and so does importing this package.
+The Pyro glue (:class:`ModelLogLikelihood`, the ``pi_hat`` samplers, :func:`weighted_model`) lives in
+:mod:`neuralblock.pyro.coresets`; its names are still importable from here (and from the old module
+``neuralblock.coresets.pyro_model``), and Pyro is imported on the first access of one of them.
 
 References:
     Campbell, T. and Broderick, T. "Automated Scalable Bayesian Inference via Hilbert Coresets",
@@ -20,6 +22,7 @@ References:
 Example:
     >>> import pyro, pyro.distributions as dist, torch
     >>> from pyro.infer import MCMC, NUTS
+    >>> from neuralblock.coresets import HilbertCoreset, Projector, laplace_samples, weighted_model
     >>> x = torch.randn(2000, 2)
     >>> y = torch.distributions.Bernoulli(logits=x @ torch.tensor([1.0, -2.0])).sample()
     >>> def model(x, y):
@@ -37,18 +40,14 @@ Example:
     torch.Size([20, 2])
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from neuralblock.coresets.hilbert import HilbertCoreset, merge_coresets, streaming_coreset
 from neuralblock.coresets.metrics import gaussian_kl
 from neuralblock.coresets.projection import LogLikelihood, Norm, Projector
-from neuralblock.coresets.pyro_model import (
-    ModelLogLikelihood,
-    PlateIndices,
-    WeightedModel,
-    laplace_samples,
-    prior_samples,
-    subsample_mcmc_samples,
-    weighted_model,
-)
 from neuralblock.coresets.solvers import (
     Coreset,
     CoresetSolver,
@@ -59,6 +58,28 @@ from neuralblock.coresets.solvers import (
     coreset_error,
     frank_wolfe,
     nnls_gram,
+)
+
+if TYPE_CHECKING:
+    from neuralblock.pyro.coresets import (
+        ModelLogLikelihood,
+        PlateIndices,
+        WeightedModel,
+        laplace_samples,
+        prior_samples,
+        subsample_mcmc_samples,
+        weighted_model,
+    )
+
+# names that need Pyro: imported from neuralblock.pyro.coresets on first access
+_PYRO_NAMES = (
+    "ModelLogLikelihood",
+    "PlateIndices",
+    "WeightedModel",
+    "laplace_samples",
+    "prior_samples",
+    "subsample_mcmc_samples",
+    "weighted_model",
 )
 
 __all__ = [
@@ -86,3 +107,13 @@ __all__ = [
     "subsample_mcmc_samples",
     "weighted_model",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PYRO_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module("neuralblock.pyro.coresets"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PYRO_NAMES))

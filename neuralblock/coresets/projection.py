@@ -160,7 +160,7 @@ class Projector:
             >>> proj.project().shape
             torch.Size([50, 20])
         """
-        from neuralblock.coresets.pyro_model import ModelLogLikelihood
+        from neuralblock.pyro.coresets import ModelLogLikelihood
 
         loglik = ModelLogLikelihood(model, data_plate, model_args, model_kwargs)
         flat = loglik.flatten(samples)

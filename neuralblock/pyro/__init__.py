@@ -11,6 +11,12 @@
 * :class:`FlatLayout` (continuous sites as one flat unconstrained vector, with the map to
   constrained values and its log-Jacobian) and :func:`find_data_plate` are shared by the
   global-parameter kernels.
+* The Pyro-specific halves of the torch-only packages: :mod:`neuralblock.pyro.sections` (a model's
+  lazy local sections) and :mod:`neuralblock.pyro.likelihood` (its direct likelihood path) for
+  :mod:`neuralblock.subsample`, and :mod:`neuralblock.pyro.coresets` (per-datum log-likelihoods,
+  ``pi_hat`` samplers, the weighted model) for :mod:`neuralblock.coresets`. They are imported on
+  demand, not by this package.
+* :mod:`neuralblock.pyro.plates` is the one module that imports Pyro's private names.
 
 Example:
     >>> import torch
