@@ -481,7 +481,9 @@ class FusedPotential:
     step: a forward graph of small operations and an autograd-engine pass over it. Here the value and
     the gradient of ``potential`` (with respect to every site) are computed by one function, replayed as a
     recorded graph (:class:`ReplayedFunction`, checked against plain calls), and handed to autograd as
-    one node whose backward multiplies the stored gradient. Values and gradients equal the plain ones.
+    one node whose backward multiplies the stored gradient. Values and gradients equal the plain ones;
+    a backward pass that builds a graph (``create_graph=True``, for Hessians) differentiates the plain
+    potential, so higher derivatives are right too.
 
     Args:
         potential: ``{site: unconstrained value} -> scalar`` (differentiable in torch operations).
@@ -522,12 +524,20 @@ class _PotentialNode(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, fused: FusedPotential, *values: Tensor) -> Tensor:
         value, *grads = fused.value_and_grad(*(v.detach() for v in values))
-        ctx.save_for_backward(*grads)
+        ctx.fused = fused
+        ctx.save_for_backward(*values, *grads)
         return value
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
-        return (None, *(grad_output * g for g in ctx.saved_tensors))
+        saved = ctx.saved_tensors
+        values, grads = saved[: len(saved) // 2], saved[len(saved) // 2 :]
+        if torch.is_grad_enabled():  # create_graph (e.g. a Hessian): differentiate the plain potential instead
+            fused: FusedPotential = ctx.fused
+            value = fused.potential(dict(zip(fused.sites, values)))
+            grads = torch.autograd.grad(value, values, create_graph=True, allow_unused=True)
+            grads = tuple(torch.zeros_like(v) if g is None else g for v, g in zip(values, grads))
+        return (None, *(grad_output * g for g in grads))
 
 
 def recording_failure(err: Exception) -> str:

@@ -210,3 +210,19 @@ def test_fused_potential_gives_zero_gradients_to_sites_it_does_not_read() -> Non
     a, unused = torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)
     grads = torch.autograd.grad(fused({"a": a, "unused": unused}), [a, unused])
     assert grads[0].tolist() == [2.0, 2.0] and grads[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_fused_potential_has_the_plain_potentials_hessian() -> None:
+    """Newton steps and Laplace fits differentiate the gradient again (create_graph): the Hessian must be right."""
+
+    def potential(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = params["x"]
+        return (x**4).sum() / 4 + x[0] * x[1] + torch.exp(x).sum()
+
+    fused = FusedPotential(potential, ["x"], "a test potential", record_after=1)
+    for _ in range(4):  # past the recording and its checks
+        x = torch.randn(3)
+        got = torch.autograd.functional.hessian(lambda v: fused({"x": v}), x)
+        want = torch.autograd.functional.hessian(lambda v: potential({"x": v}), x)
+        assert torch.allclose(got, want, atol=1e-5), (got, want)
+    assert fused.value_and_grad.verified
