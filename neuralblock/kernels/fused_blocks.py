@@ -194,9 +194,16 @@ def block_log_q_table(proposal: NeuralBlockProposal, features: Tensor, values: T
     with torch.no_grad():
         mixture = proposal(features.to(proposal.dtype))
         logp = mixture.discrete_log_probs  # [..., C, D, kmax]
-        kmax = logp.shape[-1]
-        flat_index = (torch.arange(values.shape[-1]) * kmax + values.long()).to(logp.device)  # [J, D]
-        picked = logp.flatten(-2)[..., flat_index].sum(-1)  # [..., C, J]
+        size, kmax = logp.shape[-2:]
+        flat_index = (torch.arange(size) * kmax + values.long()).to(logp.device)  # [J, D]
+        # sum over the block's variables of each joint value's log-probabilities as one matrix product with a 0/1
+        # selector (a gather of [..., C, J, D] then a sum is several times slower); -inf entries (impossible values)
+        # are held at a finite floor so that 0 * floor stays 0, and restored afterwards
+        selector = torch.zeros(size * kmax, len(values), dtype=logp.dtype, device=logp.device)
+        selector[flat_index, torch.arange(len(values), device=logp.device)[:, None]] = 1.0
+        floor = torch.finfo(logp.dtype).min / (2 * size)
+        picked = logp.clamp_min(floor).flatten(-2) @ selector  # [..., C, J]
+        picked = picked.masked_fill(picked <= floor, -math.inf)
         return torch.logsumexp(mixture.mixture_log_weights.unsqueeze(-1) + picked, -2)
 
 
