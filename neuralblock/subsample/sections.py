@@ -6,16 +6,11 @@ this module needs only torch; Pyro is imported on the first access of one of its
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from neuralblock._lazy import forwarding_getattr
 
 if TYPE_CHECKING:
     from neuralblock.pyro.sections import *  # noqa: F403
 
-_TARGET = "neuralblock.pyro.sections"
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_TARGET), name)
+__getattr__ = forwarding_getattr(__name__, "neuralblock.pyro.sections")
