@@ -10,7 +10,7 @@ inputs; a function the recording cannot represent (data-dependent Python control
 randomness) falls back to plain calls with a warning that names the reason.
 
 The graph passes (:func:`simplify_graph`, :func:`fast_call`) are shared with the direct
-likelihood path of :mod:`neuralblock.subsample.likelihood`.
+likelihood path of :mod:`neuralblock.pyro.likelihood`.
 
 Example:
     >>> import torch
