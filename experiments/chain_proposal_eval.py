@@ -39,11 +39,11 @@ import pyro
 import torch
 from pyro.ops.stats import effective_sample_size
 
-from experiments.common import load_proposal_or_untrained
+from experiments.common import add_run_options, load_proposal_or_untrained, open_study, proposal_study_parser
 from experiments.sv_models import load_sp500_returns
 from motifs.chain import ChainMotif, stochastic_volatility_graph
 from neuralblock import NeuralBlockKernel, RandomWalkMH
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.diagnostics.runs import TimedRun, timed_run
 from neuralblock.proposals import NeuralBlockProposal
 from trainers.metrics import mc_acceptance
@@ -57,18 +57,14 @@ ESS_STATES = 50  # evenly spaced states whose ESS is computed (Pyro's ESS is slo
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--proposal", default="chain", help="shipped proposal name or a proposal file path")
+    parser = proposal_study_parser(__doc__, "chain")
     parser.add_argument("--instances", type=int, default=8192, help="held-out instantiations per family")
     parser.add_argument("--mc-samples", type=int, default=32, help="proposals per instance for the acceptance")
     parser.add_argument("--days", type=int, default=2000, help="most recent S&P 500 days in part 2")
     parser.add_argument("--phi", type=float, default=0.98)
     parser.add_argument("--sigma", type=float, default=0.15)
     parser.add_argument("--sweeps", type=int, default=2000, help="MCMC sweeps per sampler in part 2")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale (an untrained proposal if none is shipped)")
-    parser.add_argument("--out", default="experiments/results/chain_proposal")
+    add_run_options(parser, "experiments/results/chain_proposal")
     args = parser.parse_args(argv)
     if args.quick:
         args.instances, args.mc_samples, args.days, args.sweeps = 256, 8, 80, 30
@@ -162,10 +158,8 @@ def plot(rows: list[dict[str, Any]], sv: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    config, folder = open_study(args)
     proposal = load_proposal_or_untrained(args.proposal, args.quick, ChainMotif, hidden=(16,))
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
-    folder = study_folder(args.out, config)
     rows = held_out(proposal, args)
     sv = sp500_chain(proposal, args)
     record = {"config": config, "held_out": rows, "sp500": sv}
@@ -181,10 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + markdown_table(sv_rows, sv_columns)
         + "\n"
     )
-    (folder / "chain_proposal.md").write_text(text)
     plot(rows, sv, folder / "chain_proposal.png")
-    print(text)
-    print(f"wrote {folder}")
+    write_report(folder, "chain_proposal.md", text)
     return record
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from neuralblock.diagnostics.reports import study_folder
 from neuralblock.motif import Motif
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
 
@@ -68,3 +72,44 @@ def load_proposal_or_untrained(
         return NeuralBlockProposal(motif(), components=4, hidden=hidden)
 
     return load_proposal(name, untrained if quick else None)
+
+
+def proposal_study_parser(doc: str, proposal: str) -> argparse.ArgumentParser:
+    """The parser of a study of a trained proposal: the docstring's first paragraph and ``--proposal``.
+
+    The study adds its own options, then :func:`add_run_options`.
+    """
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--proposal", default=proposal, help="shipped proposal name or a proposal file path")
+    return parser
+
+
+def add_run_options(
+    parser: argparse.ArgumentParser,
+    out: str,
+    quick_help: str = "CI scale (an untrained proposal if none is shipped)",
+) -> None:
+    """The options every such study ends with: ``--seed``, ``--threads``, ``--quick`` and ``--out``.
+
+    Example:
+        >>> parser = proposal_study_parser("A study.", "chain")
+        >>> add_run_options(parser, "experiments/results/demo")
+        >>> vars(parser.parse_args(["--quick"]))
+        {'proposal': 'chain', 'seed': 0, 'threads': 1, 'quick': True, 'out': 'experiments/results/demo'}
+    """
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--out", default=out)
+
+
+def open_study(args: argparse.Namespace, **extra: Any) -> tuple[dict[str, Any], Path]:
+    """Set torch's threads to ``args.threads``; return the study's configuration and its output folder.
+
+    The configuration is every option but ``out`` and ``threads`` (in the parser's order), then
+    ``extra``; the folder is :func:`~neuralblock.diagnostics.reports.study_folder` of it.
+    """
+    torch.set_num_threads(args.threads)
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
+    config.update(extra)
+    return config, study_folder(args.out, config)

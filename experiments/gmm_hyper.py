@@ -63,11 +63,11 @@ from pyro import poutine
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import median
+from experiments.common import add_run_options, median, open_study, proposal_study_parser
 from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.diagnostics.runs import CLOCKS, timed_run
 from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH
 from neuralblock.kernels.base import GraphKernel
@@ -465,8 +465,7 @@ def exact_hyper_posterior(
 
 # ------------------------------------------------------------------------------ the study
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--proposal", default="gmm_pair", help="shipped proposal name or a proposal file path")
+    parser = proposal_study_parser(__doc__, "gmm_pair")
     parser.add_argument("--mixtures", type=int, default=16)
     parser.add_argument("--points", type=int, default=240)
     parser.add_argument("--true-active", type=int, default=6)
@@ -478,10 +477,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="compound transitions of step-size adaptation")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument("--fixed-runs", type=int, default=1, help="runs per dataset of the fixed-true-hyper lines")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale (an untrained proposal if none is shipped)")
-    parser.add_argument("--out", default="experiments/results/gmm_hyper")
+    add_run_options(parser, "experiments/results/gmm_hyper")
     args = parser.parse_args(argv)
     if args.quick:
         args.mixtures, args.points, args.true_active = 6, 40, 3
@@ -714,11 +710,8 @@ def warm_up(proposal: NeuralBlockProposal) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    config, folder = open_study(args, priors=asdict(HyperPriors()))
     proposal = load_proposal_or_untrained(args.proposal, args.quick)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
-    config["priors"] = asdict(HyperPriors())
-    folder = study_folder(args.out, config)
     warm_up(proposal)
     wall = CLOCKS["wall"]()
     with tqdm(total=args.datasets * 2 * (args.runs + args.fixed_runs), desc="GMM hyper runs") as bar:
@@ -757,11 +750,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + f"Full run: {record['wall_seconds']:.0f} s wall time.\n\n"
         + "![traces](gmm_hyper_traces.png)\n\n![posteriors](gmm_hyper_posteriors.png)\n"
     )
-    (folder / "gmm_hyper.md").write_text(text)
     plot_traces(results, folder / "gmm_hyper_traces.png")
     plot_posteriors(results, folder / "gmm_hyper_posteriors.png")
-    print(text)
-    print(f"wrote {folder}")
+    write_report(folder, "gmm_hyper.md", text)
     return record
 
 

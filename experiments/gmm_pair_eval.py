@@ -36,6 +36,7 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
+from experiments.common import add_run_options, open_study, proposal_study_parser
 from experiments.gmm_models import (
     P_ACTIVE,
     SIGMA,
@@ -47,7 +48,7 @@ from experiments.gmm_models import (
 )
 from motifs.gmm_pair import prior_proposal
 from neuralblock import NeuralBlockKernel
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.kernels.base import sequential_init
 from neuralblock.proposals import NeuralBlockProposal
 from trainers.trainer import evaluate
@@ -59,18 +60,14 @@ NEAR_TRUTH = 5.0  # nats below the log joint at the true state that count as "co
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--proposal", default="gmm_pair", help="shipped proposal name or a proposal file path")
+    parser = proposal_study_parser(__doc__, "gmm_pair")
     parser.add_argument("--instances", type=int, default=8192, help="held-out instantiations in part 1")
     parser.add_argument("--mc-samples", type=int, default=32, help="proposals per instance for the acceptance")
     parser.add_argument("--models", type=int, default=8, help="held-out GMMs in part 2")
     parser.add_argument("--mixtures", type=int, default=8)
     parser.add_argument("--points", type=int, default=60)
     parser.add_argument("--seconds", type=float, default=20.0, help="wall time per sampler and model in part 2")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale (an untrained proposal if none is shipped)")
-    parser.add_argument("--out", default="experiments/results/gmm_pair")
+    add_run_options(parser, "experiments/results/gmm_pair")
     args = parser.parse_args(argv)
     if args.quick:
         args.instances, args.mc_samples, args.models, args.seconds = 256, 4, 2, 1.0
@@ -166,10 +163,8 @@ def plot(rows: list[dict[str, Any]], part2: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    config, folder = open_study(args)
     proposal = load_proposal_or_untrained(args.proposal, args.quick)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
-    folder = study_folder(args.out, config)
     rows = held_out(proposal, args)
     part2 = mcmc_comparison(proposal, args)
     summary = summarize(part2)
@@ -183,10 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + markdown_table(summary, list(summary[0]))
         + "\n"
     )
-    (folder / "gmm_pair.md").write_text(text)
     plot(rows, part2, folder / "gmm_pair.png")
-    print(text)
-    print(f"wrote {folder}")
+    write_report(folder, "gmm_pair.md", text)
     return record
 
 

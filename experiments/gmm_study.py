@@ -34,10 +34,10 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
-from experiments.common import lower_median
+from experiments.common import add_run_options, lower_median, open_study, proposal_study_parser
 from experiments.gmm_models import first_time_above, held_out_gmm, load_proposal_or_untrained, run_sampler
 from neuralblock import NeuralBlockKernel
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.kernels.base import sequential_init
 from neuralblock.kernels.split_merge import SplitMergeGMM
 
@@ -48,18 +48,14 @@ NB, SM = "NB(gmm_pair) + Gibbs", "split-merge + Gibbs"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--proposal", default="gmm_pair", help="shipped proposal name or a proposal file path")
+    parser = proposal_study_parser(__doc__, "gmm_pair")
     parser.add_argument("--mixtures", type=int, nargs="+", default=[8, 12, 16])
     parser.add_argument("--points", type=int, nargs="+", default=[60, 120, 240])
     parser.add_argument("--runs", type=int, default=3, help="runs per sampler on the same observations")
     parser.add_argument("--seconds", type=float, default=20.0, help="wall time per run")
     parser.add_argument("--target-seconds", type=float, default=60.0, help="wall time per run at the largest size")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale (an untrained proposal if none is shipped)")
-    parser.add_argument("--out", default="experiments/results/gmm_study")
+    add_run_options(parser, "experiments/results/gmm_study")
     args = parser.parse_args(argv)
     if args.quick:
         args.mixtures, args.points, args.runs, args.seconds, args.target_seconds = [8], [60], 1, 1.0, 1.0
@@ -155,10 +151,8 @@ def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str) -> No
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    config, folder = open_study(args)
     proposal = load_proposal_or_untrained(args.proposal, args.quick)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
-    folder = study_folder(args.out, config)
     sizes = [(m, n) for m in args.mixtures for n in args.points]
     results = [study_size(m, n, args, proposal) for m, n in tqdm(sizes, desc="GMM sizes")]
     rows = [row for result in results for row in result["summary"]]
@@ -176,11 +170,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + f"\n\nTarget (m={sizes[-1][0]}, n={sizes[-1][1]}): NB reaches split-merge's final log-likelihood "
         + f"in {verdict}.\n\n![log-likelihood](gmm_study_loglik.png)\n\n![active mixtures](gmm_study_active.png)\n"
     )
-    (folder / "gmm_study.md").write_text(text)
     plot(results, folder / "gmm_study_loglik.png", "log_lik", "log-lik - log-lik at truth")
     plot(results, folder / "gmm_study_active.png", "active", "active mixtures M")
-    print(text)
-    print(f"wrote {folder}")
+    write_report(folder, "gmm_study.md", text)
     return record
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from neuralblock.proposals import atomic_write_bytes
 
-__all__ = ["config_hash", "format_cell", "markdown_table", "study_folder", "write_json"]
+__all__ = ["config_hash", "format_cell", "markdown_table", "study_folder", "write_json", "write_report"]
 
 
 def config_hash(config: Mapping[str, Any], length: int = 10) -> str:
@@ -65,6 +65,23 @@ def write_json(path: str | Path, record: Any) -> None:
     """
     text = json.dumps(_finite(record), indent=1, sort_keys=False, default=str)
     atomic_write_bytes(Path(path), (text + "\n").encode())
+
+
+def write_report(folder: str | Path, name: str, text: str) -> None:
+    """Write a study's markdown report ``folder/name``, then print it and the folder.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> folder = pathlib.Path(tempfile.mkdtemp())
+        >>> write_report(folder, "r.md", "# r")  # doctest: +ELLIPSIS
+        # r
+        wrote ...
+        >>> (folder / "r.md").read_text()
+        '# r'
+    """
+    (Path(folder) / name).write_text(text)
+    print(text)
+    print(f"wrote {folder}")
 
 
 def _finite(value: Any) -> Any:
