@@ -116,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seconds, args.seeds, args.random_sizes, args.nd_sizes, args.chains = 2.0, 1, [6], [6], 4
         args.instances = args.instances or ["Grids_12", "90-10-1", "random-bn-6", "nd-bn-6"]
         args.replicas = min(args.replicas, 4)
+    if args.replicas < 1:
+        parser.error(f"--replicas must be at least 1, got {args.replicas}")
     if any(arm.startswith("RE-") for arm in args.arms) and args.chains % args.replicas:
         parser.error(f"--chains ({args.chains}) must be a multiple of --replicas ({args.replicas})")
     return args
@@ -271,7 +273,7 @@ def _nb_gibbs_table(record: dict, seconds: float, seeds: int) -> str:
     strong = {n: summary for n, summary in named.items() if summary["strongly_coupled"]}
     halved = sum(1 for summary in strong.values() if (summary["mean_curve_fraction"] or 2.0) <= 0.5)
     clear = {  # paired t-test over seeds, two-sided p < 0.05
-        side: sum(1 for x in named.values() if (x["difference_p_value"] or 1.0) < 0.05 and sign * x["difference"] > 0)
+        side: sum(1 for x in named.values() if significant(x["difference_p_value"]) and sign * x["difference"] > 0)
         for side, sign in (("NB", -1.0), ("Gibbs", 1.0))
     }
     table = "\n".join(
@@ -305,8 +307,8 @@ def _nb_gibbs_table(record: dict, seconds: float, seeds: int) -> str:
         "into early."
     )
     targets = {n: e["summary"] for n, e in record["instances"].items() if n in ERG or n.startswith("nd-bn-")}
-    target_wins = [n for n, x in targets.items() if (x["difference_p_value"] or 1.0) < 0.05 and x["difference"] < 0]
-    gibbs_better = [n for n, x in named.items() if (x["difference_p_value"] or 1.0) < 0.05 and x["difference"] > 0]
+    target_wins = [n for n, x in targets.items() if significant(x["difference_p_value"]) and x["difference"] < 0]
+    gibbs_better = [n for n, x in named.items() if significant(x["difference_p_value"]) and x["difference"] > 0]
     table += (
         f"\n\nGrid BNs (UAI 2008 and near-deterministic random ones): NB+Gibbs is better at p < 0.05 on "
         f"{len(target_wins)} of {len(targets)} ({', '.join(target_wins) or 'none'}). Gibbs is better at p < 0.05 on "
@@ -326,6 +328,34 @@ def time_to_level(arm_run: dict, level: float) -> float | None:
     return None if reach is None else reach + arm_run["run"]["warmup_s"]
 
 
+def significant(p_value: float | None) -> bool:
+    """Two-sided p below 0.05 (``None``: no test, e.g. one seed)."""
+    return p_value is not None and p_value < 0.05
+
+
+def censored_pairs(
+    runs: list[dict], first: list[float | None], second: list[float | None], arms: tuple[str, str]
+) -> tuple[list[float], list[float]]:
+    """Paired times to a level, both cut at the seed's common end (the shorter of the two runs).
+
+    A run that never got there (``None``), or got there after the other run ended, counts as the common
+    end, so a seed where neither got there in that time is a tie and a missed level is never credited
+    with a run's own length.
+
+    Example:
+        >>> spans = {"a": {"warmup_s": 1.0, "sampling_s": 9.0}, "b": {"warmup_s": 0.0, "sampling_s": 9.0}}
+        >>> runs = [{arm: {"run": span} for arm, span in spans.items()}]
+        >>> censored_pairs(runs, [None], [None], ("a", "b")), censored_pairs(runs, [2.0], [None], ("a", "b"))
+        (([9.0], [9.0]), ([2.0], [9.0]))
+    """
+    out_first, out_second = [], []
+    for run, t_first, t_second in zip(runs, first, second):
+        end = min(run[arm]["run"]["warmup_s"] + run[arm]["run"]["sampling_s"] for arm in arms)
+        out_first.append(end if t_first is None else min(t_first, end))
+        out_second.append(end if t_second is None else min(t_second, end))
+    return out_first, out_second
+
+
 def replica_table(record: dict, seconds: float, seeds: int) -> str:
     """Time to ``level`` of every arm, and RE-NB against RE-Gibbs paired over seeds (fills ``record``)."""
     cfg = record["config"]
@@ -342,16 +372,11 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
             cells.append(f"{final:.4f} / {_seconds(median)} ({len(hit)}/{len(runs)})")
         comparison = "-"
         if "RE-NB" in arms and "RE-Gibbs" in arms:
-            # censored at the end of the run (warmup + budget) where the level was never reached
-            ends = {
-                a: [r[a]["run"]["warmup_s"] + r[a]["run"]["sampling_s"] for r in runs] for a in ("RE-NB", "RE-Gibbs")
-            }
-            nb = [t if t is not None else e for t, e in zip(times["RE-NB"], ends["RE-NB"])]
-            gibbs = [t if t is not None else e for t, e in zip(times["RE-Gibbs"], ends["RE-Gibbs"])]
+            nb, gibbs = censored_pairs(runs, times["RE-NB"], times["RE-Gibbs"], ("RE-NB", "RE-Gibbs"))
             gap, gap_se, p_value = paired_difference(nb, gibbs)
             comparison = _signed(gap, gap_se, p_value)
             entry["replica_summary"] = {"re_nb_minus_re_gibbs_seconds": gap, "se": gap_se, "p_value": p_value}
-            if (p_value or 1.0) < 0.05:
+            if significant(p_value):
                 (faster if gap < 0 else slower).append(name)
         if "RE-NB" in arms and all(t is not None for t in times["RE-NB"]):
             reached_all.append(name)
@@ -369,7 +394,8 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
         f"others; {seconds:g} s of sampling per arm and seed, {seeds} seed(s). Each cell: seed-mean final error / "
         f"median {cfg.get('clock', 'wall')} seconds until the error stays at or below {level:g} (warmup included; "
         "`-` unless every seed got there) (seeds that got there). `RE-NB - RE-Gibbs`: mean paired difference of "
-        "those times (a seed that never got there counts its whole run), +- SE, paired t-test p.",
+        "those times, both cut at the seed's common end (the shorter run; a run that never got there counts that "
+        "end, so a seed where neither did is a tie), +- SE, paired t-test p.",
         "",
         "| instance | " + " | ".join(arms) + " | RE-NB - RE-Gibbs (s) |",
         "|---|" + "---|" * (len(arms) + 1),

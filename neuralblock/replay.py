@@ -210,10 +210,10 @@ def _written(gm: Any) -> set[Any]:
         for spec, arg in zip(node.target._schema.arguments, given):
             if spec.alias_info is None or not spec.alias_info.is_write:
                 continue
-            base = arg
-            while isinstance(base, type(node)) and base not in out:
-                out.add(base)
-                base = base.args[0] if _is_view(base) else None
+            for base in arg if isinstance(arg, (list, tuple)) else [arg]:  # Tensor(a!)[]: every element is written
+                while isinstance(base, type(node)) and base not in out:
+                    out.add(base)
+                    base = base.args[0] if _is_view(base) else None
     return out
 
 
@@ -534,9 +534,13 @@ class _PotentialNode(torch.autograd.Function):
         values, grads = saved[: len(saved) // 2], saved[len(saved) // 2 :]
         if torch.is_grad_enabled():  # create_graph (e.g. a Hessian): differentiate the plain potential instead
             fused: FusedPotential = ctx.fused
+            wanted = [i for i, v in enumerate(values) if ctx.needs_input_grad[i + 1] and v.requires_grad]
             value = fused.potential(dict(zip(fused.sites, values)))
-            grads = torch.autograd.grad(value, values, create_graph=True, allow_unused=True)
-            grads = tuple(torch.zeros_like(v) if g is None else g for v, g in zip(values, grads))
+            found = torch.autograd.grad(value, [values[i] for i in wanted], create_graph=True, allow_unused=True)
+            exact: list[Tensor | None] = [None] * len(values)
+            for i, g in zip(wanted, found):
+                exact[i] = torch.zeros_like(values[i]) if g is None else g
+            return (None, *(None if g is None else grad_output * g for g in exact))
         return (None, *(grad_output * g for g in grads))
 
 

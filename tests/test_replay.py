@@ -226,3 +226,30 @@ def test_fused_potential_has_the_plain_potentials_hessian() -> None:
         want = torch.autograd.functional.hessian(lambda v: potential({"x": v}), x)
         assert torch.allclose(got, want, atol=1e-5), (got, want)
     assert fused.value_and_grad.verified
+
+
+def test_fused_potential_second_derivatives_for_some_sites_only() -> None:
+    fused = FusedPotential(
+        lambda p: (p["a"] ** 3).sum() + (p["a"] * p["b"]).sum(), ["a", "b"], "a test", record_after=1
+    )
+    b = torch.ones(2)  # a constant: no gradient asked for it
+    for _ in range(3):
+        a = torch.randn(2, requires_grad=True)
+        (grad,) = torch.autograd.grad(fused({"a": a, "b": b}), a, create_graph=True)
+        (curvature,) = torch.autograd.grad(grad.sum(), a)
+        assert torch.allclose(grad, 3 * a**2 + b) and torch.allclose(curvature, 6 * a)
+
+
+def test_tensors_written_through_a_list_argument_are_not_folded() -> None:
+    def accumulate(x: torch.Tensor) -> torch.Tensor:
+        buffer = torch.zeros(3)
+        torch._foreach_add_([buffer], [x])
+        return buffer * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a wrongly folded buffer fails the checks and warns
+        fast = ReplayedFunction(accumulate, "a list write", record_after=1)
+        for _ in range(5):
+            x = torch.randn(3)
+            assert torch.allclose(fast(x), 2 * x)
+    assert fast.verified

@@ -76,6 +76,7 @@ def test_every_replica_samples_its_tempered_target() -> None:
         assert z.abs().max() <= limit, f"replica {r} (T={temperature}): max |z| = {z.abs().max():.2f}"
     assert kernel.diagnostics()["temperatures"] == temperatures  # no adaptation
     assert kernel.diagnostics()["tempered_proposals"]  # each replica proposed from its tempered model
+    assert kernel.diagnostics()["tempered_sweeps"] > 500  # and the sweeps read the tempered tables
 
 
 def test_tempered_proposal_tables_hold_each_temperatures_proposal_and_energy() -> None:
@@ -151,3 +152,30 @@ def test_rejects_bad_options_and_continuous_models() -> None:
     with pytest.raises(ValueError, match="discrete latent variables only"):
         ReplicaExchange(continuous, replicas=2).setup(0)
     assert geometric_ladder(1, 5.0).tolist() == [1.0]
+
+
+def _with_a_callable_factor(fg: FactorGraph) -> FactorGraph:
+    """The graph plus one factor that is not a table (a batched function of x0 and x1)."""
+    fg.add_callable_factors(
+        torch.tensor([[0, 1]]), lambda values, params: -0.3 * (values[..., 0] - values[..., 1]) ** 2
+    )
+    return fg
+
+
+def test_neural_replicas_keep_the_untempered_proposal_where_it_cannot_be_tempered() -> None:
+    """A graph with a non-table factor, and new parameters (update_graph): untempered proposals, still exact."""
+    torch.manual_seed(0)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    mixed = _with_a_callable_factor(coupled_chain(seed=2))
+    kernel = ReplicaExchange(mixed, [proposal], temperatures=[1.0, 3.0], chains=2, adapt=False)
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=5, disable_progbar=True)
+    mcmc.run()  # used to raise: tempered copies are made of table factors only
+    assert not kernel.diagnostics()["tempered_proposals"] and kernel.diagnostics()["tempered_sweeps"] == 0
+    tables = ReplicaExchange(coupled_chain(seed=2), [proposal], temperatures=[1.0, 3.0], chains=2, adapt=False)
+    tables.setup(0)
+    params = tables.sample(tables.initial_params)
+    assert tables.diagnostics()["tempered_proposals"]
+    tables.update_graph(coupled_chain(seed=3))  # new parameter values: the replicas go back to the untempered proposal
+    for _ in range(3):
+        params = tables.sample(params)
+    assert not tables.diagnostics()["tempered_proposals"]

@@ -274,3 +274,38 @@ def test_compiled_grid_kernels_pickle_for_worker_processes() -> None:
         updates = [f.update for f in getattr(copy, "fused", []) if f is not None]
         updates += [copy.plan.update] if isinstance(copy, GibbsKernel) else [copy.single_site.gibbs_plan.update]
         assert updates and all(isinstance(u, CompiledFunction) and u._compiled is None for u in updates)
+
+
+@pytest.mark.parametrize("cards", [[5], [2, 3], [2, 2, 2]])
+def test_block_log_q_table_is_the_mixture_of_per_variable_categoricals(cards: list[int]) -> None:
+    from neuralblock.kernels.fused_blocks import block_log_q_table
+    from neuralblock.motif import BlockSpec, Motif
+
+    class Block(Motif):
+        name, block_spec, feature_dim = f"q-table-{len(cards)}", BlockSpec(cards), 3
+
+        def options(self):
+            return {}  # noqa: E704
+
+        def find_instances(self, fg):
+            raise NotImplementedError  # noqa: E704
+
+        def encode(self, fg, instances, state):
+            raise NotImplementedError  # noqa: E704
+
+        def sample_training_batch(self, batch_size, generator):
+            raise NotImplementedError  # noqa: E704
+
+    torch.manual_seed(0)
+    proposal = NeuralBlockProposal(Block(), components=3, hidden=(8,))
+    features, values = torch.randn(7, 3), Block.block_spec.enumerate()
+    table = block_log_q_table(proposal, features, values)
+    with torch.no_grad():
+        mixture = proposal(features)
+        logp = mixture.discrete_log_probs  # [7, C, D, kmax]
+        per_value = torch.stack(
+            [sum(logp[:, :, d, v] for d, v in enumerate(row.long().tolist())) for row in values], -1
+        )
+        want = torch.logsumexp(mixture.mixture_log_weights.unsqueeze(-1) + per_value, -2)
+    assert torch.allclose(table, want, atol=1e-5)
+    assert torch.allclose(table.logsumexp(-1), torch.zeros(7), atol=1e-5)

@@ -222,7 +222,7 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     exact line search, so the error is non-increasing and at most ``size`` weights are non-zero.
     Scoring the vertices against the residual ``r = L - L(w)``, ``<f_n, r> / ||f_n||``, is one ``[n, J]``
     matrix-vector product per iteration; everything else is ``O(J)``
-    (the line search reads only ``f_f``, ``r`` and ``L(w)``) or ``O(support x J)`` (the NNLS steps), so an
+    (the line search reads only ``f_f``, ``r`` and ``L(w)``) or ``O(support^2 x J)`` (the NNLS steps), so an
     NNLS step at every iteration (``refine_every=1``, fully corrective) costs little and usually reaches a
     tolerance in far fewer iterations.
 

@@ -694,7 +694,11 @@ class FactorGraph:
             >>> float(fg.tempered(0.25).log_joint(torch.tensor([1.0, 1.0])))
             0.5
         """
-        if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
+        try:
+            beta = float(beta)  # Python and numpy numbers, 0-dim tensors
+        except (TypeError, ValueError):
+            raise TypeError(f"beta must be a number, got {type(beta).__name__}") from None
+        if not (math.isfinite(beta) and beta > 0):
             raise ValueError(f"beta must be a positive finite number, got {beta!r}")
         if any(not isinstance(g, TableGroup) for g in self.groups):
             raise ValueError("tempered copies are made of graphs of table factors only")

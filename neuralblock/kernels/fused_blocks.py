@@ -195,6 +195,9 @@ def block_log_q_table(proposal: NeuralBlockProposal, features: Tensor, values: T
         mixture = proposal(features.to(proposal.dtype))
         logp = mixture.discrete_log_probs  # [..., C, D, kmax]
         size, kmax = logp.shape[-2:]
+        if size == 1:  # one variable: its log-probabilities are the table (a product would cost J times more)
+            picked = logp[..., 0, :].index_select(-1, values[:, 0].long().to(logp.device))
+            return torch.logsumexp(mixture.mixture_log_weights.unsqueeze(-1) + picked, -2)
         flat_index = (torch.arange(size) * kmax + values.long()).to(logp.device)  # [J, D]
         # sum over the block's variables of each joint value's log-probabilities as one matrix product with a 0/1
         # selector (a gather of [..., C, J, D] then a sum is several times slower); -inf entries (impossible values)
@@ -422,9 +425,10 @@ def fused_class_update(
 
     With ``w = log p(B | blanket) - log q(B | C)`` read from the table row of the current
     context, the MH log-ratio of a proposed joint value ``j'`` from ``j`` is ``w[j'] - w[j]``.
-    For tempered targets ``p(x)^beta`` (one ``beta`` per chain) the proposal stays the
-    untempered one (any proposal keeps MH exact) and the log-ratio gains
-    ``(beta - 1) (E[j'] - E[j])``, with the rows' block energies ``E``.
+    For tempered targets ``p(x)^beta`` (one ``beta`` per chain), either each chain reads the rows of
+    its temperature's own table (``key_offset``: proposal and energies of the tempered model, so
+    ``w`` is already tempered), or it reads the untempered rows and the log-ratio gains
+    ``(beta - 1) (E[j'] - E[j])``, with the rows' block energies ``E`` (any proposal keeps MH exact).
 
     Args:
         state: ``[K, n]`` states.
@@ -549,6 +553,7 @@ class FusedBlockSweep:
         self.compiled = compile
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None
+        self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
 
     def _in_dtype(self, dtype: torch.dtype) -> tuple[list[Tensor], Tensor, Tensor]:
         """Place values and block values in the state's dtype (converted once per dtype)."""
@@ -624,6 +629,7 @@ class FusedBlockSweep:
         key_offset = None if self.tempered is None or beta is None else self.tempered.offsets(beta)
         if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
             beta_rows = None
+            self.tempered_sweeps += 1
         context_radix, block_radix, values = self._in_dtype(state.dtype)
         accepts, broken = [], []
         for c in range(count):

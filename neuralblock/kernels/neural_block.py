@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.distributions import constraints
 
-from neuralblock.graph import BlockScaffold, FactorGraph
+from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
@@ -465,14 +465,20 @@ class NeuralBlockKernel(GraphKernel):
         block energies (exact MH for ``p(x)^beta`` either way; this raises the acceptance of hot
         chains, whose untempered proposal is too sharp). Returns whether any proposal was tempered.
 
+        Nothing is tempered (and ``False`` returned) when no proposal has a fully tabulated fused table
+        or the graph has factors other than tables (:meth:`FactorGraph.tempered` copies only those).
+
         Args:
             betas: ``[R]`` inverse temperatures (the ladder; rows of :attr:`beta` take these values).
         """
         fg = self._graph()
+        tabulated = [isinstance(f, FusedBlockSweep) and f.table.slot is None and f.table.prefilled for f in self.fused]
+        if not any(tabulated) or not all(isinstance(g, TableGroup) for g in fg.groups):
+            return False
         graphs = [fg.tempered(float(b)) for b in betas.tolist()]
         tempered = False
-        for proposal, fused in zip(self.proposals, self.fused):
-            if not isinstance(fused, FusedBlockSweep):
+        for proposal, fused, ready in zip(self.proposals, self.fused, tabulated):
+            if not ready or not isinstance(fused, FusedBlockSweep):
                 continue
             found = []
             for hot in graphs:

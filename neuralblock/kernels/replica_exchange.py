@@ -21,8 +21,10 @@ A neural inner kernel proposes, at every temperature, from the proposal conditio
 with its log tables scaled by ``beta``, so once the ladder is fixed (after warmup, or from the
 start without adaptation) each temperature's proposal is tabulated on
 :meth:`FactorGraph.tempered` copies of the model. Until then, and where a proposal cannot be
-tabulated, every temperature uses the untempered proposal. Any proposal keeps MH exact; the
-block acceptance per temperature is reported.
+tabulated (the fused path with a fully tabulated table, graphs of table factors), and after the
+model's parameters change (``update_graph``: compound samplers), every temperature uses the
+untempered proposal. Any proposal keeps MH exact; the block acceptance per temperature and the
+sweeps that used the tempered tables are reported.
 
 Example:
     >>> import torch, pyro
@@ -45,6 +47,7 @@ from torch import Tensor
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_init
+from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel
 from neuralblock.kernels.neural_block import NeuralBlockKernel
 from neuralblock.proposals import NeuralBlockProposal
@@ -200,7 +203,9 @@ class ReplicaExchange(GraphKernel):
 
     def _refresh(self, fg: FactorGraph) -> None:
         self.inner._refresh(fg)
-        self._tempered = None  # new parameters: tabulate the tempered proposals again
+        # new parameter values (a compound sampler changes them at every transition): R tempered tables per change
+        # would cost more than they gain, so the replicas keep the untempered proposal from here on
+        self._tempered = False
 
     def _reset_stats(self) -> None:
         pairs = max(self.replicas - 1, 0)
@@ -268,6 +273,12 @@ class ReplicaExchange(GraphKernel):
         new = torch.cat([temps[:1], temps[0] + gaps[:-1].cumsum(0), temps[-1:]])
         self.temperatures = new
 
+    def _tempered_sweeps(self) -> int:
+        """Neural sweeps (warmup included) whose chains read their temperature's tables."""
+        if not isinstance(self.inner, NeuralBlockKernel):
+            return 0
+        return sum(f.tempered_sweeps for f in self.inner.fused if isinstance(f, FusedBlockSweep))
+
     def logging(self) -> dict[str, float]:
         """The inner kernel's fields and the mean swap acceptance so far."""
         out = dict(self.inner.logging())
@@ -290,6 +301,7 @@ class ReplicaExchange(GraphKernel):
             "chains": float(self.chains),
             "inner": self.inner.diagnostics(),
             "tempered_proposals": bool(self._tempered),
+            "tempered_sweeps": self._tempered_sweeps(),
         }
         if isinstance(self.inner, NeuralBlockKernel):
             rates = []
