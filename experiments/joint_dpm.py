@@ -76,7 +76,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.logistic_models import logistic_model
+from experiments.logistic_models import Design, logistic_model
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.kernels.austerity import AusterityMH
 
@@ -94,7 +94,7 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass
-class Data:
+class Data(Design):
     """Training inputs ``X [N, D]`` (float64 numpy) and labels ``y`` in {0, 1}; test set ``Xt``, ``yt``; true labels."""
 
     X: np.ndarray
@@ -103,16 +103,6 @@ class Data:
     yt: np.ndarray
     z_true: np.ndarray
     oracle_accuracy: float
-
-    @property
-    def size(self) -> int:
-        """Number of training points ``N``."""
-        return int(self.X.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Input dimension ``D``."""
-        return int(self.X.shape[1])
 
 
 @dataclass(frozen=True)

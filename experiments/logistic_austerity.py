@@ -73,7 +73,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from experiments import baselines
-from experiments.logistic_models import logistic_model, logistic_model_full
+from experiments.logistic_models import Design, logistic_model, logistic_model_full
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.io import data_path
 from neuralblock.kernels.austerity import AusterityMH
@@ -113,23 +113,13 @@ OFFSET = ("austerity", "exact MH")  # samplers whose clock includes the Laplace 
 
 
 @dataclass
-class Dataset:
+class Dataset(Design):
     """A logistic-regression data set: training ``X [N, D]``, labels ``y`` in {0, 1}, test points ``Xt``."""
 
     name: str
     X: Tensor
     y: Tensor
     Xt: Tensor
-
-    @property
-    def size(self) -> int:
-        """Number of training points ``N``."""
-        return int(self.X.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Number of weights ``D``."""
-        return int(self.X.shape[1])
 
 
 # -- data -------------------------------------------------------------------------------------

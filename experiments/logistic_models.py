@@ -1,14 +1,40 @@
 """Bayesian logistic regression as the logistic studies write it: ``w ~ N(0, I)``, ``y ~ Bernoulli(σ(X w))``.
 
 ``logistic_austerity`` runs its samplers on it; ``joint_dpm`` uses :func:`logistic_model` for each expert
-of its mixture.
+of its mixture. Both studies' data sets take their ``size`` and ``dim`` from :class:`Design`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyro
 import pyro.distributions as dist
 from torch import Tensor
+
+
+class Design:
+    """``size`` and ``dim`` of a data set whose training inputs are the matrix ``X [N, D]`` (numpy or torch).
+
+    Example:
+        >>> import torch
+        >>> class Points(Design):
+        ...     X = torch.zeros(5, 3)
+        >>> Points().size, Points().dim
+        (5, 3)
+    """
+
+    X: Any
+
+    @property
+    def size(self) -> int:
+        """Number of training points ``N``."""
+        return int(self.X.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Number of columns ``D`` of ``X``: the inputs (with an intercept column where the study adds one)."""
+        return int(self.X.shape[1])
 
 
 def logistic_model(X: Tensor, y: Tensor) -> None:
