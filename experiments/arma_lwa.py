@@ -74,7 +74,7 @@ from scipy.signal import lfilter
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import censored_median
+from experiments.common import add_run_options, censored_median
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, first_time, timed_run
@@ -409,11 +409,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pdb-chains", type=int, default=4)
     parser.add_argument("--pdb-warmup", type=int, default=3000)
     parser.add_argument("--pdb-samples", type=int, default=3000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale (N = 20000, a few configs, ~20 s)")
-    parser.add_argument("--out", default="experiments/results/arma_lwa")
-    parser.add_argument("--no-progress", action="store_true")
+    quick_help = "CI scale (N = 20000, a few configs, ~20 s)"
+    add_run_options(parser, "experiments/results/arma_lwa", quick_help, no_progress=True)
     args = parser.parse_args(argv)
     if args.quick:
         args.num_data, args.sizes, args.epsilons, args.sets = 20_000, [100, 1000], [1e-2], ["S0"]

@@ -88,8 +88,11 @@ def add_run_options(
     parser: argparse.ArgumentParser,
     out: str,
     quick_help: str = "CI scale (an untrained proposal if none is shipped)",
+    no_progress: bool = False,
 ) -> None:
-    """The options every such study ends with: ``--seed``, ``--threads``, ``--quick`` and ``--out``.
+    """The options most studies end with: ``--seed``, ``--threads``, ``--quick``, ``--out`` (and ``--no-progress``).
+
+    ``quick_help`` describes the study's ``--quick`` scale (the default is the proposal studies' own).
 
     Example:
         >>> parser = proposal_study_parser("A study.", "chain")
@@ -101,6 +104,8 @@ def add_run_options(
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--out", default=out)
+    if no_progress:
+        parser.add_argument("--no-progress", action="store_true")
 
 
 def open_study(args: argparse.Namespace, **extra: Any) -> tuple[dict[str, Any], Path]:

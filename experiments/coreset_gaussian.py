@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import lower_median
+from experiments.common import add_run_options, lower_median
 from neuralblock.coresets import FrankWolfe, HilbertCoreset, Projector, gaussian_kl, laplace_samples
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 
@@ -75,11 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--projection-dim", type=int, default=500, help="J, samples from pi_hat")
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 5, 10, 20, 50, 100, 200, 500, 1000])
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale: N=200, J=100, 3 trials")
-    parser.add_argument("--out", default="experiments/results/coreset_gaussian")
-    parser.add_argument("--no-progress", action="store_true")
+    quick_help = "CI scale: N=200, J=100, 3 trials"
+    add_run_options(parser, "experiments/results/coreset_gaussian", quick_help, no_progress=True)
     args = parser.parse_args(argv)
     if args.quick:
         args.num_data, args.projection_dim, args.trials = 200, 100, 3

@@ -24,6 +24,7 @@ import json
 import pyro
 import torch
 
+from experiments.common import add_run_options
 from neuralblock import GibbsKernel
 from neuralblock.diagnostics.plots import plot_error_traces
 from neuralblock.diagnostics.runs import marginal_error_run, study_folder
@@ -39,11 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sweeps", type=int, default=100_000)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=2, help="independent chains per grid")
-    parser.add_argument("--seed", type=int, default=0, help="base seed")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale: 200 sweeps, one seed")
-    parser.add_argument("--out", default="experiments/results/gibbs_grids")
-    parser.add_argument("--no-progress", action="store_true")
+    add_run_options(parser, "experiments/results/gibbs_grids", "CI scale: 200 sweeps, one seed", no_progress=True)
     args = parser.parse_args(argv)
     if args.quick:
         args.sweeps, args.seeds, args.warmup = 200, 1, 10

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from experiments.common import add_run_options
 from experiments.crf_model import entity_spans, precision_recall_f1
 from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
@@ -73,14 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sentences", type=int, default=300, help="first N WNUT-17 test sentences (0: all)")
     parser.add_argument("--seconds", type=float, default=60.0, help="sampling wall time per sampler and seed")
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--proposals", nargs="*", default=PROPOSALS, help="shipped crf_tags proposals")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument("--growth", type=float, default=1.25, help="geometric checkpoint factor (sweeps)")
     parser.add_argument("--exact-samples", type=int, default=256, help="FFBS draws for the posterior mean score")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale (missing proposals are skipped)")
-    parser.add_argument("--out", default="experiments/results/ner_study")
+    add_run_options(parser, "experiments/results/ner_study", "CI scale (missing proposals are skipped)")
     args = parser.parse_args(argv)
     if args.quick:
         args.sentences, args.seconds, args.seeds = 20, 2.0, 1
