@@ -59,6 +59,8 @@ from experiments.sv_models import (
     sv_blocked_sweep,
     sv_series_model,
     sv_state_space,
+    sv_study_config,
+    sv_study_parser,
     sv_timestep_model,
 )
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
@@ -472,12 +474,7 @@ def global_scaling(
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="CI scale")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seeds", type=int, default=None, help="repetitions (default 2, quick 1)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="experiments/results/sv_austerity")
+    p = sv_study_parser(__doc__, "experiments/results/sv_austerity")
     p.add_argument("--settings", nargs="+", default=["seed", "sp500"], choices=["seed", "sp500"])
     p.add_argument("--epsilon", type=float, default=0.05, help="austerity arm's epsilon")
     p.add_argument(
@@ -544,12 +541,9 @@ def _ratio(a: float, b: float) -> float:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the study; returns the JSON record (also written with a markdown table and plots)."""
     args = _parse(argv)
-    torch.set_num_threads(args.threads)
     quick = args.quick
     config = {
-        "quick": quick,
-        "seed": args.seed,
-        "seeds": args.seeds or (1 if quick else 2),
+        **sv_study_config(args),
         "settings": args.settings,
         "epsilon": args.epsilon,
         "batch_size": args.batch_size,

@@ -64,6 +64,8 @@ from experiments.sv_models import (
     PHI_PRIOR,
     SIGMA2_PRIOR,
     load_sp500_returns,
+    sv_study_config,
+    sv_study_parser,
     sv_timestep_model,
 )
 from motifs.chain import stochastic_volatility_graph
@@ -459,12 +461,9 @@ def _run_nuts(y: Tensor, h0: Tensor, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="CI scale (a 100-day window, a few seconds per arm)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seeds", type=int, default=None, help="repetitions (default 2, quick 1)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="experiments/results/sv_flagship")
+    p = sv_study_parser(
+        __doc__, "experiments/results/sv_flagship", "CI scale (a 100-day window, a few seconds per arm)"
+    )
     p.add_argument("--window", type=int, default=None, help="last days of the series (0: all; default 2000)")
     p.add_argument("--epsilon", type=float, default=0.05, help="austerity epsilon of the NB + austerity arm")
     p.add_argument("--batch-size", type=int, default=None, help="austerity first mini-batch (default: trial)")
@@ -489,12 +488,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
     if args.report:
         return report(args.report)
-    torch.set_num_threads(args.threads)
     quick = args.quick
     config = {
-        "quick": quick,
-        "seed": args.seed,
-        "seeds": args.seeds or (1 if quick else 2),
+        **sv_study_config(args),
         "window": args.window if args.window is not None else (100 if quick else 2000),
         "epsilon": args.epsilon,
         "batch_size": args.batch_size,

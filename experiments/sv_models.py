@@ -39,9 +39,11 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import math
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -59,6 +61,8 @@ __all__ = [
     "sv_blocked_sweep",
     "sv_series_model",
     "sv_state_space",
+    "sv_study_config",
+    "sv_study_parser",
     "sv_timestep_model",
 ]
 
@@ -391,3 +395,30 @@ def load_sp500_returns(path: str | Path | None = None, standardize: bool = True)
     if standardize:
         returns = (returns - returns.mean()) / returns.std()
     return returns.to(torch.float32)
+
+
+def sv_study_parser(doc: str, out: str, quick_help: str = "CI scale") -> argparse.ArgumentParser:
+    """The SV studies' parser: the docstring's first line, then the options they share.
+
+    ``--quick``, ``--seed``, ``--seeds``, ``--threads`` and ``--out``; each study adds its own after them.
+
+    Example:
+        >>> vars(sv_study_parser("An SV study.", "experiments/results/demo").parse_args(["--quick"]))
+        {'quick': True, 'seed': 0, 'seeds': None, 'threads': 1, 'out': 'experiments/results/demo'}
+    """
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=None, help="repetitions (default 2, quick 1)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=out)
+    return p
+
+
+def sv_study_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Set torch's threads to ``args.threads``; return the head of an SV study's configuration.
+
+    ``quick``, ``seed`` and ``seeds`` (2 repetitions unless given, 1 under ``--quick``).
+    """
+    torch.set_num_threads(args.threads)
+    return {"quick": args.quick, "seed": args.seed, "seeds": args.seeds or (1 if args.quick else 2)}
