@@ -218,3 +218,21 @@ def test_tempered_copy_scales_every_table_and_leaves_the_graph_alone() -> None:
     gaussian.add_linear_gaussian(y, [x], [1.0], 0.0, 1.0)
     with pytest.raises(ValueError, match="table factors only"):
         gaussian.tempered(0.5)
+
+
+def test_tempered_copy_of_a_compiled_pyro_model_is_plain_scaled_tables() -> None:
+    import pyro
+    import pyro.distributions as dist
+
+    from neuralblock.graph import TableGroup
+    from neuralblock.pyro import from_pyro_model
+
+    def model() -> None:
+        a = pyro.sample("a", dist.Categorical(torch.tensor([0.2, 0.8])))
+        pyro.sample("b", dist.Categorical(torch.tensor([[0.9, 0.1], [0.3, 0.7]])[a]))
+
+    fg = from_pyro_model(model)
+    hot = fg.tempered(0.5)
+    states = torch.tensor([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    assert torch.allclose(hot.log_joint(states), 0.5 * fg.log_joint(states))
+    assert all(type(g) is TableGroup for g in hot.groups)  # the model's compiler is not copied along

@@ -22,6 +22,7 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 import torch
@@ -702,11 +703,13 @@ class FactorGraph:
             raise ValueError(f"beta must be a positive finite number, got {beta!r}")
         if any(not isinstance(g, TableGroup) for g in self.groups):
             raise ValueError("tempered copies are made of graphs of table factors only")
-        hot = copy.deepcopy(self)
-        for group in hot.groups:  # the compiled tables are the current ones (update_parameters writes into them)
+        # each group becomes a plain table group of its current tables (update_parameters writes into them) times
+        # beta: the deep copy takes these instead of copying the groups (and a compiled model's state they hold)
+        memo: dict[int, Any] = {}
+        for group in self.groups:
             assert isinstance(group, TableGroup)
-            group.log_tables = group.log_tables * beta
-            group._flat = group.log_tables.reshape(group.log_tables.shape[0], -1)
+            memo[id(group)] = TableGroup(group.scopes, group.log_tables * beta)
+        hot = copy.deepcopy(self, memo)
         for _, tables in hot._pending_tables.values():  # kept in step, though nothing reads them once compiled
             tables[:] = [table * beta for table in tables]
         return hot
