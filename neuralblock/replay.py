@@ -483,7 +483,10 @@ class FusedPotential:
     recorded graph (:class:`ReplayedFunction`, checked against plain calls), and handed to autograd as
     one node whose backward multiplies the stored gradient. Values and gradients equal the plain ones;
     a backward pass that builds a graph (``create_graph=True``, for Hessians) differentiates the plain
-    potential, so higher derivatives are right too.
+    potential, so higher derivatives are right too. As for any :class:`ReplayedFunction`, tensors the
+    potential reads besides its sites (data, coreset indices) are constants of the recording: build a new
+    ``FusedPotential`` when they change. ``torch.func`` transforms of it are not supported (use the plain
+    potential there).
 
     Args:
         potential: ``{site: unconstrained value} -> scalar`` (differentiable in torch operations).
