@@ -76,6 +76,7 @@ from tqdm import tqdm
 
 from experiments.common import add_run_options, censored_median
 from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, first_time, timed_run
 from neuralblock.io import data_path
@@ -606,9 +607,7 @@ def plot(folder: Path, runs: list[Run], ref: dict, args: argparse.Namespace) -> 
         ax.set_xlabel("sampling time (s)")
         ax.set_title(PARAMS[j])
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "arma_lwa_traces.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, folder / "arma_lwa_traces.png", dpi=90)
     fig, ax = plt.subplots(figsize=(7, 3.6))
     labels = [r.label for r in runs]
     errs = []
@@ -620,9 +619,7 @@ def plot(folder: Path, runs: list[Run], ref: dict, args: argparse.Namespace) -> 
     ax.set_yticks(range(len(labels)), labels, fontsize=6)
     ax.set_xscale("log")
     ax.set_xlabel("max_j |posterior mean - θ*| / exact posterior sd")
-    fig.tight_layout()
-    fig.savefig(folder / "arma_lwa_bias.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, folder / "arma_lwa_bias.png", dpi=90)
 
 
 if __name__ == "__main__":

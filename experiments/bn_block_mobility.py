@@ -48,6 +48,7 @@ from scipy import stats  # noqa: E402
 from torch import Tensor  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
 from neuralblock.graph import FactorGraph  # noqa: E402
 from neuralblock.io import erg_grid, read_erg, read_mar  # noqa: E402
@@ -194,9 +195,7 @@ def plot(record: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("sweeps")
         ax.set_ylabel("mean marginal error (pooled chains)")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def write_outputs(folder: Path, record: dict[str, Any]) -> None:

@@ -43,6 +43,7 @@ from experiments.common import add_run_options, load_proposal_or_untrained, open
 from experiments.sv_models import load_sp500_returns
 from motifs.chain import ChainMotif, stochastic_volatility_graph
 from neuralblock import NeuralBlockKernel, RandomWalkMH
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.diagnostics.runs import TimedRun, timed_run
 from neuralblock.proposals import NeuralBlockProposal
@@ -151,9 +152,7 @@ def plot(rows: list[dict[str, Any]], sv: dict[str, Any], path: Path) -> None:
     axes[1].set_xticks(range(len(labels)), labels, fontsize=8)
     axes[1].set_ylabel("median ESS/s of h_t")
     axes[1].set_title(f"S&P 500 log-volatility, last {sv['days']} days")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

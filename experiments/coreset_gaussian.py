@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from experiments.common import add_run_options, lower_median
 from neuralblock.coresets import FrankWolfe, HilbertCoreset, Projector, gaussian_kl, laplace_samples
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 
 PRIOR_SD = 2.0
@@ -179,9 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         title=f"Gaussian mean, N={args.num_data}, J={args.projection_dim}",
     )
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "coreset_gaussian_kl.png", dpi=90)
-    plt.close(fig)
+    save_figure(fig, folder / "coreset_gaussian_kl.png", dpi=90)
     record["folder"] = str(folder)
     return record
 

@@ -58,6 +58,7 @@ from torch import Tensor
 
 from neuralblock.coresets import HilbertCoreset, Projector, laplace_samples
 from neuralblock.coresets.pyro_model import _newton_mode
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.lwa import LWAKernel
@@ -589,9 +590,7 @@ def plot(folder: Path, record: dict[str, Any]) -> None:
         axes[1][col].set_yscale("log")
         axes[1][col].set_ylabel("sd ratio")
         axes[1][col].set_xlabel("knob setting (loose -> tight)")
-    fig.tight_layout()
-    fig.savefig(folder / "global_bias.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, folder / "global_bias.png", dpi=110)
 
 
 if __name__ == "__main__":

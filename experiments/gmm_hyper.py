@@ -67,6 +67,7 @@ from experiments.common import add_run_options, median, open_study, proposal_stu
 from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.diagnostics.runs import CLOCKS, timed_run
 from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH
@@ -667,9 +668,7 @@ def plot_traces(results: list[dict[str, Any]], path: Path) -> None:
     for ax in axes[-1]:
         ax.set_xlabel("CPU seconds (linear below 1 s)")
     axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def plot_posteriors(results: list[dict[str, Any]], path: Path) -> None:
@@ -694,9 +693,7 @@ def plot_posteriors(results: list[dict[str, Any]], path: Path) -> None:
     axes[1].axvline(0.0, color="k", lw=0.8, ls=":")
     axes[1].set_xlabel("M - M_true (second half of each run)")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def warm_up(proposal: NeuralBlockProposal) -> None:

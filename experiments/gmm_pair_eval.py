@@ -48,6 +48,7 @@ from experiments.gmm_models import (
 )
 from motifs.gmm_pair import prior_proposal
 from neuralblock import NeuralBlockKernel
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.kernels.base import sequential_init
 from neuralblock.proposals import NeuralBlockProposal
@@ -156,9 +157,7 @@ def plot(rows: list[dict[str, Any]], part2: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("log joint - log joint at truth")
         ax.set_title(f"M_true = {model['true_active']:.0f}")
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

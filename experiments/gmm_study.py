@@ -37,6 +37,7 @@ from tqdm import tqdm
 from experiments.common import add_run_options, lower_median, open_study, proposal_study_parser
 from experiments.gmm_models import first_time_above, held_out_gmm, load_proposal_or_untrained, run_sampler
 from neuralblock import NeuralBlockKernel
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.kernels.base import sequential_init
 from neuralblock.kernels.split_merge import SplitMergeGMM
@@ -144,9 +145,7 @@ def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str) -> No
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
     axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

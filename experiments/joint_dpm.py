@@ -77,6 +77,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from experiments.logistic_models import Design, logistic_model
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.kernels.austerity import AusterityMH
 
@@ -846,9 +847,7 @@ def plot_accuracy(folder: Path, record: dict[str, Any]) -> None:
         ax.set_xlabel("sampler time (s)")
         ax.set_ylabel("test accuracy")
     axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(folder / "joint_dpm_accuracy.png", dpi=70)
-    plt.close(fig)
+    save_figure(fig, folder / "joint_dpm_accuracy.png", dpi=70)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ from tqdm import tqdm
 
 from experiments import baselines
 from experiments.logistic_models import Design, logistic_model, logistic_model_full
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.io import data_path
 from neuralblock.kernels.austerity import AusterityMH
@@ -1001,9 +1002,7 @@ def plot_mean_risk(folder: Path, datasets: list[dict[str, Any]]) -> None:
         ax.set_xlabel("wall time (s)")
         ax.set_ylabel("mean risk of predictive mean")
     axes.flat[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(folder / "logistic_mean_risk.png", dpi=45)
-    plt.close(fig)
+    save_figure(fig, folder / "logistic_mean_risk.png", dpi=45)
 
 
 def plot_risk(folder: Path, record: dict[str, Any]) -> None:
@@ -1023,9 +1022,7 @@ def plot_risk(folder: Path, record: dict[str, Any]) -> None:
     for ax in list(axes.flat)[len(data) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(folder / "logistic_risk.png", dpi=45)
-    plt.close(fig)
+    save_figure(fig, folder / "logistic_risk.png", dpi=45)
 
 
 def plot_scaling(folder: Path, record: dict[str, Any]) -> None:
@@ -1074,9 +1071,7 @@ def plot_scaling(folder: Path, record: dict[str, Any]) -> None:
         right.set_xlabel("ε")
         right.set_title(f"bias: {exact[0]['dataset']} (bars: mean chain MCSE)", fontsize=9)
         right.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(folder / "logistic_scaling_bias.png", dpi=60)
-    plt.close(fig)
+    save_figure(fig, folder / "logistic_scaling_bias.png", dpi=60)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from experiments.common import add_run_options
 from experiments.crf_model import entity_spans, precision_recall_f1
 from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
-from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.diagnostics.plots import plot_error_traces, save_figure
 from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, TimedRun, first_time, study_folder, timed_run
 from neuralblock.exact import chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
@@ -359,9 +359,7 @@ def plot_f1(record: dict, path: Path) -> None:
         ax.set_xlabel("sampling time (s)")
     axes[0, 0].legend(fontsize=8)
     fig.suptitle(f"NER F1 vs time ({record['num_sentences']} WNUT-17 test sentences)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def plot_loglik(record: dict, path: Path) -> None:
@@ -389,9 +387,7 @@ def plot_loglik(record: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"CRF score gap to Viterbi (Viterbi log-lik {vit:.1f})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 # ---------------------------------------------------------------------------- main

@@ -80,6 +80,7 @@ from torch import Tensor
 from torch.distributions import HalfCauchy, Laplace, MultivariateNormal, Normal, StudentT
 from tqdm import tqdm
 
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import ErrorTrace, TimedRun, first_time, study_folder, timed_run
 from neuralblock.io import data_path
@@ -957,9 +958,7 @@ def plot_all(folder: Path, res: dict[str, Any]) -> None:
         ax.set_xlabel("false-posterior draws T")
         ax.set_ylabel("|mean error| / target sd")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "oned_error_vs_T.png", dpi=90)
-        plt.close(fig)
+        save_figure(fig, folder / "oned_error_vs_T.png", dpi=90)
     panels = []
     if "linreg" in res:
         panels += [(f"linreg {k}", v["methods"]) for k, v in res["linreg"]["priors"].items()]
@@ -985,9 +984,7 @@ def plot_all(folder: Path, res: dict[str, Any]) -> None:
             ax.legend(fontsize=6)
         for ax in list(axes.flat)[len(panels) :]:
             ax.axis("off")
-        fig.tight_layout()
-        fig.savefig(folder / "error_vs_time.png", dpi=80)
-        plt.close(fig)
+        save_figure(fig, folder / "error_vs_time.png", dpi=80)
     if "gmm" in res:
         g = res["gmm"]
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.5))
@@ -1001,9 +998,7 @@ def plot_all(folder: Path, res: dict[str, Any]) -> None:
             m = np.array(g[key])
             a2.scatter(m[:, 0], m[:, 1], marker=marker, s=60, label=label)
         a2.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(folder / "gmm_repulsive.png", dpi=90)
-        plt.close(fig)
+        save_figure(fig, folder / "gmm_repulsive.png", dpi=90)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

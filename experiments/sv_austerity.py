@@ -63,6 +63,7 @@ from experiments.sv_models import (
     sv_study_parser,
     sv_timestep_model,
 )
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.diagnostics.runs import TimedRun, timed_run
 from neuralblock.kernels.austerity import AusterityMH
@@ -529,9 +530,7 @@ def _plot(setting: str, runs: list[dict[str, Any]], arms: list[str], path: Path)
             ax.grid(alpha=0.3)
             ax.legend()
     fig.suptitle(f"SV {setting}: particle Gibbs + exact MH vs austerity for (phi, sigma2)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=60)
-    plt.close(fig)
+    save_figure(fig, path, dpi=60)
 
 
 def _ratio(a: float, b: float) -> float:

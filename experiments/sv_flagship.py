@@ -70,6 +70,7 @@ from experiments.sv_models import (
 )
 from motifs.chain import stochastic_volatility_graph
 from neuralblock import load_pretrained
+from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.diagnostics.runs import CLOCKS, TimedRun, timed_run
 from neuralblock.graph import FactorGraph
@@ -691,9 +692,7 @@ def _plot(runs: list[dict[str, Any]], summary: dict[str, Any], arms: list[str], 
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     fig.suptitle("SV on S&P 500: neural blocks + austerity vs particle Gibbs + exact MH vs NUTS")
-    fig.tight_layout()
-    fig.savefig(path, dpi=60)
-    plt.close(fig)
+    save_figure(fig, path, dpi=60)
 
 
 def report(folder: str | Path) -> dict[str, Any]:

@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
+from matplotlib.figure import Figure
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["plot_error_traces"]
+__all__ = ["plot_error_traces", "save_figure"]
 
 
 def plot_error_traces(
@@ -57,4 +58,23 @@ def plot_error_traces(
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int) -> None:
+    """Lay out ``fig`` (``tight_layout``), write it to ``path`` at ``dpi`` and close it.
+
+    The last three lines of every study's plot.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> fig, ax = plt.subplots()
+        >>> _ = ax.plot([0, 1], [1, 0])
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "fig.png"
+        >>> save_figure(fig, path, dpi=50)
+        >>> path.exists(), plt.fignum_exists(fig.number)
+        (True, False)
+    """
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
