@@ -74,10 +74,10 @@ from scipy.signal import lfilter
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, censored_median
+from experiments.common import add_run_options, censored_median, open_study
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, first_time, timed_run
 from neuralblock.io import data_path
 from neuralblock.kernels.lwa import LWAKernel
@@ -425,10 +425,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    config, folder = open_study(args, drop={"out", "no_progress"})
     torch.set_default_dtype(torch.float64)
-    config = {k: v for k, v in vars(args).items() if k not in {"out", "no_progress"}}
-    folder = study_folder(args.out, config)
     pyro.set_rng_seed(args.seed)
     y = simulate_arma(args.num_data, TRUE_THETA, args.seed)
     start = CLOCKS["wall"]()

@@ -48,8 +48,9 @@ from scipy import stats  # noqa: E402
 from torch import Tensor  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json  # noqa: E402
+from experiments.common import open_study  # noqa: E402
+from neuralblock.diagnostics.plots import save_figure  # noqa: E402
+from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: E402
 from neuralblock.graph import FactorGraph  # noqa: E402
 from neuralblock.io import erg_grid, read_erg, read_mar  # noqa: E402
 from neuralblock.kernels.base import sequential_init  # noqa: E402
@@ -242,9 +243,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
-    folder = study_folder(args.out, config)
+    config, folder = open_study(args)
     record: dict[str, Any] = {"config": config, "instances": {}, "summary": []}
     jobs = [(name, seed) for name in args.instances for seed in range(args.seeds)]
     for name, seed in tqdm(jobs, desc="block Gibbs", disable=args.quick):

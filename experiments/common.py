@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +108,15 @@ def add_run_options(
         parser.add_argument("--no-progress", action="store_true")
 
 
-def open_study(args: argparse.Namespace, **extra: Any) -> tuple[dict[str, Any], Path]:
+def open_study(
+    args: argparse.Namespace, *, drop: Collection[str] = ("out", "threads"), **extra: Any
+) -> tuple[dict[str, Any], Path]:
     """Set torch's threads to ``args.threads``; return the study's configuration and its output folder.
 
-    The configuration is every option but ``out`` and ``threads`` (in the parser's order), then
+    The configuration is every option but those in ``drop`` (in the parser's order), then
     ``extra``; the folder is :func:`~neuralblock.diagnostics.reports.study_folder` of it.
     """
     torch.set_num_threads(args.threads)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "threads")}
+    config = {k: v for k, v in vars(args).items() if k not in drop}
     config.update(extra)
     return config, study_folder(args.out, config)

@@ -56,10 +56,11 @@ from pyro.infer import MCMC, NUTS
 from pyro.ops.stats import effective_sample_size
 from torch import Tensor
 
+from experiments.common import open_study
 from neuralblock.coresets import HilbertCoreset, Projector, laplace_samples
 from neuralblock.coresets.pyro_model import _newton_mode
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.priorswap import PriorSwap
@@ -426,9 +427,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    folder = study_folder(args.out, config)
+    config, folder = open_study(args, drop={"out"})
     record: dict[str, Any] = {"config": config, "cases": []}
     for k, (name, make) in enumerate(GENERATORS.items()):
         if name not in args.cases:

@@ -73,9 +73,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from experiments import baselines
+from experiments.common import open_study
 from experiments.logistic_models import Design, logistic_model, logistic_model_full
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.io import data_path
 from neuralblock.kernels.austerity import AusterityMH
 
@@ -581,9 +582,7 @@ def plan(args: argparse.Namespace, generator: torch.Generator) -> list[tuple[Cal
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the study; write JSON, markdown and PNG plots; return the JSON record."""
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    folder = study_folder(args.out, config)
+    config, folder = open_study(args, drop={"out"})
     generator = torch.Generator().manual_seed(args.seed)
     pyro.set_rng_seed(args.seed)
     rng = random.Random(args.seed)
