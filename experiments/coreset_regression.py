@@ -395,8 +395,8 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
             build_seconds = time.process_time() - start
             built[size] = (core, build_seconds, core_init)  # the FW ones (built last) are re-used for NumPyro
             if args.coreset_nuts == "potential":
-                start = core_init if core_init is not None else uniform_start(x.shape[1])
-                run = direct_nuts(model, core, (x, y), args.warmup, args.samples, start)
+                direct_start = core_init if core_init is not None else uniform_start(x.shape[1])
+                run = direct_nuts(model, core, (x, y), args.warmup, args.samples, direct_start)
             else:
                 run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples, core_init, args.jit)
             row = {"size": size, "support": len(core.indices), "build_seconds": build_seconds, **stages}
