@@ -360,7 +360,7 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
     """Time to ``level`` of every arm, and RE-NB against RE-Gibbs paired over seeds (fills ``record``)."""
     cfg = record["config"]
     level, arms = cfg["level"], cfg["arms"]
-    rows, reached_all, faster, slower = [], [], [], []
+    rows, reached_all, faster, slower, lower, higher = [], [], [], [], [], []
     for name, entry in record["instances"].items():
         runs = entry["runs"]
         times: dict[str, list[float | None]] = {arm: [time_to_level(r[arm], level) for r in runs] for arm in arms}
@@ -370,22 +370,36 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
             final = sum(r[arm]["errors"][-1] for r in runs) / len(runs)
             median = sorted(hit)[(len(hit) - 1) // 2] if len(hit) == len(runs) else None
             cells.append(f"{final:.4f} / {_seconds(median)} ({len(hit)}/{len(runs)})")
-        comparison = "-"
+        comparison, final_comparison = "-", "-"
         if "RE-NB" in arms and "RE-Gibbs" in arms:
+            finals = [[r[a]["errors"][-1] for r in runs] for a in ("RE-NB", "RE-Gibbs")]
+            final_gap, final_se, final_p = paired_difference(*finals)
+            final_comparison = _signed(final_gap, final_se, final_p)
+            if significant(final_p):
+                (lower if final_gap < 0 else higher).append(name)
             nb, gibbs = censored_pairs(runs, times["RE-NB"], times["RE-Gibbs"], ("RE-NB", "RE-Gibbs"))
             gap, gap_se, p_value = paired_difference(nb, gibbs)
             comparison = _signed(gap, gap_se, p_value)
-            entry["replica_summary"] = {"re_nb_minus_re_gibbs_seconds": gap, "se": gap_se, "p_value": p_value}
+            entry["replica_summary"] = {
+                "re_nb_minus_re_gibbs_seconds": gap,
+                "se": gap_se,
+                "p_value": p_value,
+                "final_error_difference": final_gap,
+                "final_error_se": final_se,
+                "final_error_p_value": final_p,
+            }
             if significant(p_value):
                 (faster if gap < 0 else slower).append(name)
         if "RE-NB" in arms and all(t is not None for t in times["RE-NB"]):
             reached_all.append(name)
         entry["times_to_level"] = times
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {comparison} |")
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {comparison} | {final_comparison} |")
     named = [n for n in record["instances"] if n in UAI]
     record["re_nb_reached_level"] = reached_all
     record["re_nb_faster_than_re_gibbs"] = faster
     record["re_nb_slower_than_re_gibbs"] = slower
+    record["re_nb_lower_final_error"] = lower
+    record["re_nb_higher_final_error"] = higher
     text = [
         f"## Replica exchange: time to mean marginal error {level:g}",
         "",
@@ -395,16 +409,18 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
         f"median {cfg.get('clock', 'wall')} seconds until the error stays at or below {level:g} (warmup included; "
         "`-` unless every seed got there) (seeds that got there). `RE-NB - RE-Gibbs`: mean paired difference of "
         "those times, both cut at the seed's common end (the shorter run; a run that never got there counts that "
-        "end, so a seed where neither did is a tie), +- SE, paired t-test p.",
+        "end, so a seed where neither did is a tie), +- SE, paired t-test p; `final error`: the same for the "
+        "errors at the end of the equal sampling budget.",
         "",
-        "| instance | " + " | ".join(arms) + " | RE-NB - RE-Gibbs (s) |",
-        "|---|" + "---|" * (len(arms) + 1),
+        "| instance | " + " | ".join(arms) + " | RE-NB - RE-Gibbs (s) | final error RE-NB - RE-Gibbs |",
+        "|---|" + "---|" * (len(arms) + 2),
         *rows,
         "",
         f"RE-NB reached {level:g} in every seed on {len([n for n in reached_all if n in named])} of the "
         f"{len(named)} UAI grids run ({', '.join(n for n in reached_all if n in named) or 'none'}); at p < 0.05 it "
         f"is faster than RE-Gibbs on {len(faster)} ({', '.join(faster) or 'none'}) and slower on {len(slower)} "
-        f"({', '.join(slower) or 'none'}).",
+        f"({', '.join(slower) or 'none'}). At equal sampling time its final error is lower at p < 0.05 on "
+        f"{len(lower)} ({', '.join(lower) or 'none'}) and higher on {len(higher)} ({', '.join(higher) or 'none'}).",
     ]
     return "\n".join(text)
 
