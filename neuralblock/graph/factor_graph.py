@@ -701,14 +701,12 @@ class FactorGraph:
             raise TypeError(f"beta must be a number, got {type(beta).__name__}") from None
         if not (math.isfinite(beta) and beta > 0):
             raise ValueError(f"beta must be a positive finite number, got {beta!r}")
-        if any(not isinstance(g, TableGroup) for g in self.groups):
+        table_groups = [g for g in self.groups if isinstance(g, TableGroup)]
+        if len(table_groups) != len(self.groups):
             raise ValueError("tempered copies are made of graphs of table factors only")
         # each group becomes a plain table group of its current tables (update_parameters writes into them) times
         # beta: the deep copy takes these instead of copying the groups (and a compiled model's state they hold)
-        memo: dict[int, Any] = {}
-        for group in self.groups:
-            assert isinstance(group, TableGroup)
-            memo[id(group)] = TableGroup(group.scopes, group.log_tables * beta)
+        memo: dict[int, Any] = {id(g): TableGroup(g.scopes, g.log_tables * beta) for g in table_groups}
         hot = copy.deepcopy(self, memo)
         for _, tables in hot._pending_tables.values():  # kept in step, though nothing reads them once compiled
             tables[:] = [table * beta for table in tables]
