@@ -18,6 +18,7 @@ from neuralblock.diagnostics.runs import (
     error_at,
     first_time,
     marginal_error_run,
+    timed_call,
     timed_run,
 )
 
@@ -168,6 +169,18 @@ def test_setup_warmup_and_sampling_are_timed_apart(fake_clock: FakeClock) -> Non
     assert run.trace.sweeps[0] == 1 and run.trace.sweeps[-1] == 6
     assert run.trace.errors[0] == 1 / 14 and run.trace.seconds == tuple(float(s) for s in run.trace.sweeps)
     assert run.summary()["stopped"] == "samples" and run.draws is None
+
+
+def test_total_times_count_setup_and_warmup_before_each_draw(fake_clock: FakeClock) -> None:
+    run = timed_run(CountingKernel(fake_clock), samples=3, warmup=2)
+    assert run.times == (1.0, 2.0, 3.0) and run.total_times == (8.0, 9.0, 10.0) and run.total_times[-1] == run.total_s
+
+
+def test_timed_call_returns_the_result_and_the_seconds_on_the_clock(fake_clock: FakeClock) -> None:
+    assert timed_call(_advance, fake_clock, 4, seconds=2.5) == (5, 2.5)
+    assert timed_call(lambda: None, clock="cpu")[1] >= 0.0
+    with pytest.raises(ValueError, match="clock must be one of"):
+        timed_call(lambda: None, clock="gpu")  # type: ignore[arg-type]
 
 
 def test_seconds_budget_stops_at_the_draw_that_reaches_it(fake_clock: FakeClock) -> None:

@@ -10,14 +10,16 @@ mean the same thing:
   synchronizes the device before each reading.
 * **What is timed.** ``setup_s`` is the kernel's ``setup()`` call, ``warmup_s`` its warmup
   steps, and the sampling times (``TimedRun.times``, the trace's ``seconds``) count only the
-  post-warmup ``sample()`` calls, from zero. The harness's own bookkeeping (``observe``,
-  ``keep`` and ``error`` calls) is never timed.
+  post-warmup ``sample()`` calls, from zero (``TimedRun.total_times`` adds setup and warmup: the
+  time since the run began). The harness's own bookkeeping (``observe``, ``keep`` and ``error``
+  calls) is never timed.
 * **Budget.** ``samples`` post-warmup draws, or ``seconds`` of sampling time (the run stops
   at the first draw whose cumulative sampling time reaches it), whichever comes first;
   ``cap_seconds`` also stops the run, during warmup too, once setup + warmup + sampling time
   reaches it. Every budget is checked after a step, so a run makes at least one step (one warmup
   step, or one draw without warmup) even when setup alone exceeds the cap.
 
+:func:`timed_call` times one call (a fit, a sweep) on the same clock.
 :func:`first_time` reads a trace in one of two stated modes (first hit, or reached for good),
 :func:`error_at` reads a trace at a time, :func:`equal_time` says when runs compare at equal
 time, and studies name their output folders with
@@ -40,7 +42,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -61,12 +63,14 @@ __all__ = [
     "first_time",
     "marginal_error_run",
     "study_folder",
+    "timed_call",
     "timed_run",
 ]
 
 ClockName = Literal["wall", "cpu"]
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 Params = Mapping[str, Tensor]
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -178,6 +182,11 @@ class TimedRun:
         return self.setup_s + self.warmup_s + self.sampling_s
 
     @property
+    def total_times(self) -> tuple[float, ...]:
+        """Setup + warmup + sampling time at each post-warmup draw: the time since the run began."""
+        return tuple(self.setup_s + self.warmup_s + t for t in self.times)
+
+    @property
     def steps(self) -> int:
         """Warmup steps + post-warmup draws."""
         return self.warmup_steps + self.samples
@@ -192,6 +201,27 @@ def _tick(clock: Callable[[], float]) -> float:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
     return clock()
+
+
+def _clock(clock: ClockName) -> Callable[[], float]:
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    return CLOCKS[clock]
+
+
+def timed_call(fn: Callable[..., T], *args: Any, clock: ClockName = "wall", **kwargs: Any) -> tuple[T, float]:
+    """``fn(*args, **kwargs)`` and the seconds it took on ``clock`` (read as :func:`timed_run` reads it).
+
+    For one-off work a study times beside its runs (a fit, one part of a Gibbs cycle).
+
+    Example:
+        >>> timed_call(sorted, [3, 1, 2])[0]
+        [1, 2, 3]
+    """
+    read = _clock(clock)
+    start = _tick(read)
+    result = fn(*args, **kwargs)
+    return result, _tick(read) - start
 
 
 def _check_budget(
@@ -268,9 +298,7 @@ def timed_run(
         ([1, 2, 3, 4, 5], (1, 2, 5), (1.0, 0.5, 0.2))
     """
     _check_budget(samples, seconds, warmup, cap_seconds, checkpoints)
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
-    read = CLOCKS[clock]
+    read = _clock(clock)
     is_kernel = isinstance(kernel, KernelLike)
     if not is_kernel and not callable(kernel):
         raise TypeError(f"kernel must be a Pyro-style kernel (setup, sample) or a step function, got {kernel!r}")
@@ -285,9 +313,7 @@ def timed_run(
         started = cast(_StartedKernel, kernel)  # Pyro-style kernels have initial_params (as pyro.infer.MCMC reads)
         if initial_params is not None:
             started.initial_params = initial_params
-        start = _tick(read)
-        started.setup(warmup, *model_args, **dict(model_kwargs or {}))
-        setup_s = _tick(read) - start
+        _, setup_s = timed_call(lambda: started.setup(warmup, *model_args, **dict(model_kwargs or {})), clock=clock)
         params = started.initial_params
         step = started.sample
     else:
