@@ -74,12 +74,24 @@ def load_proposal_or_untrained(
     return load_proposal(name, untrained if quick else None)
 
 
+def study_parser(doc: str) -> argparse.ArgumentParser:
+    """A study's parser, described by the first paragraph of its docstring ``doc``.
+
+    The study adds its own options, then :func:`add_run_options`.
+
+    Example:
+        >>> study_parser("A study.\\n\\nDetails.").description
+        'A study.'
+    """
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0])
+
+
 def proposal_study_parser(doc: str, proposal: str) -> argparse.ArgumentParser:
-    """The parser of a study of a trained proposal: the docstring's first paragraph and ``--proposal``.
+    """The parser of a study of a trained proposal: :func:`study_parser` with ``--proposal``.
 
     The study adds its own options, then :func:`add_run_options`.
     """
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser = study_parser(doc)
     parser.add_argument("--proposal", default=proposal, help="shipped proposal name or a proposal file path")
     return parser
 

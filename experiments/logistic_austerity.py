@@ -32,7 +32,14 @@ and Monte Carlo standard errors (pairs as iid units) are reported. It gives the 
 mean/sd and the *predictive mean* ``p̄(x*) = E[σ(x*ᵀw)]`` at test points. Risk (as in
 Korattikara et al.) is the squared error of a chain's running predictive mean against the
 reference's, averaged over the test points, against wall time. Times to reach a level (exact MH's
-final risk, a 0.1 sd posterior-mean error) are taken at draw resolution.
+final risk, a 0.1 sd posterior-mean error) are taken at draw resolution: the first hit
+(:func:`~neuralblock.diagnostics.runs.first_time` with ``for_good=False``) of the per-draw error trace.
+
+Timing: every sampler runs through the run harness (:func:`~neuralblock.diagnostics.runs.timed_run`,
+``clock="wall"``; NUTS through :mod:`experiments.baselines`). A chain's clock at a draw is its
+``TimedRun.total_times``: kernel setup (and NUTS warmup) plus sampling time, plus the Laplace fit
+(timed with :func:`~neuralblock.diagnostics.runs.timed_call`) for the MH chains; its budget caps setup
++ sampling time (``cap_seconds``).
 
 Targets checked (``targets`` in the JSON): at ``N = 1e6, ε = 0.05``, mean data fraction
 per transition <= 2%, time to reach exact MH's final risk <= 1/10 of exact MH's budget,
@@ -53,37 +60,43 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import random
-import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import arviz as az
 import matplotlib
-import numpy as np
 import pyro
-import pyro.distributions as dist
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
 from experiments import baselines
-from experiments.common import open_study
-from experiments.logistic_models import Design, logistic_model, logistic_model_full
+from experiments.common import add_run_options, open_study, study_parser
+from experiments.logistic_models import (
+    Dataset,
+    LaplaceProposal,
+    coreset_dataset,
+    laplace_fit,
+    logistic_model,
+    logistic_model_full,
+    mnist_7_vs_9,
+    numpyro_logistic_model,
+    reference_posterior,
+    synthetic,
+)
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
-from neuralblock.io import data_path
+from neuralblock.diagnostics.runs import ClockName, ErrorTrace, TimedRun, first_time, timed_call, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-__all__ = ["Dataset", "LaplaceProposal", "laplace_fit", "main", "reference_posterior", "running_metrics"]
+__all__ = ["main", "moment_errors", "run_kernel", "running_metrics"]
 
 EPSILONS = (0.01, 0.05, 0.1, 0.2)
 QUICK_EPSILONS = (0.05, 0.2)
@@ -101,8 +114,10 @@ NOTES = [
     "  terms use each section's exact Hessian (autograd), and its O(N) sum uses the Hessian passed in, so",
     "  a subsampled Hessian there would bias every decision. `time_fraction_of_exact_excluding_shared_laplace`",
     "  removes the fit from both clocks.",
-    "- Times to reach a level (exact MH's final risk; a 0.1 sd posterior-mean error) are first-draw times,",
-    "  not the plotted curves' log-spaced checkpoints.",
+    "- Timing: the run harness's wall clock (`timed_run`); each run's `timing` records its setup, warmup (NUTS)",
+    "  and sampling apart, and a chain's clock at a draw counts all three (plus the Laplace fit for MH chains).",
+    "- Times to reach a level (exact MH's final risk; a 0.1 sd posterior-mean error) are first hits of the",
+    "  per-draw traces (`first_time(..., for_good=False)`), not of the plotted curves' log-spaced checkpoints.",
     "- NUTS comparison: the austerity time is the faster of the random-walk and the Laplace-independence",
     "  arms (both listed in `seconds_to_0.1_sd`); NUTS times include warmup (and JAX compilation).",
     "- Pyro NUTS is skipped on the N >= 1e5, D = 50 sets: it did not finish its 100 warmup steps within",
@@ -112,274 +127,32 @@ NOTES = [
     "  chains per arm, see the last section); the single-chain fraction above compares one chain with one.",
 ]
 OFFSET = ("austerity", "exact MH")  # samplers whose clock includes the Laplace fit they use
-
-
-@dataclass
-class Dataset(Design):
-    """A logistic-regression data set: training ``X [N, D]``, labels ``y`` in {0, 1}, test points ``Xt``."""
-
-    name: str
-    X: Tensor
-    y: Tensor
-    Xt: Tensor
-
-
-# -- data -------------------------------------------------------------------------------------
-def synthetic(n: int, d: int, generator: torch.Generator, test: int = 1000) -> Dataset:
-    """``X ~ N(0, I)`` (last column an intercept), ``w* ~ N(0, 4/D)``, ``y ~ Bernoulli(σ(X w*))``."""
-    X = torch.randn(n + test, d, generator=generator)
-    X[:, -1] = 1.0
-    w = torch.randn(d, generator=generator) * 2.0 / math.sqrt(d)
-    y = torch.bernoulli(torch.sigmoid(X[:n] @ w), generator=generator)
-    return Dataset(f"synthetic N={n:.0e} D={d}", X[:n].contiguous(), y, X[n:].contiguous())
-
-
-def _read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as handle:
-        raw = handle.read()
-    ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
-
-
-def mnist_7_vs_9(dim: int, generator: torch.Generator) -> Dataset:
-    """MNIST test set, digits 7 (y=0) vs 9 (y=1), PCA to ``dim`` standardised components + intercept."""
-    images = torch.from_numpy(_read_idx(data_path("mnist_test_idx", "t10k-images-idx3-ubyte.gz")).copy())
-    labels = torch.from_numpy(_read_idx(data_path("mnist_test_idx", "t10k-labels-idx1-ubyte.gz")).copy())
-    keep = (labels == 7) | (labels == 9)
-    pixels = images[keep].reshape(int(keep.sum()), -1).float() / 255.0
-    y = (labels[keep] == 9).float()
-    centred = pixels - pixels.mean(0)
-    _, _, v = torch.linalg.svd(centred, full_matrices=False)
-    scores = centred @ v[:dim].T
-    scores = scores / scores.std(0)
-    X = torch.cat([scores, torch.ones(len(y), 1)], 1)
-    order = torch.randperm(len(y), generator=generator)
-    cut = int(0.8 * len(y))
-    return Dataset(f"MNIST 7v9 D={dim + 1}", X[order[:cut]].contiguous(), y[order[:cut]], X[order[cut:]].contiguous())
-
-
-def coreset_dataset(name: str) -> Dataset:
-    """A logistic data set of ``data/coresets_data`` (trailing intercept column, ``y`` in {-1, +1})."""
-    arrays = np.load(data_path("coresets_data", f"{name}.npz"))
-    X = torch.from_numpy(arrays["X"]).float()
-    mean, sd = X[:, :-1].mean(0), X[:, :-1].std(0).clamp_min(1e-8)
-
-    def standardise(features: Tensor) -> Tensor:
-        return torch.cat([(features[:, :-1] - mean) / sd, features[:, -1:]], 1)
-
-    y = (torch.from_numpy(arrays["y"]).float() > 0).float()
-    return Dataset(name, standardise(X).contiguous(), y, standardise(torch.from_numpy(arrays["Xt"]).float()))
-
-
-# -- Laplace fit and the reference ---------------------------------------------------------
-def _chunks(n: int, size: int = 200_000) -> list[slice]:
-    return [slice(s, min(s + size, n)) for s in range(0, n, size)]
-
-
-def _fisher(X: Tensor, w: Tensor, rows: int = 20_000) -> Tensor:
-    """``Xᵀ diag(σ(Xw)(1 - σ(Xw))) X`` in float64, chunked (cache-sized chunks: faster than large ones)."""
-    fisher = torch.zeros(X.shape[1], X.shape[1], dtype=torch.float64)
-    for part in _chunks(X.shape[0], rows):
-        chunk = X[part]
-        p = torch.sigmoid(chunk @ w.float())
-        fisher += (chunk.T @ (chunk * (p * (1 - p))[:, None])).double()
-    return fisher
-
-
-def _gradient(X: Tensor, y: Tensor, w: Tensor, rows: int = 20_000) -> Tensor:
-    """Log-likelihood gradient ``Xᵀ (y - σ(Xw))`` in float64, chunked (cache-sized chunks)."""
-    grad = torch.zeros(X.shape[1], dtype=torch.float64)
-    for part in _chunks(X.shape[0], rows):
-        grad += (X[part].T @ (y[part] - torch.sigmoid(X[part] @ w.float()))).double()
-    return grad
-
-
-def _newton(
-    w: Tensor,
-    gradient: Callable[[Tensor], Tensor],
-    fisher: Callable[[Tensor], Tensor],
-    tolerance: float,
-    iterations: int,
-    last_step: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """Newton steps on the log-likelihood plus the ``N(0, I)`` prior until the squared decrement is below ``tolerance``.
-
-    Returns the point and the Fisher at it (``last_step``: the step that met the tolerance is
-    taken too, and the Fisher returned is the one before it).
-    """
-    eye = torch.eye(w.numel(), dtype=torch.float64)
-    for it in range(iterations + 1):
-        grad, info = gradient(w) - w, fisher(w)
-        step = torch.linalg.solve(info + eye, grad)
-        if it == iterations or float(grad @ step) < tolerance:
-            return (w + step if last_step else w), info
-        w = w + step
-    return w, info
-
-
-def laplace_fit(
-    ds: Dataset, iterations: int = 25, tolerance: float = 1e-8, fisher_rows: int = 50_000
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Posterior mode, Laplace covariance and log-likelihood Hessian, by Newton steps with a subsampled Fisher.
-
-    With ``N <= fisher_rows`` this is plain Newton on the full data. It stops when the squared
-    Newton decrement ``gᵀ P⁻¹ g`` (the squared length of the next step in posterior-sd units) is
-    below ``tolerance``: the mode is then off by ~1e-4 posterior sds, and float32 rounding of the
-    O(N) gradient sums cannot keep it iterating. With ``N > fisher_rows``, a fixed uniform
-    subsample of ``n = fisher_rows`` rows (likelihood scaled by ``N / n``) gives a start near the
-    mode (Newton on the subsample alone); then each step uses the full-data gradient and the
-    subsample's scaled Fisher at that start (computed once). Their fixed point is where the
-    full-data gradient vanishes, so they converge to the exact mode, linearly at a rate of about
-    ``√(D / n)``; a step costs one O(N D) pass instead of the full Fisher's O(N D²). They stop
-    once the squared decrement is below ``100 · tolerance`` and take that last step, which leaves
-    the mode off by about ``10 √tolerance · √(D / n)`` (~3e-5) posterior sds. The returned
-    covariance and Hessian are exact: one full-data Fisher pass at the returned mode (the
-    control variate needs the exact Hessian: its per-section terms use each section's exact
-    Hessian, and their O(N) sum uses this matrix). The subsample comes from a fixed seed, so
-    the fit does not consume the caller's random stream.
-
-    Example:
-        >>> ds = synthetic(200, 3, torch.Generator().manual_seed(0))
-        >>> mode, cov, hessian = laplace_fit(ds)
-        >>> mode.shape, cov.shape, bool((hessian.diagonal() < 0).all())
-        (torch.Size([3]), torch.Size([3, 3]), True)
-    """
-    w = torch.zeros(ds.dim, dtype=torch.float64)
-    if ds.size <= fisher_rows:
-        w, fisher = _newton(w, lambda v: _gradient(ds.X, ds.y, v), lambda v: _fisher(ds.X, v), tolerance, iterations)
-    else:
-        rows = torch.randperm(ds.size, generator=torch.Generator().manual_seed(0))[:fisher_rows]
-        X_sub, y_sub, scale = ds.X[rows], ds.y[rows], ds.size / fisher_rows
-        w, start_fisher = _newton(
-            w, lambda v: scale * _gradient(X_sub, y_sub, v), lambda v: scale * _fisher(X_sub, v), 1.0, iterations
-        )
-        w, _ = _newton(
-            w, lambda v: _gradient(ds.X, ds.y, v), lambda v: start_fisher, 100 * tolerance, iterations, last_step=True
-        )
-        fisher = _fisher(ds.X, w)  # exact, at the returned mode
-    precision = fisher + torch.eye(ds.dim, dtype=torch.float64)
-    return w.float(), torch.linalg.inv(precision).float(), (-fisher).float()
-
-
-def _log_likelihood(ds: Dataset, W: Tensor) -> Tensor:
-    """Full-data log-likelihood of each weight vector in ``W [K, D]``, chunked over the data."""
-    total = torch.zeros(W.shape[0], dtype=torch.float64)
-    rows = max(1_000, 4_000_000 // max(W.shape[0], 1))  # bounds the [rows, K] temporaries (~16 MB)
-    for part in _chunks(ds.size, rows):
-        logits = ds.X[part] @ W.T
-        total += (ds.y[part][:, None] * logits - torch.nn.functional.softplus(logits)).sum(0).double()
-    return total
-
-
-def _ratio_estimate(units: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-    """Self-normalised estimate ``Σ a_j / Σ b_j`` over iid units and its delta-method standard error.
-
-    ``units [J, ...]`` holds ``a_j`` (weighted sums of a function per unit), ``weights [J]`` the ``b_j``.
-    """
-    total = weights.sum()
-    estimate = units.sum(0) / total
-    residual = units - estimate * weights.reshape(-1, *([1] * (units.dim() - 1)))
-    return estimate, (residual**2).sum(0).sqrt() / total
-
-
-def reference_posterior(
-    ds: Dataset, mode: Tensor, cov: Tensor, pairs: int, generator: torch.Generator, block: int = 2_000
-) -> dict[str, Any]:
-    """Posterior mean, sd and test predictive mean by antithetic self-normalised importance sampling.
-
-    Proposal ``N(mode, (1 + 2/D)² cov)``, drawn in antithetic pairs ``(w, 2·mode - w)``; weights
-    ``p(w) p(y | w) / q(w)`` on the full likelihood. For a nearly Gaussian posterior the pair's
-    odd-order noise cancels, so the mean and predictive mean are far more accurate than from
-    independent draws. Monte Carlo standard errors treat the pairs as iid units (delta method
-    for the ratio estimator), and are returned in posterior sds (``mean_mcse``, ``sd_mcse``).
-
-    Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> ds = synthetic(500, 3, g, test=10)
-        >>> mode, cov, _ = laplace_fit(ds)
-        >>> ref = reference_posterior(ds, mode, cov, 500, g)
-        >>> ref["predictive"].shape, bool(ref["mean_mcse"].max() < 0.05), ref["draws"]
-        (torch.Size([10]), True, 1000)
-    """
-    inflation = 1.0 + 2.0 / ds.dim  # tails a little wider than the posterior's; ESS stays high in larger D
-    chol = torch.linalg.cholesky(cov.double() * inflation**2)
-    proposal = torch.distributions.MultivariateNormal(mode.double(), scale_tril=chol)
-    noise = torch.randn(pairs, ds.dim, generator=generator, dtype=torch.float64) @ chol.T
-    W = torch.cat([mode.double() + noise, mode.double() - noise])  # rows j and pairs + j form unit j
-    log_w = torch.cat(
-        [
-            torch.distributions.Normal(0.0, 1.0).log_prob(part).sum(-1)
-            + _log_likelihood(ds, part.float())
-            - proposal.log_prob(part)
-            for part in W.split(block)
-        ]
-    )
-    weights = torch.exp(log_w - log_w.max())
-    unit_w = weights[:pairs] + weights[pairs:]
-
-    def units(f: Tensor) -> Tensor:  # [2 pairs, ...] -> weighted per-pair sums [pairs, ...]
-        wf = weights.reshape(-1, *([1] * (f.dim() - 1))) * f
-        return wf[:pairs] + wf[pairs:]
-
-    mean, mean_se = _ratio_estimate(units(W), unit_w)
-    var, var_se = _ratio_estimate(units((W - mean) ** 2), unit_w)
-    sd = var.sqrt()
-    probs = torch.cat([torch.sigmoid(ds.Xt.double() @ part.T) for part in W.split(block)], 1).T  # [2 pairs, test]
-    predictive, predictive_se = _ratio_estimate(units(probs), unit_w)
-    ess = float(weights.sum() ** 2 / (weights**2).sum())
-    return {
-        "mean": mean.float(),
-        "sd": sd.float(),
-        "predictive": predictive.float(),
-        "mean_mcse": (mean_se / sd).float(),
-        "sd_mcse": (var_se / (2 * var)).float(),
-        "predictive_mcse": predictive_se.float(),
-        "ess": ess,
-        "draws": 2 * pairs,
-    }
+CLOCK: ClockName = "wall"  # the harness's clock of every run and of the Laplace fit
 
 
 # -- running samplers ---------------------------------------------------------------------------
-class LaplaceProposal:
-    """Independence proposal ``N(mode, scale² cov)`` for :class:`AusterityMH` (a callable ``z -> Distribution``)."""
-
-    def __init__(self, mode: Tensor, cov: Tensor, scale: float = 1.1) -> None:
-        self.dist = dist.MultivariateNormal(mode, scale_tril=scale * torch.linalg.cholesky(cov))
-
-    def __call__(self, z: Tensor) -> dist.MultivariateNormal:
-        return self.dist
-
-
-@dataclass
-class Chain:
-    """Draws of one sampler with the wall time (from its start) at which each was produced."""
-
-    samples: Tensor
-    seconds: Tensor
-    setup_seconds: float
-    diagnostics: dict[str, Any]
-
-
 def run_kernel(
-    kernel: AusterityMH, ds: Dataset, init: Tensor, budget: float, model_args: tuple, transitions: int | None = None
-) -> Chain:
-    """Run ``kernel`` from ``init`` for ``budget`` seconds (its setup included in the clock) or ``transitions``."""
-    start = time.perf_counter()
+    kernel: AusterityMH, ds: Dataset, init: Tensor, budget: float, transitions: int | None = None
+) -> TimedRun:
+    """Run ``kernel`` from ``init`` through the harness until setup + sampling time reaches ``budget``, or for
+    ``transitions`` draws; the draws of ``w`` are kept."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the exact arm's full-data model is not sublinear
-        kernel.setup(0, *model_args)
-    setup = time.perf_counter() - start
-    params = {"w": init.clone()}
-    samples, seconds = [], []
-    while True:
-        params = kernel.sample(params)
-        now = time.perf_counter() - start
-        samples.append(params["w"])
-        seconds.append(now)
-        if now > budget or (transitions is not None and len(samples) >= transitions):
-            break
-    return Chain(torch.stack(samples), torch.tensor(seconds), setup, kernel.diagnostics())
+        # the exact arm's full-data model is not sublinear (said at setup); other warnings are shown
+        warnings.filterwarnings("ignore", message=".*not sublinear", category=RuntimeWarning)
+        return timed_run(
+            kernel, samples=transitions, seconds=None if transitions else budget, cap_seconds=budget, clock=CLOCK,
+            initial_params={"w": init.clone()}, model_args=(ds.X, ds.y), keep=lambda params: params["w"],
+        )  # fmt: skip
+
+
+def draws_of(run: TimedRun) -> Tensor:
+    """The run's draws of ``w`` ``[S, D]`` in float32 (``[0]`` when it made none)."""
+    return run.draws.float() if run.draws is not None else torch.empty(0)
+
+
+def draw_times(run: TimedRun, offset: float = 0.0) -> Tensor:
+    """The study's clock at each draw: the run's ``total_times`` plus ``offset`` (the Laplace fit), float64."""
+    return torch.tensor(run.total_times, dtype=torch.float64) + offset
 
 
 def make_austerity(
@@ -413,98 +186,68 @@ def make_exact(fit: tuple[Tensor, Tensor, Tensor], proposal: LaplaceProposal | N
     )  # fmt: skip
 
 
-def run_pyro_nuts(ds: Dataset, warmup: int, draws: int, cap: float) -> Chain:
-    """Pyro NUTS on the full-data model: ``draws`` post-warmup draws with times (warmup counted), or until ``cap``."""
-    samples, seconds = baselines.pyro_nuts(logistic_model_full, (ds.X, ds.y), "w", warmup, draws, cap=cap)
-    if samples.shape[0] == 0:
-        return Chain(torch.empty(0, ds.dim), torch.empty(0), 0.0, {"finished_warmup": False})
-    return Chain(samples, seconds.float(), 0.0, {"finished_warmup": True})
-
-
-def run_numpyro_nuts(ds: Dataset, warmup: int, draws: int, seed: int) -> Chain | None:
-    """NumPyro NUTS (JAX on CPU, one thread): warmup, then ``draws`` draws in one call; ``None`` if not installed.
-
-    Compilation counts in the time, as a user experiences it; JAX calls cannot be interrupted, so
-    there is no wall-time cap.
-    """
+def run_numpyro_nuts(ds: Dataset, warmup: int, draws: int, seed: int) -> TimedRun | None:
+    """:func:`experiments.baselines.numpyro_nuts_run` on the full-data model; ``None`` if NumPyro is not installed."""
     if not baselines.numpyro_available():
         return None
     import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as ndist
 
-    def model(X: Any, y: Any) -> None:
-        w = numpyro.sample("w", ndist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-        numpyro.sample("y", ndist.Bernoulli(logits=X @ w), obs=y)
-
-    X, y = jnp.asarray(ds.X.numpy()), jnp.asarray(ds.y.numpy())
-    samples, seconds, warm = baselines.numpyro_nuts(model, (X, y), "w", warmup, draws, seed)
-    return Chain(samples.float(), seconds.float(), 0.0, {"warmup_seconds": warm})
+    data = (jnp.asarray(ds.X.numpy()), jnp.asarray(ds.y.numpy()))
+    return baselines.numpyro_nuts_run(numpyro_logistic_model, data, "w", warmup, draws, seed, clock=CLOCK)
 
 
 # -- metrics -----------------------------------------------------------------------------------
-def curves(chain: Chain, ds: Dataset, ref: dict[str, Any], end: float, offset: float = 0.0) -> dict[str, list]:
-    """Risk of the running predictive mean and error of the running posterior mean at log-spaced times."""
-    if chain.samples.shape[0] == 0:
+def curves(times: Tensor, metrics: tuple[Tensor, Tensor], end: float) -> dict[str, list]:
+    """The per-draw risk and mean error (:func:`running_metrics`, draws at ``times``) at log-spaced times up to ``end``.
+
+    Each checkpoint reads the latest draw at or before it (the first draw before that).
+    """
+    if times.numel() == 0:
         return {"seconds": [], "risk": [], "mean_error": [], "draws": []}
-    times = chain.seconds + offset
     first = float(times[0])
-    grid = torch.logspace(math.log10(max(first, 1e-3)), math.log10(max(end + offset, first * 1.001)), CHECKPOINTS)
-    counts = torch.searchsorted(times, grid, right=True).clamp(min=1)
-    probs = torch.sigmoid(ds.Xt @ chain.samples.T).double()  # [test, S]
-    running_pred = probs.cumsum(1) / torch.arange(1, probs.shape[1] + 1)
-    running_mean = chain.samples.double().cumsum(0) / torch.arange(1, chain.samples.shape[0] + 1)[:, None]
-    pick = counts - 1
-    risk = ((running_pred[:, pick] - ref["predictive"].double()[:, None]) ** 2).mean(0)
-    err = (((running_mean[pick] - ref["mean"].double()) / ref["sd"].double()) ** 2).mean(1).sqrt()
-    return {"seconds": grid.tolist(), "risk": risk.tolist(), "mean_error": err.tolist(), "draws": counts.tolist()}
+    grid = torch.logspace(math.log10(max(first, 1e-3)), math.log10(max(end, first * 1.001)), CHECKPOINTS)
+    pick = (torch.searchsorted(times, grid.double(), right=True) - 1).clamp(min=0)
+    risk, error = metrics
+    return {"seconds": grid.tolist(), "risk": risk[pick].tolist(), "mean_error": error[pick].tolist(),
+            "draws": (pick + 1).tolist()}  # fmt: skip
 
 
-def running_metrics(chain: Chain, ds: Dataset, ref: dict[str, Any], block: int = 2_000) -> tuple[Tensor, Tensor]:
+def running_metrics(samples: Tensor, ds: Dataset, ref: dict[str, Any], block: int = 2_000) -> tuple[Tensor, Tensor]:
     """Risk of the running predictive mean and RMS error of the running posterior mean (in sds) after every draw.
 
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> ds = synthetic(300, 2, g, test=5)
         >>> ref = {"predictive": torch.full((5,), 0.5), "mean": torch.zeros(2), "sd": torch.ones(2)}
-        >>> risk, error = running_metrics(Chain(torch.zeros(4, 2), torch.arange(4.0), 0.0, {}), ds, ref)
+        >>> risk, error = running_metrics(torch.zeros(4, 2), ds, ref)
         >>> risk.tolist(), error.tolist()
         ([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0])
     """
-    draws = chain.samples.shape[0]
+    draws = samples.shape[0]
     counts = torch.arange(1, draws + 1, dtype=torch.float64)
     total = torch.zeros(ds.Xt.shape[0], dtype=torch.float64)
     risk = torch.empty(draws, dtype=torch.float64)
     for start in range(0, draws, block):  # bounds the [test, block] temporaries
-        probs = torch.sigmoid(ds.Xt @ chain.samples[start : start + block].T).double().cumsum(1) + total[:, None]
+        probs = torch.sigmoid(ds.Xt @ samples[start : start + block].T).double().cumsum(1) + total[:, None]
         total = probs[:, -1]
         running = probs / counts[start : start + block]
         risk[start : start + block] = ((running - ref["predictive"].double()[:, None]) ** 2).mean(0)
-    running_mean = chain.samples.double().cumsum(0) / counts[:, None]
+    running_mean = samples.double().cumsum(0) / counts[:, None]
     error = (((running_mean - ref["mean"].double()) / ref["sd"].double()) ** 2).mean(1).sqrt()
     return risk, error
 
 
-def first_draw_time_below(values: Tensor, seconds: Tensor, level: float, offset: float = 0.0) -> float | None:
-    """Time (plus ``offset``) of the first draw at which ``values <= level`` (None if never).
+def first_draw_time(times: Tensor, values: Tensor, level: float) -> float | None:
+    """The first hit of ``level`` by per-draw ``values`` at ``times`` (``first_time(..., for_good=False)``).
 
     Example:
-        >>> first_draw_time_below(torch.tensor([3.0, 2.0, 0.5]), torch.tensor([1.0, 2.0, 3.0]), 1.0, 0.5)
+        >>> first_draw_time(torch.tensor([1.5, 2.5, 3.5]), torch.tensor([3.0, 2.0, 0.5]), 1.0)
         3.5
     """
-    hits = torch.nonzero(values <= level)
-    return None if hits.numel() == 0 else float(seconds[int(hits[0, 0])]) + offset
+    return first_time(ErrorTrace(times.tolist(), values.tolist()), level, for_good=False)
 
 
-def first_time_below(curve: dict[str, list], key: str, level: float) -> float | None:
-    """First checkpoint time at which ``curve[key] <= level`` (None if never)."""
-    for t, v in zip(curve["seconds"], curve[key], strict=True):
-        if v <= level:
-            return t
-    return None
-
-
-def moment_errors(chain: Chain, ref: dict[str, Any]) -> dict[str, float]:
+def moment_errors(samples: Tensor, ref: dict[str, Any]) -> dict[str, float]:
     """Errors of the chain's posterior mean and sd against the reference, in posterior sds, with MCSEs.
 
     ``*_error_sd``: mean over coordinates of the absolute error; ``*_mcse_sd``: mean over
@@ -512,7 +255,7 @@ def moment_errors(chain: Chain, ref: dict[str, Any]) -> dict[str, float]:
     size); ``*_z_rms``: root mean square over coordinates of ``error / √(MCSE² + reference MCSE²)``,
     about 1 when the error is Monte Carlo noise and well above 1 when the chain is biased.
     """
-    s = chain.samples.double()
+    s = samples.double()
     sd, ref_mean_se, ref_sd_se = ref["sd"].double(), ref["mean_mcse"].double(), ref["sd_mcse"].double()
     mean_err = (s.mean(0) - ref["mean"].double()) / sd
     out: dict[str, float] = {"mean_error_sd": float(mean_err.abs().mean()), "draws": int(s.shape[0])}
@@ -535,10 +278,7 @@ def moment_errors(chain: Chain, ref: dict[str, Any]) -> dict[str, float]:
 
 # -- the study -----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI scale: small data, sub-second budgets")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = study_parser(__doc__)
     parser.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every wall-time budget")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--batch-growth", type=float, default=2.0, help="AusterityMH batch_growth (later stages)")
@@ -550,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="chains of exact MH and austerity eps=0.05 on each scaling set, for the mean-risk crossing time",
     )
     parser.add_argument("--no-numpyro", action="store_true", help="skip NumPyro NUTS even if installed")
-    parser.add_argument("--out", default="experiments/results/logistic_austerity")
+    add_run_options(parser, "experiments/results/logistic_austerity", "CI scale: small data, sub-second budgets")
     return parser.parse_args(argv)
 
 
@@ -599,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def bias_methods(
     ds: Dataset, fit: tuple[Tensor, Tensor, Tensor], init: Tensor, args: argparse.Namespace
-) -> dict[str, Callable[[], Chain | None]]:
+) -> dict[str, Callable[[], TimedRun | None]]:
     """The bias table's arms: exact MH, and austerity with and without the control variate at each ε.
 
     Every arm runs the same number of transitions of the Laplace independence proposal (it
@@ -608,10 +348,10 @@ def bias_methods(
     proposal = LaplaceProposal(fit[0], fit[1])
     count = 150 if args.quick else args.bias_transitions
 
-    def run(kernel: AusterityMH) -> Chain:
-        return run_kernel(kernel, ds, init, math.inf, (ds.X, ds.y), transitions=count)
+    def run(kernel: AusterityMH) -> TimedRun:
+        return run_kernel(kernel, ds, init, math.inf, transitions=count)
 
-    methods: dict[str, Callable[[], Chain | None]] = {EXACT: lambda: run(make_exact(fit, proposal))}
+    methods: dict[str, Callable[[], TimedRun | None]] = {EXACT: lambda: run(make_exact(fit, proposal))}
     for eps in QUICK_EPSILONS if args.quick else EPSILONS:
         methods[f"austerity eps={eps}"] = lambda eps=eps: run(make_austerity(eps, fit, args, True, proposal))
         methods[f"austerity (seed test) eps={eps}"] = lambda eps=eps: run(
@@ -630,73 +370,68 @@ def run_dataset(
     record: dict[str, Any],
 ) -> dict[str, Any]:
     """All samplers on one data set, in a random order, each for ``budget`` seconds (bias role: fixed transitions)."""
-    start = time.perf_counter()
-    fit = laplace_fit(ds)
+    fit, laplace_seconds = timed_call(laplace_fit, ds, clock=CLOCK)
     mode, cov, _ = fit
-    laplace_seconds = time.perf_counter() - start
     pairs = 150 if args.quick else (20_000 if role == "bias" else (5_000 if ds.size <= 200_000 else 500))
     ref = reference_posterior(ds, mode, cov, pairs, generator)
     init = mode + torch.linalg.cholesky(cov) @ torch.randn(ds.dim, generator=generator)
-    model_args = (ds.X, ds.y)
     independent = LaplaceProposal(mode, cov)
 
+    def chain(kernel: AusterityMH) -> TimedRun:
+        return run_kernel(kernel, ds, init, budget)
+
+    methods: dict[str, Callable[[], TimedRun | None]]
     if role == "bias":
         methods = bias_methods(ds, fit, init, args)
     else:
-        methods = {EXACT: lambda: run_kernel(make_exact(fit), ds, init, budget, model_args)}
+        methods = {EXACT: lambda: chain(make_exact(fit))}
         epsilons = (0.05,) if role == "nuts" else (QUICK_EPSILONS if args.quick else EPSILONS)
         for eps in epsilons:
-            methods[f"austerity eps={eps}"] = lambda eps=eps: run_kernel(
-                make_austerity(eps, fit, args), ds, init, budget, model_args
-            )
+            methods[f"austerity eps={eps}"] = lambda eps=eps: chain(make_austerity(eps, fit, args))
         if role != "nuts":
-            methods[SEED_TEST] = lambda: run_kernel(
-                make_austerity(0.05, fit, args, False), ds, init, budget, model_args
-            )
+            methods[SEED_TEST] = lambda: chain(make_austerity(0.05, fit, args, False))
         else:  # what a user holding a Laplace fit would run: it as an independence proposal
-            methods[INDEP_AUSTERITY] = lambda: run_kernel(
-                make_austerity(0.05, fit, args, True, independent), ds, init, budget, model_args
-            )
-            methods[INDEP_EXACT] = lambda: run_kernel(make_exact(fit, independent), ds, init, budget, model_args)
+            methods[INDEP_AUSTERITY] = lambda: chain(make_austerity(0.05, fit, args, True, independent))
+            methods[INDEP_EXACT] = lambda: chain(make_exact(fit, independent))
         nuts_cap = budget * (3.0 if role == "nuts" else 1.0)
         warmup, draws = (20, 50) if args.quick else (100, 400)
         # Pyro NUTS did not finish warmup within the budget at N >= 1e5, D = 50 in earlier runs: skipped there
         if role != "scaling" or ds.size <= 10_000 or args.quick:
-            methods[PYRO_NUTS] = lambda: run_pyro_nuts(ds, warmup, draws, nuts_cap)
+            methods[PYRO_NUTS] = lambda: baselines.pyro_nuts_run(
+                logistic_model_full, (ds.X, ds.y), "w", warmup, draws, clock=CLOCK, cap=nuts_cap
+            )
         # NumPyro's warmup cannot be interrupted: run it where it fits the budget (smallest scaling set, D=10 study)
         if not args.no_numpyro and not args.quick and (role == "nuts" or (role == "scaling" and ds.size <= 10_000)):
             methods[NUMPYRO_NUTS] = lambda: run_numpyro_nuts(ds, warmup, draws, args.seed)
     order = list(methods)
     rng.shuffle(order)
     runs: dict[str, Any] = {}
-    chains: dict[str, tuple[Chain, float]] = {}
+    done: dict[str, tuple[TimedRun, float]] = {}
+    traces: dict[str, tuple[Tensor, tuple[Tensor, Tensor]]] = {}  # per-draw times, (risk, mean error)
     for label in order:
-        began = time.perf_counter()
-        chain = methods[label]()
-        wall = time.perf_counter() - began
-        if chain is None:
-            record["numpyro_available"] = False
-            continue
+        run = methods[label]()
         if label == NUMPYRO_NUTS:
-            record["numpyro_available"] = True
-        last = float(chain.seconds[-1]) if len(chain.seconds) else 0.0
-        end = last if math.isinf(budget) else max(last, budget)
-        # austerity's Laplace fit is part of its pipeline: its curves are shifted by the fit's time
+            record["numpyro_available"] = run is not None
+        if run is None:
+            continue
+        # austerity's Laplace fit is part of its pipeline: its clock is shifted by the fit's time
         offset = laplace_seconds if label.startswith(OFFSET) else 0.0
-        chains[label] = (chain, offset)
+        done[label] = (run, offset)
+        if run.samples:
+            traces[label] = (draw_times(run, offset), running_metrics(draws_of(run), ds, ref))
+        end = run.total_s if math.isinf(budget) else max(run.total_s, budget)
         runs[label] = {
-            "curves": curves(chain, ds, ref, end, offset),
-            "transitions": int(chain.samples.shape[0]),
-            "seconds": last,
-            "setup_seconds": chain.setup_seconds,
-            "wall_seconds": wall,
-            "diagnostics": {k: v for k, v in chain.diagnostics.items() if isinstance(v, int | float | bool)},
-            "moments": moment_errors(chain, ref) if chain.samples.shape[0] else {},
+            "curves": curves(*traces.get(label, (torch.empty(0), ())), end + offset),
+            "transitions": run.samples,
+            "seconds": run.total_s,
+            "timing": run.summary(),
+            "diagnostics": {k: v for k, v in run.diagnostics.items() if isinstance(v, int | float | bool)},
+            "moments": moment_errors(draws_of(run), ref) if run.samples else {},
         }
-    crossings(runs, chains, ds, ref)
+    crossings(runs, traces)
     replicated = None
-    if role == "scaling" and args.replicates > 1 and EXACT in chains and REPLICATED in chains:
-        replicated = replicate_crossing(chains, {label: methods[label] for label in (EXACT, REPLICATED)}, ds, ref, args)
+    if role == "scaling" and args.replicates > 1 and EXACT in traces and REPLICATED in traces:
+        replicated = replicate_crossing(done, {label: methods[label] for label in (EXACT, REPLICATED)}, ds, ref, args)
     return {
         "replicated": replicated,
         "name": ds.name, "role": role, "N": ds.size, "D": ds.dim, "budget_seconds": budget,
@@ -707,24 +442,23 @@ def run_dataset(
     }  # fmt: skip
 
 
-def crossings(runs: dict[str, Any], chains: dict[str, tuple[Chain, float]], ds: Dataset, ref: dict[str, Any]) -> None:
+def crossings(runs: dict[str, Any], traces: dict[str, tuple[Tensor, tuple[Tensor, Tensor]]]) -> None:
     """Add each run's first draw times (offset included) to exact MH's final risk and to a 0.1 sd mean error.
 
-    At draw resolution, not the curves' log-spaced checkpoints (which overstate a crossing time by
-    up to one checkpoint step, ~20%): ``seconds_to_exact_final_risk`` and ``seconds_to_0.1_sd``.
+    At draw resolution (``traces``: per-draw times and metrics), not the curves' log-spaced checkpoints (which
+    overstate a crossing time by up to one checkpoint step, ~20%): ``seconds_to_exact_final_risk`` and
+    ``seconds_to_0.1_sd``.
     """
-    metrics = {label: running_metrics(chain, ds, ref) for label, (chain, _) in chains.items() if len(chain.seconds)}
-    level = float(metrics[EXACT][0][-1]) if EXACT in metrics else None
-    for label, (risk, error) in metrics.items():
-        chain, offset = chains[label]
+    level = float(traces[EXACT][1][0][-1]) if EXACT in traces else None
+    for label, (times, (risk, error)) in traces.items():
         if level is not None:
-            runs[label]["seconds_to_exact_final_risk"] = first_draw_time_below(risk, chain.seconds, level, offset)
-        runs[label]["seconds_to_0.1_sd"] = first_draw_time_below(error, chain.seconds, 0.1, offset)
+            runs[label]["seconds_to_exact_final_risk"] = first_draw_time(times, risk, level)
+        runs[label]["seconds_to_0.1_sd"] = first_draw_time(times, error, 0.1)
 
 
 def replicate_crossing(
-    chains: dict[str, tuple[Chain, float]],
-    runners: dict[str, Callable[[], Chain]],
+    chains: dict[str, tuple[TimedRun, float]],
+    runners: dict[str, Callable[[], TimedRun | None]],
     ds: Dataset,
     ref: dict[str, Any],
     args: argparse.Namespace,
@@ -740,21 +474,24 @@ def replicate_crossing(
     the end: the shortest chain's clock, or the latest first draw where that is later) and austerity's first
     time at or below it.
     """
-    runs: dict[str, list[tuple[Chain, float]]] = {label: [chains[label]] for label in runners}
+    arms = {label: [chains[label]] for label in runners}
     extra = [label for label in runners for _ in range(args.replicates - 1)]
     random.Random(args.seed + ds.size).shuffle(extra)
     for label in extra:
-        runs[label].append((runners[label](), chains[label][1]))
-    end = min(float(chain.seconds[-1]) + offset for arm in runs.values() for chain, offset in arm)
+        arms[label].append((cast(TimedRun, runners[label]()), chains[label][1]))
+    runs = {  # per chain: the draw times and the per-draw risk
+        label: [(draw_times(run, offset), running_metrics(draws_of(run), ds, ref)[0]) for run, offset in arm]
+        for label, arm in arms.items()
+    }
+    end = min(float(times[-1]) for arm in runs.values() for times, _ in arm)
     # every chain must have a draw by the end (a slow setup under load can put one's first draw after another's last)
-    end = max(end, max(float(chain.seconds[0]) + offset for arm in runs.values() for chain, offset in arm))
+    end = max(end, max(float(times[0]) for arm in runs.values() for times, _ in arm))
     grid = torch.linspace(0.0, end, grid_points + 1, dtype=torch.float64)[1:]
     mean_risk = {}
     for label, arm in runs.items():
         curves = []
-        for chain, offset in arm:
-            risk, _ = running_metrics(chain, ds, ref)
-            seen = torch.searchsorted(chain.seconds.double() + offset, grid, right=True)
+        for times, risk in arm:
+            seen = torch.searchsorted(times, grid, right=True)
             curves.append(torch.where(seen > 0, risk[(seen - 1).clamp(min=0)], torch.tensor(math.inf)))
         mean_risk[label] = torch.stack(curves).mean(0)
     level = float(mean_risk[EXACT][-1])
@@ -767,7 +504,7 @@ def replicate_crossing(
         "exact_mean_final_risk": level,
         "austerity_seconds_to_level": crossing,
         "time_fraction_of_exact": None if crossing is None else crossing / end,
-        "transitions": {label: [int(chain.samples.shape[0]) for chain, _ in arm] for label, arm in runs.items()},
+        "transitions": {label: [len(times) for times, _ in arm] for label, arm in runs.items()},
         "curve_seconds": [float(f"{v:.4g}") for v in grid[keep].tolist()],
         "mean_risk": {label: [float(f"{v:.4g}") for v in curve[keep].tolist()] for label, curve in mean_risk.items()},
     }
@@ -783,15 +520,14 @@ def targets(record: dict[str, Any]) -> dict[str, Any]:
         aus_small = small["runs"].get("austerity eps=0.05")
         out["N_large"], out["N_small"] = big["N"], small["N"]
         if aus_big:
-            out["data_fraction_at_N_large"] = aus_big["diagnostics"].get("mean_data_fraction")
-        if aus_big and aus_small:
-            out["time_per_transition_growth"] = (
-                aus_big["diagnostics"]["seconds_per_transition"] / aus_small["diagnostics"]["seconds_per_transition"]
-            )
+            out["data_fraction_at_N_large"] = aus_big["diagnostics"].get("data_fraction")
+        if aus_big and aus_small:  # the harness's sampling time per transition (setup excluded)
+            big_s, small_s = (run["timing"]["sampling_s"] / max(run["transitions"], 1) for run in (aus_big, aus_small))
+            out["time_per_transition_growth"] = big_s / small_s
         if aus_big and ex_big and ex_big["curves"]["risk"]:
             level = ex_big["curves"]["risk"][-1]
             t_exact = ex_big["curves"]["seconds"][-1]
-            t_aus = aus_big.get("seconds_to_exact_final_risk", first_time_below(aus_big["curves"], "risk", level))
+            t_aus = aus_big.get("seconds_to_exact_final_risk")
             shared = big["laplace_seconds"]  # both chains use the Laplace fit; their clocks include it
             out["exact_final_risk"] = level
             out["exact_seconds"] = t_exact
@@ -807,10 +543,7 @@ def targets(record: dict[str, Any]) -> dict[str, Any]:
     nuts = [d for d in record["datasets"] if d["role"] == "nuts"]
     if nuts:
         d = nuts[0]
-        times = {
-            label: run.get("seconds_to_0.1_sd", first_time_below(run["curves"], "mean_error", 0.1))
-            for label, run in d["runs"].items()
-        }
+        times = {label: run.get("seconds_to_0.1_sd") for label, run in d["runs"].items()}
         caps = {
             label: run["seconds"] + (d["laplace_seconds"] if label.startswith(OFFSET) else 0.0)
             for label, run in d["runs"].items()
@@ -848,7 +581,7 @@ def bias_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
                     "method": label,
                     **run["moments"],
                     "acceptance": run["diagnostics"].get("acceptance_rate"),
-                    "data fraction": run["diagnostics"].get("mean_data_fraction"),
+                    "data fraction": run["diagnostics"].get("data_fraction"),
                 }
             )
     return rows
@@ -866,7 +599,7 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
                     "method": label,
                     "transitions": run["transitions"],
                     "ms/transition": 1000 * run["seconds"] / max(run["transitions"], 1),
-                    "data fraction": diag.get("mean_data_fraction"),
+                    "data fraction": diag.get("data_fraction"),
                     "stages": diag.get("mean_stages"),
                     "acceptance": diag.get("acceptance_rate"),
                     "final risk": run["curves"]["risk"][-1] if run["curves"]["risk"] else None,

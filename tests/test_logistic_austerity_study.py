@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from experiments import logistic_austerity as study
+from experiments import logistic_models
+from neuralblock.diagnostics.runs import ErrorTrace, first_time
 
 
 def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
@@ -18,14 +21,14 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
     for d in saved["datasets"]:
         assert d["reference_ess"] > 10
         exact = d["runs"]["exact MH"]
-        assert exact["diagnostics"]["mean_data_fraction"] == 1.0 and exact["transitions"] > 0
+        assert exact["diagnostics"]["data_fraction"] == 1.0 and exact["transitions"] > 0
         assert exact["curves"]["risk"] and all(r >= 0 for r in exact["curves"]["risk"])
         aus = d["runs"]["austerity eps=0.05"]
-        assert 0 < aus["diagnostics"]["mean_data_fraction"] < 1.0
+        assert 0 < aus["diagnostics"]["data_fraction"] < 1.0
         assert aus["diagnostics"]["sublinear"] is True
     big = max(saved["datasets"][:2], key=lambda d: d["N"])
     # a few mini-batches of 100 out of 20000 sections: the control variate keeps decisions early
-    assert big["runs"]["austerity eps=0.05"]["diagnostics"]["mean_data_fraction"] < 0.05
+    assert big["runs"]["austerity eps=0.05"]["diagnostics"]["data_fraction"] < 0.05
     assert set(record["targets"]) >= {"data_fraction_at_N_large", "time_per_transition_growth", "nuts_comparison"}
     bias = saved["bias"]
     assert bias[0]["method"] == "exact MH" and {r["draws"] for r in bias} == {150}
@@ -57,7 +60,13 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
     # first-draw crossing times never exceed the checkpoint curves' (a checkpoint sees a draw at or before it)
     for d in saved["datasets"]:
         for run in d["runs"].values():
-            dense, coarse = run.get("seconds_to_0.1_sd"), study.first_time_below(run["curves"], "mean_error", 0.1)
+            timing = run["timing"]  # the harness's split: the clock counts setup (and NUTS warmup) before the draws
+            assert timing["clock"] == "wall" and timing["samples"] == run["transitions"]
+            assert math.isclose(run["seconds"], timing["setup_s"] + timing["warmup_s"] + timing["sampling_s"])
+            if not run["transitions"]:
+                continue
+            curve = ErrorTrace(run["curves"]["seconds"], run["curves"]["mean_error"])
+            dense, coarse = run.get("seconds_to_0.1_sd"), first_time(curve, 0.1, for_good=False)
             if coarse is not None:
                 assert dense is not None and dense <= coarse * (1 + 1e-3)
 
@@ -65,9 +74,9 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
 def test_laplace_fit_with_a_subsampled_fisher_finds_the_exact_mode() -> None:
     import torch
 
-    ds = study.synthetic(20_000, 4, torch.Generator().manual_seed(1), test=10)
-    mode, cov, hessian = study.laplace_fit(ds, fisher_rows=1_000)  # Newton steps with a 1000-row Fisher
-    exact_mode, exact_cov, exact_hessian = study.laplace_fit(ds, fisher_rows=10**9)  # plain Newton
+    ds = logistic_models.synthetic(20_000, 4, torch.Generator().manual_seed(1), test=10)
+    mode, cov, hessian = logistic_models.laplace_fit(ds, fisher_rows=1_000)  # Newton steps with a 1000-row Fisher
+    exact_mode, exact_cov, exact_hessian = logistic_models.laplace_fit(ds, fisher_rows=10**9)  # plain Newton
     sd = exact_cov.diagonal().sqrt()
     assert float(((mode - exact_mode) / sd).abs().max()) < 1e-3
     torch.testing.assert_close(cov, exact_cov, rtol=1e-4, atol=0)  # the exact Fisher at the mode
