@@ -46,7 +46,10 @@ data, so it cannot do this.
 Measured: test accuracy of the posterior predictive (the running average, over cycles after
 the warmup cycles, of each state's predictive probabilities ``p(y* = 1 | x*, state)``, with
 ``μ_k`` integrated out and a new cluster's expert averaged over its prior, which gives 1/2)
-against each arm's own sampler clock (test evaluation excluded). The arms advance one cycle
+against each arm's own sampler clock (test evaluation excluded): the run harness's clock
+(``clock="wall"``), each part of a cycle timed with :func:`~neuralblock.diagnostics.runs.timed_call`; first
+times are first hits (:func:`~neuralblock.diagnostics.runs.first_time` with ``for_good=False``) of the
+post-warmup accuracy trace. The arms advance one cycle
 each in turn (round-robin), so machine load falls on all of them alike, each with its own
 torch and numpy random streams; ``--seeds`` data/chain seeds. Target (issue 7): austerity
 reaches exact MH's final test accuracy in at most 1/5 of exact MH's time.
@@ -63,7 +66,6 @@ import argparse
 import json
 import math
 import statistics
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,9 +78,11 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from experiments.common import add_run_options, open_study, study_parser
 from experiments.logistic_models import Design, logistic_model
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, write_json
+from neuralblock.diagnostics.runs import ClockName, ErrorTrace, first_time, timed_call, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 
 matplotlib.use("Agg")
@@ -92,6 +96,7 @@ EXACT = "exact MH"
 TARGET_ACCEPT = 0.234
 TOLERANCE = 0.005  # accuracy tolerance of the secondary first-passage ratio (the curves plateau; see the notes)
 LOG_2PI = math.log(2.0 * math.pi)
+CLOCK: ClockName = "wall"  # the harness's clock of every arm's cycles and of the kernel costs
 
 
 @dataclass
@@ -227,14 +232,9 @@ class JointDPMState:
         self.X1_torch = torch.from_numpy(self.X1).float()
         self.y_torch = torch.from_numpy(data.y).float()
         n, d = data.X.shape
-        self.z = np.zeros(n, dtype=np.int64)  # start: every point in one cluster, w = 0
         self.counts = np.zeros(capacity, dtype=np.int64)
-        self.sums = np.zeros((capacity, d))
-        self.W = np.zeros((capacity, d + 1))
-        self.steps = np.full(capacity, np.nan)
-        self.counts[0], self.sums[0] = n, data.X.sum(0)
+        self.set_assignments(np.zeros(n, dtype=np.int64), np.zeros((1, d + 1)))  # start: all in one cluster, w = 0
         self.alpha = 1.0
-        self.terms = _gaussian_terms(self.counts, self.sums, hyper)
         self.features = np.concatenate([np.ones((n, 1)), data.X, -0.5 * self.sq[:, None]], 1)
         # log N(x_i; 0, (τ² + s²) I): a new cluster's input density
         v0 = hyper.tau**2 + hyper.s**2
@@ -494,48 +494,49 @@ def kernel_costs(arms: list[Arm], args: argparse.Namespace, transitions: int = 2
     w0 = torch.from_numpy(state.W[k]).float()
     kernels = {arm.label: make_kernel(arm.epsilon, X1, y, step, args) for arm in arms}
     params = {label: {"w": w0.clone()} for label in kernels}
+    seconds = dict.fromkeys(kernels, 0.0)
     for _ in range(transitions // block):
         for label, kernel in kernels.items():
-            for _ in range(block):
-                params[label] = kernel.sample(params[label])
+            run = timed_run(kernel.sample, initial_params=params[label], samples=block, clock=CLOCK)
+            params[label], seconds[label] = run.params, seconds[label] + run.sampling_s
     out: dict[str, Any] = {"cluster_size": int(len(index))}
     for label, kernel in kernels.items():
         diag = kernel.diagnostics()
         out[label] = {
-            "ms_per_transition": 1000 * diag["seconds_per_transition"],
-            "data_fraction": diag["mean_data_fraction"],
+            "ms_per_transition": 1000 * seconds[label] / max(transitions // block * block, 1),
+            "data_fraction": diag["data_fraction"],
             "stages": diag["mean_stages"],
             "acceptance": diag["acceptance_rate"],
         }
     sections = kernels[arms[0].label].sections
     both = {"w": torch.stack([w0, w0 + 0.01])}
     for name, idx in (("mini_batch", torch.arange(min(args.batch_size, len(index)))), ("all", None)):
-        start = time.perf_counter()
-        for _ in range(100):
-            sections.evaluate_many({}, both, idx)
-        out[f"ms_per_model_run_{name}"] = 10 * (time.perf_counter() - start)
+        _, took = timed_call(lambda idx=idx: [sections.evaluate_many({}, both, idx) for _ in range(100)], clock=CLOCK)
+        out[f"ms_per_model_run_{name}"] = 10 * took
     return out
 
 
 def run_cycle(arm: Arm, cycle: int, args: argparse.Namespace) -> None:
-    """One cycle of ``arm`` (z sweep, α, expert updates) on its own clock, then its test-accuracy record."""
+    """One cycle of ``arm`` (z sweep, α, expert updates), each part timed on ``CLOCK``, then its accuracy record."""
     state = arm.state
     warm = cycle < args.warmup_cycles
-    t0 = time.perf_counter()
     n = state.data.size
-    partial = args.z_fraction < 1.0
-    state.gibbs_sweep(
-        args.aux, state.rng.choice(n, max(1, round(args.z_fraction * n)), replace=False) if partial else None
-    )
-    t1 = time.perf_counter()
-    state.alpha_update()
-    t2 = time.perf_counter()
-    w_updates(arm, args, 1.0 / math.sqrt(cycle + 1) if warm else None)
-    t3 = time.perf_counter()
-    arm.times["z"] += t1 - t0
-    arm.times["alpha"] += t2 - t1
-    arm.times["w"] += t3 - t2
-    arm.seconds += t3 - t0
+
+    def z_sweep() -> None:
+        partial = args.z_fraction < 1.0
+        state.gibbs_sweep(
+            args.aux, state.rng.choice(n, max(1, round(args.z_fraction * n)), replace=False) if partial else None
+        )
+
+    parts = {
+        "z": z_sweep,
+        "alpha": state.alpha_update,
+        "w": lambda: w_updates(arm, args, 1.0 / math.sqrt(cycle + 1) if warm else None),
+    }
+    for part, update in parts.items():
+        _, seconds = timed_call(update, clock=CLOCK)
+        arm.times[part] += seconds
+        arm.seconds += seconds
     prob = state.predictive(state.data.Xt)  # not on the clock
     if warm:
         shown = prob
@@ -549,18 +550,24 @@ def run_cycle(arm: Arm, cycle: int, args: argparse.Namespace) -> None:
     )
 
 
-def first_time(records: list[dict[str, float]], level: float, warmup_cycles: int = 0) -> float | None:
+def first_passage(records: list[dict[str, float]], level: float, warmup_cycles: int = 0) -> float | None:
     """First clock time after warmup at which the running accuracy is at least ``level`` (None if never).
 
-    Warmup records show one state's accuracy, not the running average: they are skipped.
+    The first hit (``first_time(..., for_good=False)``) of the negated accuracies (the harness's traces are
+    lower-is-better), with 1e-12 of slack for the records' rounding. Warmup records show one state's accuracy,
+    not the running average: they are skipped.
 
     Example:
         >>> records = [{"cycle": 1, "seconds": 1.0, "accuracy": 0.9}, {"cycle": 2, "seconds": 2.0, "accuracy": 0.8},
         ...            {"cycle": 3, "seconds": 3.0, "accuracy": 0.9}]
-        >>> first_time(records, 0.85), first_time(records, 0.85, warmup_cycles=1)
+        >>> first_passage(records, 0.85), first_passage(records, 0.85, warmup_cycles=1)
         (1.0, 3.0)
     """
-    return next((r["seconds"] for r in records if r["cycle"] > warmup_cycles and r["accuracy"] >= level - 1e-12), None)
+    after = [r for r in records if r["cycle"] > warmup_cycles]
+    if not after:
+        return None
+    trace = ErrorTrace([r["seconds"] for r in after], [-r["accuracy"] for r in after])
+    return first_time(trace, 1e-12 - level, for_good=False)
 
 
 def passage_times(runs: dict[str, Any], warmup_cycles: int) -> dict[str, Any]:
@@ -570,17 +577,17 @@ def passage_times(runs: dict[str, Any], warmup_cycles: int) -> dict[str, Any]:
     """
     exact = runs[EXACT]["records"]
     final, t_budget = exact[-1]["accuracy"], exact[-1]["seconds"]
-    t_reach = first_time(exact, final, warmup_cycles)
-    t_tol = first_time(exact, final - TOLERANCE, warmup_cycles)
+    t_reach = first_passage(exact, final, warmup_cycles)
+    t_tol = first_passage(exact, final - TOLERANCE, warmup_cycles)
     arms = {}
     for label, run in runs.items():
-        reach = first_time(run["records"], final, warmup_cycles)
+        reach = first_passage(run["records"], final, warmup_cycles)
         arms[label] = {
             "seconds_to_exact_final_accuracy": reach,
-            "ratio_to_exact_budget": None if reach is None else reach / t_budget,
-            "ratio_to_exact_first_passage": None if reach is None or not t_reach else reach / t_reach,
+            "ratio_to_exact_budget": _ratio(reach, t_budget),
+            "ratio_to_exact_first_passage": _ratio(reach, t_reach),
             "ratio_to_exact_first_passage_within_tolerance": _ratio(
-                first_time(run["records"], final - TOLERANCE, warmup_cycles), t_tol
+                first_passage(run["records"], final - TOLERANCE, warmup_cycles), t_tol
             ),
         }
     return {
@@ -687,11 +694,8 @@ def targets(seeds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI scale: small data, a one-second budget per arm")
-    parser.add_argument("--seed", type=int, default=0, help="first data/chain seed")
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (data sets and chains)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser = study_parser(__doc__)
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (data sets and chains) from --seed")
     parser.add_argument("--n-train", type=int, default=10_000)
     parser.add_argument("--n-test", type=int, default=2_000)
     parser.add_argument("--dim", type=int, default=2)
@@ -704,7 +708,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--aux", type=int, default=3, help="auxiliary clusters of Neal's algorithm 8")
     parser.add_argument("--warmup-cycles", type=int, default=10, help="cycles adapting steps, left out of the average")
     parser.add_argument("--epsilons", type=float, nargs="+", default=None)
-    parser.add_argument("--out", default="experiments/results/joint_dpm")
+    add_run_options(parser, "experiments/results/joint_dpm", "CI scale: small data, an 8-second budget per arm")
     parser.add_argument("--rewrite", metavar="JSON", help="rewrite the tables and plot of a saved record, no run")
     args = parser.parse_args(argv)
     if args.quick:
@@ -724,11 +728,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         record["targets"] = targets(record["seeds"])
         write_outputs(path.parent, record)
         return record
-    torch.set_num_threads(args.threads)
     epsilons = tuple(args.epsilons) if args.epsilons else (QUICK_EPSILONS if args.quick else EPSILONS)
-    config = {k: v for k, v in vars(args).items() if k not in ("out", "rewrite")}
-    config["epsilons"] = list(epsilons)
-    folder = study_folder(args.out, config)
+    config, folder = open_study(args, drop={"out", "rewrite"}, epsilons=list(epsilons))
     pyro.set_rng_seed(args.seed)
     record: dict[str, Any] = {"config": config, "seeds": []}
     progress = tqdm(range(args.seed, args.seed + args.seeds), desc="joint DPM")
