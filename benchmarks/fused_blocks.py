@@ -216,7 +216,7 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
                 "compile_seconds": {
                     name: kernel.diagnostics()["compile_seconds"] for name, (kernel, _) in arms.items()
                 },
-                "acceptance": arms["nb_K1"][0].diagnostics()["acceptance"][arms["nb_K1"][0]._label(0)],
+                "acceptance": arms["nb_K1"][0].diagnostics()["acceptance_by_proposal"][arms["nb_K1"][0]._label(0)],
             }
             k = args.chains
             ratios = {

@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "compile_seconds": {name: kernel.diagnostics()["compile_seconds"] for name, (kernel, _) in arms.items()},
         "ops_per_sweep": {name: op_count(kernel) for name, (kernel, _) in arms.items() if "compiled" not in name},
         "acceptance": {
-            name: kernel.diagnostics()["acceptance"]["chain"]
+            name: kernel.diagnostics()["acceptance_by_proposal"]["chain"]
             for name, (kernel, _) in arms.items()
             if not name.startswith("single")
         },

@@ -173,7 +173,7 @@ def austerity_vs_exact(quick: bool) -> dict[str, Any]:
         diag = kernel.diagnostics()
         out[f"{name}_ms_per_transition"] = 1e3 * seconds[name] / steps
         out[f"{name}_acceptance"] = diag["acceptance_rate"]
-        out[f"{name}_data_fraction"] = diag["mean_data_fraction"]
+        out[f"{name}_data_fraction"] = diag["data_fraction"]
     out["austerity_audited_decisions"] = kernels["austerity"].diagnostics()["audited_decisions"]
     out["austerity_audited_error_rate"] = kernels["austerity"].diagnostics()["audited_error_rate"]
     out["note"] = (

@@ -308,7 +308,7 @@ def summarise(run: Run, ref: dict[str, list[float]], num_data: int) -> dict:
         "z_true_exact_sd": ((post_mean - true) / sd_ref).tolist(),
         "z_ref_exact_sd": ((post_mean - mean_ref) / sd_ref).tolist(),
         "distinct_windows": len(set(run.starts[len(run.starts) - len(post) :])),
-        "theta_acceptance": diag["theta_acceptance_rate"],
+        "theta_acceptance": diag["acceptance_rate"],
         "subset_acceptance": diag["subset_acceptance_rate"],
         "refresh_rate": diag["subset_refresh_rate"],
         "remote_jumps_accepted": diag["remote_jumps_accepted"],

@@ -132,7 +132,7 @@ def sp500_chain(proposal: NeuralBlockProposal, args: argparse.Namespace) -> dict
             "min_ess": float(ess.min()),
             "median_ess_per_second": float(ess.median() / seconds),
             "posterior_mean_h": h.mean(0)[:: max(1, len(latent) // 200)].tolist(),
-            "acceptance": diag.get("acceptance", diag.get("acceptance_rate")),
+            "acceptance": diag.get("acceptance_by_proposal", diag.get("acceptance_rate")),
         }
     return out
 

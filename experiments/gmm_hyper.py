@@ -496,9 +496,10 @@ def _posterior(run: dict[str, Any]) -> dict[str, float]:
 
 def _acceptance(diagnostics: Mapping[str, Any]) -> dict[str, float | None]:
     """Local and hyper-parameter acceptance from a compound kernel's diagnostics."""
-    inner = diagnostics.get("block 0 (ConditionalGraphKernel)", {})
-    local = inner.get("acceptance", {})
-    hyper = diagnostics.get("block 1 (RandomWalkMH)", {}).get("acceptance_rate")
+    blocks = diagnostics.get("blocks", {})
+    inner = blocks.get("0 (ConditionalGraphKernel)", {})
+    local = inner.get("acceptance_by_proposal", inner.get("acceptance_by_move", {}))
+    hyper = blocks.get("1 (RandomWalkMH)", {}).get("acceptance_rate")
     if "proposed" in inner:  # split-merge: all move types pooled
         proposed = sum(inner["proposed"].values())
         local_rate = sum(local[k] * inner["proposed"][k] for k in local) / proposed if proposed else None

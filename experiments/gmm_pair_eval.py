@@ -102,7 +102,7 @@ def mcmc_comparison(proposal: NeuralBlockProposal, args: argparse.Namespace) -> 
         record["start_log_joint"] = float(fg.log_joint(start))
         for label, build in samplers.items():
             run = run_sampler(build(fg), start, args.seconds, seed=args.seed + k)
-            run["acceptance"] = run.pop("diagnostics")["acceptance"].get("gmm_pair")
+            run["acceptance"] = run.pop("diagnostics")["acceptance_by_proposal"].get("gmm_pair")
             record[label] = run
         models.append(record)
     return {"models": models, "samplers": list(samplers)}

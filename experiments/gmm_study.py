@@ -78,7 +78,7 @@ def study_size(m: int, n: int, args: argparse.Namespace, proposal: Any) -> dict[
         for label, build in builders.items():
             run = run_sampler(build(), start, seconds, seed=args.seed * 1000 + r)
             diag = run.pop("diagnostics")
-            run["acceptance"] = diag["acceptance"]
+            run["acceptance"] = diag.get("acceptance_by_proposal", diag.get("acceptance_by_move"))
             runs[label].append(run)
     final_sm = lower_median(run["log_lik"][-1] for run in runs[SM])
     summary = []

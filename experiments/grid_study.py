@@ -245,7 +245,7 @@ def _nb_gibbs_table(record: dict, seconds: float, seeds: int) -> str:
         reached = [f for f in fractions if f is not None]
         frac = max(reached) if len(reached) == len(fractions) else None
         mean_frac = mean_curve_fraction(runs, common)
-        acc = sum(r["NB+Gibbs"]["diagnostics"]["acceptance"]["grid"] for r in runs) / len(runs)
+        acc = sum(r["NB+Gibbs"]["diagnostics"]["acceptance_by_proposal"]["grid"] for r in runs) / len(runs)
         strong = name in STRONG or entry["family"] == "bn"
         nb_drift, nb_spread = locking([r["NB+Gibbs"] for r in runs], common)
         gibbs_drift, gibbs_spread = locking([r["Gibbs"] for r in runs], common)

@@ -269,7 +269,7 @@ def summarize(record: dict) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"sampler": label}
         for key in [*METRICS, "sweeps", "seconds"]:
             row[key] = sum(f[key][-1] for f in finals) / len(finals)
-        accs = [a for f in finals for a in f["diagnostics"].get("acceptance", {}).values()]
+        accs = [a for f in finals for a in f["diagnostics"].get("acceptance_by_proposal", {}).values()]
         row["acceptance"] = sum(accs) / len(accs) if accs else None
         fractions = []
         for r in runs:

@@ -248,7 +248,7 @@ def tune_batch_size(
                 "batch_size": m,
                 "seconds_per_transition": seconds[m] / max(2 * (transitions // 2), 1),
                 "mean_stages": diag["mean_stages"],
-                "data_fraction": diag["mean_data_fraction"],
+                "data_fraction": diag["data_fraction"],
                 "acceptance_rate": diag["acceptance_rate"],
             }
         )
@@ -390,16 +390,11 @@ def summarize_chain(chain: GibbsChain, max_lag: int = 40, thin_to: int = 100) ->
     diag = chain.kernel.diagnostics()
     record["kernel"] = {
         k: diag.get(k)
-        for k in (
-            "acceptance_rate",
-            "mean_data_fraction",
-            "mean_stages",
-            "seconds_per_transition",
-            "step_size",
-            "normality_ok",
-            "normality_excess_kurtosis",
-        )
+        for k in ("acceptance_rate", "mean_stages", "step_size", "normality_ok", "normality_excess_kurtosis")
     }
+    rate = diag.get("transitions_per_second")
+    record["kernel"]["mean_data_fraction"] = diag.get("data_fraction")
+    record["kernel"]["seconds_per_transition"] = 1.0 / rate if rate else 0.0
     record["iterations_per_second"] = n / chain.seconds_total if chain.seconds_total > 0 else math.nan
     return record
 
@@ -462,7 +457,7 @@ def global_scaling(
             diag = kernels[arm].diagnostics()
             row.update(
                 acceptance_rate=diag["acceptance_rate"],
-                data_fraction=diag["mean_data_fraction"],
+                data_fraction=diag["data_fraction"],
                 mean_stages=diag["mean_stages"],
             )
             for k in PARAMS:

@@ -381,12 +381,12 @@ def _run_nb(
     label = not config["quick"] and f"NB eps={epsilon:g}"
     run, record = _timed_arm(kernel, y, init, iterations, config["warmup"], keep, label)
     diag = run.diagnostics
-    local, glob = diag["block 0 (ConditionalGraphKernel)"], diag["block 1 (AusterityMH)"]
+    local, glob = diag["blocks"]["0 (ConditionalGraphKernel)"], diag["blocks"]["1 (AusterityMH)"]
     record["kernel"] = {
-        "block_acceptance": local["acceptance"].get("chain"),
-        "blocks_per_second": local["blocks_per_second"],
+        "block_acceptance": local["acceptance_by_proposal"].get("chain"),
+        "blocks_per_second": local["updates_per_second"],
         "global_acceptance": glob["acceptance_rate"],
-        "data_fraction": glob["mean_data_fraction"],
+        "data_fraction": glob["data_fraction"],
         "stages": glob["mean_stages"],
     }
     (h_s, h_calls), (global_s, global_calls) = (
@@ -426,7 +426,7 @@ def _run_pg(setting: Setting, config: dict[str, Any], scale: Tensor, budget: flo
     draws.update({f"h[{t}]": h[:, i] for i, t in enumerate(chain.points)})
     record = ess_record(draws, chain.seconds_total, chain.seconds_warmup)
     diag = chain.kernel.diagnostics()
-    record["kernel"] = {"global_acceptance": diag["acceptance_rate"], "data_fraction": diag["mean_data_fraction"]}
+    record["kernel"] = {"global_acceptance": diag["acceptance_rate"], "data_fraction": diag["data_fraction"]}
     record["global_time_fraction"] = chain.seconds_global / chain.seconds_total
     return record, chain.h_sum / len(chain.h_draws)
 

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         row = [error_at(trace, frac * common) for trace in traces.values()]
         print(f"{frac * common:>8.1f} " + " ".join(f"{e:>10.4f}" for e in row))
     nb = traces["NB+Gibbs"]["diagnostics"]
-    print(f"NB block acceptance: {nb['acceptance']}, blocks/s: {nb['blocks_per_second']:,.0f}")
+    print(f"NB block acceptance: {nb['acceptance_by_proposal']}, blocks/s: {nb['updates_per_second']:,.0f}")
     print(f"wrote {out / 'quickstart.png'} and {out / 'quickstart.json'}")
     return record
 

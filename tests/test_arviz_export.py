@@ -110,7 +110,7 @@ def test_to_inference_data_on_vectorized_chains_and_factor_graph_evidence() -> N
     kernel = NeuralBlockKernel(evidence_graph(), [proposal], chains=3)
     idata = to_inference_data(run(kernel))
     assert idata.posterior["x"].shape == (3, 20, 6)
-    acc = idata.sample_stats["acceptance_test_chain_window"]
+    acc = idata.sample_stats["acceptance_by_proposal_test_chain_window"]
     assert acc.shape == (3,) and len(set(acc.values.tolist())) == 1  # one kernel's rate, shared by its chains
     observed = idata.observed_data["x"]
     assert observed.dims == ("observed_variable",) and observed.values.tolist() == [2]
@@ -120,7 +120,7 @@ def test_to_inference_data_on_vectorized_chains_and_factor_graph_evidence() -> N
 def test_to_inference_data_names_compound_blocks_and_skips_weighted_data() -> None:
     kernel = CompoundKernel([(GibbsKernel(mixed_model), None), (RandomWalkMH(mixed_model), ["p"])])
     idata = to_inference_data(run(kernel))
-    assert "block_1_RandomWalkMH_acceptance_rate" in idata.sample_stats
+    assert "blocks_1_RandomWalkMH_acceptance_rate" in idata.sample_stats
     assert set(idata.observed_data.data_vars) == {"y0", "y1", "y2"}
 
     mcmc = run(RandomWalkMH(weighted_model), DATA)

@@ -87,7 +87,7 @@ def test_compound_sampler_with_a_conditional_chain_graph_is_exact(local: str, dr
     spread = draws.reshape(-1, T + 1).std(0)
     assert ((spread / sd - 1).abs() < 0.3).all(), (spread / sd).tolist()
     if local == "neural":
-        acceptance = kernel.diagnostics()["block 0 (ConditionalGraphKernel)"]["acceptance"]["chain"]
+        acceptance = kernel.diagnostics()["blocks"]["0 (ConditionalGraphKernel)"]["acceptance_by_proposal"]["chain"]
         assert acceptance > 0.3
 
 

@@ -47,7 +47,7 @@ def test_inference_data_keeps_each_chains_kernel_diagnostics() -> None:
     text = to_inference_data(mcmc).posterior.attrs["kernel_diagnostics"]
     assert "'chain 0'" in text and "'chain 1'" in text
     for report in mcmc._diagnostics:  # 10 warmup + 40 draws per chain, each block visited every step
-        assert report["visits"] == [50, 50] and report["block 0 (GibbsKernel)"]["sweeps"] == 40.0
+        assert report["visits"] == [50, 50] and report["blocks"]["0 (GibbsKernel)"]["sweeps"] == 40.0
     assert text == repr({"chain 0": mcmc._diagnostics[0], "chain 1": mcmc._diagnostics[1]})
 
 

@@ -112,7 +112,7 @@ def test_fused_chain_update_keeps_the_exact_gaussian_posterior_at_every_temperat
     assert z.abs().max() < limit, f"max |z| = {z.abs().max():.2f} >= {limit:.2f}"
     diagnostics = kernel.diagnostics()
     assert diagnostics["fused"] == {"chain": True}
-    assert 0.2 < diagnostics["acceptance"]["chain"] < 0.9  # the MH correction is at work
+    assert 0.2 < diagnostics["acceptance_by_proposal"]["chain"] < 0.9  # the MH correction is at work
 
 
 def test_fused_and_general_paths_agree_in_distribution_on_a_volatility_chain() -> None:
@@ -124,7 +124,7 @@ def test_fused_and_general_paths_agree_in_distribution_on_a_volatility_chain() -
         kernel = NeuralBlockKernel(fg, [load_pretrained("chain")], gibbs_prob=0.0, chains=CHAINS, fused=fused)
         finals.append(run(kernel, start, 3)[:, -1, fg.latent].double())
         assert kernel.diagnostics()["fused"] == {"chain": fused}
-        assert kernel.diagnostics()["acceptance"]["chain"] > 0.5
+        assert kernel.diagnostics()["acceptance_by_proposal"]["chain"] > 0.5
     moved = (finals[0] != start[:1, fg.latent]).any(0)
     stats = [torch.cat([f[:, moved], f[:, moved] ** 2], -1) for f in finals]
     se = (stats[0].var(0) / CHAINS + stats[1].var(0) / CHAINS).sqrt()

@@ -131,7 +131,7 @@ def test_lwa_progress_bar_shows_a_running_acceptance_rate() -> None:
     kernel = LWAKernel(cut_model, 40, plate="data")
     sampling, diag = acceptance_shown(kernel, Y)
     assert any(0.0 < a < 1.0 for a in sampling)
-    assert sampling[-1] == pytest.approx(diag["theta_acceptance_rate"], abs=0.01)
+    assert sampling[-1] == pytest.approx(diag["acceptance_rate"], abs=0.01)
 
 
 def swap_draws() -> dict[str, torch.Tensor]:

@@ -61,7 +61,7 @@ def test_compound_sampler_matches_the_exact_hyper_posterior() -> None:
         run = study.run_chain(kernel, (TINY, 3, TINY_PRIORS), start, transitions=burn + kept, seed=chain)
         draws = {key: torch.tensor(run[key][burn + 1 :], dtype=torch.float64) for key in ("M", "sigma", "p")}
         chains.append(torch.stack([(draws["M"] == 3).double(), draws["sigma"], draws["p"]], -1))
-        assert 0.1 < run["diagnostics"]["block 1 (RandomWalkMH)"]["acceptance_rate"] < 0.9
+        assert 0.1 < run["diagnostics"]["blocks"]["1 (RandomWalkMH)"]["acceptance_rate"] < 0.9
     estimate, mcse = batch_means_mcse(torch.stack(chains), num_batches=5)
     t = (estimate - target) / mcse
     assert t.abs().max() < 5.5, (estimate.tolist(), target.tolist(), t.tolist())

@@ -256,7 +256,7 @@ def test_pickles_before_and_after_setup_and_logging() -> None:
     params = clone.sample(clone.initial_params)
     assert set(params) == {"mu"} and set(clone.logging()) == {"acc", "refresh"}
     diag = clone.diagnostics()
-    assert diag["data_fraction"] == 0.5 and "theta_acceptance_rate" in diag and "subset_acceptance_rate" in diag
+    assert diag["data_fraction"] == 0.5 and "acceptance_rate" in diag and "subset_acceptance_rate" in diag
 
 
 def test_bad_input_raises_named_errors() -> None:

@@ -204,7 +204,7 @@ def test_neural_block_kernel_with_chain_blocks_keeps_the_gaussian_posterior(step
         mcmc.run()
         chains.append(mcmc.get_samples()["x"][:, fg.latent])
     draws = torch.stack(chains)  # [3, 1000, latent states]
-    assert kernel.diagnostics()["acceptance"]["chain"] > 0.05
+    assert kernel.diagnostics()["acceptance_by_proposal"]["chain"] > 0.05
     stats = torch.cat([draws, (draws - post_mean) ** 2], -1)
     mean, se = batch_means_mcse(stats, num_batches=10)
     exact = torch.cat([post_mean, post_var])

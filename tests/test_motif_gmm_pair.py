@@ -160,7 +160,7 @@ def test_neural_block_kernel_keeps_the_exact_gmm_posterior() -> None:
         mcmc.run()
         chains.append(mcmc.get_samples()["x"][:, bits])
     draws = torch.stack(chains)  # [2, 1500, 2]
-    assert kernel.diagnostics()["acceptance"]["gmm_pair"] > 0.02
+    assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair"] > 0.02
     patterns = [(0, 1), (1, 0), (1, 1)]
     stats = torch.stack([(draws == torch.tensor(v, dtype=draws.dtype)).all(-1).double() for v in patterns], -1)
     mean, se = batch_means_mcse(stats, num_batches=10)

@@ -99,7 +99,7 @@ def test_neural_block_kernel_leaves_joint_invariant(
     z = (mean - probs) / torch.maximum(mcse, iid)
     limit = bonferroni_t(len(probs), 79)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f}"
-    acceptance = kernel.diagnostics()["acceptance"]["test-chain-window"]
+    acceptance = kernel.diagnostics()["acceptance_by_proposal"]["test-chain-window"]
     assert 0.0 < acceptance < 1.0
     if window is not None:  # classes were batched speculatively (some draws discarded after an accept)
         assert kernel.diagnostics()["discarded_proposals"] > 0
@@ -182,7 +182,7 @@ def test_pickles_runs_two_chains_and_reports() -> None:
     mcmc.run()
     assert mcmc.get_samples(group_by_chain=True)["x"].shape == (2, 30, 6)
     diag = kernel.diagnostics()
-    assert set(diag) >= {"acceptance", "blocks_per_second", "nonfinite_rejections", "instances"}
+    assert set(diag) >= {"acceptance_by_proposal", "updates_per_second", "nonfinite_rejections", "instances"}
     assert diag["instances"] == {"test-chain-window": 5}
     assert "acc_test-chain-window" in kernel.logging()
 

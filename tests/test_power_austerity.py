@@ -112,7 +112,7 @@ def test_non_symmetric_independence_proposal_leaves_the_closed_form_posterior_in
     diagnostics = kernel.diagnostics()
     assert 0.2 < diagnostics["acceptance_rate"] < 0.95
     if epsilon > 0:  # the sequential path decided (from the first mini-batches), not a fallback to all sections
-        assert diagnostics["decided_early_fraction"] > 0.9 and diagnostics["mean_data_fraction"] < 0.5
+        assert diagnostics["decided_early_fraction"] > 0.9 and diagnostics["data_fraction"] < 0.5
     limit = float(stats.t.ppf(1 - 1e-3 / 4, df=24))  # two-sided, two checks per case: 1e-3 per case
     z_mean = batch_means_z(z, m)
     z_var = batch_means_z((z - m) ** 2, s**2)  # E (z - m)^2 = s^2 (m, s exact)

@@ -138,7 +138,7 @@ def test_peaked_block_proposal_on_the_whole_graph(fused: bool) -> None:
     # power: the swapped ratio's target is this far away, in observed standard errors
     shift = ((swapped_stationary(probs, states) - probs) / se).abs().max()
     assert shift > 3 * limit, (float(shift), limit)
-    acceptance = kernel.diagnostics()["acceptance"][PeakedPair.name]
+    acceptance = kernel.diagnostics()["acceptance_by_proposal"][PeakedPair.name]
     assert 0.1 < acceptance < 0.9
 
 

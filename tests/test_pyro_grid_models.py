@@ -99,7 +99,7 @@ def test_pyro_grid_bn_marginals_converge_under_pretrained_neural_blocks() -> Non
     z = (est - exact) / se.clamp(min=0.02 / 4.5)
     assert z.abs().max() < 4.5, (est.tolist(), exact.tolist(), z.tolist())
     diag = kernel.diagnostics()
-    assert diag["instances"]["grid"] >= 9 and diag["acceptance"]["grid"] > 0.2
+    assert diag["instances"]["grid"] >= 9 and diag["acceptance_by_proposal"]["grid"] > 0.2
 
 
 def sensor_grid_exact(y: torch.Tensor) -> tuple[float, torch.Tensor]:

@@ -306,7 +306,7 @@ def test_pyro_factor_ising_matches_the_grid_motif_and_runs_under_neural_blocks()
     draws = torch.stack([samples[f"s_{i}_{j}"] for i in range(L) for j in range(L)], -1)
     assert_marginals(draws, ising_exact().float())
     diag = kernel.diagnostics()
-    assert diag["instances"]["grid"] == 9 and diag["acceptance"]["grid"] > 0.2
+    assert diag["instances"]["grid"] == 9 and diag["acceptance_by_proposal"]["grid"] > 0.2
 
 
 K13 = 13
@@ -338,7 +338,7 @@ def test_pyro_hmm_matches_crf_tags_and_runs_under_neural_blocks() -> None:
     target = torch.cat([exact[f"x_{t}"] for t in range(7)])
     keep = target > 0.02
     assert_marginals(draws[:, keep], target[keep])
-    assert kernel.diagnostics()["acceptance"]["crf_tags"] > 0.05
+    assert kernel.diagnostics()["acceptance_by_proposal"]["crf_tags"] > 0.05
     assert math.isfinite(float(draws.mean()))
 
 

@@ -50,10 +50,12 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True, observed_data: bool =
 
     * ``posterior``: the draws, dims ``(chain, draw, ...)``;
     * ``sample_stats``: ``diverging`` ``(chain, draw)`` (from the kernels' ``"divergences"``, as
-      ArviZ reads them) and the kernel's acceptance rates and data fractions, one value per chain
-      (dims ``(chain,)``, e.g. ``acceptance_rate``, ``acceptance_grid`` for a neural block kernel,
-      ``mean_data_fraction`` for ``AusterityMH``, ``block_1_RandomWalkMH_acceptance_rate`` for a
-      compound kernel's second block); vectorized chains of one process share its kernel's value;
+      ArviZ reads them) and the kernel's acceptance rates and data fractions (the
+      :class:`~neuralblock.kernels.KernelDiagnostics` keys in ``_CHAIN_STATS``, nested reports
+      flattened with ``_``), one value per chain (dims ``(chain,)``, e.g. ``acceptance_rate``,
+      ``acceptance_by_proposal_grid`` for a neural block kernel, ``data_fraction`` for ``AusterityMH``,
+      ``blocks_1_RandomWalkMH_acceptance_rate`` for a compound kernel's second block); vectorized
+      chains of one process share its kernel's value;
     * ``observed_data`` (if ``observed_data``): a FactorGraph's evidence (``x``, over the
       ``observed_variable`` names), or a Pyro model's observed sites, read from one trace of the
       model with the run's arguments (RNG state restored; sites in subsampled or weighted plates,
@@ -131,8 +133,17 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True, observed_data: bool =
     return idata
 
 
-_CHAIN_STATS = ("accept", "data_fraction")
-"""Numeric diagnostics whose (flattened) names contain one of these go to ``sample_stats``, one value per chain."""
+_CHAIN_STATS = (
+    "acceptance_rate",
+    "acceptance_by_proposal",
+    "acceptance_by_move",
+    "subset_acceptance_rate",
+    "remote_acceptance_rate",
+    "mean_accept_prob",
+    "data_fraction",
+)
+"""The :class:`~neuralblock.kernels.KernelDiagnostics` keys (acceptance rates and data fractions) whose numeric
+values go to ``sample_stats``, one value per chain: a flattened name qualifies when it contains one of them."""
 
 
 def _flat_numbers(report: Any, prefix: tuple[str, ...] = ()) -> dict[str, float]:

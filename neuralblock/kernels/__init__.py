@@ -17,6 +17,7 @@ from neuralblock.kernels.random_walk import RandomWalkMH
 from neuralblock.kernels.replica_exchange import ReplicaExchange
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.split_merge import SplitMergeGMM
+from neuralblock.kernels.vocabulary import KernelDiagnostics
 
 __all__ = [
     "AusterityMH",
@@ -30,6 +31,7 @@ __all__ = [
     "GibbsKernel",
     "GibbsWithGradients",
     "GraphKernel",
+    "KernelDiagnostics",
     "LWAKernel",
     "MHInfo",
     "MarginalRandomWalk",

@@ -31,7 +31,7 @@ Example:
     >>> kernel = AusterityMH(model, epsilon=0.05, batch_size=50, normality_check=False)
     >>> mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
     >>> mcmc.run(x)
-    >>> mcmc.get_samples()["mu"].shape, kernel.diagnostics()["mean_data_fraction"] < 1.0
+    >>> mcmc.get_samples()["mu"].shape, kernel.diagnostics()["data_fraction"] < 1.0
     (torch.Size([100]), True)
 """
 
@@ -49,6 +49,7 @@ from torch import Tensor
 from torch.distributions import Distribution
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.pyro.layout import FlatLayout
 from neuralblock.pyro.likelihood import bucket_size
 from neuralblock.pyro.plates import find_data_plate
@@ -256,7 +257,7 @@ class AusterityMH(MCMCKernel):
             Audits never change the chain (the decision is the sequential test's), so the draws
             do not depend on the machine's speed; only the number of audits does. The first audit's
             build of the full-data graph is a one-time cost, reported apart (``audit_build_seconds``)
-            and not charged to the budget; ``seconds_per_transition`` includes all of it.
+            and not charged to the budget; ``transitions_per_second`` counts all of it.
 
     Raises:
         ValueError: bad ``epsilon``, ``batch_size``, ``batch_growth``, ``step_size`` or scale.
@@ -857,19 +858,22 @@ class AusterityMH(MCMCKernel):
             "stages": round(self._stages / n, 2),
         }
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Post-warmup acceptance, mean data fraction and stages per transition, and the checks."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup acceptance, mean data fraction and stages per transition, transitions per second, the checks.
+
+        ``transitions_per_second`` counts the whole transition, audits included.
+        """
         n = max(self._n, 1)
-        record: dict[str, Any] = {
+        record: KernelDiagnostics = {
             "acceptance_rate": self._accepted / n,
-            "mean_data_fraction": self._used / (n * max(self.num_sections, 1)),
+            "data_fraction": self._used / (n * max(self.num_sections, 1)),
             "mean_sections_used": self._used / n,
             "mean_stages": self._stages / n,
             "decided_early_fraction": self._early / n,
             "mean_error_bound": self._bound / n,
             "nonfinite_rejections": float(self._nonfinite),
             "transitions": float(self._n),
-            "seconds_per_transition": self._elapsed / n,
+            "transitions_per_second": per_second(self._n, self._elapsed),
             "step_size": self.step_size if hasattr(self, "adapter") else float("nan"),
             "sublinear": bool(getattr(getattr(self, "sections", None), "lazy", True)),
             "direct_path": getattr(getattr(self, "sections", None), "direct", None) is not None,
@@ -882,7 +886,12 @@ class AusterityMH(MCMCKernel):
             "divergences": [],  # no divergent transitions: read by arviz.from_pyro through MCMC.diagnostics()
         }
         if self.normality is not None:
-            record.update({f"normality_{k}": v for k, v in self.normality._asdict().items()})
+            check = self.normality
+            record["normality_skewness"] = check.skewness
+            record["normality_excess_kurtosis"] = check.excess_kurtosis
+            record["normality_batch_skewness"] = check.batch_skewness
+            record["normality_batch_excess_kurtosis"] = check.batch_excess_kurtosis
+            record["normality_ok"] = check.ok
         return record
 
     # -- the transition -----------------------------------------------------------------

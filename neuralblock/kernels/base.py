@@ -33,6 +33,7 @@ from torch.distributions import Transform, transform_to
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.conditioning import ConditionedModel, values_changed
+from neuralblock.kernels.vocabulary import per_second
 from neuralblock.pyro.compile import PyroGraph, params_to_state, prior_states, state_to_params
 
 __all__ = ["GraphKernel", "discrete_latent_variables", "find_valid_start", "sequential_init"]
@@ -397,6 +398,10 @@ class GraphKernel(MCMCKernel):
         return {fg.names[v]: state[..., v] for v in fg.latent.tolist()}
 
     # -- what subclasses provide ------------------------------------------------------
+    def _transitions_per_second(self) -> float:
+        """Post-warmup transitions (calls of ``sample``) per second of their time (``transitions_per_second``)."""
+        return per_second(max(self._t - self._warmup_steps, 0), self._elapsed)
+
     def _reset_stats(self) -> None:  # noqa: B027 - optional hook
         """Reset running statistics at setup."""
 

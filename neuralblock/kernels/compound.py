@@ -33,6 +33,7 @@ from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
 from neuralblock.kernels.conditioning import ConditionedModel, set_conditioning
+from neuralblock.kernels.vocabulary import KernelDiagnostics
 
 __all__ = ["CompoundKernel"]
 
@@ -243,15 +244,29 @@ class CompoundKernel(MCMCKernel):
                 out[f"{b}:{key}"] = value
         return out
 
-    def diagnostics(self) -> dict[str, Any]:
-        """``{"block <b> (<kernel>)": inner diagnostics, ...}`` plus visit counts."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """``{"blocks": {"<b> (<kernel>)": inner diagnostics, ...}}`` plus visit counts.
+
+        Example:
+            >>> import pyro, pyro.distributions as dist
+            >>> from pyro.infer import MCMC
+            >>> from neuralblock.kernels import GibbsKernel, RandomWalkMH
+            >>> def model():
+            ...     p = pyro.sample("p", dist.Beta(2.0, 2.0))
+            ...     pyro.sample("z", dist.Bernoulli(p))
+            >>> kernel = CompoundKernel([(GibbsKernel(model), ["z"]), (RandomWalkMH(model), ["p"])])
+            >>> MCMC(kernel, num_samples=5, warmup_steps=0, disable_progbar=True).run()
+            >>> sorted(kernel.diagnostics()["blocks"]), kernel.diagnostics()["visits"]
+            (['0 (GibbsKernel)', '1 (RandomWalkMH)'], [5, 5])
+        """
         inner = self._final_diagnostics or [kernel.diagnostics() or {} for kernel in self.kernels]
-        out: dict[str, Any] = {
-            f"block {b} ({type(kernel).__name__})": diag for b, (kernel, diag) in enumerate(zip(self.kernels, inner))
+        return {
+            "blocks": {
+                f"{b} ({type(kernel).__name__})": diag for b, (kernel, diag) in enumerate(zip(self.kernels, inner))
+            },
+            "visits": list(self._visits),
+            "divergences": [],  # read by arviz.from_pyro (inner kernels report their own, e.g. NUTS's, in blocks)
         }
-        out["visits"] = list(self._visits)
-        out["divergences"] = []  # read by arviz.from_pyro (inner kernels report their own, e.g. NUTS's, above)
-        return out
 
     def end_warmup(self) -> None:
         """Inner kernels count their own warmup; nothing to do here."""

@@ -51,6 +51,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.base import STATE_SITE, GraphKernel
 from neuralblock.kernels.conditioning import _finite_values, values_changed
+from neuralblock.kernels.vocabulary import KernelDiagnostics
 
 __all__ = ["ConditionalGraphKernel"]
 
@@ -207,7 +208,7 @@ class ConditionalGraphKernel(MCMCKernel):
         """The inner kernel's progress-bar entries."""
         return self.inner.logging() if self.inner is not None else {}
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self) -> KernelDiagnostics:
         """The inner kernel's diagnostics (with ``"divergences"``, which arviz.from_pyro reads)."""
         return {"divergences": [], **(self.inner.diagnostics() if self.inner is not None else {})}
 

@@ -26,6 +26,7 @@ from torch import Tensor
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import gibbs_sample
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 _VALUE_LOOP = 16
 """Classes of at most this many values gather each value's table entries apart (else all at once)."""
@@ -414,14 +415,15 @@ class GibbsKernel(GraphKernel):
         """Cheap progress-bar fields."""
         return {"colors": float(len(self.plan.classes)) if self.plan else 0.0}
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Post-warmup sweeps, single-site updates per second (all chains), stuck conditionals, compile time."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup sweeps, transitions and single-site updates (all chains) per second, stuck conditionals."""
         updates = self._sweeps * len(getattr(self, "variables", [])) * self.chains
         return {
             "divergences": [],  # read by arviz.from_pyro (no divergent draws: Gibbs has no trajectories)
             "sweeps": float(self._sweeps),
             "chains": float(self.chains),
-            "updates_per_second": updates / self._elapsed if self._elapsed > 0 else 0.0,
+            "transitions_per_second": self._transitions_per_second(),
+            "updates_per_second": per_second(updates, self._elapsed),
             "stuck_conditionals": float(self._stuck),
             "compile_seconds": self.plan.compile_seconds if self.plan is not None else 0.0,
         }

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -45,6 +45,7 @@ from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import mh_decide
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 __all__ = ["DiscreteLangevin", "GibbsWithGradients", "OneHotEnergy", "PathAuxiliarySampler"]
 
@@ -299,8 +300,8 @@ class _GradientKernel(GraphKernel):
         transitions = self._steps * self.chains
         return float(self._accepted) / transitions if transitions else 0.0
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Post-warmup steps, acceptance rate, variables changed per step and chain, single-site proposals per second.
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup steps, acceptance rate, variables changed per step and chain, steps and proposals per second.
 
         ``updates_per_second`` counts single-site proposals of all chains (one per step for
         Gibbs-with-Gradients, one per path step for PAS, one per variable for DMALA), the unit of
@@ -313,7 +314,8 @@ class _GradientKernel(GraphKernel):
             "chains": float(self.chains),
             "acceptance_rate": self._acceptance(),
             "changes_per_step": float(self._changed) / transitions if transitions else 0.0,
-            "updates_per_second": float(self._proposals) / self._elapsed if self._elapsed > 0 else 0.0,
+            "transitions_per_second": self._transitions_per_second(),
+            "updates_per_second": per_second(float(self._proposals), self._elapsed),
             "nonfinite_rejections": float(self._nonfinite),
         }
 
@@ -457,7 +459,7 @@ class PathAuxiliarySampler(GibbsWithGradients):
             return self.path_length, None
         return self.path_length, torch.randint(1, self.path_length + 1, (self.chains,), device=self.device)
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self) -> KernelDiagnostics:
         """Gibbs-with-Gradients' diagnostics and the (largest) path length."""
         return {**super().diagnostics(), "path_length": float(self.path_length)}
 
@@ -549,6 +551,6 @@ class DiscreteLangevin(_GradientKernel):
             self.step_size = float(self.adapter.step_size[0])
         return new
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self) -> KernelDiagnostics:
         """The shared diagnostics and the (frozen) step size."""
         return {**super().diagnostics(), "step_size": float(self.step_size)}

@@ -105,6 +105,7 @@ from torch import Tensor
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import mh_accept
 from neuralblock.kernels.summaries import SummaryFn, default_summaries, summarise_batch
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.pyro.layout import FlatLayout
 from neuralblock.pyro.likelihood import CompileError, LogLikelihood
 from neuralblock.pyro.plates import PlateIndices, _Subsample, find_data_plate, plate_dim
@@ -897,15 +898,16 @@ class LWAKernel(MCMCKernel):
         """The phase's (warmup or sampling) running ``θ`` acceptance rate and the latest fraction of ``U`` refreshed."""
         return {"acc": round(self._recent[0], 3), "refresh": round(self._recent[1], 3)}
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Post-warmup rates: ``θ`` and ``U`` acceptance, subset refresh rate, cost counters.
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup rates: ``θ`` (``acceptance_rate``) and ``U`` acceptance, subset refresh rate, cost counters.
 
         ``divergences`` is an empty list (MH has no divergent transitions): ``arviz.from_pyro`` reads it.
 
         ``subset_refresh_rate`` is the mean fraction of ``U``'s points replaced per iteration (summed over
         the ``subset_steps`` updates of ``U``, so it can exceed 1 when several jumps are accepted);
         ``subset_renewals`` counts the times ``U`` came to share under half its points with ``U`` at the
-        previous renewal.
+        previous renewal. ``transitions_per_second`` counts transitions (one ``θ`` update each, after
+        ``subset_steps`` updates of ``U``).
         """
         its = max(self._theta_proposed, 1)
         return {
@@ -917,8 +919,8 @@ class LWAKernel(MCMCKernel):
             "subset_renewals": float(self._renewals),
             "remote_jumps_accepted": float(self._remote_accepted),
             "remote_acceptance_rate": self._remote_accepted / max(self._remote_proposed, 1),
-            "theta_acceptance_rate": self._theta_accepted / its,
+            "acceptance_rate": self._theta_accepted / its,
             "model_evals": float(self._evals),
-            "iterations_per_second": self._theta_proposed / self._elapsed if self._elapsed > 0 else 0.0,
+            "transitions_per_second": per_second(self._theta_proposed, self._elapsed),
             "divergences": [],
         }

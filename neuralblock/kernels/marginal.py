@@ -53,6 +53,7 @@ from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.conditioning import set_conditioning, values_changed
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.pyro.compile import fixed_sites_at, fixed_values
 from neuralblock.pyro.layout import FlatLayout
 from neuralblock.replay import ReplayedFunction
@@ -260,12 +261,12 @@ class MarginalRandomWalk(MCMCKernel):
         _, n, total = self._phase
         return {"acc": round(total / n if n else 0.0, 3)}
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self) -> KernelDiagnostics:
         """Post-warmup mean acceptance probability, step sizes, the discrete sampler's, and no divergences."""
-        out: dict[str, Any] = {
+        out: KernelDiagnostics = {
             "divergences": [],
             "acceptance_rate": self._accepted_prob / self._proposed if self._proposed else 0.0,
-            "transitions_per_second": (self._t - self._warmup_steps) / self._elapsed if self._elapsed > 0 else 0.0,
+            "transitions_per_second": per_second(max(self._t - self._warmup_steps, 0), self._elapsed),
         }
         if hasattr(self, "adapter"):
             out["mean_step_size"] = float(self.adapter.step_size.mean())

@@ -21,7 +21,7 @@ Example:
     >>> kernel = NeuralBlockKernel(fg, proposals=[NeuralBlockProposal(Pair(), components=2, hidden=(8,))])
     >>> mcmc = MCMC(kernel, num_samples=20, warmup_steps=5, disable_progbar=True)
     >>> mcmc.run()
-    >>> sorted(kernel.diagnostics()["acceptance"])
+    >>> sorted(kernel.diagnostics()["acceptance_by_proposal"])
     ['pair-doc']
 """
 
@@ -44,6 +44,7 @@ from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
 from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
 from neuralblock.kernels.gibbs import resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -593,8 +594,12 @@ class NeuralBlockKernel(GraphKernel):
         """Running (exponentially weighted, over neural sweeps) acceptance rate per proposal."""
         return {f"acc_{self._label(i)}": round(float(a), 3) for i, a in enumerate(self._recent)}
 
-    def diagnostics(self) -> dict:
-        """Post-warmup acceptance per motif, block proposals per second, non-finite rejections, compile time."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup acceptance per proposal, transitions and block proposals per second, rejections, compile time.
+
+        ``updates_per_second`` counts block proposals (all proposals and chains) per second of block-move
+        time; ``transitions_per_second`` counts transitions per second of the whole transition.
+        """
         proposed = sum(self._proposed)
         cache = {
             self._label(i): {
@@ -609,13 +614,14 @@ class NeuralBlockKernel(GraphKernel):
         }
         return {
             "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
-            "acceptance": {
+            "acceptance_by_proposal": {
                 self._label(i): (float(self._accepted[i]) / self._proposed[i] if self._proposed[i] else 0.0)
                 for i in range(len(self.proposals))
             },
             "instances": {self._label(i): n for i, n in enumerate(self.num_instances)},
             "chains": float(self.chains),
-            "blocks_per_second": proposed / self._block_seconds if self._block_seconds > 0 else 0.0,
+            "transitions_per_second": self._transitions_per_second(),
+            "updates_per_second": per_second(proposed, self._block_seconds),
             "nonfinite_rejections": float(sum(float(x) for x in self._nonfinite)),
             "discarded_proposals": float(sum(self._discarded)),
             "single_site_sweeps": float(self._single_sweeps),

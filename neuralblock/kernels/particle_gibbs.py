@@ -32,13 +32,14 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
 from neuralblock.kernels.functional import gibbs_sample
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 __all__ = [
     "CSMCInfo",
@@ -426,13 +427,13 @@ class ParticleGibbs(MCMCKernel):
         """Fraction of the path changed and relative ESS in the latest sweep."""
         return {"changed": round(self._last[0], 3), "ess": round(self._last[1], 3)}
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Post-warmup means of the changed fraction and relative ESS, sweeps/s, degenerate steps."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup means of the changed fraction and relative ESS, sweeps per second, degenerate steps."""
         n = max(self._sweeps, 1)
         return {
             "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
             "path_change_rate": self._changed / n,
             "mean_relative_ess": self._ess / n,
-            "sweeps_per_second": self._sweeps / self._elapsed if self._elapsed > 0 else 0.0,
+            "transitions_per_second": per_second(self._sweeps, self._elapsed),  # one sweep per transition
             "degenerate_steps": float(self._degenerate),
         }

@@ -43,6 +43,7 @@ from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import mh_decide, random_walk_propose
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.pyro.compile import fixed_sites_at, replay_with_fixed_sites
 from neuralblock.replay import ReplayedFunction
 
@@ -304,12 +305,13 @@ class RandomWalkMH(GraphKernel):
         """Running acceptance rate of the current phase (warmup, then sampling), for the progress bar."""
         return {"acc": round(self._phase_accepted / self._phase_proposed if self._phase_proposed else 0.0, 3)}
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Post-warmup acceptance rate, updates per second, non-finite rejections and (for ArviZ) no divergences."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup acceptance rate, transitions and updates per second, non-finite rejections, no divergences."""
         return {
             "divergences": [],
             "acceptance_rate": self._accepted / self._proposed if self._proposed else 0.0,
-            "updates_per_second": self._proposed / self._elapsed if self._elapsed > 0 else 0.0,
+            "transitions_per_second": self._transitions_per_second(),
+            "updates_per_second": per_second(self._proposed, self._elapsed),
             "nonfinite_rejections": float(self._nonfinite),
             "mean_step_size": float(self.adapter.step_size.mean()) if self.plan is not None else self.initial_step_size,
         }

@@ -50,6 +50,7 @@ from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_i
 from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel
 from neuralblock.kernels.neural_block import NeuralBlockKernel
+from neuralblock.kernels.vocabulary import KernelDiagnostics
 from neuralblock.proposals import NeuralBlockProposal
 
 __all__ = ["ReplicaExchange", "geometric_ladder", "swap_replicas"]
@@ -286,19 +287,20 @@ class ReplicaExchange(GraphKernel):
             out["swap"] = round(float(self._swap_rate.mean()), 3)
         return out
 
-    def diagnostics(self) -> dict:
+    def diagnostics(self) -> KernelDiagnostics:
         """Swap acceptance per neighbouring pair (post-warmup), the ladder, and the inner kernel's diagnostics.
 
         For neural replicas, ``block_acceptance_by_temperature`` gives each temperature's
         block acceptance (fused path).
         """
         attempts = self._swap_attempts.clamp(min=1.0)
-        out: dict = {
+        out: KernelDiagnostics = {
             "temperatures": self.temperatures.tolist(),
             "swap_acceptance": (self._swap_accept / attempts).tolist(),
             "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
             "replicas": float(self.replicas),
             "chains": float(self.chains),
+            "transitions_per_second": self._transitions_per_second(),
             "inner": self.inner.diagnostics(),
             "tempered_proposals": bool(self._tempered),
             "tempered_sweeps": self._tempered_sweeps(),

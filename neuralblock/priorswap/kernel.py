@@ -45,6 +45,7 @@ from torch.distributions.constraints import Constraint
 
 from neuralblock.kernels.adaptation import StepSizeAdapter
 from neuralblock.kernels.functional import MHInfo, mh_accept
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.priorswap.estimators import FalsePosteriorDensity, SemiparametricFit
 from neuralblock.priorswap.layout import DEFAULT_SITE, PriorLike, as_sample_dict
 from neuralblock.priorswap.swap import ISResult, SwappedModel, SwappedPotential, SwapProblem, normalized_weights
@@ -701,14 +702,14 @@ class PriorSwap(MCMCKernel):
             return {"evals": round(self._evaluations / max(self._proposed, 1), 2)}
         return {"acc": round(self._recent_accept, 3)}
 
-    def diagnostics(self) -> dict[str, Any]:
-        """Iterations per second; acceptance (MH, HMC/NUTS), divergences, or evaluations per step (elliptical).
+    def diagnostics(self) -> KernelDiagnostics:
+        """Transitions per second; acceptance (MH, HMC/NUTS), divergences, or evaluations per step (elliptical).
 
         ``divergences`` lists the post-warmup draw indices of HMC/NUTS's divergent transitions (empty for
         the other kernels), as ``arviz.from_pyro`` reads it; ``num_divergences`` counts them.
         """
         post = max(self._t - self._warmup_steps, 0)
-        out: dict[str, Any] = {"iterations_per_second": post / self._elapsed if self._elapsed > 0 else 0.0}
+        out: KernelDiagnostics = {"transitions_per_second": per_second(post, self._elapsed)}
         out["ess_per_draw"] = self._stall_check(warn=False)
         accepted, divergences, mean_prob = self._inner_stats
         out["divergences"] = list(divergences)
