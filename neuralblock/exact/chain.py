@@ -11,7 +11,8 @@ are folded into the first/last valid unary. Chains of different lengths share on
 * :func:`chain_viterbi`: the most probable sequences;
 * :func:`chain_sample`: exact joint samples (forward filtering, backward sampling);
 * :func:`chain_score`: the unnormalized log score of given sequences;
-* :func:`gumbel_argmax`: one categorical draw per row by the Gumbel-max trick.
+* :func:`gumbel_max`, :func:`gumbel_argmax`: categorical draws by the Gumbel-max trick (the one
+  implementation the kernels and proposals share), from :func:`gumbel_from_uniform` noise.
 
 Example:
     >>> unary, trans = torch.zeros(1, 3, 2), torch.zeros(2, 2)
@@ -32,6 +33,8 @@ __all__ = [
     "chain_score",
     "chain_viterbi",
     "gumbel_argmax",
+    "gumbel_from_uniform",
+    "gumbel_max",
 ]
 
 
@@ -140,8 +143,44 @@ def chain_viterbi(unary: Tensor, trans: Tensor, mask: Tensor | None = None) -> t
     return tags * mask.long(), score
 
 
+def gumbel_from_uniform(uniform: Tensor) -> Tensor:
+    """Standard Gumbel draws ``-log(-log u)`` from uniforms ``u`` in ``[0, 1)`` (``0`` is clamped up to ``tiny``).
+
+    Example:
+        >>> round(float(gumbel_from_uniform(torch.tensor(0.5))), 4)
+        0.3665
+    """
+    return -torch.log(-torch.log(uniform.clamp(min=torch.finfo(uniform.dtype).tiny)))
+
+
+def gumbel_max(
+    logits: Tensor, gumbel: Tensor | None = None, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """The Gumbel-max trick: ``(max, argmax)`` of ``logits + gumbel`` over the last dimension.
+
+    The argmax is a draw from the categorical distribution with these (unnormalized) logits.
+    Rows whose logits are all ``-inf`` give a ``-inf`` maximum.
+
+    Args:
+        logits: ``[..., K]`` unnormalized log probabilities.
+        gumbel: standard Gumbel draws broadcasting with ``logits`` (drawn by the caller, e.g. outside a
+            compiled function; :func:`gumbel_from_uniform` makes them). Default: one uniform per entry of
+            ``logits`` from ``generator``.
+        generator: the RNG for the default noise (default: torch's global RNG).
+
+    Example:
+        >>> best, draw = gumbel_max(torch.tensor([[0.0, -float("inf")]]), torch.zeros(1, 2))
+        >>> best.tolist(), draw.tolist()
+        ([0.0], [0])
+    """
+    if gumbel is None:
+        uniform = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
+        gumbel = gumbel_from_uniform(uniform)
+    return (logits + gumbel).max(-1)
+
+
 def gumbel_argmax(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """One categorical draw per row of ``logits [..., K]`` by the Gumbel-max trick.
+    """One categorical draw per row of ``logits [..., K]`` by the Gumbel-max trick (:func:`gumbel_max`).
 
     Uses one uniform per entry from ``generator`` (default: the global RNG), so a draw is
     reproducible given the generator's state.
@@ -150,9 +189,7 @@ def gumbel_argmax(logits: Tensor, generator: torch.Generator | None = None) -> T
         >>> gumbel_argmax(torch.tensor([[0.0, -1e4], [-1e4, 0.0]]), torch.Generator().manual_seed(0))
         tensor([0, 1])
     """
-    u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
-    u = u.clamp(min=torch.finfo(logits.dtype).tiny)
-    return (logits - torch.log(-torch.log(u))).argmax(-1)
+    return gumbel_max(logits, generator=generator)[1]
 
 
 def chain_sample(

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torch.distributions import Transform
 
+from neuralblock.exact.chain import gumbel_max
+
 __all__ = [
     "GibbsInfo",
     "MHInfo",
@@ -113,8 +115,8 @@ def gibbs_sample(logits: Tensor, current: Tensor, noise: Tensor | None = None) -
         tensor([0.])
     """
     scores = logits.nan_to_num(nan=-float("inf"), posinf=float("inf"), neginf=-float("inf"))
-    gumbel = (torch.empty_like(scores).exponential_() if noise is None else noise).log()  # -Gumbel(0, 1)
-    best, draw = (scores - gumbel).max(-1)
+    exponential = torch.empty_like(scores).exponential_() if noise is None else noise
+    best, draw = gumbel_max(scores, -exponential.log())  # -log E ~ Gumbel(0, 1) for E ~ Exp(1)
     stuck = ~torch.isfinite(best)
     values = torch.where(stuck, current, draw.to(current.dtype))
     return GibbsInfo(values, stuck.sum())

@@ -50,6 +50,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from neuralblock.exact.chain import gumbel_from_uniform, gumbel_max
 from neuralblock.graph import FactorGraph, LinearGaussianGroup, LogLinearGaussianGroup
 from neuralblock.kernels.functional import nonfinite_ratios
 from neuralblock.kernels.gibbs import compiled, pad_by_owner
@@ -231,7 +232,7 @@ def mixture_draw(mixture: BlockMixture, gumbel: Tensor, normal: Tensor) -> Tenso
     """
     if mixture.loc is None or mixture.log_scale is None or mixture.discrete_log_probs is not None:
         raise ValueError("mixture_draw needs a mixture over continuous variables only")
-    choice = (mixture.mixture_log_weights + gumbel).argmax(-1)  # [...]
+    choice = gumbel_max(mixture.mixture_log_weights, gumbel)[1]  # [...]
     index = choice[..., None, None].expand(choice.shape + (1, mixture.loc.shape[-1]))
     loc = mixture.loc.expand(choice.shape + mixture.loc.shape[-2:]).gather(-2, index).squeeze(-2)
     log_scale = mixture.log_scale.expand(choice.shape + mixture.log_scale.shape[-2:]).gather(-2, index).squeeze(-2)
@@ -411,8 +412,7 @@ class FusedContinuousSweep:
             uniforms = uniforms.index_select(1, self.rand_flat)
             normals = normals.index_select(1, self.rand_flat)
         uniforms = uniforms.view(chains, count, width, components + 1).transpose(0, 1)
-        tiny = torch.finfo(dtype).tiny
-        gumbel = -(-uniforms[..., :components].clamp(min=tiny).log()).log()  # [C, K, width, components]
+        gumbel = gumbel_from_uniform(uniforms[..., :components])  # [C, K, width, components]
         log_accept = uniforms[..., components].log().to(state.dtype)
         normals = normals.view(chains, count, width, size).transpose(0, 1)
         encoders, energy = self._in_dtype(fg, state.dtype)

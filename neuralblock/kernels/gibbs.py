@@ -280,7 +280,7 @@ class GibbsPlan:
                 kmax = tables.index.shape[-1]
                 if kmax == 2:  # logistic noise for binary variables
                     noise = torch.rand(state.shape[0], len(vars_), dtype=state.dtype, device=state.device).logit_()
-                else:  # Gumbel-max noise
+                else:  # standard exponential noise for gibbs_sample's Gumbel-max draw
                     noise = torch.empty(state.shape[0], len(vars_), kmax, dtype=state.dtype, device=state.device)
                     noise.exponential_()
                 state, count = self.update(
