@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.distributions import constraints
 
 from neuralblock.graph.groups import CallableGroup, FactorGroup, LinearGaussianGroup, TableGroup
+from neuralblock.graph.supports import same_support
 
 __all__ = ["BlockScaffold", "FactorGraph"]
 
@@ -665,7 +666,7 @@ class FactorGraph:
         if other.names != self.names or other._cards != self._cards:
             raise ValueError("update_parameters: the graphs' variables (names or domains) differ")
         for v, (mine, theirs) in enumerate(zip(self._supports, other._supports)):
-            if not _same_support(mine, theirs):
+            if not same_support(mine, theirs):
                 raise ValueError(f"update_parameters: the support of {self.names[v]!r} changed from {mine} to {theirs}")
         if set(other.evidence) != set(self.evidence):
             raise ValueError("update_parameters: the graphs observe different variables")
@@ -733,18 +734,6 @@ class FactorGraph:
             f"FactorGraph({self.num_variables} variables ({n_disc} discrete), "
             f"{self.num_factors} factors, {len(self.evidence)} observed)"
         )
-
-
-def _same_support(a: constraints.Constraint, b: constraints.Constraint) -> bool:
-    """Whether two constraints are the same (same type, equal parameters)."""
-    if a is b:
-        return True
-    if type(a) is not type(b) or vars(a).keys() != vars(b).keys():
-        return False
-    return all(
-        torch.equal(torch.as_tensor(x), torch.as_tensor(y)) if isinstance(x, Tensor | int | float) else x == y
-        for x, y in zip(vars(a).values(), vars(b).values())
-    )
 
 
 def _update_group(index: int, group: FactorGroup, new: FactorGroup) -> None:

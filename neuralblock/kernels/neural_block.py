@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.distributions import constraints
 
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
+from neuralblock.graph.supports import is_real
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
@@ -255,13 +255,6 @@ def speculative_block_step(
     return new_state, last + 1, MHInfo(info.accepted[used], info.accept_prob[used], nonfinite)
 
 
-def _is_real(support: constraints.Constraint) -> bool:
-    """Whether a support is the whole real line (``real``, also wrapped in ``independent``)."""
-    while isinstance(support, constraints.independent):
-        support = support.base_constraint
-    return isinstance(support, type(constraints.real))
-
-
 def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, latent: set[int]) -> None:
     """Reject instances the neural block step cannot update exactly, naming the motif and the problem."""
     blocks, context, n = instances.blocks, instances.context, fg.num_variables
@@ -281,7 +274,7 @@ def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, late
     observed = sorted({int(v) for v in blocks.reshape(-1).tolist()} - latent)
     if observed:
         raise ValueError(f"motif {motif.name} proposed a block containing observed variable {fg.names[observed[0]]!r}")
-    bounded = [v for v in blocks[:, expected == 0].unique().tolist() if not _is_real(fg.support(v))]
+    bounded = [v for v in blocks[:, expected == 0].unique().tolist() if not is_real(fg.support(v))]
     if bounded:
         raise ValueError(
             f"motif {motif.name} proposes Gaussian moves for {fg.names[bounded[0]]!r}, whose support is "

@@ -19,9 +19,10 @@ from typing import cast
 
 import torch
 from torch import Tensor
-from torch.distributions import Distribution, constraints
+from torch.distributions import Distribution
 from torch.distributions.constraints import Constraint
 
+from neuralblock.graph.supports import same_support, support_key
 from neuralblock.pyro.layout import FlatLayout
 
 __all__ = ["DEFAULT_SITE", "PriorLike", "SiteLayout", "SitePrior", "as_sample_dict", "same_support", "support_key"]
@@ -62,57 +63,6 @@ def as_sample_dict(samples: Mapping[str, Tensor] | Tensor, site: str = DEFAULT_S
             raise ValueError(f"samples of site {name!r} contain non-finite values")
         out[str(name)] = value
     return out
-
-
-def support_key(support: Constraint | None) -> str:
-    """A comparable description of a support (independent wrappers removed).
-
-    Example:
-        >>> from torch.distributions import Normal, MultivariateNormal, HalfNormal
-        >>> mvn = MultivariateNormal(torch.zeros(2), torch.eye(2))
-        >>> support_key(Normal(0.0, 1.0).support) == support_key(mvn.support)
-        True
-        >>> support_key(HalfNormal(1.0).support)
-        'GreaterThanEq(lower_bound=0.0)'
-    """
-    return repr(_base_constraint(support)).replace("GreaterThan(", "GreaterThanEq(")
-
-
-def same_support(a: Constraint | None, b: Constraint | None) -> bool:
-    """Whether two supports are the same set: same kind, bounds equal after broadcasting.
-
-    Independent wrappers are removed and open/closed lower bounds are not told apart (as in
-    :func:`support_key`); bounds are compared as numbers, so ``Interval(0, 1)`` equals an
-    interval with tensor bounds of zeros and ones, and bounds that differ in any element differ.
-
-    Example:
-        >>> from torch.distributions import Beta, Uniform
-        >>> same_support(Beta(torch.ones(3), torch.ones(3)).support, Uniform(torch.zeros(3), torch.ones(3)).support)
-        True
-        >>> same_support(Uniform(0.0, torch.tensor([1.0, 2.0])).support, constraints.unit_interval)
-        False
-    """
-    if support_key(a).split("(")[0] != support_key(b).split("(")[0]:
-        return False
-    a, b = _base_constraint(a), _base_constraint(b)
-    for bound in ("lower_bound", "upper_bound"):
-        x, y = getattr(a, bound, None), getattr(b, bound, None)
-        if (x is None) != (y is None):
-            return False
-        if x is not None:
-            x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
-            try:
-                if not bool((x == y).all()):
-                    return False
-            except RuntimeError:  # shapes that do not broadcast
-                return False
-    return True
-
-
-def _base_constraint(support: Constraint | None) -> Constraint:
-    while isinstance(support, constraints.independent):
-        support = support.base_constraint
-    return constraints.real if support is None else support
 
 
 def _unvalidated(dist: Distribution) -> Distribution:

@@ -25,6 +25,7 @@ from torch.distributions import biject_to, constraints, transform_to
 
 from neuralblock.graph.factor_graph import FactorGraph
 from neuralblock.graph.groups import FactorGroup, TableGroup
+from neuralblock.graph.supports import base_support
 from neuralblock.pyro.compile import (
     PyroGraph,
     Site,
@@ -866,9 +867,7 @@ def _elementwise(support: constraints.Constraint) -> constraints.Constraint | No
     ``independent(positive, 1)`` gives ``positive``; a simplex, an ordered vector, a Cholesky
     factor or an interval whose bounds differ between elements give ``None``.
     """
-    base = support
-    while isinstance(base, constraints.independent):
-        base = base.base_constraint
+    base = base_support(support)
     if base.is_discrete or base.event_dim != 0:
         return None
     bounds = [value for value in vars(base).values() if isinstance(value, Tensor)]
