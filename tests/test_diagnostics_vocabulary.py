@@ -25,6 +25,7 @@ from neuralblock.kernels import (
     AusterityMH,
     CompoundKernel,
     ConditionalGraphKernel,
+    DirectNUTS,
     DiscreteLangevin,
     GibbsKernel,
     GibbsWithGradients,
@@ -132,6 +133,7 @@ KERNELS: dict[str, tuple[Callable[[], MCMCKernel], tuple]] = {
     ),
     "priorswap_hmc": (lambda: PriorSwap(FALSE_DRAWS, Normal(0.0, 1.0), Laplace(0.0, 0.5), kernel="hmc"), ()),
     "split_merge": (split_merge, ()),
+    "direct_nuts": (lambda: DirectNUTS(location), (torch.randn(200),)),
 }
 
 

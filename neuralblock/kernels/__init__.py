@@ -12,6 +12,7 @@ from neuralblock.kernels.gradient_discrete import DiscreteLangevin, GibbsWithGra
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.marginal import MarginalRandomWalk
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
+from neuralblock.kernels.nuts import DirectNUTS
 from neuralblock.kernels.particle_gibbs import ParticleGibbs, StateSpaceModel, csmc_step
 from neuralblock.kernels.random_walk import RandomWalkMH
 from neuralblock.kernels.replica_exchange import ReplicaExchange
@@ -25,6 +26,7 @@ __all__ = [
     "ConditionalGraphKernel",
     "Conditionable",
     "ConditionedModel",
+    "DirectNUTS",
     "ResettableConditioning",
     "DiscreteLangevin",
     "GibbsInfo",
