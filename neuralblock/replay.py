@@ -74,13 +74,29 @@ def _mutates(node: Any) -> bool:
 
 
 def simplify_graph(gm: Any) -> None:
-    """Drop identity views and ``select(unsqueeze(x, d), d, 0)``, fold input-free subgraphs, drop dead nodes."""
+    """Drop identity views, ``detach``, ``x ** 1``, inverse permutes and ``select(unsqueeze(x, d), d, 0)``;
+    fold input-free subgraphs; drop dead nodes.
+
+    A replay runs without autograd, so ``detach`` is the identity; shapes are fixed per recording, so
+    ``zeros_like``/``ones_like``/``full_like`` of any node are constants (folded, with what only they feed,
+    such as the seeds of a recorded backward pass).
+    """
     aten = _aten()
     views = {aten.view.default, aten.expand.default, aten._unsafe_view.default, aten.reshape.default}
+    written = _written(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target in views and isinstance(node.args[0], type(node)):
+        if node.target is aten.detach.default or (
+            node.target is aten.pow.Tensor_Scalar and node.args[1] == 1 and not {node, node.args[0]} & written
+        ):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+        elif (order := _permutation(node)) is not None and (inner := _permutation(node.args[0])) is not None:
+            if [inner[i] for i in order] == list(range(len(order))):  # the two permutes undo each other
+                node.replace_all_uses_with(node.args[0].args[0])
+                gm.graph.erase_node(node)
+        elif node.target in views and isinstance(node.args[0], type(node)):
             before, after = _shape(node.args[0]), _shape(node)
             if before is not None and before == after:
                 node.replace_all_uses_with(node.args[0])
@@ -101,6 +117,18 @@ def simplify_graph(gm: Any) -> None:
     _merge_duplicates(gm)
     _drop_unused(gm)
     gm.recompile()
+
+
+def _permutation(node: Any) -> list[int] | None:
+    """The dimension order of a ``permute`` (or a 2-D ``t``) node, else ``None``."""
+    aten = _aten()
+    if getattr(node, "op", None) != "call_function":
+        return None
+    if node.target is aten.permute.default:
+        return [int(d) for d in node.args[1]]
+    if node.target is aten.t.default and _shape(node) is not None and len(_shape(node) or ()) == 2:
+        return [1, 0]
+    return None
 
 
 def _equal(a: Tensor, b: Tensor) -> bool:
@@ -224,6 +252,7 @@ def _fold_constants(gm: Any) -> None:
     graph = gm.graph
     aten = _aten()
     shape_only = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default}
+    like = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default}
     written = _written(gm)
     value: dict[Any, Any] = {}
     for node in graph.nodes:
@@ -239,9 +268,10 @@ def _fold_constants(gm: Any) -> None:
                 continue
             if all(arg in value for arg in node.all_input_nodes):
                 value[node] = node.target(*map_arg(node.args, value.get), **map_arg(node.kwargs, value.get))
-            elif node.target in shape_only and isinstance(_meta(node.args[0]), Tensor):
-                like = _meta(node.args[0])  # reads only the input's dtype and device: constant per signature
-                dummy = torch.empty((), dtype=like.dtype, device=like.device)
+            elif node.target in shape_only | like and isinstance(_meta(node.args[0]), Tensor):
+                source = _meta(node.args[0])  # only its dtype and device (and shape, for *_like): constant here
+                shape = tuple(source.shape) if node.target in like else ()
+                dummy = torch.empty(shape, dtype=source.dtype, device=source.device)
                 value[node] = node.target(dummy, *map_arg(node.args[1:], value.get), **node.kwargs)
     count = 0
     folded: dict[str, Tensor] = {}
