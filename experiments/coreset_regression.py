@@ -16,14 +16,16 @@ For each dataset, measured side by side in one process (CPU time, ``time.process
 * coresets of size ``M`` for ``--sizes``: uniform subsampling and Frank-Wolfe with fully corrective NNLS
   steps, stopped early at relative Hilbert error ``--fw-tol`` (``pi_hat`` = Laplace approximation of the
   posterior, on all data by default (Newton steps, ``O(N D^2)`` each) or on a uniform subsample of
-  ``--pi-subsample`` points; ``J = --projection-dim`` Fisher features), then Pyro NUTS on the coreset's
+  ``--pi-subsample`` points; ``J = --projection-dim`` Fisher features), then NUTS on the coreset's
   direct-path potential (``weighted_model(model, core).potential_fn``: value and gradient from one replayed
-  graph, no Pyro model run per leapfrog step; ``--coreset-nuts model`` runs NUTS on
-  :func:`neuralblock.coresets.weighted_model` itself); ``--jit`` compiles every Pyro NUTS potential run
+  graph, no Pyro model run per leapfrog step), sampled by :class:`~neuralblock.kernels.DirectNUTS`
+  (``--sampler direct``, default: no per-leapfrog framework cost) or Pyro's NUTS (``--sampler pyro``);
+  ``--coreset-nuts model`` runs Pyro NUTS on :func:`neuralblock.coresets.weighted_model` itself;
+  ``--jit`` compiles every Pyro NUTS potential run
   through a model with the PyTorch JIT, compile time counted; it cuts the per-iteration cost of both arms,
   the full-data one's most (its tensor work), so it raises the coreset/full time ratio and is off by default;
-* full-data Pyro NUTS on the direct-path potential as well (``--full-direct``, on by default), so the
-  coreset's gain is also shown against full data on the same fast path;
+* full-data NUTS on the direct-path potential as well, with the same sampler (``--full-direct``, on by
+  default), so the coreset's gain is also shown against full data on the same fast path;
 * NumPyro NUTS on the full data and on the FW coreset of the largest size (when JAX is installed);
 * the coreset *bias*: a second long NumPyro run on each FW coreset, compared with the reference, with the
   Monte Carlo standard error of the difference, so the coreset's error is separated from the sampler's.
@@ -80,7 +82,9 @@ from neuralblock.coresets import (
 )
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.runs import timed_run
 from neuralblock.io import data_path
+from neuralblock.kernels.nuts import DirectNUTS
 from neuralblock.subsample.likelihood import LogLikelihood
 
 LOGISTIC = ["phishing", "ds1", "synth_lr", "synth_lr_1e5"]
@@ -173,12 +177,20 @@ def pyro_nuts(
 
 
 def direct_nuts(
-    model: Callable[..., Any], core: Coreset | None, args: tuple[Tensor, ...], warmup: int, samples: int, init: Tensor
+    model: Callable[..., Any],
+    core: Coreset | None,
+    args: tuple[Tensor, ...],
+    warmup: int,
+    samples: int,
+    init: Tensor,
+    sampler: str = "direct",
 ) -> dict[str, Any]:
-    """Pyro NUTS on the direct-path potential of the model (weighted by ``core``, or on all data).
+    """NUTS on the direct-path potential of the model (weighted by ``core``, or on all data).
 
     The potential's value and gradient are one replayed graph (``LogLikelihood.potential_fn``), so a
     leapfrog step makes no Pyro model run; tracing and checking that graph is inside the timed run.
+    ``sampler`` is ``"direct"`` (:class:`~neuralblock.kernels.DirectNUTS`, no per-step framework cost)
+    or ``"pyro"`` (:class:`pyro.infer.NUTS` on the same potential).
     """
     start = time.process_time()
     if core is None:
@@ -186,16 +198,22 @@ def direct_nuts(
     else:
         potential = weighted_model(model, core).potential_fn(*args)
     setup = time.process_time() - start
-    draws, seconds = baselines.pyro_nuts(
-        None,
-        (),
-        "beta",
-        warmup,
-        samples,
-        clock=time.process_time,
-        potential_fn=potential,
-        initial_params={"beta": init},
-    )
+    if sampler == "direct":
+        kernel = DirectNUTS(potential_fn=potential, initial_params={"beta": init})
+        run = timed_run(kernel, samples=samples, warmup=warmup, clock="cpu", keep=lambda params: params["beta"])
+        draws = run.draws if run.draws is not None else torch.empty(0)
+        seconds = torch.tensor(run.total_times, dtype=torch.float64)
+    else:
+        draws, seconds = baselines.pyro_nuts(
+            None,
+            (),
+            "beta",
+            warmup,
+            samples,
+            clock=time.process_time,
+            potential_fn=potential,
+            initial_params={"beta": init},
+        )
     return {"draws": draws.double(), "seconds": seconds + setup}
 
 
@@ -331,7 +349,7 @@ def build_coreset(
     pi_hat = laplace_samples(model, args.projection_dim, model_args=(x, y), subsample_size=sub)
     laplace_done = time.process_time()
     proj = Projector.from_model(model, pi_hat, norm="fisher", model_args=(x, y))
-    hilbert = HilbertCoreset(proj, FrankWolfe(refine_every=args.refine_every, tol=args.fw_tol))
+    hilbert = HilbertCoreset(proj, FrankWolfe(refine_every=args.refine_every, tol=args.fw_tol, picks=args.fw_picks))
     hilbert.features  # noqa: B018 - computes the projection here, to time it apart
     projected = time.process_time()
     core = hilbert.build(size)
@@ -377,7 +395,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     out["full_pyro"] = score(full_run, ref, offset=init_seconds)
     if args.full_direct:
         direct_init = init if init is not None else uniform_start(x.shape[1])
-        full_direct = direct_nuts(model, None, (x, y), args.warmup, args.samples, direct_init)
+        full_direct = direct_nuts(model, None, (x, y), args.warmup, args.samples, direct_init, args.sampler)
         out["full_direct"] = score(full_direct, ref, offset=init_seconds)
     sizes = [m for m in args.sizes if m < len(y)]
     out["sizes"] = sizes
@@ -396,7 +414,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
             built[size] = (core, build_seconds, core_init)  # the FW ones (built last) are re-used for NumPyro
             if args.coreset_nuts == "potential":
                 direct_start = core_init if core_init is not None else uniform_start(x.shape[1])
-                run = direct_nuts(model, core, (x, y), args.warmup, args.samples, direct_start)
+                run = direct_nuts(model, core, (x, y), args.warmup, args.samples, direct_start, args.sampler)
             else:
                 run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples, core_init, args.jit)
             row = {"size": size, "support": len(core.indices), "build_seconds": build_seconds, **stages}
@@ -472,10 +490,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pi-subsample", type=int, default=0, help="Laplace pi_hat on this many points (0: all)")
     parser.add_argument("--refine-every", type=int, default=1, help="FW fully corrective NNLS period")
     parser.add_argument(
+        "--fw-picks", type=int, default=4, help="points joining the FW support per iteration (1: plain FW)"
+    )
+    parser.add_argument(
         "--coreset-nuts",
         choices=["potential", "model"],
         default="potential",
         help="coreset NUTS on the direct-path potential (default) or through the weighted Pyro model",
+    )
+    parser.add_argument(
+        "--sampler",
+        choices=["direct", "pyro"],
+        default="direct",
+        help="NUTS of the direct-path arms: DirectNUTS (default) or Pyro's NUTS on the same potential",
     )
     parser.add_argument(
         "--full-direct",
@@ -614,7 +641,7 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
     text = [
         "# Coreset regression: NUTS on coresets vs full-data NUTS",
         "",
-        f"Pyro NUTS {args['warmup']} warmup + {args['samples']} draws for every timed run"
+        f"NUTS {args['warmup']} warmup + {args['samples']} draws for every timed run"
         + (" (potential compiled by the PyTorch JIT, compile time counted)" if args.get("jit") else "")
         + "; the reference is "
         f"{' / '.join(references)}, whose own posterior-mean Monte Carlo "
@@ -627,7 +654,8 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
         "on an independent projection (fresh pi_hat draws and coordinates). `cov err` = relative "
         "Frobenius error; `KL` = KL(fitted Gaussian of coreset draws || reference's).",
         "",
-        f"FW = Frank-Wolfe with NNLS steps every {args['refine_every']} iterations, stopped at relative "
+        f"FW = Frank-Wolfe with NNLS steps every {args['refine_every']} iterations "
+        f"({args.get('fw_picks', 1)} point(s) joining the support per iteration), stopped at relative "
         f"Hilbert error {args['fw_tol']} or M iterations, J={args['projection_dim']} Fisher features, "
         f"pi_hat = {pi_hat}. "
         + (
@@ -644,8 +672,13 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
         "posterior-mean error stays <= 0.1 sd until the end of the run (empty: never); `time ratio` = FW's "
         "over full data's (`Pyro`: full-data NUTS through the model, as a user runs it; `direct`: full-data "
         "NUTS on the direct-path potential); `total time ratio` = whole runs (construction included). "
-        f"Coreset NUTS runs {CORESET_NUTS[args.get('coreset_nuts', 'model')]}. "
-        "FW build = pi_hat + projection + FW solve (with the coreset's bias check).",
+        f"Coreset NUTS runs {CORESET_NUTS[args.get('coreset_nuts', 'model')]}"
+        + (
+            ", sampled by `DirectNUTS` (as is the full-data direct arm; the `Pyro` arm is Pyro's NUTS). "
+            if args.get("sampler", "pyro") == "direct"
+            else ", sampled by Pyro's NUTS. "
+        )
+        + "FW build = pi_hat + projection + FW solve (with the coreset's bias check).",
         "",
         markdown_table(rows, TIME_COLUMNS, spec=".3g"),
         "",
