@@ -5,7 +5,7 @@ regression on phishing, ds1, synth_lr and a synthetic ``N = 1e5`` set (``synth_l
 ``--seed``), Poisson regression (softplus link) on biketrips_large, airportdelays_large,
 synth_poiss_large. Priors ``beta ~ N(0, I)``.
 
-For each dataset, measured side by side in one process (CPU time, ``time.process_time``):
+For each dataset, measured side by side in one process (CPU time, the run harness's ``"cpu"`` clock):
 
 * a reference posterior: a long NumPyro NUTS run (``bench`` extra; ``--ref-warmup`` + ``--ref-samples``,
   its Monte Carlo standard error by batch means is recorded) or, without JAX or with ``--quick``, the
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -82,7 +81,7 @@ from neuralblock.coresets import (
 )
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
-from neuralblock.diagnostics.runs import timed_run
+from neuralblock.diagnostics.runs import ClockName, TimedRun, timed_call, timed_run
 from neuralblock.io import data_path
 from neuralblock.kernels.nuts import DirectNUTS
 from neuralblock.subsample.likelihood import LogLikelihood
@@ -99,6 +98,7 @@ DEFAULT_ORDER = [
     "synth_lr",
 ]  # largest first, so parallel jobs finish together
 TOLERANCE = 0.1  # posterior-mean error target, in posterior sds
+CLOCK: ClockName = "cpu"  # every time in this study: process CPU time, through the run harness
 
 
 def logistic_model(x: Tensor, y: Tensor) -> None:
@@ -172,8 +172,13 @@ def pyro_nuts(
     options: dict[str, Any] = {"jit_compile": True, "ignore_jit_warnings": True} if jit else {}
     if init is not None:
         options["init_strategy"] = init_to_value(values={"beta": init})
-    draws, seconds = baselines.pyro_nuts(model, args, "beta", warmup, samples, clock=time.process_time, **options)
-    return {"draws": draws.double(), "seconds": seconds}
+    return _draws_and_times(baselines.pyro_nuts_run(model, args, "beta", warmup, samples, clock=CLOCK, **options))
+
+
+def _draws_and_times(run: TimedRun, offset: float = 0.0) -> dict[str, Any]:
+    """A timed run's draws (float64) and the seconds since its start (plus ``offset``) at each."""
+    draws = run.draws if run.draws is not None else torch.empty(0)
+    return {"draws": draws.double(), "seconds": torch.tensor(run.total_times, dtype=torch.float64) + offset}
 
 
 def direct_nuts(
@@ -192,29 +197,18 @@ def direct_nuts(
     ``sampler`` is ``"direct"`` (:class:`~neuralblock.kernels.DirectNUTS`, no per-step framework cost)
     or ``"pyro"`` (:class:`pyro.infer.NUTS` on the same potential).
     """
-    start = time.process_time()
     if core is None:
-        potential = LogLikelihood(model, *args).potential_fn()
+        potential, setup = timed_call(lambda: LogLikelihood(model, *args).potential_fn(), clock=CLOCK)
     else:
-        potential = weighted_model(model, core).potential_fn(*args)
-    setup = time.process_time() - start
+        potential, setup = timed_call(lambda: weighted_model(model, core).potential_fn(*args), clock=CLOCK)
     if sampler == "direct":
         kernel = DirectNUTS(potential_fn=potential, initial_params={"beta": init})
-        run = timed_run(kernel, samples=samples, warmup=warmup, clock="cpu", keep=lambda params: params["beta"])
-        draws = run.draws if run.draws is not None else torch.empty(0)
-        seconds = torch.tensor(run.total_times, dtype=torch.float64)
+        run = timed_run(kernel, samples=samples, warmup=warmup, clock=CLOCK, keep=lambda params: params["beta"])
     else:
-        draws, seconds = baselines.pyro_nuts(
-            None,
-            (),
-            "beta",
-            warmup,
-            samples,
-            clock=time.process_time,
-            potential_fn=potential,
-            initial_params={"beta": init},
+        run = baselines.pyro_nuts_run(
+            None, (), "beta", warmup, samples, clock=CLOCK, potential_fn=potential, initial_params={"beta": init}
         )
-    return {"draws": draws.double(), "seconds": seconds + setup}
+    return _draws_and_times(run, offset=setup)
 
 
 def numpyro_nuts(
@@ -246,10 +240,11 @@ def numpyro_nuts(
         numpyro.factor("loglik", jnp.sum(wj * ll))
 
     init_params = None if init is None else {"beta": jnp.asarray(init.float().numpy())}
-    draws, seconds, _ = baselines.numpyro_nuts(
-        model, (xj, yj, wj), "beta", warmup, samples, seed, clock=time.process_time, init_params=init_params
+    return _draws_and_times(
+        baselines.numpyro_nuts_run(
+            model, (xj, yj, wj), "beta", warmup, samples, seed, clock=CLOCK, init_params=init_params
+        )
     )
-    return {"draws": draws, "seconds": seconds}
 
 
 def long_run(
@@ -343,22 +338,41 @@ def build_coreset(
     """
     if method == "uniform":
         return Coreset.from_dense(UniformSampling().solve(None, len(y), size, None)), None, {}
-    model = MODELS[kind]
-    sub = args.pi_subsample or None  # 0: Laplace on all data
-    start = time.process_time()
-    pi_hat = laplace_samples(model, args.projection_dim, model_args=(x, y), subsample_size=sub)
-    laplace_done = time.process_time()
-    proj = Projector.from_model(model, pi_hat, norm="fisher", model_args=(x, y))
-    hilbert = HilbertCoreset(proj, FrankWolfe(refine_every=args.refine_every, tol=args.fw_tol, picks=args.fw_picks))
-    hilbert.features  # noqa: B018 - computes the projection here, to time it apart
-    projected = time.process_time()
-    core = hilbert.build(size)
-    stages = {
-        "pi_hat_seconds": laplace_done - start,
-        "projection_seconds": projected - laplace_done,
-        "solve_seconds": time.process_time() - projected,
-    }
+    solver = FrankWolfe(refine_every=args.refine_every, tol=args.fw_tol, picks=args.fw_picks)
+    return fw_construction(MODELS[kind], x, y, size, args.projection_dim, solver, args.pi_subsample)
+
+
+def fw_construction(
+    model: Callable[..., Any], x: Tensor, y: Tensor, size: int, num_samples: int, solver: FrankWolfe, pi_subsample: int
+) -> tuple[Coreset, HilbertCoreset, dict[str, float]]:
+    """Laplace ``pi_hat`` (on ``pi_subsample`` points, 0: all), Fisher projection and FW solve, each timed.
+
+    Returns the coreset, its construction and the CPU seconds of the stages (``pi_hat_seconds``,
+    ``projection_seconds``, ``solve_seconds``: the solver with the coreset's bias check).
+    """
+    pi_hat, pi_seconds = timed_call(
+        laplace_samples, model, num_samples, model_args=(x, y), subsample_size=pi_subsample or None, clock=CLOCK
+    )
+
+    def project() -> HilbertCoreset:
+        hilbert = HilbertCoreset(Projector.from_model(model, pi_hat, norm="fisher", model_args=(x, y)), solver)
+        hilbert.features  # noqa: B018 - computes the projection here, to time it apart
+        return hilbert
+
+    hilbert, projection_seconds = timed_call(project, clock=CLOCK)
+    core, solve_seconds = timed_call(hilbert.build, size, clock=CLOCK)
+    stages = {"pi_hat_seconds": pi_seconds, "projection_seconds": projection_seconds, "solve_seconds": solve_seconds}
     return core, hilbert, stages
+
+
+def coreset_and_start(
+    method: str, kind: str, x: Tensor, y: Tensor, size: int, args: argparse.Namespace
+) -> tuple[Coreset, HilbertCoreset | None, dict[str, float], Tensor | None]:
+    """:func:`build_coreset` and the coreset chain's start (a ``pi_hat`` draw for FW with Laplace starts)."""
+    core, hilbert, stages = build_coreset(method, kind, x, y, size, args)
+    if hilbert is not None and args.init == "laplace":  # FW has Laplace draws already: pi_hat
+        return core, hilbert, stages, hilbert.projector.samples[0].reshape(x.shape[1])
+    return core, hilbert, stages, start_point(kind, x, y, args)
 
 
 def hilbert_errors(hilbert: HilbertCoreset, kind: str, x: Tensor, y: Tensor, args: argparse.Namespace) -> dict:
@@ -384,9 +398,7 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     pyro.set_rng_seed(args.seed)
     kind, x, y = load_dataset(name, args.seed)
     model = MODELS[kind]
-    start = time.process_time()
-    init = start_point(kind, x, y, args)  # the full-data runs pay for their starting point
-    init_seconds = time.process_time() - start
+    init, init_seconds = timed_call(start_point, kind, x, y, args, clock=CLOCK)  # the full-data runs pay for it
     ref = reference_posterior(kind, x, y, args, init)
     out: dict[str, Any] = {"kind": kind, "num_data": len(y), "dim": x.shape[1], "reference": ref["method"]}
     out["reference_mcse_rms_sd"] = float((ref["mcse"] / ref["sd"]).pow(2).mean().sqrt())
@@ -404,13 +416,9 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for method in ("uniform", "fw"):
         rows = []
         for size in sizes:
-            start = time.process_time()
-            core, hilbert, stages = build_coreset(method, kind, x, y, size, args)
-            if hilbert is not None and args.init == "laplace":  # FW has Laplace draws already: pi_hat
-                core_init: Tensor | None = hilbert.projector.samples[0].reshape(x.shape[1])
-            else:
-                core_init = start_point(kind, x, y, args)
-            build_seconds = time.process_time() - start
+            (core, hilbert, stages, core_init), build_seconds = timed_call(
+                coreset_and_start, method, kind, x, y, size, args, clock=CLOCK
+            )
             built[size] = (core, build_seconds, core_init)  # the FW ones (built last) are re-used for NumPyro
             if args.coreset_nuts == "potential":
                 direct_start = core_init if core_init is not None else uniform_start(x.shape[1])
@@ -456,25 +464,18 @@ def construction_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     for num in args.scaling_sizes:
         x, y = synthetic_logistic(num, 5, args.seed)
         pyro.set_rng_seed(args.seed)
-        start = time.process_time()
-        sub = args.pi_subsample or None
-        pi_hat = laplace_samples(logistic_model, args.scaling_dim, model_args=(x, y), subsample_size=sub)
-        t_pi = time.process_time()
-        proj = Projector.from_model(logistic_model, pi_hat, norm="fisher", model_args=(x, y))
-        coreset = HilbertCoreset(proj, FrankWolfe())
-        _ = coreset.features
-        t_proj = time.process_time()
-        coreset.build(args.scaling_coreset)
-        t_fw = time.process_time()
-        del coreset, proj
+        _, _, stages = fw_construction(
+            logistic_model, x, y, args.scaling_coreset, args.scaling_dim, FrankWolfe(), args.pi_subsample
+        )
+        total = sum(stages.values())
         rows.append(
             {
                 "N": num,
-                "pi_hat_seconds": t_pi - start,
-                "projection_seconds": t_proj - t_pi,
-                "fw_seconds": t_fw - t_proj,
-                "total_seconds": t_fw - start,
-                "microseconds_per_datum": 1e6 * (t_fw - start) / num,
+                "pi_hat_seconds": stages["pi_hat_seconds"],
+                "projection_seconds": stages["projection_seconds"],
+                "fw_seconds": stages["solve_seconds"],
+                "total_seconds": total,
+                "microseconds_per_datum": 1e6 * total / num,
             }
         )
     return rows
