@@ -24,6 +24,11 @@ replicas' draws are pooled. They report each arm's time to mean marginal error `
 (0.05; reached *for good*: from that checkpoint on the error stays at or below it), and RE-NB
 against RE-Gibbs paired over seeds.
 
+Gradient-informed arms (``--arms ... GWG DMALA PAS``, issue 26): Gibbs-with-Gradients, discrete
+Langevin with its MH correction, and the path auxiliary sampler, each with ``--chains`` chains. With a
+neural-block arm beside them, a table gives every arm's median time to ``--level`` and says where each
+neural-block arm is ahead of the best of them, and where it is more than 2x behind.
+
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
 ``grid_study.md`` (table) and one PNG per instance.
 
@@ -32,6 +37,7 @@ Usage::
     python -m experiments.grid_study --quick      # CI scale: two small instances, 2 s per run
     python -m experiments.grid_study              # full run (about 30 minutes on 2 cores)
     python -m experiments.grid_study --arms Gibbs NB+Gibbs RE-Gibbs RE-NB --seeds 5 --seconds 60
+    python -m experiments.grid_study --arms NB+Gibbs GWG DMALA PAS --chains 32 --clock cpu --seconds 8
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import pyro
 import torch
 from tqdm import tqdm
 
+from experiments.common import censored_median
 from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, ReplicaExchange, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
@@ -52,6 +59,7 @@ from neuralblock.diagnostics.runs import equal_time, error_at, first_time, margi
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
+from neuralblock.kernels import DiscreteLangevin, GibbsWithGradients, PathAuxiliarySampler
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.subsample import student_t_sf
@@ -62,7 +70,9 @@ ERG = ["90-10-1", "90-14-1", "90-16-1"]
 RANDOM_SIZES = [10, 15, 20]
 NEAR_DETERMINISTIC_SIZES = [10, 15, 20]
 WARMUP = 20  # sweeps before the timed ones (lazy torch initialisation, caches)
-ARMS = ["NB+Gibbs", "Gibbs", "RE-Gibbs", "RE-NB"]
+GRADIENT_ARMS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
+"""The gradient-informed samplers (issue 26): Gibbs-with-Gradients, discrete Langevin with MH, path auxiliary."""
+ARMS = ["NB+Gibbs", "Gibbs", "RE-Gibbs", "RE-NB", *GRADIENT_ARMS]
 RE_WARMUP = 200  # replica exchange: warmup sweeps that adapt the ladder (timed apart, as the setup)
 
 
@@ -106,7 +116,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["NB+Gibbs", "Gibbs"], help="samplers to run")
     parser.add_argument("--replicas", type=int, default=8, help="replica exchange: temperatures per ensemble")
     parser.add_argument("--max-temperature", type=float, default=10.0, help="replica exchange: hottest temperature")
-    parser.add_argument("--level", type=float, default=0.05, help="replica-exchange table: time to this error")
+    parser.add_argument(
+        "--level",
+        type=float,
+        default=0.05,
+        help="time-to-level tables (replica exchange, gradient samplers): time to this error",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="CI scale")
     parser.add_argument("--out", default="experiments/results/grid_study")
@@ -129,6 +144,8 @@ def make_kernel(label: str, fg: FactorGraph, proposal: NeuralBlockProposal, args
         return NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=args.gibbs_prob, chains=args.chains)
     if label == "Gibbs":
         return GibbsKernel(fg, chains=args.chains)
+    if label in GRADIENT_ARMS:
+        return GRADIENT_ARMS[label](fg, chains=args.chains)
     return ReplicaExchange(
         fg,
         proposals=[proposal] if label == "RE-NB" else None,
@@ -225,6 +242,8 @@ def write_outputs(record: dict, out: Path, seconds: float, seeds: int) -> str:
         parts.append(_nb_gibbs_table(record, seconds, seeds))
     if any(arm.startswith("RE-") for arm in arms):
         parts.append(replica_table(record, seconds, seeds))
+    if any(arm in GRADIENT_ARMS for arm in arms) and any(arm in NB_ARMS for arm in arms):
+        parts.append(gradient_table(record, seconds, seeds))
     table = "\n\n".join(parts)
     (out / "grid_study.json").write_text(json.dumps(record, indent=1))
     (out / "grid_study.md").write_text(f"# Neural blocks vs Gibbs on grids\n\n{table}\n")
@@ -423,6 +442,73 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
         f"{len(lower)} ({', '.join(lower) or 'none'}) and higher on {len(higher)} ({', '.join(higher) or 'none'}).",
     ]
     return "\n".join(text)
+
+
+NB_ARMS = ("NB+Gibbs", "RE-NB")
+
+
+def gradient_table(record: dict, seconds: float, seeds: int) -> str:
+    """Neural blocks against the best gradient-informed sampler in time to ``level`` (fills ``record``).
+
+    Per instance and arm: the median over seeds of the time until the error stays at or below the level
+    (warmup included; a seed that never got there counts as later than every time, so the median is
+    ``None`` when half the seeds or more never got there). The best gradient arm is the one with the
+    least median (ties and all-``None``: the least seed-mean final error). A neural-block arm is *ahead*
+    when its median is below the best's (a reached median against ``None`` included) and *more than 2x
+    behind* when its median is over twice the best's (or ``None`` against a reached one).
+    """
+    cfg = record["config"]
+    level, arms = cfg["level"], cfg["arms"]
+    gradient = [arm for arm in arms if arm in GRADIENT_ARMS]
+    blocks = [arm for arm in arms if arm in NB_ARMS]
+    verdicts: dict[str, dict[str, list[str]]] = {arm: {"ahead": [], "behind_2x": []} for arm in blocks}
+    rows = []
+    for name, entry in record["instances"].items():
+        runs = entry["runs"]
+        medians = {arm: censored_median(time_to_level(r[arm], level) for r in runs) for arm in gradient + blocks}
+        finals = {arm: sum(r[arm]["errors"][-1] for r in runs) / len(runs) for arm in gradient + blocks}
+        best = min(gradient, key=lambda arm: (math.inf if medians[arm] is None else medians[arm], finals[arm]))
+        cells = [f"{finals[arm]:.4f} / {_seconds(medians[arm])}" for arm in gradient + blocks]
+        marks = []
+        for arm in blocks:
+            mine, theirs = medians[arm], medians[best]
+            ahead = mine is not None and (theirs is None or mine < theirs)
+            behind = theirs is not None and (mine is None or mine > 2 * theirs)
+            if ahead:
+                verdicts[arm]["ahead"].append(name)
+            if behind:
+                verdicts[arm]["behind_2x"].append(name)
+            marks.append("ahead" if ahead else "behind > 2x" if behind else "-")
+        entry["gradient_summary"] = {"medians": medians, "best_gradient_arm": best}
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {best} | " + " | ".join(marks) + " |")
+    record["gradient_comparison"] = verdicts
+    uai = [n for n in record["instances"] if n in UAI or n in ERG]
+    bns = [n for n in record["instances"] if n.startswith(("random-bn", "nd-bn")) or n in ERG]
+    summary = []
+    for arm in blocks:
+        ahead, behind = verdicts[arm]["ahead"], verdicts[arm]["behind_2x"]
+        summary.append(
+            f"- {arm}: ahead of the best gradient sampler on {len([n for n in ahead if n in uai])} of the "
+            f"{len(uai)} UAI instances run and on {len([n for n in ahead if n in bns])} of the {len(bns)} grid BNs "
+            f"({', '.join(ahead) or 'none'}); more than 2x behind on {len(behind)} ({', '.join(behind) or 'none'})."
+        )
+    return "\n".join(
+        [
+            f"## Neural blocks vs gradient-informed samplers: time to mean marginal error {level:g}",
+            "",
+            f"{cfg['chains']} chains per arm, {seconds:g} s of sampling per arm and seed, {seeds} seed(s). Each "
+            f"cell: seed-mean final error / median {cfg.get('clock', 'wall')} seconds until the error stays at or "
+            f"below {level:g} (warmup included; `-`: half the seeds or more never got there). `best`: the gradient "
+            "sampler with the least median time (ties: least final error); the last columns compare each "
+            "neural-block arm with it.",
+            "",
+            "| instance | " + " | ".join(gradient + blocks) + " | best | " + " | ".join(blocks) + " |",
+            "|---|" + "---|" * (len(gradient) + 2 * len(blocks) + 1),
+            *rows,
+            "",
+            *summary,
+        ]
+    )
 
 
 def _seconds(value: float | None) -> str:

@@ -49,3 +49,24 @@ def test_grid_study_replica_exchange_arms(tmp_path: Path) -> None:
     assert run["RE-NB"]["diagnostics"]["tempered_proposals"]
     assert len(run["RE-NB"]["diagnostics"]["temperatures"]) == 4
     assert "re_nb_faster_than_re_gibbs" in record and "times_to_level" in record["instances"]["nd-bn-6"]
+
+
+def test_grid_study_gradient_sampler_arms(tmp_path: Path) -> None:
+    study = load("grid_study")
+    arms = ["NB+Gibbs", "GWG", "DMALA", "PAS"]
+    study.main(["--quick", "--arms", *arms, "--instances", "nd-bn-6", "--out", str(tmp_path)])
+    (folder,) = list(tmp_path.iterdir())
+    record = json.loads((folder / "grid_study.json").read_text())
+    assert "Neural blocks vs gradient-informed samplers" in (folder / "grid_study.md").read_text()
+    (run,) = record["instances"]["nd-bn-6"]["runs"]
+    # 4 chains, 2 s each on nd-bn-6 (start errors 0.11-0.20): NB+Gibbs falls below 0.06 (as in the default arms'
+    # test); the gradient samplers move more slowly on this near-deterministic BN (PAS: 0.147 -> 0.143 in one run), so
+    # they are held only to stay below 0.23, where uniform draws (a wrong conditional) converge
+    nb = run["NB+Gibbs"]["errors"]
+    assert nb[-1] < 0.06 and nb[-1] < 0.6 * nb[0], nb
+    for label in arms[1:]:
+        errors = run[label]["errors"]
+        assert len(errors) > 2 and errors[-1] < 0.2, (label, errors)
+    summary = record["instances"]["nd-bn-6"]["gradient_summary"]
+    assert summary["best_gradient_arm"] in ("GWG", "DMALA", "PAS") and set(summary["medians"]) == set(arms)
+    assert set(record["gradient_comparison"]) == {"NB+Gibbs"}
