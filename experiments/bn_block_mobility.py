@@ -20,7 +20,9 @@ marginal error per sweep:
 
 Per instance: the mean over seeds of each sampler's error after ``S`` sweeps, the paired difference
 2x2 - 1x1 with its standard error and t-test p-value, and the fraction of the possible gain
-(``frozen - independent``) each sampler realises. Outputs (under ``--out``, a folder named by the
+(``frozen - independent``) each sampler realises. Each sampler's sweeps run through the run harness
+(:func:`neuralblock.diagnostics.runs.timed_run`) on CPU time (``"cpu"``, ``time.process_time``):
+``cpu_seconds`` is the sweeps alone, not the error and move bookkeeping. Outputs (under ``--out``, a folder named by the
 config's hash): ``bn_block_mobility.json``, ``.md`` and ``.png``.
 
 Usage::
@@ -35,7 +37,7 @@ import argparse
 import itertools
 import math
 import re
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +50,11 @@ from scipy import stats  # noqa: E402
 from torch import Tensor  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from experiments.common import open_study  # noqa: E402
+from experiments.common import open_study, study_parser  # noqa: E402
 from neuralblock.diagnostics.plots import save_figure  # noqa: E402
 from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: E402
+from neuralblock.diagnostics.runs import timed_run  # noqa: E402
+from neuralblock.exact.chain import gumbel_argmax  # noqa: E402
 from neuralblock.graph import FactorGraph  # noqa: E402
 from neuralblock.io import erg_grid, read_erg, read_mar  # noqa: E402
 from neuralblock.kernels.base import sequential_init  # noqa: E402
@@ -115,8 +119,7 @@ class TiledBlockGibbs:
             trial[:, :, tiles] = self.configs[:, None, None, :].to(states.dtype)
             logs = torch.cat(self.fg.log_factors(trial), -1).double().clamp(min=NEG_LARGE)
             logits = (logs @ incidence).permute(1, 2, 0)  # [K, B, Q]: each tile's exact conditional, unnormalised
-            gumbel = -torch.log(-torch.log(torch.rand(logits.shape, generator=generator, dtype=torch.float64)))
-            choice = (logits + gumbel).argmax(-1)  # [K, B]
+            choice = gumbel_argmax(logits, generator)  # [K, B]
             states[:, tiles] = self.configs[choice].to(states.dtype)
         return states
 
@@ -139,22 +142,36 @@ def run_instance(name: str, args: argparse.Namespace, seed: int) -> dict[str, An
     for size in args.sizes:
         sampler = TiledBlockGibbs(fg, size)
         generator = torch.Generator().manual_seed(seed * 1000 + size)
-        states, ones = starts.clone(), starts.sum(0)
-        errors, moved = [out["frozen"]], []
-        start = time.process_time()
-        for s in range(1, args.sweeps + 1):
-            before = states.clone()
-            states = sampler.sweep(states, generator)
-            moved.append(float((states != before).double().mean()))
-            ones = ones + states.sum(0)
-            if s in checkpoints:
-                errors.append(pooled_error(ones, args.chains * (s + 1), exact))
+        track = _SweepTracker(starts, exact, checkpoints, out["frozen"])
+        sweep = partial(_sweep_copy, sampler, generator)
+        run = timed_run(sweep, initial_params=starts, samples=args.sweeps, clock="cpu", observe=track)
         out[f"{size}x{size}"] = {
-            "errors": errors,
-            "changed_per_sweep": sum(moved) / len(moved),
-            "cpu_seconds": time.process_time() - start,
+            "errors": track.errors,
+            "changed_per_sweep": sum(track.moved) / len(track.moved),
+            "cpu_seconds": run.sampling_s,
         }
     return out
+
+
+def _sweep_copy(sampler: TiledBlockGibbs, generator: torch.Generator, states: Tensor) -> Tensor:
+    """One sweep of a copy of ``states`` (the tracker keeps the last state to count the changes)."""
+    return sampler.sweep(states.clone(), generator)
+
+
+class _SweepTracker:
+    """Per sweep (the harness's untimed ``observe``): the share of variables changed and, at the checkpoints, the
+    pooled error of all states so far (starts included)."""
+
+    def __init__(self, starts: Tensor, exact: Tensor, checkpoints: list[int], frozen: float) -> None:
+        self.last, self.ones, self.exact, self.checkpoints = starts, starts.sum(0), exact, set(checkpoints)
+        self.errors: list[float] = [frozen]
+        self.moved: list[float] = []
+
+    def __call__(self, states: Tensor) -> None:
+        self.moved.append(float((states != self.last).double().mean()))
+        self.last, self.ones = states, self.ones + states.sum(0)
+        if len(self.moved) in self.checkpoints:
+            self.errors.append(pooled_error(self.ones, states.shape[0] * (len(self.moved) + 1), self.exact))
 
 
 def summarize(name: str, runs: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
@@ -225,7 +242,7 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--instances", nargs="+", default=INSTANCES, choices=INSTANCES)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2], help="tile sides (must divide the grid side)")
     parser.add_argument("--chains", type=int, default=32)
