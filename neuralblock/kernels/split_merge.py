@@ -43,13 +43,19 @@ Example:
     >>> mcmc.run()
     >>> mcmc.get_samples()["x"].shape == (20, fg.num_variables)
     True
-    >>> sorted(kernel.diagnostics()["acceptance"]) == sorted(MOVES)
+    >>> sorted(kernel.diagnostics()["acceptance_by_move"]) == sorted(MOVES)
+    True
+
+    Four chains in one state, each move attempt one batched step of all of them:
+
+    >>> mcmc = MCMC(SplitMergeGMM(fg, chains=4), num_samples=5, warmup_steps=5, disable_progbar=True)
+    >>> mcmc.run()
+    >>> mcmc.get_samples()["x"].shape == (5, 4, fg.num_variables)
     True
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import time
@@ -59,20 +65,23 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from neuralblock.graph import BlockScaffold, FactorGraph, GaussianMixtureGroup, LinearGaussianGroup
+from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup
 from neuralblock.kernels.base import GraphKernel
-from neuralblock.kernels.functional import mh_accept
+from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.single_site import SingleSiteSweep
+from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 __all__ = [
     "MOVES",
     "REVERSE_MOVE",
     "MixtureLayout",
+    "MoveBatch",
     "MoveProposal",
     "MoveTuning",
     "SplitMergeGMM",
     "mixture_layout",
     "propose_move",
+    "propose_moves",
 ]
 
 MOVES: tuple[str, ...] = ("smart_split", "dumb_merge", "dumb_split", "smart_merge", "birth", "death")
@@ -149,7 +158,7 @@ class MoveProposal(NamedTuple):
 
 
 class _View(NamedTuple):
-    """A state read through a layout: points ``[n, D]``, means ``[m, D]``, bits ``[m]`` (bool)."""
+    """States of ``B`` chains through a layout: points ``[B, n, D]``, means ``[B, m, D]``, bits ``[B, m]`` (bool)."""
 
     x: Tensor
     mu: Tensor
@@ -221,16 +230,31 @@ def _mean_priors(fg: FactorGraph, means: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # ------------------------------------------------------------------------------ proposal geometry
+# Every function below is batched over chains: a state read through a layout is a _View of B chains, and
+# a proposal is a _Mixtures of B padded Gaussian mixtures over the pair of means (mu_i, mu_j).
+_KIND = {k: c for c, k in enumerate(MOVES)}
+
+
 def _read(layout: MixtureLayout, state: Tensor) -> _View:
-    return _View(state[layout.points], state[layout.means], state[layout.active] > 0.5)
+    """The points ``[B, n, D]``, means ``[B, m, D]`` and bits ``[B, m]`` of states ``[B, N]``."""
+    return _View(state[..., layout.points], state[..., layout.means], state[..., layout.active] > 0.5)
 
 
-class _GaussianMixture(NamedTuple):
-    """A mixture of ``K`` diagonal Gaussians over values shaped like ``loc[0]`` (every proposal below is one).
+def _rows(view: _View, rows: Tensor) -> _View:
+    return _View(view.x[rows], view.mu[rows], view.on[rows])
+
+
+def _pick(values: Tensor, index: Tensor) -> Tensor:
+    """``values[b, index[b]]`` for ``values [B, m, ...]`` and ``index [B]``."""
+    return values[torch.arange(len(index)), index]
+
+
+class _Mixtures(NamedTuple):
+    """``B`` mixtures of ``C`` diagonal Gaussians each, over ``S`` means of a move (``(mu_i, mu_j)`` or ``mu_j``).
 
     Attributes:
-        log_weights: ``[K]`` normalized log mixture weights.
-        loc, scale: ``[K, *event]`` component means and standard deviations.
+        log_weights: ``[B, C]`` normalized log weights.
+        loc, scale: ``[B, C, S, D]`` component means and standard deviations.
     """
 
     log_weights: Tensor
@@ -238,180 +262,300 @@ class _GaussianMixture(NamedTuple):
     scale: Tensor
 
     def sample(self) -> Tensor:
-        """One draw, shaped like ``loc[0]``."""
-        k = int(torch.multinomial(self.log_weights.exp(), 1)) if len(self.log_weights) > 1 else 0
-        return self.loc[k] + self.scale[k] * torch.randn_like(self.loc[k])
+        """One draw per mixture, ``[B, S, D]`` (a Gumbel-max draw of the component)."""
+        if self.log_weights.shape[-1] == 1:
+            return self.loc[:, 0] + self.scale[:, 0] * torch.randn_like(self.loc[:, 0])
+        gumbel = -torch.empty_like(self.log_weights).exponential_().log()
+        k = (self.log_weights + gumbel).argmax(-1)
+        return _pick(self.loc, k) + _pick(self.scale, k) * torch.randn_like(self.loc[:, 0])
 
     def log_prob(self, value: Tensor) -> Tensor:
-        """Log density (a 0-dim tensor) of ``value``, shaped like ``loc[0]``."""
-        z = (value - self.loc) / self.scale
-        per = (-0.5 * z * z - self.scale.log()).reshape(len(self.loc), -1).sum(-1)
-        return torch.logsumexp(self.log_weights + per, 0) - 0.5 * value.numel() * math.log(2 * math.pi)
-
-
-def _gaussian(loc: Tensor, scale: Tensor) -> _GaussianMixture:
-    """One diagonal Gaussian as a one-component mixture."""
-    return _GaussianMixture(loc.new_zeros(1), loc[None], scale[None])
+        """Log density ``[B]`` of ``value [B, S, D]``."""
+        z = (value[:, None] - self.loc) / self.scale
+        terms = (-0.5 * z * z - self.scale.log()).flatten(2).sum(-1)
+        return torch.logsumexp(self.log_weights + terms, -1) - 0.5 * value[0].numel() * math.log(2 * math.pi)
 
 
 def _responsibilities(view: _View, sigma: float) -> Tensor:
-    """``[n, m]`` posterior label probabilities of the points (0 for inactive mixtures)."""
+    """``[B, n, m]`` posterior label probabilities of the points (0 for inactive mixtures)."""
     d2 = torch.cdist(view.x, view.mu).square() / sigma**2
-    return torch.softmax((-0.5 * d2).masked_fill(~view.on, -math.inf), -1)
+    return torch.softmax((-0.5 * d2).masked_fill(~view.on[:, None, :], -math.inf), -1)
 
 
-def _split_dist(view: _View, sigma: float, i: int, tuning: MoveTuning) -> _GaussianMixture:
-    """Smart split of mixture ``i``: two means around the halves of its points along their principal axis.
+def _split_dist(view: _View, sigma: float, i: Tensor, tuning: MoveTuning) -> tuple[Tensor, Tensor, Tensor]:
+    """Smart split of mixtures ``i [B]``: two means around the halves of their points along the principal axis.
 
     A pseudo-point at ``mu_i`` keeps every quantity defined for a mixture without points.
     The density is symmetric in the two halves' order, so the axis' sign does not matter.
+    Returns ``(log_weights [B, 2], loc [B, 2, 2, D], scale [B, 2, 2, D])``.
     """
-    x, w = view.x, _responsibilities(view, sigma)[:, i]
-    total = w.sum() + 1.0
-    mean = (w @ x + view.mu[i]) / total
-    centred = x - mean
-    cov = (w[:, None] * centred).T @ centred / total + sigma**2 * torch.eye(x.shape[1], dtype=x.dtype) / total
-    axis = torch.linalg.eigh(cov).eigenvectors[:, -1]
-    side = torch.sigmoid(3.0 * (centred @ axis) / sigma)
-    halves = torch.stack([w * side, w * (1 - side)])  # [2, n]
-    anchors = torch.stack([mean + sigma * axis, mean - sigma * axis])
+    x = view.x
+    w = _responsibilities(view, sigma).gather(2, i[:, None, None].expand(-1, x.shape[1], 1)).squeeze(-1)  # [B, n]
+    total = w.sum(-1) + 1.0
+    mean = ((w[:, None] @ x).squeeze(1) + _pick(view.mu, i)) / total[:, None]
+    centred = x - mean[:, None]
+    eye = torch.eye(x.shape[-1], dtype=x.dtype)
+    cov = ((w[..., None] * centred).transpose(1, 2) @ centred + sigma**2 * eye) / total[:, None, None]
+    axis = torch.linalg.eigh(cov).eigenvectors[..., -1]  # [B, D]
+    side = torch.sigmoid(3.0 * (centred @ axis[..., None]).squeeze(-1) / sigma)
+    halves = torch.stack([w * side, w * (1 - side)], 1)  # [B, 2, n]
+    anchors = torch.stack([mean + sigma * axis, mean - sigma * axis], 1)
     counts = halves.sum(-1) + 1.0
-    centres = (halves @ x + anchors) / counts[:, None]  # [2, D]
-    scales = (tuning.split_scale * sigma / counts.sqrt())[:, None].expand_as(centres)
-    locs = torch.stack([centres, centres.flip(0)])  # [2 orders, 2 means, D]
-    half = torch.full((2,), -math.log(2.0), dtype=x.dtype)
-    return _GaussianMixture(half, locs, torch.stack([scales, scales.flip(0)]))
+    centres = (halves @ x + anchors) / counts[..., None]  # [B, 2, D]
+    scales = (tuning.split_scale * sigma / counts.sqrt())[..., None].expand_as(centres)
+    locs = torch.stack([centres, centres.flip(1)], 1)  # [B, 2 orders, 2 means, D]
+    half = torch.full((len(i), 2), -math.log(2.0), dtype=x.dtype)
+    return half, locs, torch.stack([scales, scales.flip(1)], 1)
 
 
 def _merge_dist(
-    layout: MixtureLayout, view: _View, sigma: float, i: int, j: int, tuning: MoveTuning
-) -> _GaussianMixture:
+    layout: MixtureLayout, view: _View, i: Tensor, j: Tensor, tuning: MoveTuning
+) -> tuple[Tensor, Tensor, Tensor]:
     """Merge ``j`` into ``i``: ``mu_i`` around the centroid of both mixtures' points, ``mu_j`` from its prior."""
+    sigma, x = layout.sigma, view.x
     r = _responsibilities(view, sigma)
-    w = r[:, i] + r[:, j]
-    total = w.sum() + 1.0
-    centre = (w @ view.x + 0.5 * (view.mu[i] + view.mu[j])) / total
-    spread = (tuning.split_scale * sigma / total.sqrt()).expand_as(centre)
-    loc = torch.stack([centre, layout.prior_loc[j].to(centre.dtype)])
-    return _gaussian(loc, torch.stack([spread, layout.prior_scale[j].to(centre.dtype)]))
+    w = r.gather(2, torch.stack([i, j], -1)[:, None].expand(-1, x.shape[1], 2)).sum(-1)  # [B, n]
+    total = w.sum(-1) + 1.0
+    centre = ((w[:, None] @ x).squeeze(1) + 0.5 * (_pick(view.mu, i) + _pick(view.mu, j))) / total[:, None]
+    spread = (tuning.split_scale * sigma / total.sqrt())[:, None].expand_as(centre)
+    loc = torch.stack([centre, layout.prior_loc[j].to(x.dtype)], 1)
+    scale = torch.stack([spread, layout.prior_scale[j].to(x.dtype)], 1)
+    return x.new_zeros(len(i), 1), loc[:, None], scale[:, None]
 
 
-def _dumb_split_dist(view: _View, sigma: float, i: int, tuning: MoveTuning) -> _GaussianMixture:
+def _dumb_split_dist(view: _View, sigma: float, i: Tensor, tuning: MoveTuning) -> tuple[Tensor, Tensor, Tensor]:
     """Both means around ``mu_i``, blind to the data."""
-    loc = view.mu[i].expand(2, -1)
-    return _gaussian(loc, torch.full_like(loc, tuning.dumb_scale * sigma))
+    loc = _pick(view.mu, i)[:, None, None].expand(-1, 1, 2, -1)
+    return loc.new_zeros(len(i), 1), loc, torch.full_like(loc, tuning.dumb_scale * sigma)
 
 
-def _birth_dist(layout: MixtureLayout, view: _View, sigma: float, j: int, tuning: MoveTuning) -> _GaussianMixture:
-    """``mu_j`` near clusters of poorly explained points (two mean-shift steps), or from its prior."""
-    x = view.x
+def _birth_dist(layout: MixtureLayout, view: _View, j: Tensor, tuning: MoveTuning) -> tuple[Tensor, Tensor, Tensor]:
+    """``mu_j`` near clusters of poorly explained points (two mean-shift steps), or from its prior.
+
+    Returns ``n + 1`` components over ``mu_j``.
+    """
+    sigma, x = layout.sigma, view.x
     d2 = torch.cdist(x, view.mu).square() / sigma**2
-    explained = torch.logsumexp((-0.5 * d2).masked_fill(~view.on, -math.inf), -1).clamp(min=-1e4)
-    poorly = torch.sigmoid(_POORLY_EXPLAINED - explained)
+    explained = torch.logsumexp((-0.5 * d2).masked_fill(~view.on[:, None, :], -math.inf), -1).clamp(min=-1e4)
+    poorly = torch.sigmoid(_POORLY_EXPLAINED - explained)  # [B, n]
     centres = x
-    for _ in range(2):
-        kernel = torch.exp(-0.5 * torch.cdist(centres, x).square() / (tuning.birth_radius * sigma) ** 2) * poorly
+    for _ in range(2):  # two mean-shift steps (a fixed count, not a loop over data)
+        kernel = torch.exp(-0.5 * torch.cdist(centres, x).square() / (tuning.birth_radius * sigma) ** 2)
+        kernel = kernel * poorly[:, None, :]
         mass = kernel.sum(-1) + 1.0
-        centres = (kernel @ x + centres) / mass[:, None]
+        centres = (kernel @ x + centres) / mass[..., None]
     seeds = torch.log(poorly + _POINT_FLOOR)
-    seeds = seeds - torch.logsumexp(seeds, 0) + math.log1p(-tuning.birth_prior_weight)
-    logits = torch.cat([seeds, torch.tensor([math.log(tuning.birth_prior_weight)], dtype=x.dtype)])
-    locs = torch.cat([centres, layout.prior_loc[j].to(x.dtype)[None]])
-    spread = (tuning.split_scale * sigma / mass.sqrt())[:, None].expand_as(centres)
-    scales = torch.cat([spread, layout.prior_scale[j].to(x.dtype)[None]])
-    return _GaussianMixture(logits, locs, scales)
+    seeds = seeds - torch.logsumexp(seeds, -1, keepdim=True) + math.log1p(-tuning.birth_prior_weight)
+    prior = torch.full((len(j), 1), math.log(tuning.birth_prior_weight), dtype=x.dtype)
+    logits = torch.cat([seeds, prior], -1)
+    locs = torch.cat([centres, layout.prior_loc[j].to(x.dtype)[:, None]], 1)
+    spread = (tuning.split_scale * sigma / mass.sqrt())[..., None].expand_as(centres)
+    scales = torch.cat([spread, layout.prior_scale[j].to(x.dtype)[:, None]], 1)
+    return logits, locs[:, :, None], scales[:, :, None]
+
+
+def _prior_dist(layout: MixtureLayout, view: _View, j: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``mu_j`` from its prior (the death move)."""
+    dtype = view.x.dtype
+    loc = layout.prior_loc[j].to(dtype)[:, None, None]
+    scale = layout.prior_scale[j].to(dtype)[:, None, None]
+    return loc.new_zeros(len(j), 1), loc, scale
 
 
 def _merge_pair_logits(view: _View, movable: Tensor, sigma: float, tuning: MoveTuning) -> Tensor:
-    """``[m, m]`` log-probabilities of the smart merge's ordered pairs (close pairs first)."""
+    """``[B, m, m]`` log-probabilities of the smart merge's ordered pairs (close pairs first)."""
     d2 = torch.cdist(view.mu, view.mu).square() / (tuning.merge_bandwidth * sigma) ** 2
-    ok = (view.on & movable)[:, None] & (view.on & movable)[None, :]
-    ok = ok & ~torch.eye(len(movable), dtype=torch.bool)
+    usable = view.on & movable
+    ok = usable[:, :, None] & usable[:, None, :] & ~torch.eye(len(movable), dtype=torch.bool)
     logits = (-0.5 * d2).masked_fill(~ok, -math.inf)
-    return logits - torch.logsumexp(logits.reshape(-1), 0)
+    return logits - torch.logsumexp(logits.flatten(1), -1)[:, None, None]
 
 
 # ------------------------------------------------------------------------------ moves
-def _uniform(mask: Tensor) -> int:
-    members = mask.nonzero().squeeze(-1)
-    return int(members[torch.randint(len(members), ())])
+def _uniform(mask: Tensor) -> Tensor:
+    """``[B]``: a uniform member of each row of ``mask [B, m]`` (any index where a row is empty)."""
+    return torch.rand(mask.shape, dtype=torch.float64).masked_fill(~mask, -1.0).argmax(-1)
 
 
-def _choose(kind: str, layout: MixtureLayout, view: _View, tuning: MoveTuning) -> tuple[int, int] | None:
-    """Draw the mixtures ``(i, j)`` a move acts on (``i == j`` for births and deaths), or None if it cannot apply."""
+def _choose(kind: str, layout: MixtureLayout, view: _View, tuning: MoveTuning) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw the mixtures ``(i, j)`` a move of type ``kind`` acts on in each chain (``i == j`` for births and deaths).
+
+    Returns ``(i [B], j [B], available [B])``; a move is unavailable where it cannot apply (e.g. a
+    split with no inactive mixture, the death of the last active mixture).
+    """
     on, off = view.on & layout.movable, ~view.on & layout.movable
-    n_on, n_off = int(on.sum()), int(off.sum())
+    n_on = on.sum(-1)
     if kind in ("smart_split", "dumb_split"):
-        return (_uniform(on), _uniform(off)) if n_on and n_off else None
+        return _uniform(on), _uniform(off), (n_on >= 1) & off.any(-1)
     if kind == "dumb_merge":
-        if n_on < 2:
-            return None
         i = _uniform(on)
-        others = on.clone()
-        others[i] = False
-        return i, _uniform(others)
+        return i, _uniform(on & (torch.arange(on.shape[-1]) != i[:, None])), n_on >= 2
     if kind == "smart_merge":
-        if n_on < 2:
-            return None
-        log_probs = _merge_pair_logits(view, layout.movable, layout.sigma, tuning).reshape(-1)
-        flat = int(torch.multinomial(log_probs.exp(), 1))
-        return divmod(flat, len(on))
+        logits = _merge_pair_logits(view, layout.movable, layout.sigma, tuning).flatten(1)
+        gumbel = -torch.empty_like(logits).exponential_().log()
+        pair = torch.nan_to_num(logits + gumbel, nan=-math.inf).argmax(-1)  # a categorical draw (Gumbel-max)
+        return pair // on.shape[-1], pair % on.shape[-1], n_on >= 2
     if kind == "birth":
-        j = _uniform(off) if n_off else None
-    else:  # death: never of the last active mixture
-        j = _uniform(on) if n_on and int(view.on.sum()) >= 2 else None
-    return None if j is None else (j, j)
+        j = _uniform(off)
+        return j, j, off.any(-1)
+    j = _uniform(on)  # death: never of the last active mixture
+    return j, j, (n_on >= 1) & (view.on.sum(-1) >= 2)
 
 
-def _choice_log_prob(
-    kind: str, layout: MixtureLayout, view: _View, i: int, j: int, tuning: MoveTuning
-) -> Tensor | float:
-    """Log-probability that :func:`_choose` draws ``(i, j)`` for ``kind`` from ``view``."""
+def _choice_log_prob(kind: str, layout: MixtureLayout, view: _View, i: Tensor, j: Tensor, tuning: MoveTuning) -> Tensor:
+    """``[B]``: log-probability that :func:`_choose` draws ``(i, j)`` for ``kind`` from ``view``."""
     if kind == "smart_merge":
-        return _merge_pair_logits(view, layout.movable, layout.sigma, tuning)[i, j]
-    n_on = int((view.on & layout.movable).sum())
-    n_off = int((~view.on & layout.movable).sum())
-    if kind in ("smart_split", "dumb_split"):
-        return -math.log(n_on) - math.log(n_off)
+        return _merge_pair_logits(view, layout.movable, layout.sigma, tuning)[torch.arange(len(i)), i, j]
+    n_on = (view.on & layout.movable).sum(-1).to(view.x.dtype)
+    if kind == "death":
+        return -n_on.log()
     if kind == "dumb_merge":
-        return -math.log(n_on) - math.log(n_on - 1)
-    return -math.log(n_off) if kind == "birth" else -math.log(n_on)
+        return -n_on.log() - (n_on - 1).log()
+    n_off = (~view.on & layout.movable).sum(-1).to(view.x.dtype)
+    return -n_off.log() if kind == "birth" else -n_on.log() - n_off.log()
 
 
-def _move_dist(kind: str, layout: MixtureLayout, view: _View, i: int, j: int, tuning: MoveTuning) -> _GaussianMixture:
-    """Distribution of the new means: ``[2, D]`` = ``(mu_i, mu_j)`` for pair moves, ``[D]`` = ``mu_j`` otherwise."""
+def _move_dist(kind: str, layout: MixtureLayout, view: _View, i: Tensor, j: Tensor, tuning: MoveTuning) -> _Mixtures:
+    """Distribution of the new means: ``(mu_i, mu_j)`` for pair moves, ``mu_j`` for births and deaths."""
     sigma = layout.sigma
     if kind == "smart_split":
-        return _split_dist(view, sigma, i, tuning)
-    if kind == "dumb_split":
-        return _dumb_split_dist(view, sigma, i, tuning)
-    if kind in ("dumb_merge", "smart_merge"):
-        return _merge_dist(layout, view, sigma, i, j, tuning)
-    if kind == "birth":
-        return _birth_dist(layout, view, sigma, j, tuning)
-    return _gaussian(layout.prior_loc[j].to(view.x.dtype), layout.prior_scale[j].to(view.x.dtype))
+        parts = _split_dist(view, sigma, i, tuning)
+    elif kind == "dumb_split":
+        parts = _dumb_split_dist(view, sigma, i, tuning)
+    elif kind in ("dumb_merge", "smart_merge"):
+        parts = _merge_dist(layout, view, i, j, tuning)
+    elif kind == "birth":
+        parts = _birth_dist(layout, view, j, tuning)
+    else:
+        parts = _prior_dist(layout, view, j)
+    return _Mixtures(*parts)
 
 
-def _moved_means(kind: str, layout: MixtureLayout, i: int, j: int) -> Tensor:
-    """Variable ids of the means a move redraws, shaped like its :func:`_move_dist` samples."""
-    return layout.means[[i, j]] if kind in _PAIR_MOVES else layout.means[j]
+class MoveBatch(NamedTuple):
+    """One proposed move per chain (the batched functional core's output).
+
+    Attributes:
+        state: ``[B, N]`` the proposed states (the current state where no move was available).
+        mixtures: ``[B, 2]`` the mixtures ``(i, j)`` whose blocks changed (``i == j`` for births and deaths).
+        available: ``[B]`` whether the chain's move could apply.
+        log_q_fwd: ``[B]`` log of the probability (density) of choosing this move and proposing ``state``
+            (``-inf`` where unavailable).
+        log_q_rev: ``[B]`` the same for the reverse move from ``state`` back to the current state.
+    """
+
+    state: Tensor
+    mixtures: Tensor
+    available: Tensor
+    log_q_fwd: Tensor
+    log_q_rev: Tensor
+
+
+def _propose_kind(
+    kind: str, layout: MixtureLayout, state: Tensor, move_log_probs: Tensor, tuning: MoveTuning
+) -> MoveBatch:
+    """:func:`propose_moves` for chains ``state [B, N]`` that all draw a move of type ``kind``."""
+    view = _read(layout, state)
+    i, j, available = _choose(kind, layout, view, tuning)
+    out = MoveBatch(
+        state,
+        torch.stack([i, j], -1),
+        available,
+        torch.full_like(state[:, 0], -math.inf),
+        torch.full_like(state[:, 0], -math.inf),
+    )
+    rows = available.nonzero().squeeze(-1)
+    if rows.numel() == 0:
+        return out
+    if rows.numel() < len(available):  # geometry only for the chains whose move applies
+        inner = _propose_kind_available(
+            kind, layout, state[rows], _rows(view, rows), i[rows], j[rows], move_log_probs, tuning
+        )
+        proposed, log_q_fwd, log_q_rev = state.clone(), out.log_q_fwd.clone(), out.log_q_rev.clone()
+        proposed[rows], log_q_fwd[rows], log_q_rev[rows] = inner
+        return out._replace(state=proposed, log_q_fwd=log_q_fwd, log_q_rev=log_q_rev)
+    proposed, log_q_fwd, log_q_rev = _propose_kind_available(kind, layout, state, view, i, j, move_log_probs, tuning)
+    return out._replace(state=proposed, log_q_fwd=log_q_fwd, log_q_rev=log_q_rev)
+
+
+def _propose_kind_available(
+    kind: str,
+    layout: MixtureLayout,
+    state: Tensor,
+    view: _View,
+    i: Tensor,
+    j: Tensor,
+    move_log_probs: Tensor,
+    tuning: MoveTuning,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Proposed states ``[B, N]``, ``log_q_fwd [B]`` and ``log_q_rev [B]`` of moves ``kind`` of mixtures ``(i, j)``."""
+    forward = _move_dist(kind, layout, view, i, j, tuning)
+    values = forward.sample().to(state.dtype)  # [B, 2 or 1, D]
+    ids = layout.means[torch.stack([i, j], -1) if kind in _PAIR_MOVES else j[:, None]].flatten(1)  # [B, S D]
+    proposed = state.scatter(-1, ids, values.flatten(1))
+    proposed[torch.arange(len(j)), layout.active[j]] = 1.0 if kind in _SWITCH_ON else 0.0
+    reverse = REVERSE_MOVE[kind]
+    new_view = _read(layout, proposed)
+    backward = _move_dist(reverse, layout, new_view, i, j, tuning)
+    log_probs = move_log_probs.tolist()
+    log_q_fwd = log_probs[_KIND[kind]] + _choice_log_prob(kind, layout, view, i, j, tuning) + forward.log_prob(values)
+    old = state.gather(-1, ids).reshape(values.shape)
+    log_q_rev = (
+        log_probs[_KIND[reverse]] + _choice_log_prob(reverse, layout, new_view, i, j, tuning) + backward.log_prob(old)
+    )
+    return proposed, log_q_fwd, log_q_rev
+
+
+def propose_moves(
+    kinds: Tensor, layout: MixtureLayout, state: Tensor, move_log_probs: Tensor, tuning: MoveTuning
+) -> MoveBatch:
+    """Propose one move per chain, of type ``MOVES[kinds[b]]``, and score both directions (batched over chains).
+
+    ``log_q_fwd = log P(kind) + log c_kind(i, j | state) + log q_kind(new means | state)`` and
+    ``log_q_rev`` is the same expression for the reverse move (:data:`REVERSE_MOVE`) from the
+    proposed state back to ``state``, evaluated with the same functions as its forward move.
+    The chains are grouped by move type (at most six groups), and each group is proposed as
+    one batch; no step loops over chains.
+
+    Args:
+        kinds: ``LongTensor [B]`` of indices into :data:`MOVES`.
+        layout: from :func:`mixture_layout`.
+        state: the current states ``[B, N]``.
+        move_log_probs: ``[len(MOVES)]`` log-probability of each move type per attempt.
+        tuning: proposal shape parameters.
+
+    Returns:
+        A :class:`MoveBatch` (chains whose move cannot apply are marked unavailable and keep their state).
+
+    Example:
+        >>> from motifs.gmm_pair import gmm_graph
+        >>> fg = gmm_graph(torch.randn(10, 2), 3, 1.0, 4.0, 0.5)
+        >>> layout, state = mixture_layout(fg), fg.initial_state().repeat(2, 1)
+        >>> state[:, layout.active] = torch.tensor([1.0, 0.0, 0.0])
+        >>> kinds = torch.tensor([MOVES.index("death"), MOVES.index("smart_split")])
+        >>> batch = propose_moves(kinds, layout, state, torch.full((6,), -math.log(6)), MoveTuning())
+        >>> batch.available.tolist(), batch.state[:, layout.active].sum(-1).tolist()
+        ([False, True], [1.0, 2.0])
+    """
+    sizes = torch.bincount(kinds, minlength=len(MOVES)).tolist()
+    if max(sizes) == len(kinds):  # one move type for all chains
+        return _propose_kind(MOVES[sizes.index(len(kinds))], layout, state, move_log_probs, tuning)
+    proposed = state.clone()
+    mixtures = torch.zeros(len(kinds), 2, dtype=torch.long)
+    available = torch.zeros(len(kinds), dtype=torch.bool)
+    log_q_fwd = torch.empty_like(state[:, 0])
+    log_q_rev = torch.empty_like(state[:, 0])
+    for kind, rows in zip(MOVES, torch.argsort(kinds, stable=True).split(sizes)):  # six move types
+        if rows.numel():
+            part = _propose_kind(kind, layout, state[rows], move_log_probs, tuning)
+            proposed[rows], mixtures[rows], available[rows] = part.state, part.mixtures, part.available
+            log_q_fwd[rows], log_q_rev[rows] = part.log_q_fwd, part.log_q_rev
+    return MoveBatch(proposed, mixtures, available, log_q_fwd, log_q_rev)
 
 
 def propose_move(
     kind: str, layout: MixtureLayout, state: Tensor, move_log_probs: Mapping[str, float], tuning: MoveTuning
 ) -> MoveProposal | None:
-    """Propose one move of type ``kind`` and score both directions (a pure function of the RNG and ``state``).
-
-    ``log_q_fwd = log P(kind) + log c_kind(i, j | state) + log q_kind(new means | state)`` and
-    ``log_q_rev`` is the same expression for the reverse move (:data:`REVERSE_MOVE`) from the
-    proposed state back to ``state``, evaluated with the same functions as its forward move.
-
-    Args:
-        kind: one of :data:`MOVES`.
-        layout: from :func:`mixture_layout`.
-        state: the current state ``[N]``.
-        move_log_probs: log-probability of each move type per attempt.
-        tuning: proposal shape parameters.
+    """Propose one move of type ``kind`` from one state ``[N]`` (:func:`propose_moves` for one chain).
 
     Returns:
         A :class:`MoveProposal`, or None when the move cannot apply (e.g. a split with no inactive mixture).
@@ -428,28 +572,60 @@ def propose_move(
         >>> int(move.state[layout.active].sum()), bool(torch.isfinite(move.log_q_rev))
         (2, True)
     """
-    view = _read(layout, state)
-    pick = _choose(kind, layout, view, tuning)
-    if pick is None:
+    logs = torch.tensor([move_log_probs[k] for k in MOVES], dtype=torch.float64)
+    batch = propose_moves(torch.tensor([_KIND[kind]]), layout, state[None], logs, tuning)
+    if not bool(batch.available[0]):
         return None
-    i, j = pick
-    forward = _move_dist(kind, layout, view, i, j, tuning)
-    values = forward.sample().to(state.dtype)
-    ids = _moved_means(kind, layout, i, j)
-    new_state = state.clone()
-    new_state[ids] = values
-    new_state[layout.active[j]] = 1.0 if kind in _SWITCH_ON else 0.0
-    reverse = REVERSE_MOVE[kind]
-    new_view = _read(layout, new_state)
-    backward = _move_dist(reverse, layout, new_view, i, j, tuning)
-    log_q_fwd = move_log_probs[kind] + _choice_log_prob(kind, layout, view, i, j, tuning) + forward.log_prob(values)
-    log_q_rev = (
-        move_log_probs[reverse]
-        + _choice_log_prob(reverse, layout, new_view, i, j, tuning)
-        + backward.log_prob(state[ids])
-    )
+    i, j = batch.mixtures[0].tolist()
     mixtures = (i, j) if kind in _PAIR_MOVES else (j,)
-    return MoveProposal(new_state, mixtures, log_q_fwd, log_q_rev)
+    return MoveProposal(batch.state[0], mixtures, batch.log_q_fwd[0], batch.log_q_rev[0])
+
+
+class _Scaffolds(NamedTuple):
+    """The factors touching some movable mixture's block ``(mu_k, v_k)``, and which mixtures they touch.
+
+    Attributes:
+        factors: per factor group, ``LongTensor [F_g]`` of its factor rows (the columns below, group by group).
+        touch: ``BoolTensor [m, F]``: whether factor ``f`` (all groups' factors concatenated) is in the
+            scaffold of mixture ``k``.
+    """
+
+    factors: list[Tensor]
+    touch: Tensor
+
+
+def _mixture_scaffolds(fg: FactorGraph, layout: MixtureLayout) -> _Scaffolds:
+    """The scaffold of every mixture's block, as one incidence over the graph's factors (built once, at setup)."""
+    blocks = torch.cat([layout.means, layout.active[:, None]], 1)  # [m, D + 1]
+    scaffold = fg.scaffold(blocks)
+    factors, touch = [], []
+    for index, segment in zip(scaffold.group_index, scaffold.group_segment):
+        rows, position = torch.unique(index, return_inverse=True)
+        incidence = torch.zeros(len(blocks), len(rows), dtype=torch.bool)
+        incidence[segment, position] = True
+        factors.append(rows)
+        touch.append(incidence)
+    return _Scaffolds(factors, torch.cat(touch, 1))
+
+
+def _scaffold_values(fg: FactorGraph, scaffolds: _Scaffolds, state: Tensor) -> Tensor:
+    """``[B, F]``: the log values of the factors of :class:`_Scaffolds` at ``state [B, N]`` (in float64)."""
+    parts = [
+        group.log_factors(state, factors).double()
+        for group, factors in zip(fg.groups, scaffolds.factors)
+        if factors.numel()
+    ]
+    return torch.cat(parts, -1)
+
+
+def _energy_change(scaffolds: _Scaffolds, current: Tensor, proposed: Tensor, mixtures: Tensor) -> Tensor:
+    """``[B]``: ``log p(proposed) - log p(current)`` of each chain, summed over its move's scaffold.
+
+    A chain's scaffold is the union of the scaffolds of its mixtures ``(i, j)`` (``mixtures [B, 2]``);
+    ``current`` and ``proposed`` are :func:`_scaffold_values` of both states.
+    """
+    mask = scaffolds.touch[mixtures[:, 0]] | scaffolds.touch[mixtures[:, 1]]
+    return torch.where(mask, proposed - current, 0.0).sum(-1)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -463,6 +639,12 @@ class SplitMergeGMM(GraphKernel):
     is drawn with probabilities ``move_weights``. The target is the graph's own: each
     move's ratio evaluates the scaffold of the changed mixtures' block.
 
+    With ``chains=K`` the K chains share one state ``[K, N]``: each move attempt is one batched
+    step in which every chain draws its own move type, mixtures and means (a chain whose move
+    cannot apply rejects it), and the single-site sweep is batched over the chains too. Each
+    chain's transition is the one-chain transition; the chains share the per-transition draw
+    between a single-site sweep and a split-merge sweep (as ``NeuralBlockKernel``'s do).
+
     Args:
         model: a :class:`FactorGraph` with one :class:`~neuralblock.graph.GaussianMixtureGroup`
             whose means have ``N(c, tau^2)`` priors (e.g. ``motifs.gmm_pair.gmm_graph``); a Pyro
@@ -475,11 +657,15 @@ class SplitMergeGMM(GraphKernel):
             its reverse must both be positive or both zero.
         step_size: initial random-walk step for the single-site sweep.
         tuning: proposal shape parameters.
+        chains: independent chains run together in one ``[chains, N]`` state (``get_samples()["x"]``
+            is then ``[S, chains, N]``; with 1, ``[S, N]``).
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
         ValueError: bad arguments, or a graph that is not an open-universe GMM.
     """
+
+    batched_state = True
 
     def __init__(
         self,
@@ -489,13 +675,14 @@ class SplitMergeGMM(GraphKernel):
         move_weights: Mapping[str, float] | None = None,
         step_size: float = 0.5,
         tuning: MoveTuning | None = None,
+        chains: int = 1,
     ) -> None:
         if not isinstance(model, FactorGraph):
             raise TypeError(
                 f"SplitMergeGMM needs a FactorGraph with a GaussianMixtureGroup (e.g. motifs.gmm_pair.gmm_graph), "
                 f"got {type(model).__name__}"
             )
-        super().__init__(model)
+        super().__init__(model, chains=chains)
         if not 0.0 <= gibbs_prob <= 1.0:
             raise ValueError(f"gibbs_prob must be in [0, 1], got {gibbs_prob}")
         if moves_per_sweep is not None and (int(moves_per_sweep) != moves_per_sweep or moves_per_sweep < 1):
@@ -521,9 +708,13 @@ class SplitMergeGMM(GraphKernel):
         self.step_size = float(step_size)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
         total = sum(weights.values())
-        self._kinds = [k for k in MOVES if weights[k] > 0]
-        self._kind_cdf = list(itertools.accumulate(weights[k] / total for k in self._kinds))
+        kinds = [k for k in MOVES if weights[k] > 0]
+        self._kind_codes = torch.tensor([_KIND[k] for k in kinds])
+        self._kind_cdf = torch.tensor(
+            list(itertools.accumulate(weights[k] / total for k in kinds)), dtype=torch.float64
+        )
         self.move_log_probs = {k: math.log(w / total) if w > 0 else -math.inf for k, w in weights.items()}
+        self._move_log_probs = torch.tensor([self.move_log_probs[k] for k in MOVES], dtype=torch.float64)
         self._checked_layout(model)  # fail early on a graph that is not an open-universe GMM
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
@@ -534,7 +725,7 @@ class SplitMergeGMM(GraphKernel):
             ValueError: the starting state has log density ``-inf`` (e.g. no active mixture for the points).
         """
         super().setup(warmup_steps, *args, **kwargs)
-        if self._state is not None and not bool(torch.isfinite(self._graph().log_joint(self._state))):
+        if self._state is not None and not bool(torch.isfinite(self._graph().log_joint(self._state)).all()):
             raise ValueError(
                 "SplitMergeGMM: the starting state has zero density (e.g. no active mixture for the points); "
                 "start from a state with a finite log density, such as neuralblock.kernels.base.sequential_init(fg)"
@@ -552,46 +743,40 @@ class SplitMergeGMM(GraphKernel):
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
         self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM")
-        self._scaffolds: dict[tuple[int, ...], BlockScaffold] = {}
+        self._scaffolds = _mixture_scaffolds(fg, self.layout)
 
     def _refresh(self, fg: FactorGraph) -> None:
-        """Re-read the mixture parameters (sigma, tau, p, c); moves' scaffolds and step sizes are kept."""
+        """Re-read the mixture parameters (sigma, tau, p, c); scaffolds and step sizes are kept."""
         self.layout = self._checked_layout(fg)
-
-    def _scaffold(self, mixtures: tuple[int, ...]) -> BlockScaffold:
-        """The scaffold of the block ``(mu_i, v_i[, mu_j, v_j])`` (built on first use, then cached)."""
-        key = tuple(sorted(mixtures))
-        if key not in self._scaffolds:
-            layout = self.layout
-            block = torch.cat([torch.cat([layout.means[k], layout.active[k : k + 1]]) for k in key])
-            self._scaffolds[key] = self._graph().scaffold(block[None])
-        return self._scaffolds[key]
+        self.single_site.refresh(fg)
 
     def _reset_stats(self) -> None:
-        self._proposed = dict.fromkeys(MOVES, 0)
-        self._accepted = dict.fromkeys(MOVES, 0)
-        self._unavailable = dict.fromkeys(MOVES, 0)
+        self._counts = torch.zeros(3, len(MOVES), dtype=torch.long)  # proposed, accepted, unavailable
         self._recent = dict.fromkeys(MOVES, 0.0)
-        self._nonfinite = 0
+        self._nonfinite = torch.zeros((), dtype=torch.long)
         self._move_seconds = 0.0
-        self._attempts = 0
+        self._attempts = 0  # post-warmup batched attempts (each one per chain)
         self._single_sweeps = 0
 
-    def _move(self, state: Tensor, counts: dict[str, list[int]]) -> tuple[Tensor, int]:
-        """One move attempt; returns the new state and the number of non-finite ratios."""
-        kind = self._kinds[min(bisect.bisect(self._kind_cdf, float(torch.rand(()))), len(self._kinds) - 1)]
-        move = propose_move(kind, self.layout, state, self.move_log_probs, self.tuning)
-        if move is None:
-            counts[kind][2] += 1
-            return state, 0
-        local = self._scaffold(move.mixtures).local_log_density(self._graph(), torch.stack([state, move.state]))
-        info = mh_accept((local[1, 0] - local[0, 0] + move.log_q_rev - move.log_q_fwd).reshape(1))
-        counts[kind][0] += 1
-        nonfinite = int(info.num_nonfinite)  # an int already (mh_accept)
-        if bool(info.accepted[0]):
-            counts[kind][1] += 1
-            return move.state, nonfinite
-        return state, nonfinite
+    def _move(self, state: Tensor, values: Tensor, counts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One batched move attempt in every chain (``values``: the state's :func:`_scaffold_values`).
+
+        Adds to ``counts [3, moves]``; returns the new states, their scaffold values and the non-finite ratios.
+        """
+        draws = torch.searchsorted(self._kind_cdf, torch.rand(state.shape[0], dtype=torch.float64), right=True)
+        kinds = self._kind_codes[draws.clamp(max=len(self._kind_codes) - 1)]
+        move = propose_moves(kinds, self.layout, state, self._move_log_probs, self.tuning)
+        proposed = _scaffold_values(self._graph(), self._scaffolds, move.state)
+        delta = _energy_change(self._scaffolds, values, proposed, move.mixtures)
+        log_alpha = torch.where(move.available, delta + (move.log_q_rev - move.log_q_fwd).double(), -math.inf)
+        info = mh_decide(log_alpha, torch.rand_like(log_alpha).log())
+        accepted = info.accepted & move.available
+        counts[0].index_add_(0, kinds, move.available.long())
+        counts[1].index_add_(0, kinds, accepted.long())
+        counts[2].index_add_(0, kinds, (~move.available).long())
+        keep = accepted[:, None]
+        values = torch.where(keep, proposed, values)
+        return torch.where(keep, move.state, state), values, torch.as_tensor(info.num_nonfinite)
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
@@ -601,40 +786,42 @@ class SplitMergeGMM(GraphKernel):
                 self._single_sweeps += 1
             return state
         start = time.perf_counter()
-        counts = {k: [0, 0, 0] for k in MOVES}  # proposed, accepted, unavailable
-        nonfinite = 0
+        counts = torch.zeros(3, len(MOVES), dtype=torch.long)
+        nonfinite = torch.zeros((), dtype=torch.long)
         with torch.no_grad():
-            for _ in range(self.moves_per_sweep):
-                state, bad = self._move(state, counts)
-                nonfinite += bad
-        for k, (proposed, accepted, unavailable) in counts.items():
+            values = _scaffold_values(fg, self._scaffolds, state)  # kept up to date as moves are accepted
+            for _ in range(self.moves_per_sweep):  # sequential attempts, each batched over the chains
+                state, values, bad = self._move(state, values, counts)
+                nonfinite = nonfinite + bad
+        for k, proposed, accepted in zip(MOVES, counts[0].tolist(), counts[1].tolist()):
             if proposed:
                 self._recent[k] = accepted / proposed
-            if not warmup:
-                self._proposed[k] += proposed
-                self._accepted[k] += accepted
-                self._unavailable[k] += unavailable
         if not warmup:
-            self._nonfinite += nonfinite
+            self._counts += counts
+            self._nonfinite = self._nonfinite + nonfinite
             self._attempts += self.moves_per_sweep
             self._move_seconds += time.perf_counter() - start
         return state
 
     def logging(self) -> dict[str, float]:
-        """Latest acceptance per move type (from the last split-merge sweep) and the number of active mixtures."""
+        """Latest acceptance per move type (last split-merge sweep) and the number of active mixtures (chain mean)."""
         out = {f"acc_{k}": round(a, 3) for k, a in self._recent.items()}
         if self._state is not None and hasattr(self, "layout"):
-            out["M"] = float(self._state[self.layout.active].sum())
+            out["M"] = float(self._state[..., self.layout.active].sum(-1).mean())
         return out
 
-    def diagnostics(self) -> dict:
-        """Post-warmup acceptance, proposals and unavailable attempts per move type, moves per second."""
+    def diagnostics(self) -> KernelDiagnostics:
+        """Post-warmup acceptance (per move type and overall), proposals, unavailable attempts, rates."""
+        proposed, accepted, unavailable = (row.tolist() for row in self._counts)
         return {
             "divergences": [],  # read by arviz.from_pyro (no divergent draws: no trajectories)
-            "acceptance": {k: self._accepted[k] / self._proposed[k] if self._proposed[k] else 0.0 for k in MOVES},
-            "proposed": {k: float(self._proposed[k]) for k in MOVES},
-            "unavailable": {k: float(self._unavailable[k]) for k in MOVES},
-            "moves_per_second": self._attempts / self._move_seconds if self._move_seconds > 0 else 0.0,
+            "acceptance_by_move": {k: a / p if p else 0.0 for k, a, p in zip(MOVES, accepted, proposed)},
+            "acceptance_rate": sum(accepted) / sum(proposed) if sum(proposed) else 0.0,
+            "proposed": {k: float(p) for k, p in zip(MOVES, proposed)},
+            "unavailable": {k: float(u) for k, u in zip(MOVES, unavailable)},
+            "chains": float(self.chains),
+            "updates_per_second": per_second(self._attempts * self.chains, self._move_seconds),
+            "transitions_per_second": self._transitions_per_second(),
             "nonfinite_rejections": float(self._nonfinite),
             "single_site_sweeps": float(self._single_sweeps),
         }

@@ -1,0 +1,243 @@
+"""Chain-batched open-universe GMM samplers: the cost per chain-transition at K = 1 and K = 16.
+
+Measures, side by side in one run (one torch thread, CPU time per transition through the public
+``kernel.sample`` API, rounds interleaved, medians reported), on a GMM of the GMM study's largest
+size (``m = 16`` candidate mixtures, ``n = 240`` points, drawn by
+:func:`experiments.gmm_models.held_out_gmm`):
+
+* ``split_merge``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM` sweeps of split, merge,
+  birth and death moves alone (``gibbs_prob=0``; ``m (m - 1) / 2 = 120`` move attempts per transition,
+  each attempt one batched step of all chains);
+* ``nb``: :class:`~neuralblock.NeuralBlockKernel` sweeps of the shipped ``gmm_pair`` proposal alone
+  (``gibbs_prob=0``; one block proposal per mixture pair);
+* ``single``: the single-site sweep both kernels mix in (``gibbs_prob=1``, timed on ``SplitMergeGMM``);
+* ``baseline``: ``SplitMergeGMM`` at ``K = 1`` on the commit before chain batching (``--baseline``,
+  checked out into a temporary ``git worktree`` and timed in a subprocess);
+
+each at ``K = 1`` and ``K = --chains`` vectorized chains (cost per chain-transition), with each
+arm's acceptance rate and its updates per second (move attempts or block proposals of all chains).
+
+Run it from the repository root::
+
+    python benchmarks/gmm_chains.py            # full run (a few minutes)
+    python benchmarks/gmm_chains.py --quick    # smoke test: m = 8, n = 60, K = 4, short rounds, no baseline
+
+It writes ``gmm_chains.json`` and ``gmm_chains.md`` into ``--out`` (default ``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fused_blocks import sweep_seconds  # noqa: E402  (the timing loop of the grid benchmark)
+
+from experiments.gmm_models import held_out_gmm  # noqa: E402
+from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
+from neuralblock.graph import FactorGraph  # noqa: E402
+from neuralblock.kernels.split_merge import SplitMergeGMM  # noqa: E402
+
+__all__ = ["build", "main"]
+
+BASELINE = "24bd511"  # the last commit before SplitMergeGMM(chains=K)
+SEED = 56_240  # held_out_gmm's seed of the GMM study's m = 16, n = 240 model (40_000 + 1000 m + n)
+
+_BASELINE_SNIPPET = """
+import sys, torch, warnings
+warnings.simplefilter("ignore")
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1])
+from fused_blocks import sweep_seconds
+from experiments.gmm_models import held_out_gmm
+from neuralblock.kernels.split_merge import SplitMergeGMM
+fg, truth, _ = held_out_gmm(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+torch.manual_seed(0)
+kernel = SplitMergeGMM(fg, gibbs_prob=0.0)
+kernel.initial_params = {"x": truth}
+kernel.setup(0)
+print(sweep_seconds(kernel, float(sys.argv[5])))
+"""
+
+
+def build(fg: FactorGraph, start: torch.Tensor, arm: str, chains: int) -> tuple[Any, float]:
+    """A set-up kernel for an arm (``split_merge``, ``nb``, ``single``) started at ``start`` and its setup seconds.
+
+    Example:
+        >>> fg, truth, _ = held_out_gmm(4, 10, 0)
+        >>> kernel, seconds = build(fg, truth, "split_merge", 2)
+        >>> kernel.chains, seconds > 0
+        (2, True)
+    """
+    begin = time.perf_counter()
+    kernel: Any
+    if arm == "nb":
+        kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair")], gibbs_prob=0.0, chains=chains)
+    else:
+        kernel = SplitMergeGMM(fg, gibbs_prob=0.0 if arm == "split_merge" else 1.0, chains=chains)
+    kernel.initial_params = {"x": start if chains == 1 else start.expand(chains, -1).clone()}
+    kernel.setup(0)
+    return kernel, time.perf_counter() - begin
+
+
+def _baseline_seconds(worktree: Path, args: argparse.Namespace) -> float:
+    """CPU seconds per transition of ``SplitMergeGMM`` (one chain) on the baseline commit."""
+    here = str(Path(__file__).resolve().parent)
+    command = [sys.executable, "-c", _BASELINE_SNIPPET, here, str(args.mixtures), str(args.points), str(args.seed)]
+    out = subprocess.run(
+        [*command, str(args.budget)],
+        cwd=worktree,
+        env={**os.environ, "PYTHONPATH": str(worktree)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _acceptance(kernel: Any) -> float | None:
+    """The arm's overall acceptance rate (``None`` for the single-site arm)."""
+    report = kernel.diagnostics()
+    if isinstance(kernel, SplitMergeGMM):
+        return report["acceptance_rate"] if kernel.gibbs_prob == 0.0 else None
+    return report["acceptance_by_proposal"]["gmm_pair"]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every arm at ``K = 1`` and ``K = chains``: medians over interleaved rounds, and paired ratios."""
+    fg, truth, reference = held_out_gmm(args.mixtures, args.points, args.seed)
+    torch.manual_seed(0)
+    arms = {
+        f"{arm}_K{chains}": build(fg, truth, arm, chains)
+        for arm in ("split_merge", "nb", "single")
+        for chains in (1, args.chains)
+    }
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    worktree = None
+    if args.baseline:
+        worktree = Path(tempfile.mkdtemp(prefix="sm-baseline-"))
+        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=ROOT, check=True)
+        times["baseline_split_merge_K1"] = []
+    try:
+        for _ in range(args.rounds):
+            for name, (kernel, _) in arms.items():
+                times[name].append(sweep_seconds(kernel, args.budget) / kernel.chains)
+            if worktree is not None:
+                times["baseline_split_merge_K1"].append(_baseline_seconds(worktree, args))
+    finally:
+        if worktree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
+    median = {name: 1e3 * statistics.median(values) for name, values in times.items()}
+
+    def paired(a: str, b: str) -> float:
+        """Median over rounds of ``a / b`` (both timed in the same round, so machine load mostly cancels)."""
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    k = args.chains
+    ratios = {
+        f"split_merge K={k} / K=1 per chain-transition": paired(f"split_merge_K{k}", "split_merge_K1"),
+        f"nb K={k} / K=1 per chain-transition": paired(f"nb_K{k}", "nb_K1"),
+        f"single-site K={k} / K=1 per chain-transition": paired(f"single_K{k}", "single_K1"),
+        "split_merge / nb per chain-transition, K=1": paired("split_merge_K1", "nb_K1"),
+        f"split_merge / nb per chain-transition, K={k}": paired(f"split_merge_K{k}", f"nb_K{k}"),
+    }
+    if worktree is not None:
+        ratios["split_merge K=1 / baseline K=1"] = paired("split_merge_K1", "baseline_split_merge_K1")
+    return {
+        "mixtures": args.mixtures,
+        "points": args.points,
+        "true_active": reference["true_active"],
+        "moves_per_sweep": arms["split_merge_K1"][0].moves_per_sweep,
+        "pairs": arms["nb_K1"][0].num_instances[0],
+        "per_chain_transition_ms": median,
+        "rounds_ms": {name: [1e3 * v for v in values] for name, values in times.items()},
+        "setup_seconds": {name: seconds for name, (_, seconds) in arms.items()},
+        "acceptance": {name: _acceptance(kernel) for name, (kernel, _) in arms.items()},
+        "updates_per_second": {
+            name: kernel.diagnostics()["updates_per_second"]
+            for name, (kernel, _) in arms.items()
+            if "single" not in name
+        },
+        "ratios": ratios,
+    }
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# Chain-batched open-universe GMM samplers: cost per chain-transition",
+        "",
+        f"GMM of the GMM study's largest size: m = {result['mixtures']} candidate mixtures, n = {result['points']} "
+        f"points in 2-D (true M = {result['true_active']:g}), every chain started at the true state. CPU, 1 thread, "
+        f"load average {', '.join(f'{x:.2f}' for x in result['load_average'])}. Medians over {result['rounds']} "
+        f"interleaved rounds of about {result['budget']} s CPU time each (at least two transitions). "
+        f"`split_merge`: `SplitMergeGMM(gibbs_prob=0)`, {result['moves_per_sweep']} move attempts per transition "
+        "(each one batched step of all chains); `nb`: `NeuralBlockKernel` with the shipped `gmm_pair` proposal "
+        f"(`gibbs_prob=0`, {result['pairs']} mixture pairs per transition); `single`: the single-site sweep both "
+        "mix in (`gibbs_prob=1`); `baseline`: `SplitMergeGMM` (one chain) on the commit before chain batching. "
+        "`updates/s`: the kernel's own `updates_per_second` (move attempts or block proposals of all chains per "
+        "second of its wall-clock move time, so it also reflects the machine's load).",
+        "",
+        "| arm | ms per chain-transition | acceptance | updates/s | setup s |",
+        "|---|---|---|---|---|",
+    ]
+    for name, value in result["per_chain_transition_ms"].items():
+        acc = result["acceptance"].get(name)
+        rate = result["updates_per_second"].get(name)
+        setup = result["setup_seconds"].get(name)
+        lines.append(
+            f"| {name} | {value:.2f} | {'' if acc is None else f'{acc:.3f}'} | "
+            f"{'' if rate is None else f'{rate:.0f}'} | {'' if setup is None else f'{setup:.2f}'} |"
+        )
+    lines += [
+        "",
+        "Ratios are medians over rounds of the ratio within a round (arms of one round ran back to back).",
+        "",
+        "| ratio | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {value:.3f} |" for name, value in result["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse the options, run the comparison, write the JSON and markdown results and print the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--mixtures", type=int, default=16)
+    parser.add_argument("--points", type=int, default=240)
+    parser.add_argument("--seed", type=int, default=SEED, help="held_out_gmm's seed")
+    parser.add_argument("--chains", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=2.0, help="CPU seconds per arm and round")
+    parser.add_argument("--baseline", default=BASELINE, help="commit to time the one-chain kernel on ('' to skip)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: m = 8, n = 60, K = 4, short rounds")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.quick:
+        args.mixtures, args.points, args.chains, args.rounds, args.budget, args.baseline = 8, 60, 4, 1, 0.05, ""
+    result = run(args)
+    result.update(rounds=args.rounds, budget=args.budget, quick=args.quick, load_average=list(os.getloadavg()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gmm_chains.json").write_text(json.dumps(result, indent=1))
+    (out / "gmm_chains.md").write_text(_markdown(result))
+    print(_markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
