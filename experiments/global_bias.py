@@ -32,6 +32,11 @@ MCSEs from the chain's ESS (``1/√ESS`` sds for the mean, ``1/√(2 ESS)`` for 
 passes the issue's target when ``|mean error| <= 0.2`` and ``|sd ratio - 1| <= 0.15``, or when the kernel
 warned in that run.
 
+Timing, on wall time (``"wall"``, ``time.perf_counter``): every chain is a
+:func:`neuralblock.diagnostics.runs.timed_run` (a row's ``timing`` has its setup, warmup and sampling
+apart; ``seconds`` is their sum), the references and a coreset's projection and construction are timed with
+:func:`~neuralblock.diagnostics.runs.timed_call` (a coreset row's ``seconds`` adds them to its chain's).
+
 Usage::
 
     python -m experiments.global_bias --quick   # CI scale, about a minute
@@ -42,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,15 +56,16 @@ from typing import Any
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.infer import MCMC, NUTS
+from pyro.infer import NUTS
 from pyro.ops.stats import effective_sample_size
 from torch import Tensor
 
-from experiments.common import open_study
+from experiments.common import add_run_options, open_study, study_parser
 from neuralblock.coresets import HilbertCoreset, Projector, laplace_samples
 from neuralblock.coresets.pyro_model import _newton_mode
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
+from neuralblock.diagnostics.runs import timed_call, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.priorswap import PriorSwap
@@ -176,9 +181,9 @@ class FlatPosterior:
         out = [self.transforms[s].inv(v).reshape(z.shape[0], -1) for s, v in self.split(z).items()]
         return torch.cat(out, -1)
 
-    def flatten(self, samples: dict[str, Tensor]) -> Tensor:
-        """Constrained site draws ``{site: [S, *shape]}`` -> ``[S, D]``."""
-        return torch.cat([samples[s].reshape(samples[s].shape[0], -1) for s in self.shapes], -1)
+    def flat(self, params: dict[str, Tensor]) -> Tensor:
+        """One state's unconstrained sites ``{site: shape}`` -> ``[D]`` (a run's ``keep``)."""
+        return torch.cat([params[s].reshape(-1) for s in self.shapes])
 
     def log_parts(self, z: Tensor, chunk: int = 256) -> tuple[Tensor, Tensor, Tensor]:
         """Log prior, total log-likelihood and log-Jacobian at ``z [P, D]`` (each ``[P]``)."""
@@ -239,26 +244,29 @@ def reference(post: FlatPosterior, draws: int, gen: torch.Generator, swap: float
 # -- kernels ----------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """One kernel run: constrained flat draws, its warnings and diagnostics."""
+    """One kernel run: constrained flat draws, its warnings, diagnostics and timing."""
 
     draws: Tensor
     seconds: float
     warnings: list[str]
     diagnostics: dict[str, Any]
+    timing: dict[str, Any]
 
 
-def run_mcmc(kernel: Any, post: FlatPosterior, case: Case, samples: int, warmup: int) -> Run:
-    """``pyro.infer.MCMC`` on ``kernel``; the draws of the case's sites, flattened (constrained)."""
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
+def timed_chain(
+    post: FlatPosterior, kernel: Any, samples: int, warmup: int, seconds: float = 0.0, **options: Any
+) -> Run:
+    """:func:`~neuralblock.diagnostics.runs.timed_run` of ``kernel`` (validation off, warnings kept) as a :class:`Run`.
+
+    ``seconds`` (time spent before the chain, e.g. building a coreset) is added to the run's total; ``options``
+    go to the harness (``model_args``, ``initial_params``).
+    """
+    with warnings.catch_warnings(record=True) as caught, pyro.validation_enabled(False):  # as pyro.infer.MCMC
         warnings.simplefilter("always")
-        mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, disable_progbar=True)
-        mcmc.run(*case.args)
-        draws = mcmc.get_samples()
-    seconds = time.perf_counter() - start
-    diagnostics = kernel.diagnostics() if hasattr(kernel, "diagnostics") else {}
-    flat = post.flatten({s: draws[s] for s in post.shapes}) if set(post.shapes) <= set(draws) else None
-    return Run(flat.double(), seconds, _kernel_warnings(caught), _plain(diagnostics))
+        run = timed_run(kernel, samples=samples, warmup=warmup, keep=post.flat, **options)
+    assert run.draws is not None
+    draws = post.constrain(run.draws).double()
+    return Run(draws, seconds + run.total_s, _kernel_warnings(caught), _plain(run.diagnostics), run.summary())
 
 
 def _kernel_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
@@ -296,6 +304,7 @@ def scores(run: Run, ref: dict[str, Any]) -> dict[str, Any]:
         "warned": bool(run.warnings),
         "warnings": run.warnings,
         "diagnostics": run.diagnostics,
+        "timing": run.timing,
     }
 
 
@@ -337,30 +346,22 @@ def coreset_runs(
 ) -> list[dict[str, Any]]:
     """NUTS on FW Hilbert coresets of growing ``M`` (weighted potential through the direct path)."""
     rows = []
-    start = time.perf_counter()
-    pi_hat = laplace_samples(case.model, args.projection_draws, model_args=case.args)
-    proj = Projector.from_model(case.model, pi_hat, norm="fisher", model_args=case.args, generator=gen)
+
+    def projection() -> Projector:
+        pi_hat = laplace_samples(case.model, args.projection_draws, model_args=case.args)
+        return Projector.from_model(case.model, pi_hat, norm="fisher", model_args=case.args, generator=gen)
+
+    proj, setup = timed_call(projection)
     hilbert = HilbertCoreset(proj, method="fw")
-    setup = time.perf_counter() - start
+    site = next(iter(post.shapes))  # the logistic cases: one site
+    init = {site: ref["mode_flat"].float()}
     for k, size in enumerate(args.coreset_sizes):
-        t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as built:  # the coreset's own bias warning (HilbertCoreset.build)
             warnings.simplefilter("always")
-            core = hilbert.build(size)
-        build = time.perf_counter() - t0
-        potential = post.ll.weighted_potential_fn(core.indices, core.weights, post.transforms)
-        init = {s: v[0] for s, v in post.split(ref["mode_flat"][None].float()).items()}
-        kernel = NUTS(potential_fn=potential)
-        t0 = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mcmc = MCMC(
-                kernel, num_samples=args.samples, warmup_steps=args.warmup, initial_params=init, disable_progbar=True
-            )
-            mcmc.run()
-        z = torch.cat([v.reshape(args.samples, -1) for v in (mcmc.get_samples()[s] for s in post.shapes)], -1)
-        seconds = setup + build + time.perf_counter() - t0
-        run = Run(post.constrain(z).double(), seconds, _kernel_warnings([*built, *caught]), {})
+            core, build = timed_call(hilbert.build, size)
+        kernel = NUTS(potential_fn=post.ll.weighted_potential_fn(core.indices, core.weights, post.transforms))
+        run = timed_chain(post, kernel, args.samples, args.warmup, setup + build, initial_params=init)
+        run.warnings = sorted({*_kernel_warnings(built), *run.warnings})
         row = scores(run, ref)
         row.update(method="coreset NUTS (FW)", knob=f"M={len(core.indices)}", kind="default" if k == 1 else "knob")
         row["diagnostics"] = {
@@ -384,18 +385,7 @@ def priorswap_runs(
     for k, num in enumerate(args.swap_draws):
         false_draws = {site: ref["resampled"][:num].float()}
         kernel = PriorSwap(false_draws, false_prior, target_prior, site=site)
-        start = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mcmc = MCMC(kernel, num_samples=args.samples, warmup_steps=args.warmup, disable_progbar=True)
-            mcmc.run()
-            diagnostics = kernel.diagnostics()
-        run = Run(
-            mcmc.get_samples()[site].double(),
-            time.perf_counter() - start,
-            _kernel_warnings(caught),
-            _plain(diagnostics),
-        )
+        run = timed_chain(post, kernel, args.samples, args.warmup)
         row = scores(run, swapped)
         row.update(method="PriorSwap (NUTS, gaussian)", knob=f"T={num}", kind="default" if k == 1 else "knob")
         rows.append(row)
@@ -404,12 +394,9 @@ def priorswap_runs(
 
 # -- the study ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI scale: small data, short chains")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="experiments/results/global_bias")
+    parser = study_parser(__doc__)
     parser.add_argument("--cases", nargs="+", choices=list(GENERATORS), default=list(GENERATORS), help="generators run")
+    add_run_options(parser, "experiments/results/global_bias", "CI scale: small data, short chains")
     args = parser.parse_args(argv)
     quick = args.quick
     args.num_data = 2000 if quick else 20_000
@@ -446,8 +433,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def run_case(case: Case, args: argparse.Namespace, gen: torch.Generator) -> dict[str, Any]:
     """The reference and every kernel on one generator."""
     post = FlatPosterior(case)
-    t0 = time.perf_counter()
-    ref = reference(post, args.ref_draws, gen)
+    ref, ref_seconds = timed_call(reference, post, args.ref_draws, gen)
     ref["mode_flat"] = laplace(post)[0]
     out: dict[str, Any] = {
         "case": case.name,
@@ -455,17 +441,17 @@ def run_case(case: Case, args: argparse.Namespace, gen: torch.Generator) -> dict
         "D": post.dim,
         "reference_ess": ref["ess"],
         "reference_mean_mcse_sd": ref["mean_mcse_sd"],
-        "reference_seconds": time.perf_counter() - t0,
+        "reference_seconds": ref_seconds,
         "reference_mean": ref["mean"].tolist(),
         "reference_sd": ref["sd"].tolist(),
         "rows": [],
     }
     for method, knob, kind, make in arms(case, args):
-        kernel = make()
         lwa = method == "LWAKernel"
         samples = args.lwa_samples if lwa else args.mh_samples
         warmup = args.lwa_samples // 2 if lwa else args.mh_warmup
-        row = scores(run_mcmc(kernel, post, case, samples, warmup), ref)
+        run = timed_chain(post, make(), samples, warmup, model_args=case.args)
+        row = scores(run, ref)
         row.update(method=method, knob=knob, kind=kind)
         out["rows"].append(row)
     if "coreset" in case.kernels:
