@@ -44,10 +44,13 @@ Sub-studies (``--only`` picks some), all measured side by side within one run:
   (1 - exp(-|μ_k - μ_l|² / 2))``. Reports the minimum inter-mean distance and the repulsion
   log-term under the false and swapped posteriors.
 
-Timing: every chain runs through the run harness (:func:`neuralblock.diagnostics.runs.timed_run`)
-on wall time (``time.perf_counter``); a chain's times count from before its kernel's setup, so they
-include setup and warmup. ``time_to_0.05`` is the time from which the running error stays at or
-below 0.05 for good (``first_time(..., for_good=True)``), not its first dip below.
+Timing, on wall time (``"wall"``, ``time.perf_counter``): every chain runs through the run harness
+(:func:`neuralblock.diagnostics.runs.timed_run`), and its times count from before its kernel's setup
+(``TimedRun.total_times``: setup and warmup included); one-off work (a prior-swap kernel's fit, importance
+weights, a reference, a collapsed Gibbs run, each sub-study) is timed with
+:func:`~neuralblock.diagnostics.runs.timed_call`, and a fit's time is added to its chain's times.
+``time_to_0.05`` is the time from which the running error stays at or below 0.05 for good
+(``first_time(..., for_good=True)``), not its first dip below.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``priorswap_study.json``,
 ``priorswap_study.md`` and PNG plots.
@@ -63,10 +66,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +77,16 @@ import matplotlib
 import numpy as np
 import pyro
 import torch
-from pyro.infer.mcmc import NUTS
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions import HalfCauchy, Laplace, MultivariateNormal, Normal, StudentT
 from tqdm import tqdm
 
+from experiments.baselines import pyro_nuts_run
+from experiments.common import add_run_options, open_study, study_parser
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
-from neuralblock.diagnostics.runs import ErrorTrace, TimedRun, first_time, study_folder, timed_run
+from neuralblock.diagnostics.runs import ErrorTrace, TimedRun, first_time, timed_call, timed_run
 from neuralblock.io import data_path
 from neuralblock.priorswap import ExactPosterior, PriorSwap, SiteLayout, SwapProblem, importance_swap
 
@@ -95,14 +99,11 @@ JIT: dict[str, Any] = {"jit_compile": True, "ignore_jit_warnings": True}  # empt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CI scale")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
+    parser = study_parser(__doc__)
     parser.add_argument("--only", nargs="*", default=STUDIES, choices=STUDIES)
     parser.add_argument("--direct-cap", type=float, default=60.0, help="wall-time cap (s) of direct NUTS at n=5e5")
-    parser.add_argument("--out", default="experiments/results/priorswap")
     parser.add_argument("--from-json", default=None, help="rewrite the table and plots of a finished run's JSON")
+    add_run_options(parser, "experiments/results/priorswap", "CI scale (MH everywhere, tiny sizes)")
     return parser.parse_args(argv)
 
 
@@ -112,21 +113,23 @@ def timed_chain(
 ) -> tuple[Tensor, Tensor, TimedRun]:
     """Run a kernel through the run harness (wall clock); constrained flat draws ``[S, D]``, seconds ``[S]``, the run.
 
-    This study's times count from before the kernel's setup: each draw's time is the harness's setup
-    + warmup + sampling time up to it, so a chain's clock includes its kernel's setup (the reference
-    fit or refinement). The run stops (in warmup too) once that total reaches ``cap_s``.
+    The run stops (in warmup too) once setup + warmup + sampling time reaches ``cap_s``.
     """
-    run = timed_run(
-        kernel,
-        samples=num_samples,
-        warmup=warmup,
-        cap_seconds=cap_s,
-        keep=lambda params: torch.cat([params[n].detach().reshape(-1) for n in layout.shapes]),
-    )
+    keep = partial(_flat_state, tuple(layout.shapes))
+    run = timed_run(kernel, samples=num_samples, warmup=warmup, cap_seconds=cap_s, keep=keep)
+    return chain_draws(run, layout)
+
+
+def _flat_state(sites: tuple[str, ...], params: Mapping[str, Tensor]) -> Tensor:
+    return torch.cat([params[n].detach().reshape(-1) for n in sites])
+
+
+def chain_draws(run: TimedRun, layout: SiteLayout) -> tuple[Tensor, Tensor, TimedRun]:
+    """A run's constrained flat draws ``[S, D]`` and their times since the run began (setup and warmup included)."""
     if run.draws is None:
         return torch.empty(0, layout.dim), torch.empty(0), run
     theta, _ = layout.to_constrained(run.draws)
-    return theta, torch.tensor(run.times, dtype=torch.float64) + (run.setup_s + run.warmup_s), run
+    return theta, torch.tensor(run.total_times, dtype=torch.float64), run
 
 
 def running_error(draws: Tensor, ref_mean: Tensor, ref_sd: Tensor) -> Tensor:
@@ -136,16 +139,6 @@ def running_error(draws: Tensor, ref_mean: Tensor, ref_sd: Tensor) -> Tensor:
     counts = torch.arange(1, draws.shape[0] + 1, dtype=torch.float64)[:, None]
     means = draws.double().cumsum(0) / counts
     return (((means - ref_mean.double()) / ref_sd.double()) ** 2).mean(-1).sqrt()
-
-
-def time_to_threshold(times: Tensor, errors: Tensor) -> float | None:
-    """Seconds until the error is at or below ``THRESHOLD`` for good; ``None``: never.
-
-    Reached *for good* (``first_time(..., for_good=True)``): from that time on every error is at or below it.
-    """
-    if errors.numel() == 0:
-        return None
-    return first_time(ErrorTrace(times.tolist(), errors.tolist()), THRESHOLD, for_good=True)
 
 
 def thin_curve(times: Tensor, errors: Tensor, points: int = 40) -> dict[str, list[float]]:
@@ -162,7 +155,9 @@ def method_row(name: str, times: Tensor, errors: Tensor, extra: Mapping[str, Any
         "iterations": int(errors.numel()),
         "seconds": float(times[-1]) if times.numel() else 0.0,
         "final_error": float(errors[-1]) if errors.numel() else None,
-        "time_to_0.05": time_to_threshold(times, errors),
+        "time_to_0.05": first_time(ErrorTrace(times.tolist(), errors.tolist()), THRESHOLD, for_good=True)
+        if errors.numel()
+        else None,
         "curve": thin_curve(times, errors),
         **dict(extra or {}),
     }
@@ -220,15 +215,45 @@ def direct_nuts(
     cap: float,
     **kw: Any,
 ) -> tuple[Tensor, Tensor, TimedRun]:
-    kernel = NUTS(potential_fn=Potential(site, log_joint), **kw)
-    kernel.initial_params = {site: init.clone()}
-    return timed_chain(kernel, SiteLayout({site: init.shape}), warmup, samples, cap)
+    """Pyro NUTS on the full-data potential (:func:`experiments.baselines.pyro_nuts_run`, wall clock)."""
+    potential = Potential(site, log_joint)
+    run = pyro_nuts_run(
+        None, (), site, warmup, samples, cap=cap, initial_params={site: init.clone()}, potential_fn=potential, **kw
+    )
+    return chain_draws(run, SiteLayout({site: init.shape}))
 
 
 def quiet_is(*args: Any, **kwargs: Any) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return importance_swap(*args, **kwargs)
+
+
+def rms_sd_error(mean: Tensor, ref_mean: Tensor, ref_sd: Tensor) -> float:
+    """RMS over coordinates of ``|mean - reference mean|`` in reference sds."""
+    return float((((mean - ref_mean) / ref_sd) ** 2).mean().sqrt())
+
+
+def _is_mean(samples: Mapping[str, Tensor] | Tensor, false_prior: Any, target: Any) -> tuple[Any, Tensor]:
+    res = quiet_is(samples, false_prior, target)
+    flat = torch.cat([v.reshape(v.shape[0], -1) for v in res.samples.values()], -1)
+    return res, (res.weights[:, None] * flat).sum(0)
+
+
+def is_row(
+    samples: Mapping[str, Tensor] | Tensor, false_prior: Any, target: Any, ref_mean: Tensor, ref_sd: Tensor
+) -> dict[str, Any]:
+    """Plain importance sampling on the false draws, timed: the weighted mean's error (all sites, flat)."""
+    (res, mean), seconds = timed_call(_is_mean, samples, false_prior, target)
+    err = rms_sd_error(mean, ref_mean, ref_sd)
+    return {
+        "method": "IS (false draws)",
+        "iterations": int(res.weights.shape[0]),
+        "seconds": seconds,
+        "final_error": err,
+        "time_to_0.05": None if err > THRESHOLD else seconds,
+        "final_ess": res.ess,
+    }
 
 
 # -- 1-D example ---------------------------------------------------------------------------
@@ -376,9 +401,7 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
     data = {}
     for n in (n_small, n_large):
         x, y, beta = make_regression(n, d, gen)
-        start = time.perf_counter()
-        post = conjugate_posterior(x, y)
-        data[n] = (x, y, post, time.perf_counter() - start)
+        data[n] = (x, y, *timed_call(conjugate_posterior, x, y))
     out["conjugate_seconds"] = {str(n): data[n][3] for n in data}
 
     # time per iteration of prior swap at the two data sizes, interleaved rounds
@@ -413,16 +436,9 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
     direct_spent = 0.0
     for prior_name, target in tqdm(linreg_priors(d, s0).items(), desc="linreg priors", leave=False):
         exact = ExactPosterior(post)
-        t0 = time.perf_counter()
-        if prior_name == "Laplace":  # exact Gibbs on the sufficient statistics: independent and cheap
-            sweeps = 300 if args.quick else 8000
-            ref_draws = bayesian_lasso_gibbs(*sufficient_statistics(x, y), 2 * s0, sweeps, args.seed)[sweeps // 10 :]
-        else:
-            ref_kernel = PriorSwap(
-                exact, false_prior, target, kernel=args.kernel, site_shapes={"beta": (d,)}, kernel_options=JIT
-            )
-            ref_draws, _, _ = timed_chain(ref_kernel, ref_kernel.layout, warm, ref_samples[prior_name])
-        ref_seconds = time.perf_counter() - t0
+        ref_draws, ref_seconds = timed_call(
+            linreg_reference, args, prior_name, exact, false_prior, target, x, y, warm, ref_samples
+        )
         ref_mean, ref_sd = ref_draws.mean(0), ref_draws.std(0)
         false_draws = post.sample((num_false,))
         rows = []
@@ -446,11 +462,15 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
                 th, ts, _ = timed_chain(k, k.layout, 0, 20 * samples, cap)
                 errors = running_error(th, ref_mean, ref_sd)
                 rows.append(method_row(f"swap exact (elliptical slice{label})", ts, errors))
-        start = time.perf_counter()
-        k = PriorSwap(
-            {"beta": false_draws}, false_prior, target, kernel=args.kernel, correction="is", kernel_options=JIT
+        k, fit_s = timed_call(
+            PriorSwap,
+            {"beta": false_draws},
+            false_prior,
+            target,
+            kernel=args.kernel,
+            correction="is",
+            kernel_options=JIT,
         )
-        fit_s = time.perf_counter() - start
         th, ts, _ = timed_chain(k, k.layout, warm, samples, cap)
         rows.append(
             method_row(f"swap parametric ({args.kernel.upper()})", ts + fit_s, running_error(th, ref_mean, ref_sd))
@@ -458,12 +478,10 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
         # IS-corrected: reweight the parametric chain's draws at checkpoints (weights' time added)
         is_rows = []
         for m in [] if th.shape[0] < 10 else torch.unique(torch.logspace(1, math.log10(th.shape[0]), 10).long()):
-            t0 = time.perf_counter()
-            res = k.importance_weights({"beta": th[:m]}, warn_fraction=0.0)
-            mean = res.mean()["beta"]
-            extra = time.perf_counter() - t0
-            err = float((((mean - ref_mean) / ref_sd) ** 2).mean().sqrt())
-            is_rows.append((float(ts[m - 1]) + fit_s + extra, err, res.ess))
+            res, extra = timed_call(k.importance_weights, {"beta": th[:m]}, warn_fraction=0.0)
+            is_rows.append(
+                (float(ts[m - 1]) + fit_s + extra, rms_sd_error(res.mean()["beta"], ref_mean, ref_sd), res.ess)
+            )
         curve = torch.tensor(is_rows).reshape(-1, 3)
         rows.append(
             method_row(
@@ -473,25 +491,10 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
                 {"final_ess": float(curve[-1, 2]) if curve.numel() else None},
             )
         )
-        start = time.perf_counter()
-        k = PriorSwap({"beta": false_draws}, false_prior, target, kernel="elliptical")
-        fit_s = time.perf_counter() - start
+        k, fit_s = timed_call(PriorSwap, {"beta": false_draws}, false_prior, target, kernel="elliptical")
         th, ts, _ = timed_chain(k, k.layout, 0, 20 * samples, cap)
         rows.append(method_row("swap parametric (elliptical slice)", ts + fit_s, running_error(th, ref_mean, ref_sd)))
-        t0 = time.perf_counter()
-        res = quiet_is({"beta": false_draws}, false_prior, target)
-        is_err = float((((res.mean()["beta"] - ref_mean) / ref_sd) ** 2).mean().sqrt())
-        is_s = time.perf_counter() - t0
-        rows.append(
-            {
-                "method": "IS (false draws)",
-                "iterations": num_false,
-                "seconds": is_s,
-                "final_error": is_err,
-                "time_to_0.05": None if is_err > THRESHOLD else is_s,
-                "final_ess": res.ess,
-            }
-        )
+        rows.append(is_row({"beta": false_draws}, false_prior, target, ref_mean, ref_sd))
         if prior_name == "Laplace":
             log_joint = LinRegLogJoint(x, y, prior_callable(target))
             if args.kernel == "nuts":
@@ -522,6 +525,28 @@ def study_linreg(args: argparse.Namespace, gen: torch.Generator) -> dict[str, An
     a, b = per_it.get("direct NUTS"), per_it.get("swap exact")
     out["per_iteration_speedup_vs_direct_nuts"] = a / b if a and b else None
     return out
+
+
+def linreg_reference(
+    args: argparse.Namespace,
+    prior_name: str,
+    exact: ExactPosterior,
+    false_prior: Mapping[str, Any],
+    target: Any,
+    x: Tensor,
+    y: Tensor,
+    warm: int,
+    ref_samples: Mapping[str, int],
+) -> Tensor:
+    """Reference draws of β: exact Gibbs on the sufficient statistics for the Laplace prior (independent and cheap),
+    an exact prior-swap chain otherwise."""
+    if prior_name == "Laplace":
+        sweeps = 300 if args.quick else 8000
+        scale = 2 * x.shape[0] ** -0.5
+        return bayesian_lasso_gibbs(*sufficient_statistics(x, y), scale, sweeps, args.seed)[sweeps // 10 :]
+    shapes = {"beta": (x.shape[1],)}
+    kernel = PriorSwap(exact, false_prior, target, kernel=args.kernel, site_shapes=shapes, kernel_options=JIT)
+    return timed_chain(kernel, kernel.layout, warm, ref_samples[prior_name])[0]
 
 
 class DirectMH(MCMCKernel):
@@ -642,25 +667,10 @@ def study_kidiq(args: argparse.Namespace) -> dict[str, Any]:
             method_row("direct MH", ts, running_error(torch.cat([th[:, :2], th[:, 2:].exp()], -1), ref_mean, ref_sd))
         )
         for label, estimator in (("swap parametric (MH)", "gaussian"), ("swap semiparametric (MH)", "semiparametric")):
-            t0 = time.perf_counter()
-            k = PriorSwap(samples, false_prior, target, kernel="mh", estimator=estimator)
-            fit = time.perf_counter() - t0
+            k, fit = timed_call(PriorSwap, samples, false_prior, target, kernel="mh", estimator=estimator)
             th, ts, _ = timed_chain(k, k.layout, warm, num)
             rows.append(method_row(label, ts + fit, running_error(th, ref_mean, ref_sd)))
-        t0 = time.perf_counter()
-        res = quiet_is(samples, false_prior, target)
-        flat = torch.cat([res.samples["beta"], res.samples["sigma"][:, None]], -1)
-        mean = (res.weights[:, None] * flat).sum(0)
-        err = float((((mean - ref_mean) / ref_sd) ** 2).mean().sqrt())
-        rows.append(
-            {
-                "method": "IS (false draws)",
-                "iterations": flat.shape[0],
-                "seconds": time.perf_counter() - t0,
-                "final_error": err,
-                "final_ess": res.ess,
-            }
-        )
+        rows.append(is_row(samples, false_prior, target, ref_mean, ref_sd))
         results[name] = {"reference_mean": ref_mean.tolist(), "reference_sd": ref_sd.tolist(), "methods": rows}
     return {"n": int(x.shape[0]), "T_false": int(samples["sigma"].shape[0]), "priors": results}
 
@@ -715,12 +725,9 @@ def study_phishing(args: argparse.Namespace) -> dict[str, Any]:
     sd_f = 5.0
     false_prior = Normal(torch.zeros(d), sd_f)
     warm, num_false, num, ref_num = (50, 200, 150, 300) if args.quick else (100, 600, 300, 800)
-    t0 = time.perf_counter()
     chol0 = 0.1 * torch.eye(d)
-    false_draws, _, _ = direct_sampler(
-        args, "theta", _LogisticFalseJoint(loglik, sd_f), torch.zeros(d), chol0, warm, num_false
-    )
-    false_seconds = time.perf_counter() - t0
+    false_joint = _LogisticFalseJoint(loglik, sd_f)
+    false_draws, _, false_run = direct_sampler(args, "theta", false_joint, torch.zeros(d), chol0, warm, num_false)
     target = IntegratedHierarchicalPrior(d - 1, sd_f)
     joint = HierarchicalJoint(loglik, d - 1, sd_f)
     chol = torch.block_diag(torch.linalg.cholesky(torch.cov(false_draws.T)), torch.ones(1))
@@ -732,27 +739,16 @@ def study_phishing(args: argparse.Namespace) -> dict[str, Any]:
         method_row(f"direct {args.kernel.upper()} on (θ, log τ)", ts, running_error(th[:, :d], ref_mean, ref_sd))
     )
     for label, estimator in ((f"swap parametric ({args.kernel.upper()})", "gaussian"),):
-        t0 = time.perf_counter()
-        k = PriorSwap(false_draws, false_prior, target, kernel=args.kernel, estimator=estimator, kernel_options=JIT)
-        fit = time.perf_counter() - t0
+        k, fit = timed_call(
+            PriorSwap, false_draws, false_prior, target, kernel=args.kernel, estimator=estimator, kernel_options=JIT
+        )
         th, ts, _ = timed_chain(k, k.layout, warm, num)
         rows.append(method_row(label, ts + fit, running_error(th, ref_mean, ref_sd)))
-    t0 = time.perf_counter()
-    res = quiet_is(false_draws, false_prior, target)
-    err = float((((res.mean()["theta"] - ref_mean) / ref_sd) ** 2).mean().sqrt())
-    rows.append(
-        {
-            "method": "IS (false draws)",
-            "iterations": num_false,
-            "seconds": time.perf_counter() - t0,
-            "final_error": err,
-            "final_ess": res.ess,
-        }
-    )
+    rows.append(is_row(false_draws, false_prior, target, ref_mean, ref_sd))
     return {
         "n": int(x.shape[0]),
         "d": d,
-        "false_posterior_seconds": false_seconds,
+        "false_posterior_seconds": false_run.total_s,
         "T_false": num_false,
         "tau": "integrated (trapezoid on log tau, 200 nodes)",
         "methods": rows,
@@ -838,18 +834,15 @@ def study_gmm(args: argparse.Namespace, gen: torch.Generator) -> dict[str, Any]:
     per = 15 if args.quick else 50
     data = (centres[:, None, :] + torch.randn(k, per, 2, generator=gen)).reshape(-1, 2)
     sweeps = 600 if args.quick else 800
-    t0 = time.perf_counter()
-    mu = collapsed_gibbs_means(data, k, prior_sd, sweeps, args.seed)[sweeps // 5 :]
-    gibbs_s = time.perf_counter() - t0
+    mu, gibbs_s = timed_call(collapsed_gibbs_means, data, k, prior_sd, sweeps, args.seed)
+    mu = mu[sweeps // 5 :]
     false_prior = {"mu": Normal(torch.zeros(k, 2), prior_sd)}
     repulsive = RepulsivePrior(prior_sd, 1.0)
     # quick: independence MH from the Gaussian estimate (its min-distance mean has about a third of the random
     # walk's Monte Carlo spread at equal draws, so the smoke check is not at the mercy of the chain's seed)
     swap_kernel = "independence" if args.quick else args.kernel
     kernel = PriorSwap({"mu": mu}, false_prior, repulsive, kernel=swap_kernel, kernel_options=JIT)
-    t0 = time.perf_counter()
-    th, _, _ = timed_chain(kernel, kernel.layout, 200 if args.quick else 150, 2000 if args.quick else 600)
-    swap_s = time.perf_counter() - t0
+    th, _, swap_run = timed_chain(kernel, kernel.layout, 200 if args.quick else 150, 2000 if args.quick else 600)
     swapped = th.reshape(-1, k, 2)
     res = quiet_is({"mu": mu}, false_prior, repulsive)
     rows = []
@@ -872,7 +865,7 @@ def study_gmm(args: argparse.Namespace, gen: torch.Generator) -> dict[str, Any]:
     return {
         "n": int(data.shape[0]),
         "gibbs_seconds": gibbs_s,
-        "swap_seconds": swap_s,
+        "swap_seconds": swap_run.total_s,
         "rows": rows,
         "min_distance_false": min_distance(mu)[:: max(1, mu.shape[0] // 300)].tolist(),
         "min_distance_swapped": min_distance(swapped)[:: max(1, swapped.shape[0] // 300)].tolist(),
@@ -1008,29 +1001,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         record = json.loads(path.read_text())
         write_outputs(path.parent, record)
         return record
+    config, folder = open_study(args, drop={"out", "threads", "from_json", "only"}, only=sorted(args.only))
     args.kernel = "mh" if args.quick else "nuts"
     if args.quick:
         JIT.clear()
-    torch.set_num_threads(args.threads)
     pyro.set_rng_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    config = {"quick": args.quick, "seed": args.seed, "only": sorted(args.only), "direct_cap": args.direct_cap}
-    folder = study_folder(args.out, config)
+    studies = {
+        "oned": partial(study_oned, args),
+        "linreg": partial(study_linreg, args, gen),
+        "kidiq": partial(study_kidiq, args),
+        "phishing": partial(study_phishing, args),
+        "gmm": partial(study_gmm, args, gen),
+    }
     results: dict[str, Any] = {}
     timings = {}
     for name in args.only:
-        start = time.perf_counter()
-        if name == "oned":
-            results[name] = study_oned(args)
-        elif name == "linreg":
-            results[name] = study_linreg(args, gen)
-        elif name == "kidiq":
-            results[name] = study_kidiq(args)
-        elif name == "phishing":
-            results[name] = study_phishing(args)
-        else:
-            results[name] = study_gmm(args, gen)
-        timings[name] = time.perf_counter() - start
+        results[name], timings[name] = timed_call(studies[name])
     record = {"config": config, "seconds": timings, "results": results}
     write_outputs(folder, record)
     return record
