@@ -86,6 +86,22 @@ def study_parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc.split("\n\n")[0])
 
 
+def add_numbers(parser: argparse.ArgumentParser, **options: float | tuple[float, str]) -> None:
+    """Numeric options typed by their defaults: ``name=default`` or ``name=(default, help)`` adds ``--name``.
+
+    Underscores in a name become dashes in the flag; the options keep their order.
+
+    Example:
+        >>> parser = study_parser("A study.")
+        >>> add_numbers(parser, n_train=100, budget=(5.0, "seconds per arm"))
+        >>> vars(parser.parse_args(["--n-train", "7"]))
+        {'n_train': 7, 'budget': 5.0}
+    """
+    for name, spec in options.items():
+        default, text = spec if isinstance(spec, tuple) else (spec, None)
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=text)
+
+
 def proposal_study_parser(doc: str, proposal: str) -> argparse.ArgumentParser:
     """The parser of a study of a trained proposal: :func:`study_parser` with ``--proposal``.
 

@@ -78,7 +78,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, open_study, study_parser
+from experiments.common import add_numbers, add_run_options, open_study, study_parser
 from experiments.logistic_models import Design, logistic_model
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
@@ -695,18 +695,21 @@ def targets(seeds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (data sets and chains) from --seed")
-    parser.add_argument("--n-train", type=int, default=10_000)
-    parser.add_argument("--n-test", type=int, default=2_000)
-    parser.add_argument("--dim", type=int, default=2)
-    parser.add_argument("--clusters", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=50.0, help="sampler seconds per arm and seed")
-    parser.add_argument("--w-updates", type=int, default=10, help="MH transitions of each w_k per cycle")
-    parser.add_argument("--z-fraction", type=float, default=0.25, help="fraction of the z_i updated per cycle")
-    parser.add_argument("--batch-size", type=int, default=50)
-    parser.add_argument("--batch-growth", type=float, default=2.0)
-    parser.add_argument("--aux", type=int, default=3, help="auxiliary clusters of Neal's algorithm 8")
-    parser.add_argument("--warmup-cycles", type=int, default=10, help="cycles adapting steps, left out of the average")
+    add_numbers(
+        parser,
+        seeds=(3, "number of seeds (data sets and chains) from --seed"),
+        n_train=10_000,
+        n_test=2_000,
+        dim=2,
+        clusters=5,
+        budget=(50.0, "sampler seconds per arm and seed"),
+        w_updates=(10, "MH transitions of each w_k per cycle"),
+        z_fraction=(0.25, "fraction of the z_i updated per cycle"),
+        batch_size=50,
+        batch_growth=2.0,
+        aux=(3, "auxiliary clusters of Neal's algorithm 8"),
+        warmup_cycles=(10, "cycles adapting steps, left out of the average"),
+    )
     parser.add_argument("--epsilons", type=float, nargs="+", default=None)
     add_run_options(parser, "experiments/results/joint_dpm", "CI scale: small data, an 8-second budget per arm")
     parser.add_argument("--rewrite", metavar="JSON", help="rewrite the tables and plot of a saved record, no run")
@@ -742,29 +745,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return record
 
 
+TABLE = {  # the markdown table's run columns: header -> key of a run's record
+    "cycles": "cycles",
+    "final accuracy": "final_accuracy",
+    "clusters": "final_clusters",
+    "data fraction / w-update": "data_fraction_per_w_update",
+    "ms / w-update": "ms_per_w_transition",
+    "z-sweep share": "z",
+    "w share": "w",
+    "s to exact's final acc.": "seconds_to_exact_final_accuracy",
+    "/ exact budget": "ratio_to_exact_budget",
+    "/ exact first passage": "ratio_to_exact_first_passage",
+    "/ exact first passage (-0.005)": "ratio_to_exact_first_passage_within_tolerance",
+}
+
+
 def write_outputs(folder: Path, record: dict[str, Any]) -> None:
     """JSON record, markdown tables and the accuracy-vs-time plot."""
     write_json(folder / "joint_dpm.json", record)
     rows = []
     for s in record["seeds"]:
         for label, run in s["runs"].items():
-            rows.append(
-                {
-                    "seed": s["seed"],
-                    "method": label,
-                    "cycles": run["cycles"],
-                    "final accuracy": run["final_accuracy"],
-                    "clusters": run["final_clusters"],
-                    "data fraction / w-update": run["data_fraction_per_w_update"],
-                    "ms / w-update": run["ms_per_w_transition"],
-                    "z-sweep share": run["time_split"]["z"],
-                    "w share": run["time_split"]["w"],
-                    "s to exact's final acc.": run["seconds_to_exact_final_accuracy"],
-                    "/ exact budget": run["ratio_to_exact_budget"],
-                    "/ exact first passage": run["ratio_to_exact_first_passage"],
-                    "/ exact first passage (-0.005)": run["ratio_to_exact_first_passage_within_tolerance"],
-                }
-            )
+            values = {**run, **run["time_split"]}  # the z and w shares of the time
+            rows.append({"seed": s["seed"], "method": label, **{col: values[key] for col, key in TABLE.items()}})
     columns = list(rows[0])
     cfg = record["config"]
     text = [
