@@ -112,8 +112,8 @@ class TiledBlockGibbs:
         return torch.tensor(tiles), incidence
 
     def sweep(self, states: Tensor, generator: torch.Generator) -> Tensor:
-        """One sweep over every colour class of ``states [K, n]`` (updated in place and returned)."""
-        q = self.configs.shape[0]
+        """One sweep over every colour class of ``states [K, n]``: the new states (``states`` is left as it is)."""
+        q, states = self.configs.shape[0], states.clone()
         for tiles, incidence in self.classes:
             trial = states.expand(q, *states.shape).clone()  # [Q, K, n]: every tile of the class at config q
             trial[:, :, tiles] = self.configs[:, None, None, :].to(states.dtype)
@@ -143,7 +143,7 @@ def run_instance(name: str, args: argparse.Namespace, seed: int) -> dict[str, An
         sampler = TiledBlockGibbs(fg, size)
         generator = torch.Generator().manual_seed(seed * 1000 + size)
         track = _SweepTracker(starts, exact, checkpoints, out["frozen"])
-        sweep = partial(_sweep_copy, sampler, generator)
+        sweep = partial(sampler.sweep, generator=generator)
         run = timed_run(sweep, initial_params=starts, samples=args.sweeps, clock="cpu", observe=track)
         out[f"{size}x{size}"] = {
             "errors": track.errors,
@@ -153,13 +153,8 @@ def run_instance(name: str, args: argparse.Namespace, seed: int) -> dict[str, An
     return out
 
 
-def _sweep_copy(sampler: TiledBlockGibbs, generator: torch.Generator, states: Tensor) -> Tensor:
-    """One sweep of a copy of ``states`` (the tracker keeps the last state to count the changes)."""
-    return sampler.sweep(states.clone(), generator)
-
-
 class _SweepTracker:
-    """Per sweep (the harness's untimed ``observe``): the share of variables changed and, at the checkpoints, the
+    """The harness's (untimed) ``observe``: per sweep, the share of variables changed; at the checkpoints, the
     pooled error of all states so far (starts included)."""
 
     def __init__(self, starts: Tensor, exact: Tensor, checkpoints: list[int], frozen: float) -> None:
