@@ -39,7 +39,7 @@ import math
 import re
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
@@ -142,31 +142,17 @@ def run_instance(name: str, args: argparse.Namespace, seed: int) -> dict[str, An
     for size in args.sizes:
         sampler = TiledBlockGibbs(fg, size)
         generator = torch.Generator().manual_seed(seed * 1000 + size)
-        track = _SweepTracker(starts, exact, checkpoints, out["frozen"])
         sweep = partial(sampler.sweep, generator=generator)
-        run = timed_run(sweep, initial_params=starts, samples=args.sweeps, clock="cpu", observe=track)
+        run = timed_run(sweep, initial_params=starts, samples=args.sweeps, clock="cpu", keep=torch.clone)
+        states = torch.cat([starts[None], cast(Tensor, run.draws)])  # [S + 1, K, n], the starts first
+        ones = states.sum(1).cumsum(0)  # [S + 1, n]: each variable's ones over the states so far
+        moved = (states[1:] != states[:-1]).double().mean((1, 2)).tolist()  # per sweep
         out[f"{size}x{size}"] = {
-            "errors": track.errors,
-            "changed_per_sweep": sum(track.moved) / len(track.moved),
+            "errors": [pooled_error(ones[s], args.chains * (s + 1), exact) for s in checkpoints],
+            "changed_per_sweep": sum(moved) / len(moved),
             "cpu_seconds": run.sampling_s,
         }
     return out
-
-
-class _SweepTracker:
-    """The harness's (untimed) ``observe``: per sweep, the share of variables changed; at the checkpoints, the
-    pooled error of all states so far (starts included)."""
-
-    def __init__(self, starts: Tensor, exact: Tensor, checkpoints: list[int], frozen: float) -> None:
-        self.last, self.ones, self.exact, self.checkpoints = starts, starts.sum(0), exact, set(checkpoints)
-        self.errors: list[float] = [frozen]
-        self.moved: list[float] = []
-
-    def __call__(self, states: Tensor) -> None:
-        self.moved.append(float((states != self.last).double().mean()))
-        self.last, self.ones = states, self.ones + states.sum(0)
-        if len(self.moved) in self.checkpoints:
-            self.errors.append(pooled_error(self.ones, states.shape[0] * (len(self.moved) + 1), self.exact))
 
 
 def summarize(name: str, runs: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
