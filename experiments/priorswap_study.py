@@ -115,13 +115,8 @@ def timed_chain(
 
     The run stops (in warmup too) once setup + warmup + sampling time reaches ``cap_s``.
     """
-    keep = partial(_flat_state, tuple(layout.shapes))
-    run = timed_run(kernel, samples=num_samples, warmup=warmup, cap_seconds=cap_s, keep=keep)
+    run = timed_run(kernel, samples=num_samples, warmup=warmup, cap_seconds=cap_s, keep=layout.flatten_point)
     return chain_draws(run, layout)
-
-
-def _flat_state(sites: tuple[str, ...], params: Mapping[str, Tensor]) -> Tensor:
-    return torch.cat([params[n].detach().reshape(-1) for n in sites])
 
 
 def chain_draws(run: TimedRun, layout: SiteLayout) -> tuple[Tensor, Tensor, TimedRun]:
