@@ -56,6 +56,7 @@ from typing import Any
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.infer import NUTS
 from pyro.ops.stats import effective_sample_size
 from torch import Tensor
@@ -69,6 +70,7 @@ from neuralblock.diagnostics.runs import timed_call, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.priorswap import PriorSwap
+from neuralblock.pyro.layout import FlatLayout
 from neuralblock.subsample.likelihood import LogLikelihood
 
 MEAN_TARGET, SD_TARGET = 0.2, 0.15
@@ -159,42 +161,20 @@ GENERATORS: dict[str, Callable[[int, torch.Generator], Case]] = {
 
 # -- reference: Laplace + importance sampling through the direct path ---------------------------------
 class FlatPosterior:
-    """The log posterior of a case at flat unconstrained points ``[P, D]``, batched through the direct path."""
+    """The log posterior of a case at flat unconstrained points ``[P, D]`` (``layout``), batched through the direct
+    path."""
 
     def __init__(self, case: Case) -> None:
         self.ll = LogLikelihood(case.model, *case.args)
-        self.transforms = self.ll.transforms()
-        self.shapes = dict(self.ll.shapes)
-        self.sizes = [math.prod(s) for s in self.shapes.values()]
-
-    @property
-    def dim(self) -> int:
-        return sum(self.sizes)
-
-    def split(self, z: Tensor) -> dict[str, Tensor]:
-        """``[P, D]`` -> ``{site: [P, *shape]}`` (unconstrained)."""
-        parts = torch.split(z, self.sizes, dim=-1)
-        return {s: p.reshape(z.shape[:-1] + tuple(shape)) for (s, shape), p in zip(self.shapes.items(), parts)}
-
-    def constrain(self, z: Tensor) -> Tensor:
-        """Flat unconstrained ``[P, D]`` -> flat constrained ``[P, D]``."""
-        out = [self.transforms[s].inv(v).reshape(z.shape[0], -1) for s, v in self.split(z).items()]
-        return torch.cat(out, -1)
-
-    def flat(self, params: dict[str, Tensor]) -> Tensor:
-        """One state's unconstrained sites ``{site: shape}`` -> ``[D]`` (a run's ``keep``)."""
-        return torch.cat([params[s].reshape(-1) for s in self.shapes])
+        self.layout = FlatLayout.from_trace(poutine.trace(case.model).get_trace(*case.args), list(self.ll.shapes))
+        self.transforms = self.layout.transforms  # constrained -> unconstrained, as ``ll.transforms()``
 
     def log_parts(self, z: Tensor, chunk: int = 256) -> tuple[Tensor, Tensor, Tensor]:
         """Log prior, total log-likelihood and log-Jacobian at ``z [P, D]`` (each ``[P]``)."""
         prior, lik, jac = [], [], []
         with torch.no_grad():
             for block in torch.split(z, chunk):
-                values, log_j = {}, torch.zeros(block.shape[0], dtype=block.dtype)
-                for s, u in self.split(block).items():
-                    inv = self.transforms[s].inv
-                    values[s] = inv(u)
-                    log_j = log_j + inv.log_abs_det_jacobian(u, values[s]).reshape(block.shape[0], -1).sum(-1)
+                values, log_j = self.layout.constrain(block)
                 terms = self.ll.terms(values, None, with_global=True)
                 prior.append(terms.global_term)
                 lik.append(terms.sections.double().sum(-1))
@@ -207,9 +187,9 @@ def laplace(post: FlatPosterior) -> tuple[Tensor, Tensor]:
     potential = post.ll.potential_fn(post.transforms)
 
     def flat_potential(x: Tensor) -> Tensor:
-        return potential({s: v[0] for s, v in post.split(x[None]).items()})
+        return potential(post.layout.unflatten(x))
 
-    mode, chol_h = _newton_mode(flat_potential, torch.zeros(post.dim), 50)
+    mode, chol_h = _newton_mode(flat_potential, torch.zeros(post.layout.dim), 50)
     cov = torch.cholesky_inverse(chol_h.double())
     return mode.double(), torch.linalg.cholesky(cov)
 
@@ -221,7 +201,7 @@ def reference(post: FlatPosterior, draws: int, gen: torch.Generator, swap: float
     Returns mean, sd, ESS, MCSE of the mean (in sds), and a resampled set of draws for PriorSwap.
     """
     mode, chol = laplace(post)
-    dof, d = 8.0, post.dim
+    dof, d = 8.0, post.layout.dim
     chol = 1.2 * chol
     normal = torch.randn(draws, d, generator=gen, dtype=torch.float64)
     chi2 = torch._standard_gamma(torch.full((draws, 1), dof / 2, dtype=torch.float64), generator=gen) * 2
@@ -230,11 +210,11 @@ def reference(post: FlatPosterior, draws: int, gen: torch.Generator, swap: float
     log_q = -0.5 * (dof + d) * torch.log1p(white.square().sum(-1) / dof)
     prior, lik, jac = post.log_parts(z.float())
     if swap is not None:  # a Laplace(0, swap) prior on the constrained coordinates (logistic: identity transform)
-        prior = torch.distributions.Laplace(0.0, swap).log_prob(post.constrain(z).double()).sum(-1)
+        prior = torch.distributions.Laplace(0.0, swap).log_prob(post.layout.to_constrained(z)[0].double()).sum(-1)
     log_w = prior + lik + jac - log_q
     w = torch.softmax(log_w, 0)
     ess = float(1.0 / w.square().sum())
-    theta = post.constrain(z.float()).double()
+    theta = post.layout.to_constrained(z.float())[0].double()
     mean = w @ theta
     sd = (w @ (theta - mean).square()).sqrt()
     pick = torch.multinomial(w, draws, replacement=True, generator=gen)
@@ -263,9 +243,9 @@ def timed_chain(
     """
     with warnings.catch_warnings(record=True) as caught, pyro.validation_enabled(False):  # as pyro.infer.MCMC
         warnings.simplefilter("always")
-        run = timed_run(kernel, samples=samples, warmup=warmup, keep=post.flat, **options)
+        run = timed_run(kernel, samples=samples, warmup=warmup, keep=post.layout.flatten_point, **options)
     assert run.draws is not None
-    draws = post.constrain(run.draws).double()
+    draws = post.layout.to_constrained(run.draws)[0].double()
     return Run(draws, seconds + run.total_s, _kernel_warnings(caught), _plain(run.diagnostics), run.summary())
 
 
@@ -353,7 +333,7 @@ def coreset_runs(
 
     proj, setup = timed_call(projection)
     hilbert = HilbertCoreset(proj, method="fw")
-    site = next(iter(post.shapes))  # the logistic cases: one site
+    site = next(iter(post.layout.shapes))  # the logistic cases: one site
     init = {site: ref["mode_flat"].float()}
     for k, size in enumerate(args.coreset_sizes):
         with warnings.catch_warnings(record=True) as built:  # the coreset's own bias warning (HilbertCoreset.build)
@@ -378,8 +358,8 @@ def priorswap_runs(
 ) -> list[dict[str, Any]]:
     """PriorSwap (defaults: NUTS on the Gaussian fit) from N(0, 1) to Laplace(0, SWAP_SCALE), along ``T``."""
     rows = []
-    site = next(iter(post.shapes))
-    d = post.dim
+    site = next(iter(post.layout.shapes))
+    d = post.layout.dim
     false_prior = dist.Normal(torch.zeros(d), 1.0).to_event(1)
     target_prior = dist.Laplace(torch.zeros(d), SWAP_SCALE).to_event(1)
     for k, num in enumerate(args.swap_draws):
@@ -438,7 +418,7 @@ def run_case(case: Case, args: argparse.Namespace, gen: torch.Generator) -> dict
     out: dict[str, Any] = {
         "case": case.name,
         "N": case.num_data,
-        "D": post.dim,
+        "D": post.layout.dim,
         "reference_ess": ref["ess"],
         "reference_mean_mcse_sd": ref["mean_mcse_sd"],
         "reference_seconds": ref_seconds,
