@@ -538,6 +538,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="experiments/results/coreset_regression")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.fw_picks > 1 and args.refine_every != 1:
+        parser.error(f"--fw-picks {args.fw_picks} needs --refine-every 1 (fully corrective FW); or pass --fw-picks 1")
     if args.quick:
         args.datasets, args.sizes = ["synth_lr"], [30, 100]
         args.warmup, args.samples, args.projection_dim = 25, 25, 50

@@ -73,23 +73,20 @@ def _mutates(node: Any) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
-def simplify_graph(gm: Any) -> None:
-    """Drop identity views, ``detach``, ``x ** 1``, inverse permutes and ``select(unsqueeze(x, d), d, 0)``;
-    fold input-free subgraphs; drop dead nodes.
+def simplify_graph(gm: Any, no_grad: bool = False) -> None:
+    """Drop identity views, inverse permutes and ``select(unsqueeze(x, d), d, 0)``; fold input-free subgraphs;
+    drop dead nodes; with ``no_grad`` (a graph only ever run without autograd) drop ``detach`` too.
 
-    A replay runs without autograd, so ``detach`` is the identity; shapes are fixed per recording, so
-    ``zeros_like``/``ones_like``/``full_like`` of any node are constants (folded, with what only they feed,
-    such as the seeds of a recorded backward pass).
+    Shapes are fixed per recording, so ``zeros_like``/``ones_like``/``full_like`` of any node are constants
+    (folded, with what only they feed, such as the seeds of a recorded backward pass). ``detach`` is the
+    identity only where nothing differentiates through the graph: a graph that autograd may run keeps it.
     """
     aten = _aten()
     views = {aten.view.default, aten.expand.default, aten._unsafe_view.default, aten.reshape.default}
-    written = _written(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is aten.detach.default or (
-            node.target is aten.pow.Tensor_Scalar and node.args[1] == 1 and not {node, node.args[0]} & written
-        ):
+        if no_grad and node.target is aten.detach.default:
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
         elif (order := _permutation(node)) is not None and (inner := _permutation(node.args[0])) is not None:
@@ -480,7 +477,7 @@ class ReplayedFunction:
                 gm = make_fx(lambda *t: _as_tuple(self.fn(*t)))(*inputs)
         finally:
             _RECORDING.pop()
-        simplify_graph(gm)
+        simplify_graph(gm, no_grad=True)  # replays run under torch.no_grad (see __call__)
         plain = copy_graph(gm)
         fast_targets(gm)
         for candidate in (gm, plain):  # the public bindings first; the recorded aten overloads if they disagree

@@ -523,8 +523,8 @@ def test_posterior_shift_reuses_the_log_likelihood_sums_of_the_projection(data: 
 
     proj = Projector(loglik, samples + data.mean(0), len(data), norm=norm, chunk_size=64)
     core = Coreset(torch.tensor([3, 50, 7, 3]), torch.tensor([100.0, 150.0, 75.0, 75.0], dtype=data.dtype))
-    streamed = proj.posterior_shift(core)  # nothing projected yet: one pass over the data
-    assert sum(evaluated) == len(data)  # vmap calls loglik once per chunk
+    streamed = proj.posterior_shift(core)  # nothing projected yet: one pass over the data, then the coreset's points
+    assert sum(evaluated) == len(data) + 3  # vmap calls loglik once per chunk
     proj.project()
     evaluated.clear()
     reused = proj.posterior_shift(core)
@@ -532,14 +532,20 @@ def test_posterior_shift_reuses_the_log_likelihood_sums_of_the_projection(data: 
     assert torch.allclose(reused.shift, streamed.shift, atol=1e-9) and reused.efficiency == pytest.approx(
         streamed.efficiency, rel=1e-9
     )
-    proj.project(torch.arange(100))  # another index set is remembered beside the first, not instead of it
+    rows = torch.arange(100)
+    proj.project(rows)  # another index set is remembered beside the first, not instead of it
+    rows += 1  # and the caller's tensor changing afterwards does not change what was remembered
     evaluated.clear()
     proj.posterior_shift(core)
     assert sum(evaluated) == 3
-    outside = Coreset(torch.tensor([150]), torch.tensor([400.0], dtype=data.dtype))
+    # rows given twice count twice in the data's sum and the coreset's weight of a datum once, on both paths
+    twice = torch.cat([torch.arange(100), torch.arange(50)])
+    fresh = Projector(loglik, samples + data.mean(0), len(data), norm=norm, chunk_size=64)
+    streamed = fresh.posterior_shift(core, twice)
+    fresh.project(twice)
     evaluated.clear()
-    proj.posterior_shift(outside, torch.arange(100))  # a point outside the indices: the streaming pass
-    assert sum(evaluated) == 100
+    reused = fresh.posterior_shift(core, twice)
+    assert sum(evaluated) == 3 and torch.allclose(reused.shift, streamed.shift, atol=1e-9)
 
 
 def test_build_warns_when_the_coreset_moves_the_posterior_and_not_when_it_does_not(data: torch.Tensor) -> None:

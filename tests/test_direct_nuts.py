@@ -143,10 +143,22 @@ def test_without_adaptation_the_step_size_is_kept() -> None:
 
 
 def test_the_state_moved_by_the_caller_is_re_evaluated() -> None:
-    kernel = DirectNUTS(potential_fn=lambda p: (p["z"] ** 2).sum() / 2, initial_params={"z": torch.zeros(2)})
+    # one leapfrog step of 0.01 from (50, -50): a kernel that kept its own state (0, 0) would answer near 0
+    def potential(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return (params["z"] ** 2).sum() / 2
+
+    kernel = DirectNUTS(
+        potential_fn=potential,
+        initial_params={"z": torch.zeros(2)},
+        step_size=0.01,
+        adapt_step_size=False,
+        adapt_mass_matrix=False,
+        max_tree_depth=1,
+    )
     kernel.setup(0)
-    out = kernel.sample({"z": torch.tensor([50.0, -50.0])})  # far out: NUTS moves it toward the mode
-    assert float(out["z"].abs().max()) < 50.0
+    out = kernel.sample({"z": torch.tensor([50.0, -50.0])})["z"]
+    assert float(out.abs().min()) > 40.0, out
+    assert kernel._potential == pytest.approx(float(potential({"z": out})), rel=1e-6)
 
 
 @pytest.mark.parametrize(

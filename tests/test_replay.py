@@ -253,3 +253,28 @@ def test_tensors_written_through_a_list_argument_are_not_folded() -> None:
             x = torch.randn(3)
             assert torch.allclose(fast(x), 2 * x)
     assert fast.verified
+
+
+def test_a_stop_gradient_in_the_likelihood_keeps_its_gradient_through_the_direct_path() -> None:
+    # the likelihood's compiled graphs are differentiated by autograd (FusedPotential records value and gradient
+    # through them), so their `detach` must stay: dropping it gave 3.79 instead of 5.12 at mu = 0.3
+    from pyro.infer.mcmc.util import initialize_model
+
+    from neuralblock.pyro.likelihood import LogLikelihood
+
+    y = torch.randn(10, generator=torch.Generator().manual_seed(0))
+
+    def model(y: torch.Tensor) -> None:
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Normal(mu, 1.0 + mu.detach() ** 2), obs=y)
+
+    init, pyro_potential, transforms, _ = initialize_model(model, (y,), {})
+    fused = LogLikelihood(model, y).potential_fn({k: transforms[k] for k in init})
+    for value in (0.3, 0.7, 1.1):
+        for _ in range(25):  # past the recording and its checks
+            x = torch.tensor(value, requires_grad=True)
+            ours = torch.autograd.grad(fused({"mu": x}), x)[0]
+        x = torch.tensor(value, requires_grad=True)
+        theirs = torch.autograd.grad(pyro_potential({"mu": x}), x)[0]
+        assert torch.allclose(ours, theirs, rtol=1e-5), (value, float(ours), float(theirs))

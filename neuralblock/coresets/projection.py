@@ -237,7 +237,8 @@ class Projector:
             if self.norm == "l2":
                 values = values - values.mean(0)
             out[:, start : start + len(chunk)] = values / math.sqrt(self.dim)
-        self._loglik_totals = [(indices, loglik_total), *self._loglik_totals[: _TOTALS_KEPT - 1]]
+        kept = (indices.clone(), loglik_total)  # a copy: the caller may change its index tensor later
+        self._loglik_totals = [kept, *self._loglik_totals[: _TOTALS_KEPT - 1]]
         return out.T
 
     def _loglik_total(self, indices: Tensor) -> Tensor | None:
@@ -284,18 +285,19 @@ class Projector:
         """
         indices = self._check_indices(indices)
         dense = coreset.dense(self.num_data).to(torch.float64)
-        known = self._loglik_total(indices)
         inside = torch.zeros(self.num_data, dtype=torch.bool).index_fill_(0, indices, True)
-        if known is not None and bool(inside[coreset.indices].all()):
-            # sum_n (w_n - 1) L_n = sum_{coreset} w_n L_n - sum_n L_n: the data's sum came with the projection
-            points = torch.unique(coreset.indices)
-            excess = self.log_likelihoods(points).to(torch.float64) @ dense[points] - known
-        else:
-            weights = dense[indices]
-            excess = torch.zeros(self.dim, dtype=torch.float64)
+        points = torch.unique(coreset.indices)
+        points = points[inside[points]]  # the coreset's distinct points among the indices
+        # sum_rows (w - 1) l = sum_{coreset points} w_n l_n - sum_rows l: the coreset's weight of a datum counts
+        # once, the data's sum once per row; that sum came with the projection when it ran on the same rows
+        data_sum = self._loglik_total(indices)
+        if data_sum is None:
+            data_sum = torch.zeros(self.dim, dtype=torch.float64)
             for start in range(0, len(indices), self.chunk_size):
-                chunk = slice(start, start + self.chunk_size)
-                excess += self.log_likelihoods(indices[chunk]).to(torch.float64) @ (weights[chunk] - 1.0)
+                data_sum += self.log_likelihoods(indices[start : start + self.chunk_size]).sum(1, dtype=torch.float64)
+        excess = -data_sum
+        if len(points):
+            excess = excess + self.log_likelihoods(points).to(torch.float64) @ dense[points]
         draws = self.samples.to(torch.float64)
         importance = torch.softmax(excess, 0)
         scale = draws.std(0).clamp_min(1e-12)

@@ -368,15 +368,17 @@ class _Support:
         self.fresh = 0
         rows, weights = self.rows[keep], self.weights[keep]
         refined = nnls_gram(rows @ rows.T, rows @ self.total, init=weights)
-        approx = refined @ rows
-        if (self.total - approx).norm() > (self.total - weights @ rows).norm():
-            return None
+        approx: Tensor | None = refined @ rows
+        if (self.total - refined @ rows).norm() > (self.total - weights @ rows).norm():
+            refined, approx = weights, None  # not kept: the points at weight 0 (the fresh ones among them) leave
         positive = refined > 0
-        kept = torch.nonzero(keep).squeeze(1)[positive].tolist()
-        self.indices = [self.indices[i] for i in kept]
-        self.position = {f: i for i, f in enumerate(self.indices)}
+        self._keep(torch.nonzero(keep).squeeze(1)[positive].tolist())
         self.weights, self.rows = refined[positive], rows[positive]
         return approx
+
+    def _keep(self, positions: list[int]) -> None:
+        self.indices = [self.indices[i] for i in positions]
+        self.position = {f: i for i, f in enumerate(self.indices)}
 
     def snapshot(self) -> tuple[Tensor, Tensor]:
         """``(indices, weights)`` of the current iterate (copies)."""
