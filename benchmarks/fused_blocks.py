@@ -76,6 +76,32 @@ print((time.process_time() - start) / sweeps)
 """
 
 
+def ratio_lines(ratios: dict[str, float]) -> list[str]:
+    """The markdown lines of a benchmark's ratio table (medians over rounds of within-round ratios).
+
+    Example:
+        >>> ratio_lines({"a / b": 0.5})[-1]
+        '| a / b | 0.500 |'
+    """
+    return [
+        "",
+        "Ratios are medians over rounds of the ratio within a round (arms of one round ran back to back).",
+        "",
+        "| ratio | value |",
+        "|---|---|",
+        *(f"| {name} | {value:.3f} |" for name, value in ratios.items()),
+    ]
+
+
+def write_results(out: str | Path, stem: str, result: dict[str, Any], markdown: str) -> None:
+    """Write ``<stem>.json`` and ``<stem>.md`` into ``out`` (created if needed) and print the markdown."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (folder / f"{stem}.md").write_text(markdown)
+    print(markdown)
+
+
 def sweep_seconds(kernel: Any, budget: float, clock: Callable[[], float] = time.process_time) -> float:
     """Seconds per ``kernel.sample`` call (a full sweep of every chain), over about ``budget`` seconds.
 
@@ -337,12 +363,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         device=args.device, threads=1, rounds=args.rounds, budget=args.budget, quick=args.quick,
         load_average=list(os.getloadavg()),
     )  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "fused_blocks" if args.device == "cpu" else f"fused_blocks_{torch.device(args.device).type}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(_markdown(result))
-    print(_markdown(result))
+    write_results(args.out, stem, result, _markdown(result))
     return result
 
 

@@ -27,7 +27,6 @@ It writes ``fused_chain.json`` and ``fused_chain.md`` into ``--out`` (default ``
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -46,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import sweep_seconds  # noqa: E402  (the timing loop of the grid benchmark)
+from fused_blocks import ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
 
 from motifs.chain import stochastic_volatility_graph  # noqa: E402
 from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
@@ -270,14 +269,7 @@ def _markdown(result: dict[str, Any]) -> str:
             f"| {name} | {value:.4f} | {'' if ops is None else ops} | {'' if acc is None else f'{acc:.3f}'} | "
             f"{'' if setup is None else f'{setup:.2f}'} | {'' if compile_s is None else f'{compile_s:.1f}'} |"
         )
-    lines += [
-        "",
-        "Ratios are medians over rounds of the ratio within a round (arms of one round ran back to back).",
-        "",
-        "| ratio | value |",
-        "|---|---|",
-    ]
-    lines += [f"| {name} | {value:.3f} |" for name, value in result["ratios"].items()]
+    lines += ratio_lines(result["ratios"])
     return "\n".join(lines) + "\n"
 
 
@@ -300,11 +292,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.steps, args.rounds, args.budget, args.chains, args.compile, args.baseline = 200, 1, 0.05, 8, False, ""
     result = run(args)
     result.update(rounds=args.rounds, budget=args.budget, quick=args.quick, load_average=list(os.getloadavg()))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fused_chain.json").write_text(json.dumps(result, indent=1))
-    (out / "fused_chain.md").write_text(_markdown(result))
-    print(_markdown(result))
+    write_results(args.out, "fused_chain", result, _markdown(result))
     return result
 
 

@@ -28,7 +28,6 @@ It writes ``gmm_chains.json`` and ``gmm_chains.md`` into ``--out`` (default ``be
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import sweep_seconds  # noqa: E402  (the timing loop of the grid benchmark)
+from fused_blocks import ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
 
 from experiments.gmm_models import held_out_gmm  # noqa: E402
 from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
@@ -202,14 +201,7 @@ def _markdown(result: dict[str, Any]) -> str:
             f"| {name} | {value:.2f} | {'' if acc is None else f'{acc:.3f}'} | "
             f"{'' if rate is None else f'{rate:.0f}'} | {'' if setup is None else f'{setup:.2f}'} |"
         )
-    lines += [
-        "",
-        "Ratios are medians over rounds of the ratio within a round (arms of one round ran back to back).",
-        "",
-        "| ratio | value |",
-        "|---|---|",
-    ]
-    lines += [f"| {name} | {value:.3f} |" for name, value in result["ratios"].items()]
+    lines += ratio_lines(result["ratios"])
     return "\n".join(lines) + "\n"
 
 
@@ -231,11 +223,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.mixtures, args.points, args.chains, args.rounds, args.budget, args.baseline = 8, 60, 4, 1, 0.05, ""
     result = run(args)
     result.update(rounds=args.rounds, budget=args.budget, quick=args.quick, load_average=list(os.getloadavg()))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gmm_chains.json").write_text(json.dumps(result, indent=1))
-    (out / "gmm_chains.md").write_text(_markdown(result))
-    print(_markdown(result))
+    write_results(args.out, "gmm_chains", result, _markdown(result))
     return result
 
 
