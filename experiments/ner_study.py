@@ -11,7 +11,9 @@ time, from the same uniformly random initial tags:
 * ``Gibbs``: single-site chromatic Gibbs (:class:`~neuralblock.GibbsKernel`);
 * ``NB(crf_tags-n)+Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with the shipped
   ``crf_tags-n`` proposal (``n = 2, 3, 4`` consecutive tags), mixed with Gibbs sweeps
-  (``gibbs_prob = 0.5``).
+  (``gibbs_prob = 0.5``);
+* with ``--gradient-samplers GWG DMALA PAS`` (issue 26): Gibbs-with-Gradients, discrete Langevin
+  with its MH correction and the path auxiliary sampler, on the same budget.
 
 :class:`NerTrace`, the harness's ``observe``, records at geometric checkpoints (in sweeps,
 i.e. MCMC iterations), against the harness's sampling time (the transitions alone: neither the
@@ -59,12 +61,13 @@ from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, TimedRun, first_tim
 from neuralblock.exact import chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
-from neuralblock.kernels import GraphKernel
+from neuralblock.kernels import DiscreteLangevin, GibbsWithGradients, GraphKernel, PathAuxiliarySampler
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 PROPOSALS = ["crf_tags-2", "crf_tags-3", "crf_tags-4"]
+GRADIENT_SAMPLERS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
 TEST_FILE = "emerging.test.annotated"
 METRICS = ["errors", "loglik", "token_f1_sample", "entity_f1_sample", "token_f1_mm", "entity_f1_mm"]
 
@@ -76,6 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--proposals", nargs="*", default=PROPOSALS, help="shipped crf_tags proposals")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
+    parser.add_argument(
+        "--gradient-samplers",
+        nargs="*",
+        default=[],
+        choices=list(GRADIENT_SAMPLERS),
+        help="also run these gradient-informed samplers (issue 26) on the same budget",
+    )
     parser.add_argument("--growth", type=float, default=1.25, help="geometric checkpoint factor (sweeps)")
     parser.add_argument("--exact-samples", type=int, default=256, help="FFBS draws for the posterior mean score")
     add_run_options(parser, "experiments/results/ner_study", "CI scale (missing proposals are skipped)")
@@ -417,6 +427,8 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": CLOCKS["wall"]() - t0,
     }
     makers = {"Gibbs": lambda: GibbsKernel(fg)}
+    for name in args.gradient_samplers:
+        makers[name] = lambda cls=GRADIENT_SAMPLERS[name]: cls(fg)
     for name, proposal in proposals.items():
         makers[f"NB({name})+Gibbs"] = lambda proposal=proposal: NeuralBlockKernel(
             fg, proposals=[proposal], gibbs_prob=args.gibbs_prob
