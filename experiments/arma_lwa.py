@@ -74,7 +74,7 @@ from scipy.signal import lfilter
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, censored_median, open_study
+from experiments.common import add_numbers, add_run_options, censored_median, open_study
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
@@ -393,23 +393,26 @@ def posteriordb_check(chains: int, warmup: int, samples: int, seed: int) -> dict
 # -- main -----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-data", type=int, default=1_000_000)
+    add_numbers(parser, num_data=1_000_000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 1e-2, 1e-4])
     parser.add_argument("--sets", nargs="+", default=["S0", "S1", "S2"], choices=sorted(SUMMARY_SETS))
-    parser.add_argument("--budget", type=float, default=15.0, help="sampling seconds per LWA run")
-    parser.add_argument("--exact-budget", type=float, default=120.0, help="sampling seconds per exact MH chain")
-    parser.add_argument("--rounds", type=int, default=10, help="interleaving rounds")
-    parser.add_argument("--replicates", type=int, default=2, help="chains for exact MH and the n = 1000 headline")
-    parser.add_argument("--target-replicates", type=int, default=4, help="chains of the n = 100 target config")
-    parser.add_argument("--target-budget", type=float, default=40.0, help="sampling seconds per n = 100 target chain")
-    parser.add_argument("--omega", type=float, default=0.98, help="probability of a local window shift")
-    parser.add_argument("--tries-budget", type=int, default=25600, help="remote-jump candidates K = this // n")
-    parser.add_argument("--oracle-draws", type=int, default=300, help="ν-draws for the LWA target by enumeration")
-    parser.add_argument("--warmup", type=int, default=1000, help="adaptation iterations")
-    parser.add_argument("--pdb-chains", type=int, default=4)
-    parser.add_argument("--pdb-warmup", type=int, default=3000)
-    parser.add_argument("--pdb-samples", type=int, default=3000)
+    add_numbers(
+        parser,
+        budget=(15.0, "sampling seconds per LWA run"),
+        exact_budget=(120.0, "sampling seconds per exact MH chain"),
+        rounds=(10, "interleaving rounds"),
+        replicates=(2, "chains for exact MH and the n = 1000 headline"),
+        target_replicates=(4, "chains of the n = 100 target config"),
+        target_budget=(40.0, "sampling seconds per n = 100 target chain"),
+        omega=(0.98, "probability of a local window shift"),
+        tries_budget=(25600, "remote-jump candidates K = this // n"),
+        oracle_draws=(300, "ν-draws for the LWA target by enumeration"),
+        warmup=(1000, "adaptation iterations"),
+        pdb_chains=4,
+        pdb_warmup=3000,
+        pdb_samples=3000,
+    )
     quick_help = "CI scale (N = 20000, a few configs, ~20 s)"
     add_run_options(parser, "experiments/results/arma_lwa", quick_help, no_progress=True)
     args = parser.parse_args(argv)

@@ -63,7 +63,7 @@ from pyro import poutine
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, median, open_study, proposal_study_parser
+from experiments.common import add_numbers, add_run_options, median, open_study, proposal_study_parser
 from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
@@ -467,17 +467,20 @@ def exact_hyper_posterior(
 # ------------------------------------------------------------------------------ the study
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = proposal_study_parser(__doc__, "gmm_pair")
-    parser.add_argument("--mixtures", type=int, default=16)
-    parser.add_argument("--points", type=int, default=240)
-    parser.add_argument("--true-active", type=int, default=6)
-    parser.add_argument("--true-sigma", type=float, default=1.0)
-    parser.add_argument("--datasets", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=2, help="runs per arm and dataset (own prior start each)")
-    parser.add_argument("--seconds", type=float, default=15.0, help="CPU seconds per run")
-    parser.add_argument("--local-steps", type=int, default=3, help="local sweeps per hyper-parameter sweep")
-    parser.add_argument("--warmup", type=int, default=10, help="compound transitions of step-size adaptation")
-    parser.add_argument("--gibbs-prob", type=float, default=0.5)
-    parser.add_argument("--fixed-runs", type=int, default=1, help="runs per dataset of the fixed-true-hyper lines")
+    add_numbers(
+        parser,
+        mixtures=16,
+        points=240,
+        true_active=6,
+        true_sigma=1.0,
+        datasets=3,
+        runs=(2, "runs per arm and dataset (own prior start each)"),
+        seconds=(15.0, "CPU seconds per run"),
+        local_steps=(3, "local sweeps per hyper-parameter sweep"),
+        warmup=(10, "compound transitions of step-size adaptation"),
+        gibbs_prob=0.5,
+        fixed_runs=(1, "runs per dataset of the fixed-true-hyper lines"),
+    )
     add_run_options(parser, "experiments/results/gmm_hyper")
     args = parser.parse_args(argv)
     if args.quick:

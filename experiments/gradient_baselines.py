@@ -65,7 +65,7 @@ import pyro
 import torch
 from torch import Tensor
 
-from experiments.common import add_run_options, median, open_study, study_parser
+from experiments.common import add_numbers, add_run_options, median, open_study, study_parser
 from neuralblock import (
     DiscreteLangevin,
     FactorGraph,
@@ -345,21 +345,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The study's options (``--quick`` shrinks every model and budget)."""
     parser = study_parser(__doc__)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    parser.add_argument("--seeds", type=int, default=3, help="model draws and sampler seeds per family")
-    parser.add_argument("--seconds", type=float, default=12.0, help="CPU seconds of sampling per run")
-    parser.add_argument("--chains", type=int, default=32)
-    parser.add_argument("--side", type=int, default=10, help="Ising lattice side")
-    parser.add_argument("--sigma", type=float, default=0.2, help="ferromagnetic Ising sigma (2 sigma per edge)")
-    parser.add_argument("--sigma-frustrated", type=float, default=0.3, help="frustrated Ising |sigma|")
-    parser.add_argument("--visible", type=int, default=50)
-    parser.add_argument("--hidden", type=int, default=10)
-    parser.add_argument("--weight-std", type=float, default=0.5, help="RBM weights and biases ~ N(0, std^2)")
-    parser.add_argument("--fhmm-k", type=int, default=6, help="factorial HMM chains")
-    parser.add_argument("--fhmm-steps", type=int, default=50, help="factorial HMM time steps")
-    parser.add_argument("--path-length", type=int, default=8, help="PAS's longest path (lengths uniform on 1..R)")
-    parser.add_argument("--dmala-warmup", type=int, default=50, help="DMALA step-size adaptation steps")
-    parser.add_argument("--ess-dims", type=int, default=8, help="variables whose ESS is averaged")
-    parser.add_argument("--checkpoints", type=int, default=40)
+    add_numbers(
+        parser,
+        seeds=(3, "model draws and sampler seeds per family"),
+        seconds=(12.0, "CPU seconds of sampling per run"),
+        chains=32,
+        side=(10, "Ising lattice side"),
+        sigma=(0.2, "ferromagnetic Ising sigma (2 sigma per edge)"),
+        sigma_frustrated=(0.3, "frustrated Ising |sigma|"),
+        visible=50,
+        hidden=10,
+        weight_std=(0.5, "RBM weights and biases ~ N(0, std^2)"),
+        fhmm_k=(6, "factorial HMM chains"),
+        fhmm_steps=(50, "factorial HMM time steps"),
+        path_length=(8, "PAS's longest path (lengths uniform on 1..R)"),
+        dmala_warmup=(50, "DMALA step-size adaptation steps"),
+        ess_dims=(8, "variables whose ESS is averaged"),
+        checkpoints=40,
+    )
     parser.add_argument(
         "--rerender",
         action="store_true",
