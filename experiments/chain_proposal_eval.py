@@ -39,12 +39,12 @@ import pyro
 import torch
 from pyro.ops.stats import effective_sample_size
 
-from experiments.common import add_run_options, load_proposal_or_untrained, open_study, proposal_study_parser
+from experiments.common import load_proposal_or_untrained, open_study, parse_proposal_eval, write_sections
 from experiments.sv_models import load_sp500_returns
 from motifs.chain import ChainMotif, stochastic_volatility_graph
 from neuralblock import NeuralBlockKernel, RandomWalkMH
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
+from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import TimedRun, timed_run
 from neuralblock.proposals import NeuralBlockProposal
 from trainers.metrics import mc_acceptance
@@ -58,18 +58,13 @@ ESS_STATES = 50  # evenly spaced states whose ESS is computed (Pyro's ESS is slo
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = proposal_study_parser(__doc__, "chain")
-    parser.add_argument("--instances", type=int, default=8192, help="held-out instantiations per family")
-    parser.add_argument("--mc-samples", type=int, default=32, help="proposals per instance for the acceptance")
-    parser.add_argument("--days", type=int, default=2000, help="most recent S&P 500 days in part 2")
-    parser.add_argument("--phi", type=float, default=0.98)
-    parser.add_argument("--sigma", type=float, default=0.15)
-    parser.add_argument("--sweeps", type=int, default=2000, help="MCMC sweeps per sampler in part 2")
-    add_run_options(parser, "experiments/results/chain_proposal")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.instances, args.mc_samples, args.days, args.sweeps = 256, 8, 80, 30
-    return args
+    quick = {"instances": 256, "mc_samples": 8, "days": 80, "sweeps": 30}
+    days, sweeps = (2000, "most recent S&P 500 days in part 2"), (2000, "MCMC sweeps per sampler in part 2")
+    out = "experiments/results/chain_proposal"
+    held_out_help = "held-out instantiations per family"
+    return parse_proposal_eval(
+        argv, __doc__, "chain", out, quick, held_out_help, days=days, phi=0.98, sigma=0.15, sweeps=sweeps
+    )
 
 
 def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -166,16 +161,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     columns = ["family", "instances", "nll", "nll_gap", "acceptance", "whitening_nll_gap", "whitening_acceptance"]
     sv_rows = [{"sampler": k, **v} for k, v in sv.items() if isinstance(v, dict)]
     sv_columns = ["sampler", "seconds", "median_ess", "min_ess", "median_ess_per_second"]
-    text = (
-        f"# chain proposal `{args.proposal}`\n\n## Held-out instantiations\n\n"
-        + markdown_table(rows, columns)
-        + f"\n\n## S&P 500 log-volatility chain (last {sv['days']} days, phi={sv['phi']}, sigma={sv['sigma']}, "
-        + f"{sv['sweeps']} sweeps each)\n\n"
-        + markdown_table(sv_rows, sv_columns)
-        + "\n"
+    sv_heading = (
+        f"S&P 500 log-volatility chain (last {sv['days']} days, phi={sv['phi']}, sigma={sv['sigma']}, "
+        f"{sv['sweeps']} sweeps each)"
     )
+    sections = [
+        ("Held-out instantiations", markdown_table(rows, columns)),
+        (sv_heading, markdown_table(sv_rows, sv_columns)),
+    ]
+    write_sections(folder, "chain_proposal.md", f"chain proposal `{args.proposal}`", sections)
     plot(rows, sv, folder / "chain_proposal.png")
-    write_report(folder, "chain_proposal.md", text)
     return record
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from neuralblock.diagnostics.reports import study_folder
+from neuralblock.diagnostics.reports import study_folder, write_report
 from neuralblock.motif import Motif
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
 
@@ -102,6 +102,36 @@ def add_numbers(parser: argparse.ArgumentParser, **options: float | tuple[float,
         parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=text)
 
 
+def add_choices(parser: argparse.ArgumentParser, **options: Sequence[str] | tuple[Sequence[str], str]) -> None:
+    """Options that take one of a few words: ``name=choices`` or ``name=(choices, help)`` adds ``--name``.
+
+    The first choice is the default; underscores in a name become dashes in the flag.
+
+    Example:
+        >>> parser = study_parser("A study.")
+        >>> add_choices(parser, clock=["cpu", "wall"], init=(["laplace", "uniform"], "where chains start"))
+        >>> vars(parser.parse_args(["--init", "uniform"]))
+        {'clock': 'cpu', 'init': 'uniform'}
+    """
+    for name, spec in options.items():
+        choices, text = spec if isinstance(spec, tuple) else (spec, None)
+        parser.add_argument("--" + name.replace("_", "-"), choices=list(choices), default=choices[0], help=text)
+
+
+def add_switches(parser: argparse.ArgumentParser, **options: tuple[bool, str]) -> None:
+    """On/off options: ``name=(default, help)`` adds ``--name`` and ``--no-name``.
+
+    Example:
+        >>> parser = study_parser("A study.")
+        >>> add_switches(parser, full_direct=(True, "also run full data"), jit=(False, "compile"))
+        >>> vars(parser.parse_args(["--no-full-direct"]))
+        {'full_direct': False, 'jit': False}
+    """
+    for name, (default, text) in options.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+
+
 def proposal_study_parser(doc: str, proposal: str) -> argparse.ArgumentParser:
     """The parser of a study of a trained proposal: :func:`study_parser` with ``--proposal``.
 
@@ -134,6 +164,57 @@ def add_run_options(
     parser.add_argument("--out", default=out)
     if no_progress:
         parser.add_argument("--no-progress", action="store_true")
+
+
+def parse_proposal_eval(
+    argv: list[str] | None,
+    doc: str,
+    proposal: str,
+    out: str,
+    quick: dict[str, Any],
+    instances_help: str,
+    **numbers: float | tuple[float, str],
+) -> argparse.Namespace:
+    """The options of a proposal evaluation: a held-out part (``--instances``, ``--mc-samples``), then part 2's.
+
+    ``--instances`` (8192, described by ``instances_help``) and ``--mc-samples`` (32 proposals per instance for
+    the acceptance), then ``numbers`` (as :func:`add_numbers` takes them) and :func:`add_run_options`;
+    ``--quick`` sets the options in ``quick`` to its values (over any given ones).
+
+    Example:
+        >>> args = parse_proposal_eval(["--quick"], "A.", "chain", "demo", {"instances": 4}, "held out", days=9)
+        >>> vars(args)
+        {'proposal': 'chain', 'instances': 4, 'mc_samples': 32, 'days': 9, 'seed': 0, 'threads': 1, 'quick': True, \
+'out': 'demo'}
+    """
+    parser = proposal_study_parser(doc, proposal)
+    add_numbers(
+        parser,
+        instances=(8192, instances_help),
+        mc_samples=(32, "proposals per instance for the acceptance"),
+        **numbers,
+    )
+    add_run_options(parser, out)
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
+
+
+def markdown_sections(title: str, sections: Sequence[tuple[str, str]]) -> str:
+    """A report: ``# title``, then each section's ``## heading`` and body, a blank line before each.
+
+    Example:
+        >>> markdown_sections("T", [("A", "a"), ("B", "b")])
+        '# T\\n\\n## A\\n\\na\\n\\n## B\\n\\nb\\n'
+    """
+    return f"# {title}" + "".join(f"\n\n## {heading}\n\n{body}" for heading, body in sections) + "\n"
+
+
+def write_sections(folder: Path, name: str, title: str, sections: Sequence[tuple[str, str]]) -> None:
+    """Write :func:`markdown_sections` of ``title`` and ``sections`` as the report ``folder / name``."""
+    write_report(folder, name, markdown_sections(title, sections))
 
 
 def open_study(

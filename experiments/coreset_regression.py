@@ -69,6 +69,7 @@ from tqdm import tqdm
 
 from experiments import baselines
 from experiments.baselines import numpyro_available
+from experiments.common import add_choices, add_numbers, add_run_options, add_switches, study_parser
 from neuralblock.coresets import (
     Coreset,
     FrankWolfe,
@@ -482,61 +483,50 @@ def construction_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--datasets", nargs="+", default=DEFAULT_ORDER, choices=LOGISTIC + POISSON)
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 500])
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--samples", type=int, default=400)
-    parser.add_argument("--projection-dim", type=int, default=200, help="J for the regression coresets")
-    parser.add_argument("--pi-subsample", type=int, default=0, help="Laplace pi_hat on this many points (0: all)")
-    parser.add_argument("--refine-every", type=int, default=1, help="FW fully corrective NNLS period")
-    parser.add_argument(
-        "--fw-picks", type=int, default=4, help="points joining the FW support per iteration (1: plain FW)"
-    )
-    parser.add_argument(
-        "--coreset-nuts",
-        choices=["potential", "model"],
-        default="potential",
-        help="coreset NUTS on the direct-path potential (default) or through the weighted Pyro model",
-    )
-    parser.add_argument(
-        "--sampler",
-        choices=["direct", "pyro"],
-        default="direct",
-        help="NUTS of the direct-path arms: DirectNUTS (default) or Pyro's NUTS on the same potential",
-    )
-    parser.add_argument(
-        "--full-direct",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also run full-data NUTS on the direct-path potential",
-    )
-    parser.add_argument("--fw-tol", type=float, default=0.01, help="FW stops at this relative Hilbert error")
-    parser.add_argument("--reference", choices=["numpyro", "laplace"], default="numpyro")
-    parser.add_argument(
-        "--init",
-        choices=["laplace", "uniform"],
-        default="laplace",
-        help="chains start at a full-data Laplace draw (its CPU time counted in every run) or Pyro's uniform init",
-    )
-    parser.add_argument(
-        "--jit",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="compile every Pyro NUTS potential (full data and coresets alike) with the PyTorch JIT",
-    )
-    parser.add_argument("--ref-warmup", type=int, default=500, help="warmup of the long NumPyro runs")
-    parser.add_argument("--ref-samples", type=int, default=4000, help="draws of the long NumPyro runs")
-    parser.add_argument("--no-numpyro", dest="numpyro", action="store_false", help="skip the NumPyro timings")
     parser.add_argument("--scaling-sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--scaling-dim", type=int, default=500, help="J for the construction-time scaling")
-    parser.add_argument("--scaling-coreset", type=int, default=20, help="M for the construction-time scaling")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--jobs", type=int, default=1, help="datasets run in this many processes")
-    parser.add_argument("--quick", action="store_true", help="CI scale: synth_lr only, Laplace reference")
-    parser.add_argument("--out", default="experiments/results/coreset_regression")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-numpyro", dest="numpyro", action="store_false", help="skip the NumPyro timings")
+    add_numbers(
+        parser,
+        warmup=100,
+        samples=400,
+        projection_dim=(200, "J for the regression coresets"),
+        pi_subsample=(0, "Laplace pi_hat on this many points (0: all)"),
+        refine_every=(1, "FW fully corrective NNLS period"),
+        fw_picks=(4, "points joining the FW support per iteration (1: plain FW)"),
+        fw_tol=(0.01, "FW stops at this relative Hilbert error"),
+        ref_warmup=(500, "warmup of the long NumPyro runs"),
+        ref_samples=(4000, "draws of the long NumPyro runs"),
+        scaling_dim=(500, "J for the construction-time scaling"),
+        scaling_coreset=(20, "M for the construction-time scaling"),
+        jobs=(1, "datasets run in this many processes"),
+    )
+    add_choices(
+        parser,
+        coreset_nuts=(
+            ["potential", "model"],
+            "coreset NUTS on the direct-path potential (default) or through the weighted Pyro model",
+        ),
+        sampler=(
+            ["direct", "pyro"],
+            "NUTS of the direct-path arms: DirectNUTS (default) or Pyro's NUTS on the same potential",
+        ),
+        reference=["numpyro", "laplace"],
+        init=(
+            ["laplace", "uniform"],
+            "chains start at a full-data Laplace draw (its CPU time counted in every run) or Pyro's uniform init",
+        ),
+    )
+    add_switches(
+        parser,
+        full_direct=(True, "also run full-data NUTS on the direct-path potential"),
+        jit=(False, "compile every Pyro NUTS potential (full data and coresets alike) with the PyTorch JIT"),
+    )
+    add_run_options(
+        parser, "experiments/results/coreset_regression", "CI scale: synth_lr only, Laplace reference", True
+    )
     args = parser.parse_args(argv)
     if args.fw_picks > 1 and args.refine_every != 1:
         parser.error(f"--fw-picks {args.fw_picks} needs --refine-every 1 (fully corrective FW); or pass --fw-picks 1")

@@ -36,7 +36,7 @@ import matplotlib
 import torch
 from tqdm import tqdm
 
-from experiments.common import add_run_options, open_study, proposal_study_parser
+from experiments.common import open_study, parse_proposal_eval, write_sections
 from experiments.gmm_models import (
     P_ACTIVE,
     SIGMA,
@@ -49,7 +49,7 @@ from experiments.gmm_models import (
 from motifs.gmm_pair import prior_proposal
 from neuralblock import NeuralBlockKernel
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
+from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.kernels.base import sequential_init
 from neuralblock.proposals import NeuralBlockProposal
 from trainers.trainer import evaluate
@@ -61,18 +61,12 @@ NEAR_TRUTH = 5.0  # nats below the log joint at the true state that count as "co
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = proposal_study_parser(__doc__, "gmm_pair")
-    parser.add_argument("--instances", type=int, default=8192, help="held-out instantiations in part 1")
-    parser.add_argument("--mc-samples", type=int, default=32, help="proposals per instance for the acceptance")
-    parser.add_argument("--models", type=int, default=8, help="held-out GMMs in part 2")
-    parser.add_argument("--mixtures", type=int, default=8)
-    parser.add_argument("--points", type=int, default=60)
-    parser.add_argument("--seconds", type=float, default=20.0, help="wall time per sampler and model in part 2")
-    add_run_options(parser, "experiments/results/gmm_pair")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.instances, args.mc_samples, args.models, args.seconds = 256, 4, 2, 1.0
-    return args
+    quick = {"instances": 256, "mc_samples": 4, "models": 2, "seconds": 1.0}
+    models, seconds = (8, "held-out GMMs in part 2"), (20.0, "wall time per sampler and model in part 2")
+    out, held_out_help = "experiments/results/gmm_pair", "held-out instantiations in part 1"
+    return parse_proposal_eval(
+        argv, __doc__, "gmm_pair", out, quick, held_out_help, models=models, mixtures=8, points=60, seconds=seconds
+    )
 
 
 def held_out(proposal: NeuralBlockProposal, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -169,16 +163,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = summarize(part2)
     record = {"config": config, "held_out": rows, "mcmc": part2, "summary": summary}
     write_json(folder / "gmm_pair.json", record)
-    text = (
-        f"# gmm_pair proposal `{args.proposal}`\n\n## Held-out pair blocks (m=8, n=60)\n\n"
-        + markdown_table(rows, ["proposal", "instances", "nll", "acceptance"])
-        + f"\n\n## MCMC on {args.models} held-out GMMs (m={args.mixtures}, n={args.points}, sigma={SIGMA}, "
-        + f"tau={TAU}, p={P_ACTIVE}), {args.seconds:g} s per sampler, same start\n\n"
-        + markdown_table(summary, list(summary[0]))
-        + "\n"
+    mcmc_heading = (
+        f"MCMC on {args.models} held-out GMMs (m={args.mixtures}, n={args.points}, sigma={SIGMA}, "
+        f"tau={TAU}, p={P_ACTIVE}), {args.seconds:g} s per sampler, same start"
     )
+    held_out_table = markdown_table(rows, ["proposal", "instances", "nll", "acceptance"])
+    sections = [
+        ("Held-out pair blocks (m=8, n=60)", held_out_table),
+        (mcmc_heading, markdown_table(summary, list(summary[0]))),
+    ]
+    write_sections(folder, "gmm_pair.md", f"gmm_pair proposal `{args.proposal}`", sections)
     plot(rows, part2, folder / "gmm_pair.png")
-    write_report(folder, "gmm_pair.md", text)
     return record
 
 

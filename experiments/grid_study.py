@@ -51,7 +51,7 @@ import pyro
 import torch
 from tqdm import tqdm
 
-from experiments.common import censored_median
+from experiments.common import add_choices, add_numbers, add_run_options, censored_median, study_parser
 from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, ReplicaExchange, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces
@@ -96,35 +96,25 @@ def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=30.0, help="sampling time per sampler and run (on --clock)")
-    parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--gibbs-prob", type=float, default=0.5)
+    parser = study_parser(__doc__)
+    add_numbers(
+        parser,
+        seconds=(30.0, "sampling time per sampler and run (on --clock)"),
+        seeds=2,
+        gibbs_prob=0.5,
+        nd_fraction=(0.5, "near-deterministic CPT rows"),
+        chains=(32, "vectorized chains per sampler (the same for both)"),
+        checkpoints=(120, "error checkpoints per run (log-spaced): errors at equal time are read at this resolution"),
+        replicas=(8, "replica exchange: temperatures per ensemble"),
+        max_temperature=(10.0, "replica exchange: hottest temperature"),
+        level=(0.05, "time-to-level tables (replica exchange, gradient samplers): time to this error"),
+    )
     parser.add_argument("--random-sizes", type=int, nargs="*", default=RANDOM_SIZES)
     parser.add_argument("--nd-sizes", type=int, nargs="*", default=NEAR_DETERMINISTIC_SIZES)
-    parser.add_argument("--nd-fraction", type=float, default=0.5, help="near-deterministic CPT rows")
-    parser.add_argument("--chains", type=int, default=32, help="vectorized chains per sampler (the same for both)")
-    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="time budget and time axis")
+    add_choices(parser, clock=(["cpu", "wall"], "time budget and time axis"))
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")
-    parser.add_argument(
-        "--checkpoints",
-        type=int,
-        default=120,
-        help="error checkpoints per run (log-spaced): errors at equal time are read at this resolution",
-    )
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["NB+Gibbs", "Gibbs"], help="samplers to run")
-    parser.add_argument("--replicas", type=int, default=8, help="replica exchange: temperatures per ensemble")
-    parser.add_argument("--max-temperature", type=float, default=10.0, help="replica exchange: hottest temperature")
-    parser.add_argument(
-        "--level",
-        type=float,
-        default=0.05,
-        help="time-to-level tables (replica exchange, gradient samplers): time to this error",
-    )
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="CI scale")
-    parser.add_argument("--out", default="experiments/results/grid_study")
+    add_run_options(parser, "experiments/results/grid_study", "CI scale")
     parser.add_argument("--from-json", default=None, help="rewrite the table and plots of a finished run's JSON")
     args = parser.parse_args(argv)
     if args.quick:

@@ -75,7 +75,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from experiments import baselines
-from experiments.common import add_run_options, open_study, study_parser
+from experiments.common import add_numbers, add_run_options, open_study, study_parser
 from experiments.logistic_models import (
     Dataset,
     LaplaceProposal,
@@ -279,15 +279,16 @@ def moment_errors(samples: Tensor, ref: dict[str, Any]) -> dict[str, float]:
 # -- the study -----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    parser.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every wall-time budget")
-    parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--batch-growth", type=float, default=2.0, help="AusterityMH batch_growth (later stages)")
-    parser.add_argument("--bias-transitions", type=int, default=5000, help="transitions per arm of the bias table")
-    parser.add_argument(
-        "--replicates",
-        type=int,
-        default=3,
-        help="chains of exact MH and austerity eps=0.05 on each scaling set, for the mean-risk crossing time",
+    add_numbers(
+        parser,
+        budget_scale=(1.0, "multiplies every wall-time budget"),
+        batch_size=100,
+        batch_growth=(2.0, "AusterityMH batch_growth (later stages)"),
+        bias_transitions=(5000, "transitions per arm of the bias table"),
+        replicates=(
+            3,
+            "chains of exact MH and austerity eps=0.05 on each scaling set, for the mean-risk crossing time",
+        ),
     )
     parser.add_argument("--no-numpyro", action="store_true", help="skip NumPyro NUTS even if installed")
     add_run_options(parser, "experiments/results/logistic_austerity", "CI scale: small data, sub-second budgets")
