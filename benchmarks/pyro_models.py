@@ -23,7 +23,9 @@ Measures, side by side in one run (``torch.set_num_threads(1)``):
    * hierarchical model (50 groups, a discrete latent per group in a plate), quantity: the
      global mean ``mu``.
 
-   Ours: ``GibbsKernel`` on the all-discrete models; where there are continuous globals,
+   Ours: ``GibbsKernel`` on the all-discrete models (with ``--gradient-samplers GWG DMALA PAS``, issue 26:
+   also Gibbs-with-Gradients, discrete Langevin and the path auxiliary sampler, same draws); where there
+   are continuous globals,
    ``MarginalRandomWalk`` (random walk on the globals with the discrete sites enumerated out,
    then their exact draw) and ``CompoundKernel(GibbsKernel, RandomWalkMH)``, each at its
    defaults. Pyro: ``NUTS`` with the discrete sites
@@ -45,6 +47,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyro
@@ -56,9 +59,17 @@ from pyro.infer.mcmc.util import summary as pyro_summary
 from pyro.ops.indexing import Vindex
 
 from neuralblock import FactorGraph, GibbsKernel
-from neuralblock.kernels import CompoundKernel, MarginalRandomWalk, RandomWalkMH
+from neuralblock.kernels import (
+    CompoundKernel,
+    DiscreteLangevin,
+    GibbsWithGradients,
+    MarginalRandomWalk,
+    PathAuxiliarySampler,
+    RandomWalkMH,
+)
 
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "results" / "pyro_models"
+GRADIENT_SAMPLERS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
 K = 3
 LOCS = torch.tensor([-2.0, 0.0, 2.0])
 WEIGHTS = torch.tensor([0.2, 0.5, 0.3])
@@ -238,10 +249,15 @@ def exact_draws(model, args: tuple, names: list[str], draws: int) -> tuple[dict,
     return {name: torch.stack(values) for name, values in out.items()}, seconds
 
 
-def discrete_rows(name: str, model, args: tuple, names: list[str], quantity: str, summary, sizes: dict) -> list[dict]:
-    """Gibbs on the compiled model against Pyro's exact ``infer_discrete`` draws, for an all-discrete model."""
+def discrete_rows(
+    name: str, model, args: tuple, names: list[str], quantity: str, summary, sizes: dict, gradient: Sequence[str] = ()
+) -> list[dict]:
+    """Gibbs (and the ``gradient`` samplers) on the compiled model against Pyro's exact ``infer_discrete`` draws."""
     samples, seconds = run_mcmc(GibbsKernel(model), args, sizes["gibbs"], sizes["warmup"])
     rows = [ess_row(name, "Gibbs (ours)", quantity, summary(samples), seconds)]
+    for label in gradient:
+        samples, seconds = run_mcmc(GRADIENT_SAMPLERS[label](model), args, sizes["gibbs"], sizes["warmup"])
+        rows.append(ess_row(name, f"{label} (ours)", quantity, summary(samples), seconds))
     draws, seconds = exact_draws(model, args, names, sizes["exact"])
     rows.append(ess_row(name, "Pyro infer_discrete (exact draws)", quantity, summary(draws), seconds))
     return rows
@@ -288,7 +304,7 @@ def numpyro_rows(name: str, which: str, data: torch.Tensor, quantity: str, sampl
     return [ess_row(name, "NumPyro DiscreteHMCGibbs(NUTS)", quantity, values, seconds)]
 
 
-def ess_table(quick: bool) -> list[dict]:
+def ess_table(quick: bool, gradient: Sequence[str] = ()) -> list[dict]:
     """The ESS/s rows of the five models (see the module docstring)."""
     sizes = {"gibbs": 300, "warmup": 50, "exact": 20} if quick else {"gibbs": 3000, "warmup": 300, "exact": 100}
     rows: list[dict] = []
@@ -303,7 +319,7 @@ def ess_table(quick: bool) -> list[dict]:
     tones = torch.bernoulli(EMIT[torch.tensor(seq)], generator=gen)
     names = [f"x_{t}" for t in range(steps)]
     in_state_0 = lambda s: torch.stack([(s[n] == 0).float() for n in names], -1).sum(-1)  # noqa: E731
-    rows += discrete_rows(f"HMM K=3 T={steps}", hmm, (tones,), names, "steps in state 0", in_state_0, sizes)
+    rows += discrete_rows(f"HMM K=3 T={steps}", hmm, (tones,), names, "steps in state 0", in_state_0, sizes, gradient)
 
     # Ising 10x10 with pyro.factor
     size = 6 if quick else 10
@@ -313,7 +329,14 @@ def ess_table(quick: bool) -> list[dict]:
     few = dict(sizes, exact=max(10, sizes["exact"] // 2))  # an exact draw of the 10x10 grid or 40 cases takes ~0.5 s
     ising_sizes = few
     rows += discrete_rows(
-        f"Ising {size}x{size} (pyro.factor)", ising, (size, 0.4, field), names, "mean spin", magnet, ising_sizes
+        f"Ising {size}x{size} (pyro.factor)",
+        ising,
+        (size, 0.4, field),
+        names,
+        "mean spin",
+        magnet,
+        ising_sizes,
+        gradient,
     )
 
     # Bayesian network, 40 cases
@@ -321,7 +344,9 @@ def ess_table(quick: bool) -> list[dict]:
     evidence = torch.randint(0, K, (cases,), generator=gen)
     names = [f"a_{n}" for n in range(cases)]
     a_zero = lambda s: torch.stack([(s[n] == 0).float() for n in names], -1).sum(-1)  # noqa: E731
-    rows += discrete_rows(f"BN, {cases} cases (loop)", bayes_net, (evidence,), names, "cases with a = 0", a_zero, few)
+    rows += discrete_rows(
+        f"BN, {cases} cases (loop)", bayes_net, (evidence,), names, "cases with a = 0", a_zero, few, gradient
+    )
 
     # GMM, N=1000, Dirichlet weights
     n = 200 if quick else 1000
@@ -356,6 +381,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI scale (seconds)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--gradient-samplers",
+        nargs="*",
+        default=[],
+        choices=list(GRADIENT_SAMPLERS),
+        help="also run these gradient-informed samplers (issue 26) on the all-discrete models",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     quick = args.quick
@@ -368,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
             throughput("gmm N=1000 (pyro.plate)", gmm, gmm_graph, (gmm_data, WEIGHTS), sweeps),
         ],
         "build": build_time(10_000),
-        "ess": ess_table(quick),
+        "ess": ess_table(quick, args.gradient_samplers),
         "threads": torch.get_num_threads(),
         "quick": quick,
     }
