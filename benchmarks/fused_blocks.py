@@ -76,6 +76,30 @@ print((time.process_time() - start) / sweeps)
 """
 
 
+def cell(value: Any, spec: str = "") -> str:
+    """A table cell: ``value`` formatted by ``spec``, empty for ``None``.
+
+    Example:
+        >>> cell(0.12345, ".3f"), cell(None, ".3f")
+        ('0.123', '')
+    """
+    return "" if value is None else format(value, spec)
+
+
+def arm_lines(headers: Sequence[str], cells: dict[str, Sequence[str]]) -> list[str]:
+    """The markdown lines of a per-arm table: the header row, then one row of cells per arm.
+
+    Example:
+        >>> arm_lines(["arm", "ms"], {"a": ["1.0"]})
+        ['| arm | ms |', '|---|---|', '| a | 1.0 |']
+    """
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *(f"| {name} | " + " | ".join(row) + " |" for name, row in cells.items()),
+    ]
+
+
 def ratio_lines(ratios: dict[str, float]) -> list[str]:
     """The markdown lines of a benchmark's ratio table (medians over rounds of within-round ratios).
 

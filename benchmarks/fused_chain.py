@@ -45,7 +45,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
+from fused_blocks import arm_lines, cell, ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
 
 from motifs.chain import stochastic_volatility_graph  # noqa: E402
 from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
@@ -257,18 +257,19 @@ def _markdown(result: dict[str, Any]) -> str:
         f"chain-sweep in its matmuls, run at {result['network_gflops']:.1f} GFLOP/s here), the arithmetic every "
         "neural block sweep does.",
         "",
-        "| arm | ms per chain-sweep | ops per sweep | acceptance | setup s | compile s |",
-        "|---|---|---|---|---|---|",
     ]
-    for name, value in result["per_chain_sweep_ms"].items():
-        ops = result["ops_per_sweep"].get(name)
-        acc = result["acceptance"].get(name)
-        setup = result["setup_seconds"].get(name)
-        compile_s = result["compile_seconds"].get(name)
-        lines.append(
-            f"| {name} | {value:.4f} | {'' if ops is None else ops} | {'' if acc is None else f'{acc:.3f}'} | "
-            f"{'' if setup is None else f'{setup:.2f}'} | {'' if compile_s is None else f'{compile_s:.1f}'} |"
-        )
+    cells = {
+        name: [
+            f"{value:.4f}",
+            cell(result["ops_per_sweep"].get(name)),
+            cell(result["acceptance"].get(name), ".3f"),
+            cell(result["setup_seconds"].get(name), ".2f"),
+            cell(result["compile_seconds"].get(name), ".1f"),
+        ]
+        for name, value in result["per_chain_sweep_ms"].items()
+    }
+    headers = ["arm", "ms per chain-sweep", "ops per sweep", "acceptance", "setup s", "compile s"]
+    lines += arm_lines(headers, cells)
     lines += ratio_lines(result["ratios"])
     return "\n".join(lines) + "\n"
 

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
+from fused_blocks import arm_lines, cell, ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
 
 from experiments.gmm_models import held_out_gmm  # noqa: E402
 from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
@@ -190,17 +190,17 @@ def _markdown(result: dict[str, Any]) -> str:
         "`updates/s`: the kernel's own `updates_per_second` (move attempts or block proposals of all chains per "
         "second of its wall-clock move time, so it also reflects the machine's load).",
         "",
-        "| arm | ms per chain-transition | acceptance | updates/s | setup s |",
-        "|---|---|---|---|---|",
     ]
-    for name, value in result["per_chain_transition_ms"].items():
-        acc = result["acceptance"].get(name)
-        rate = result["updates_per_second"].get(name)
-        setup = result["setup_seconds"].get(name)
-        lines.append(
-            f"| {name} | {value:.2f} | {'' if acc is None else f'{acc:.3f}'} | "
-            f"{'' if rate is None else f'{rate:.0f}'} | {'' if setup is None else f'{setup:.2f}'} |"
-        )
+    cells = {
+        name: [
+            f"{value:.2f}",
+            cell(result["acceptance"].get(name), ".3f"),
+            cell(result["updates_per_second"].get(name), ".0f"),
+            cell(result["setup_seconds"].get(name), ".2f"),
+        ]
+        for name, value in result["per_chain_transition_ms"].items()
+    }
+    lines += arm_lines(["arm", "ms per chain-transition", "acceptance", "updates/s", "setup s"], cells)
     lines += ratio_lines(result["ratios"])
     return "\n".join(lines) + "\n"
 
