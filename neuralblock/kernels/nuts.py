@@ -357,18 +357,21 @@ class DirectNUTS(MCMCKernel):
 
     def _unflatten(self, z: Tensor) -> dict[str, Tensor]:
         if len(self._sites) == 1:
-            return {self._sites[0]: z.reshape(self._shapes[0])}
+            shape = self._shapes[0]
+            return {self._sites[0]: z if z.shape == shape else z.reshape(shape)}
         return {s: part.reshape(shape) for s, part, shape in zip(self._sites, z.split(self._sizes), self._shapes)}
 
     def _value_and_grad(self, z: Tensor) -> tuple[float, Tensor]:
         """The potential and its gradient at ``z`` (a flat vector), from one call."""
         potential = self.potential_fn
         if isinstance(potential, FusedPotential):
+            if len(self._sites) == 1:  # the hot case: no dictionaries, no copies
+                value, grad = potential.value_and_grad(self._unflatten(z)[self._sites[0]])
+                return float(value), grad if grad.shape == z.shape else grad.reshape(z.shape)
             values = self._unflatten(z)
             value, *grads = potential.value_and_grad(*(values[s] for s in potential.sites))
             by_site = dict(zip(potential.sites, grads))
-            grad = torch.cat([by_site[s].reshape(-1) for s in self._sites]) if len(self._sites) > 1 else grads[0]
-            return float(value), grad.reshape(-1).to(z)
+            return float(value), torch.cat([by_site[s].reshape(-1) for s in self._sites]).to(z)
         assert potential is not None  # set in __init__ or setup
         with torch.enable_grad():
             leaf = z.detach().requires_grad_()
