@@ -32,6 +32,7 @@ into ``--out`` (default ``benchmarks/results/``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -39,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,30 @@ while time.process_time() - start < float(sys.argv[2]):
     sweeps += 1
 print((time.process_time() - start) / sweeps)
 """
+
+
+@contextlib.contextmanager
+def baseline_worktree(commit: str, prefix: str = "nb-baseline-") -> Iterator[Path | None]:
+    """A detached ``git worktree`` of ``commit`` for timing it in a subprocess (``None`` for ``""``); removed after."""
+    if not commit:
+        yield None
+        return
+    worktree = Path(tempfile.mkdtemp(prefix=prefix))
+    subprocess.run(["git", "worktree", "add", "--detach", str(worktree), commit], cwd=ROOT, check=True)
+    try:
+        yield worktree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
+
+
+def paired_ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of ``times[a] / times[b]`` (timed in the same round, so machine load mostly cancels).
+
+    Example:
+        >>> paired_ratio({"a": [2.0, 4.0, 9.0], "b": [1.0, 1.0, 3.0]}, "a", "b")
+        3.0
+    """
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
 
 def cell(value: Any, spec: str = "") -> str:
@@ -235,12 +260,8 @@ def _expected_acceptance(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tens
 def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
     """The CPU comparison of every grid: medians over interleaved rounds, and the ratios."""
     grids = ["Grids_11"] if args.quick else ["Grids_11", "Grids_15"]
-    worktree = None
-    if args.baseline and not args.quick:
-        worktree = Path(tempfile.mkdtemp(prefix="nb-baseline-"))
-        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=ROOT, check=True)
     result: dict[str, Any] = {"grids": {}}
-    try:
+    with baseline_worktree("" if args.quick else args.baseline) as worktree:
         for grid in grids:
             fg = read_uai(uai_grid(grid))
             arms: dict[str, tuple[Any, float]] = {}
@@ -286,9 +307,6 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
             row["ratios"] = ratios
             result["grids"][grid] = row
         result["precision"] = precision_check(read_uai(uai_grid("Grids_11")))
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
     return result
 
 

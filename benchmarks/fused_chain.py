@@ -27,12 +27,12 @@ It writes ``fused_chain.json`` and ``fused_chain.md`` into ``--out`` (default ``
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -45,7 +45,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import arm_lines, cell, ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
+from fused_blocks import (  # noqa: E402  (shared with the grid benchmark)
+    arm_lines,
+    baseline_worktree,
+    cell,
+    paired_ratio,
+    ratio_lines,
+    sweep_seconds,
+    write_results,
+)
 
 from motifs.chain import stochastic_volatility_graph  # noqa: E402
 from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
@@ -180,12 +188,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kernel = arms[f"fused_K{k}"][0]
     times[f"network_only_K{k}"] = []  # the MDN alone on one sweep's rows, timed in every round like the arms
     flops = 0.0
-    worktree = None
     if args.baseline:
-        worktree = Path(tempfile.mkdtemp(prefix="nb-baseline-"))
-        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=ROOT, check=True)
         times.update({"baseline_K1": [], f"baseline_K{args.chains}": []})
-    try:
+    with baseline_worktree(args.baseline) as worktree:
         for _ in range(args.rounds):
             for name, (arm, _) in arms.items():
                 times[name].append(sweep_seconds(arm, args.budget) / arm.chains)
@@ -195,14 +200,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 one, many = _baseline_seconds(worktree, args.steps, args.budget, args.chains)
                 times["baseline_K1"].append(one)
                 times[f"baseline_K{args.chains}"].append(many)
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
     median = {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
-    def paired(a: str, b: str) -> float:
-        """Median over rounds of ``a / b`` (both timed in the same round, so machine load mostly cancels)."""
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    paired = functools.partial(paired_ratio, times)
 
     ratios: dict[str, float] = {}
     for chains in (1, k):
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ratios[f"fused compiled / single-site per chain-sweep, K={chains}"] = paired(
                 f"fused_compiled_K{chains}", f"single_K{chains}"
             )
-        if worktree is not None:
+        if args.baseline:
             ratios[f"baseline / fused, K={chains}"] = paired(f"baseline_K{chains}", f"fused_K{chains}")
     ratios[f"fused K={k} / fused K=1 per chain-sweep"] = paired(f"fused_K{k}", "fused_K1")
     ratios[f"fused / network alone, K={k}"] = paired(f"fused_K{k}", f"network_only_K{k}")

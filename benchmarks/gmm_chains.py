@@ -28,11 +28,11 @@ It writes ``gmm_chains.json`` and ``gmm_chains.md`` into ``--out`` (default ``be
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +44,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import arm_lines, cell, ratio_lines, sweep_seconds, write_results  # noqa: E402  (shared with the grid benchmark)
+from fused_blocks import (  # noqa: E402  (shared with the grid benchmark)
+    arm_lines,
+    baseline_worktree,
+    cell,
+    paired_ratio,
+    ratio_lines,
+    sweep_seconds,
+    write_results,
+)
 
 from experiments.gmm_models import held_out_gmm  # noqa: E402
 from neuralblock import NeuralBlockKernel, load_pretrained  # noqa: E402
@@ -126,25 +134,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for chains in (1, args.chains)
     }
     times: dict[str, list[float]] = {name: [] for name in arms}
-    worktree = None
     if args.baseline:
-        worktree = Path(tempfile.mkdtemp(prefix="sm-baseline-"))
-        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=ROOT, check=True)
         times["baseline_split_merge_K1"] = []
-    try:
+    with baseline_worktree(args.baseline, prefix="sm-baseline-") as worktree:
         for _ in range(args.rounds):
             for name, (kernel, _) in arms.items():
                 times[name].append(sweep_seconds(kernel, args.budget) / kernel.chains)
             if worktree is not None:
                 times["baseline_split_merge_K1"].append(_baseline_seconds(worktree, args))
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
     median = {name: 1e3 * statistics.median(values) for name, values in times.items()}
 
-    def paired(a: str, b: str) -> float:
-        """Median over rounds of ``a / b`` (both timed in the same round, so machine load mostly cancels)."""
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    paired = functools.partial(paired_ratio, times)
 
     k = args.chains
     ratios = {
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "split_merge / nb per chain-transition, K=1": paired("split_merge_K1", "nb_K1"),
         f"split_merge / nb per chain-transition, K={k}": paired(f"split_merge_K{k}", f"nb_K{k}"),
     }
-    if worktree is not None:
+    if args.baseline:
         ratios["split_merge K=1 / baseline K=1"] = paired("split_merge_K1", "baseline_split_merge_K1")
     return {
         "mixtures": args.mixtures,
