@@ -318,3 +318,63 @@ def test_a_pyro_hmc_kernel_on_a_model_with_data_runs_through_the_harness() -> No
     # run without its data (prior mean 0) is about 3 away
     assert run.samples == 200 and run.warmup_steps == 50 and run.setup_s > 0 and run.warmup_s > 0
     assert abs(float(run.draws.mean()) - float(data.mean())) < 0.3, float(run.draws.mean())
+
+
+def _binary_graph(n: int) -> tuple[FactorGraph, torch.Tensor]:
+    fg = FactorGraph()
+    fg.add_variables(n, cardinality=2)
+    return fg, torch.full((n, 2), 0.5)
+
+
+def test_thinned_ess_of_independent_draws_is_all_kept_draws() -> None:
+    """Independent fair bits: the ESS is the number of kept draws (8 chains x 125), up to estimation noise."""
+    from neuralblock.diagnostics import RunningMarginals
+
+    fg, exact = _binary_graph(40)
+    counts = RunningMarginals(fg, exact, thin_to=100)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(1000):
+        counts(torch.randint(0, 2, (8, 40), generator=gen))
+    assert counts.stride == 8 and len(counts._kept) == 125  # 1000 draws thinned by doubling
+    assert counts.ess() == pytest.approx(1000, rel=0.15)
+
+
+def test_thinned_ess_of_stuck_chains_is_about_the_number_of_chains() -> None:
+    from neuralblock.diagnostics import RunningMarginals
+
+    fg, exact = _binary_graph(40)
+    counts = RunningMarginals(fg, exact, thin_to=50)
+    state = torch.randint(0, 2, (8, 40), generator=torch.Generator().manual_seed(1))
+    for _ in range(400):
+        counts(state)
+    ess = counts.ess()
+    assert ess is not None and ess < 16
+
+
+def test_thinned_ess_of_a_sticky_chain_matches_its_autocorrelation_time() -> None:
+    """Each bit is redrawn with probability 0.02 per step: lag-1 autocorrelation 0.98, so the integrated
+    autocorrelation time is (1 + 0.98) / (1 - 0.98) = 99 steps (thinning keeps draws 16-32 steps apart)."""
+    from neuralblock.diagnostics import RunningMarginals
+
+    fg, exact = _binary_graph(40)
+    counts = RunningMarginals(fg, exact, thin_to=200)
+    gen = torch.Generator().manual_seed(2)
+    state = torch.randint(0, 2, (8, 40), generator=gen)
+    for _ in range(6000):
+        redraw = torch.rand(8, 40, generator=gen) < 0.02
+        state = torch.where(redraw, torch.randint(0, 2, (8, 40), generator=gen), state)
+        counts(state)
+    assert counts.ess() == pytest.approx(8 * 6000 / 99, rel=0.15)
+
+
+def test_ess_needs_thinned_draws_and_says_so() -> None:
+    from neuralblock.diagnostics import RunningMarginals
+
+    fg, exact = _binary_graph(2)
+    with pytest.raises(ValueError, match="thin_to"):
+        RunningMarginals(fg, exact).ess()
+    with pytest.raises(ValueError, match="thin_to"):
+        RunningMarginals(fg, exact, thin_to=-1)
+    counts = RunningMarginals(fg, exact, thin_to=10)
+    counts(torch.zeros(2))
+    assert counts.ess() is None  # too few draws

@@ -123,6 +123,15 @@ class RunningMarginals:
     pool their draws); :meth:`error` is :func:`marginal_error` of all draws so far, without
     keeping them.
 
+    With ``thin_to=T`` it also keeps a thinned copy of every chain's draws for :meth:`ess`: every
+    ``stride``-th draw, at most ``2 T`` per chain; when that fills, every other kept draw is dropped and
+    the stride doubles. Memory stays ``O(T x chains x n)`` bytes whatever the run length.
+
+    Args:
+        fg: the graph.
+        exact: exact marginals ``[n, k]``.
+        thin_to: keep about this many thinned draws per chain for :meth:`ess` (0: none).
+
     Example:
         >>> from neuralblock import FactorGraph
         >>> fg = FactorGraph(); _ = fg.add_variables(1, cardinality=2)
@@ -132,12 +141,18 @@ class RunningMarginals:
         (2, 0.0)
     """
 
-    def __init__(self, fg: FactorGraph, exact: Tensor) -> None:
+    def __init__(self, fg: FactorGraph, exact: Tensor, thin_to: int = 0) -> None:
         _check_exact(fg, exact)
+        if isinstance(thin_to, bool) or not isinstance(thin_to, int) or thin_to < 0:
+            raise ValueError(f"thin_to must be a non-negative integer, got {thin_to!r}")
         self.fg, self.exact = fg, exact
         self.kmax = int(fg.cardinalities.max())
         self.counts = torch.zeros(fg.num_variables, self.kmax)
         self.draws = 0
+        self.thin_to = thin_to
+        self.stride = 1
+        self._calls = 0
+        self._kept: list[Tensor] = []
 
     def __call__(self, params: Tensor | Mapping[str, Tensor]) -> None:
         state = samples_to_states(params, self.fg).cpu().long().clamp(0, self.kmax - 1)
@@ -145,6 +160,38 @@ class RunningMarginals:
         ids = torch.arange(self.fg.num_variables).expand_as(state)
         self.counts.index_put_((ids, state), torch.ones(()).expand_as(state), accumulate=True)
         self.draws += state.shape[0]
+        if self.thin_to:
+            if self._calls % self.stride == 0:
+                self._kept.append(state == 0)  # [chains, n] indicators of value 0
+                if len(self._kept) >= 2 * self.thin_to:
+                    self._kept, self.stride = self._kept[::2], 2 * self.stride
+            self._calls += 1
+
+    def ess(self) -> float | None:
+        """Median over variables of the multi-chain effective sample size of the thinned draws.
+
+        The statistic is each latent variable's indicator of its first value; variables whose kept
+        draws never change (in any chain) are left out. The ESS is Pyro's (Stan's) multi-chain
+        estimate on the thinned draws, scaled by nothing: it is a lower bound on the ESS of the
+        whole run, and at most ``chains x kept draws``. Chains stuck in different states give an
+        ESS near the number of chains.
+
+        Returns:
+            The median ESS, or ``None`` with fewer than 4 kept draws or no varying variable.
+
+        Raises:
+            ValueError: built without ``thin_to``.
+        """
+        if not self.thin_to:
+            raise ValueError("RunningMarginals keeps no draws for ess(): build it with thin_to > 0")
+        if len(self._kept) < 4:
+            return None
+        draws = torch.stack(self._kept, dim=1)[:, :, self.fg.latent].double()  # [chains, T, latent]
+        varying = draws.flatten(0, 1).std(0) > 0
+        if not bool(varying.any()):
+            return None
+        ess = effective_sample_size(draws[:, :, varying], chain_dim=0, sample_dim=1)
+        return float(ess.nan_to_num(1.0).clamp(min=1.0).median())
 
     def error(self, params: object = None) -> float:
         """Mean absolute marginal error of the draws so far (``params`` is ignored: the counts hold them)."""
