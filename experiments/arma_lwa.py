@@ -74,7 +74,15 @@ from scipy.signal import lfilter
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_numbers, add_run_options, censored_median, open_study
+from experiments.common import (
+    add_numbers,
+    add_run_options,
+    add_table,
+    censored_median,
+    open_study,
+    parse_quick,
+    study_parser,
+)
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
@@ -392,35 +400,33 @@ def posteriordb_check(chains: int, warmup: int, samples: int, seed: int) -> dict
 
 # -- main -----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     add_numbers(parser, num_data=1_000_000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 1e-2, 1e-4])
     parser.add_argument("--sets", nargs="+", default=["S0", "S1", "S2"], choices=sorted(SUMMARY_SETS))
-    add_numbers(
+    quick = add_table(
         parser,
-        budget=(15.0, "sampling seconds per LWA run"),
-        exact_budget=(120.0, "sampling seconds per exact MH chain"),
-        rounds=(10, "interleaving rounds"),
-        replicates=(2, "chains for exact MH and the n = 1000 headline"),
-        target_replicates=(4, "chains of the n = 100 target config"),
-        target_budget=(40.0, "sampling seconds per n = 100 target chain"),
-        omega=(0.98, "probability of a local window shift"),
-        tries_budget=(25600, "remote-jump candidates K = this // n"),
-        oracle_draws=(300, "ν-draws for the LWA target by enumeration"),
-        warmup=(1000, "adaptation iterations"),
-        pdb_chains=4,
-        pdb_warmup=3000,
-        pdb_samples=3000,
+        """
+        --budget              15.0    0.6    sampling seconds per LWA run
+        --exact-budget        120.0   1.2    sampling seconds per exact MH chain
+        --rounds              10      2      interleaving rounds
+        --replicates          2       1      chains for exact MH and the n = 1000 headline
+        --target-replicates   4       2      chains of the n = 100 target config
+        --target-budget       40.0    1.0    sampling seconds per n = 100 target chain
+        --omega               0.98    -      probability of a local window shift
+        --tries-budget        25600   -      remote-jump candidates K = this // n
+        --oracle-draws        300     20     ν-draws for the LWA target by enumeration
+        --warmup              1000    200    adaptation iterations
+        --pdb-chains          4       1
+        --pdb-warmup          3000    300
+        --pdb-samples         3000    600
+        """,
     )
     quick_help = "CI scale (N = 20000, a few configs, ~20 s)"
     add_run_options(parser, "experiments/results/arma_lwa", quick_help, no_progress=True)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.num_data, args.sizes, args.epsilons, args.sets = 20_000, [100, 1000], [1e-2], ["S0"]
-        args.budget, args.exact_budget, args.rounds, args.warmup, args.replicates = 0.6, 1.2, 2, 200, 1
-        args.target_replicates, args.target_budget, args.oracle_draws = 2, 1.0, 20
-        args.pdb_chains, args.pdb_warmup, args.pdb_samples = 1, 300, 600
+    quick.update(num_data=20_000, sizes=[100, 1000], epsilons=[1e-2], sets=["S0"])
+    args = parse_quick(parser, argv, quick)
     if min(args.sizes) < 10 or max(args.sizes) > args.num_data:
         raise ValueError(f"sizes must lie in [10, num_data={args.num_data}], got {args.sizes}")
     return args

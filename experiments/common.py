@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import math
 import statistics
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,52 @@ def add_switches(parser: argparse.ArgumentParser, **options: tuple[bool, str]) -
         parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
 
 
+def add_table(parser: argparse.ArgumentParser, table: str) -> dict[str, float]:
+    """Numeric options from a text table, one a line: ``--name  default  quick  help``; returns the quick values.
+
+    ``default`` and ``quick`` are Python number literals; an option's type is its default's. ``quick`` is the
+    value ``--quick`` sets (over a given one; :func:`parse_quick` applies them), or ``-`` to leave the option
+    alone. The help, the rest of the line, may be empty. The options keep the table's order.
+
+    Example:
+        >>> parser = study_parser("A study.")
+        >>> quick = add_table(parser, '''
+        ...     --n-train   10_000   500   training points
+        ...     --budget    5.0      -     seconds per arm
+        ... ''')
+        >>> quick, vars(parser.parse_args(["--budget", "2"]))
+        ({'n_train': 500}, {'n_train': 10000, 'budget': 2.0})
+    """
+    quick: dict[str, float] = {}
+    for line in table.strip().splitlines():
+        flag, default, fast, *text = line.split(maxsplit=3)
+        if not flag.startswith("--"):
+            raise ValueError(f"an option table line starts with --name: {line!r}")
+        value = ast.literal_eval(default)
+        parser.add_argument(flag, type=type(value), default=value, help=text[0] if text else None)
+        if fast != "-":
+            quick[flag[2:].replace("-", "_")] = ast.literal_eval(fast)
+    return quick
+
+
+def parse_quick(
+    parser: argparse.ArgumentParser, argv: list[str] | None, quick: Mapping[str, Any]
+) -> argparse.Namespace:
+    """Parse ``argv``; with ``--quick``, set the options in ``quick`` to its values (over any given ones).
+
+    Example:
+        >>> parser = study_parser("A study.")
+        >>> add_run_options(parser, "demo")
+        >>> parse_quick(parser, ["--quick", "--seed", "3"], {"seed": 1}).seed
+        1
+    """
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in quick.items():
+            setattr(args, name, value)
+    return args
+
+
 def proposal_study_parser(doc: str, proposal: str) -> argparse.ArgumentParser:
     """The parser of a study of a trained proposal: :func:`study_parser` with ``--proposal``.
 
@@ -195,11 +242,7 @@ def parse_proposal_eval(
         **numbers,
     )
     add_run_options(parser, out)
-    args = parser.parse_args(argv)
-    if args.quick:
-        for name, value in quick.items():
-            setattr(args, name, value)
-    return args
+    return parse_quick(parser, argv, quick)
 
 
 def markdown_sections(title: str, sections: Sequence[tuple[str, str]]) -> str:

@@ -63,7 +63,7 @@ from pyro import poutine
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_numbers, add_run_options, median, open_study, proposal_study_parser
+from experiments.common import add_run_options, add_table, median, open_study, parse_quick, proposal_study_parser
 from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
@@ -467,26 +467,24 @@ def exact_hyper_posterior(
 # ------------------------------------------------------------------------------ the study
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = proposal_study_parser(__doc__, "gmm_pair")
-    add_numbers(
+    quick = add_table(
         parser,
-        mixtures=16,
-        points=240,
-        true_active=6,
-        true_sigma=1.0,
-        datasets=3,
-        runs=(2, "runs per arm and dataset (own prior start each)"),
-        seconds=(15.0, "CPU seconds per run"),
-        local_steps=(3, "local sweeps per hyper-parameter sweep"),
-        warmup=(10, "compound transitions of step-size adaptation"),
-        gibbs_prob=0.5,
-        fixed_runs=(1, "runs per dataset of the fixed-true-hyper lines"),
+        """
+        --mixtures      16    6
+        --points        240   40
+        --true-active   6     3
+        --true-sigma    1.0   -
+        --datasets      3     1
+        --runs          2     1     runs per arm and dataset (own prior start each)
+        --seconds       15.0  1.0   CPU seconds per run
+        --local-steps   3     -     local sweeps per hyper-parameter sweep
+        --warmup        10    2     compound transitions of step-size adaptation
+        --gibbs-prob    0.5   -
+        --fixed-runs    1     -     runs per dataset of the fixed-true-hyper lines
+        """,
     )
     add_run_options(parser, "experiments/results/gmm_hyper")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.mixtures, args.points, args.true_active = 6, 40, 3
-        args.datasets, args.runs, args.seconds, args.warmup = 1, 1, 1.0, 2
-    return args
+    return parse_quick(parser, argv, quick)
 
 
 def _posterior(run: dict[str, Any]) -> dict[str, float]:

@@ -65,7 +65,7 @@ import pyro
 import torch
 from torch import Tensor
 
-from experiments.common import add_numbers, add_run_options, median, open_study, study_parser
+from experiments.common import add_run_options, add_table, median, open_study, parse_quick, study_parser
 from neuralblock import (
     DiscreteLangevin,
     FactorGraph,
@@ -345,23 +345,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The study's options (``--quick`` shrinks every model and budget)."""
     parser = study_parser(__doc__)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    add_numbers(
+    quick = add_table(
         parser,
-        seeds=(3, "model draws and sampler seeds per family"),
-        seconds=(12.0, "CPU seconds of sampling per run"),
-        chains=32,
-        side=(10, "Ising lattice side"),
-        sigma=(0.2, "ferromagnetic Ising sigma (2 sigma per edge)"),
-        sigma_frustrated=(0.3, "frustrated Ising |sigma|"),
-        visible=50,
-        hidden=10,
-        weight_std=(0.5, "RBM weights and biases ~ N(0, std^2)"),
-        fhmm_k=(6, "factorial HMM chains"),
-        fhmm_steps=(50, "factorial HMM time steps"),
-        path_length=(8, "PAS's longest path (lengths uniform on 1..R)"),
-        dmala_warmup=(50, "DMALA step-size adaptation steps"),
-        ess_dims=(8, "variables whose ESS is averaged"),
-        checkpoints=40,
+        """
+        --seeds              3     1     model draws and sampler seeds per family
+        --seconds            12.0  0.1   CPU seconds of sampling per run
+        --chains             32    8
+        --side               10    4     Ising lattice side
+        --sigma              0.2   -     ferromagnetic Ising sigma (2 sigma per edge)
+        --sigma-frustrated   0.3   -     frustrated Ising |sigma|
+        --visible            50    8
+        --hidden             10    3
+        --weight-std         0.5   -     RBM weights and biases ~ N(0, std^2)
+        --fhmm-k             6     3     factorial HMM chains
+        --fhmm-steps         50    6     factorial HMM time steps
+        --path-length        8     -     PAS's longest path (lengths uniform on 1..R)
+        --dmala-warmup       50    -     DMALA step-size adaptation steps
+        --ess-dims           8     -     variables whose ESS is averaged
+        --checkpoints        40    10
+        """,
     )
     parser.add_argument(
         "--rerender",
@@ -369,12 +371,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="rebuild the tables and the figure from this configuration's saved JSON (no sampling)",
     )
     add_run_options(parser, "experiments/results/gradient_baselines", "CI scale: tiny models, 0.1 s per run, 1 seed")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.seeds, args.seconds, args.chains = 1, 0.1, 8
-        args.side, args.visible, args.hidden, args.fhmm_k, args.fhmm_steps = 4, 8, 3, 3, 6
-        args.checkpoints = 10
-    return args
+    return parse_quick(parser, argv, quick)
 
 
 def ratio(num: float | None, den: float | None) -> float | None:

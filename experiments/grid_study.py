@@ -9,7 +9,8 @@ the junction tree. For every instance and seed, each sampler runs inside ``pyro.
 with the same number of vectorized chains (``--chains``) for the same time budget (CPU time
 of the process by default, ``--clock wall`` for wall time); the mean absolute marginal error
 of the chains' pooled draws is recorded against sweeps and seconds. Runs go through the run
-harness (:func:`neuralblock.diagnostics.runs.marginal_error_run`): 20 warmup sweeps and the
+harness (:func:`neuralblock.diagnostics.runs.timed_run`, counting with
+:class:`~neuralblock.diagnostics.RunningMarginals`): 20 warmup sweeps and the
 setup are timed apart, and the seconds count sampling only. Reported per instance: both final
 errors at equal time, and the time NB+Gibbs needs to reach Gibbs's final error as a fraction
 of Gibbs's time: the *first hit* (``first_time(..., for_good=False)``), the first checkpoint
@@ -27,7 +28,10 @@ against RE-Gibbs paired over seeds.
 Gradient-informed arms (``--arms ... GWG DMALA PAS``, issue 26): Gibbs-with-Gradients, discrete
 Langevin with its MH correction, and the path auxiliary sampler, each with ``--chains`` chains. With a
 neural-block arm beside them, a table gives every arm's median time to ``--level`` and says where each
-neural-block arm is ahead of the best of them, and where it is more than 2x behind.
+neural-block arm is ahead of the best of them, and where it is more than 2x behind. Every run also
+records its ESS per second: the median over variables of the multi-chain ESS of the variable's
+first-value indicator, on draws thinned to at most ``2 x ESS_DRAWS`` per chain
+(:meth:`~neuralblock.diagnostics.RunningMarginals.ess`, a lower bound), over the sampling seconds.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
 ``grid_study.md`` (table) and one PNG per instance.
@@ -51,11 +55,19 @@ import pyro
 import torch
 from tqdm import tqdm
 
-from experiments.common import add_choices, add_numbers, add_run_options, censored_median, study_parser
+from experiments.common import (
+    add_choices,
+    add_run_options,
+    add_table,
+    censored_median,
+    parse_quick,
+    study_parser,
+)
 from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, ReplicaExchange, load_pretrained
+from neuralblock.diagnostics import RunningMarginals
 from neuralblock.diagnostics.plots import plot_error_traces
-from neuralblock.diagnostics.runs import equal_time, error_at, first_time, marginal_error_run, study_folder
+from neuralblock.diagnostics.runs import equal_time, error_at, first_time, study_folder, timed_run
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
@@ -73,6 +85,7 @@ WARMUP = 20  # sweeps before the timed ones (lazy torch initialisation, caches)
 GRADIENT_ARMS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
 """The gradient-informed samplers (issue 26): Gibbs-with-Gradients, discrete Langevin with MH, path auxiliary."""
 ARMS = ["NB+Gibbs", "Gibbs", "RE-Gibbs", "RE-NB", *GRADIENT_ARMS]
+ESS_DRAWS = 1000  # thinned draws kept per chain for the ESS (RunningMarginals.ess)
 RE_WARMUP = 200  # replica exchange: warmup sweeps that adapt the ladder (timed apart, as the setup)
 
 
@@ -97,17 +110,19 @@ def near_deterministic_grid_bn(size: int, generator: torch.Generator, fraction: 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    add_numbers(
+    quick = add_table(
         parser,
-        seconds=(30.0, "sampling time per sampler and run (on --clock)"),
-        seeds=2,
-        gibbs_prob=0.5,
-        nd_fraction=(0.5, "near-deterministic CPT rows"),
-        chains=(32, "vectorized chains per sampler (the same for both)"),
-        checkpoints=(120, "error checkpoints per run (log-spaced): errors at equal time are read at this resolution"),
-        replicas=(8, "replica exchange: temperatures per ensemble"),
-        max_temperature=(10.0, "replica exchange: hottest temperature"),
-        level=(0.05, "time-to-level tables (replica exchange, gradient samplers): time to this error"),
+        """
+        --seconds           30.0   2.0   sampling time per sampler and run (on --clock)
+        --seeds             2      1
+        --gibbs-prob        0.5    -
+        --nd-fraction       0.5    -     near-deterministic CPT rows
+        --chains            32     4     vectorized chains per sampler (the same for both)
+        --checkpoints       120    -     log-spaced error checkpoints per run: the resolution of errors at equal time
+        --replicas          8      -     replica exchange: temperatures per ensemble
+        --max-temperature   10.0   -     replica exchange: hottest temperature
+        --level             0.05   -     time-to-level tables (replica exchange, gradient samplers): time to this error
+        """,
     )
     parser.add_argument("--random-sizes", type=int, nargs="*", default=RANDOM_SIZES)
     parser.add_argument("--nd-sizes", type=int, nargs="*", default=NEAR_DETERMINISTIC_SIZES)
@@ -116,9 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["NB+Gibbs", "Gibbs"], help="samplers to run")
     add_run_options(parser, "experiments/results/grid_study", "CI scale")
     parser.add_argument("--from-json", default=None, help="rewrite the table and plots of a finished run's JSON")
-    args = parser.parse_args(argv)
+    args = parse_quick(parser, argv, {**quick, "random_sizes": [6], "nd_sizes": [6]})
     if args.quick:
-        args.seconds, args.seeds, args.random_sizes, args.nd_sizes, args.chains = 2.0, 1, [6], [6], 4
         args.instances = args.instances or ["Grids_12", "90-10-1", "random-bn-6", "nd-bn-6"]
         args.replicas = min(args.replicas, 4)
     if args.replicas < 1:
@@ -458,7 +472,7 @@ def gradient_table(record: dict, seconds: float, seeds: int) -> str:
         medians = {arm: censored_median(time_to_level(r[arm], level) for r in runs) for arm in gradient + blocks}
         finals = {arm: sum(r[arm]["errors"][-1] for r in runs) / len(runs) for arm in gradient + blocks}
         best = min(gradient, key=lambda arm: (math.inf if medians[arm] is None else medians[arm], finals[arm]))
-        cells = [f"{finals[arm]:.4f} / {_seconds(medians[arm])}" for arm in gradient + blocks]
+        cells = [f"{finals[arm]:.4f} / {_seconds(medians[arm])} / {_ess_rate(runs, arm)}" for arm in gradient + blocks]
         marks = []
         for arm in blocks:
             mine, theirs = medians[arm], medians[best]
@@ -488,8 +502,10 @@ def gradient_table(record: dict, seconds: float, seeds: int) -> str:
             "",
             f"{cfg['chains']} chains per arm, {seconds:g} s of sampling per arm and seed, {seeds} seed(s). Each "
             f"cell: seed-mean final error / median {cfg.get('clock', 'wall')} seconds until the error stays at or "
-            f"below {level:g} (warmup included; `-`: half the seeds or more never got there). `best`: the gradient "
-            "sampler with the least median time (ties: least final error); the last columns compare each "
+            f"below {level:g} (warmup included; `-`: half the seeds or more never got there) / median ESS per "
+            "second over seeds (median over variables of the multi-chain ESS of the variable's first-value "
+            "indicator, on thinned draws: a lower bound; `0`: no variable changed; `?`: not recorded). `best`: the "
+            "gradient sampler with the least median time (ties: least final error); the last columns compare each "
             "neural-block arm with it.",
             "",
             "| instance | " + " | ".join(gradient + blocks) + " | best | " + " | ".join(blocks) + " |",
@@ -499,6 +515,16 @@ def gradient_table(record: dict, seconds: float, seeds: int) -> str:
             *summary,
         ]
     )
+
+
+def _ess_rate(runs: list[dict], arm: str) -> str:
+    """Median over seeds of an arm's ESS per second (``?`` for records from before it was kept, ``-`` for none)."""
+    if any("ess_per_second" not in r[arm] for r in runs):
+        return "?"
+    rates = sorted(r[arm]["ess_per_second"] or 0.0 for r in runs)
+    middle = len(rates) // 2
+    rate = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
+    return f"{rate:.3g}"
 
 
 def _seconds(value: float | None) -> str:
@@ -562,10 +588,24 @@ def main(argv: list[str] | None = None) -> dict:
             pyro.set_rng_seed(args.seed + s)
             kernel = make_kernel(label, fg, proposals[family], args)
             warmup = RE_WARMUP if label.startswith("RE-") else WARMUP
-            timed = marginal_error_run(
-                kernel, fg, exact, seconds=args.seconds, warmup=warmup, checkpoints=args.checkpoints, clock=args.clock
+            counts = RunningMarginals(fg, exact, thin_to=ESS_DRAWS)
+            timed = timed_run(
+                kernel,
+                observe=counts,
+                error=counts.error,
+                seconds=args.seconds,
+                warmup=warmup,
+                checkpoints=args.checkpoints,
+                clock=args.clock,
             )
-            run[label] = {**timed.trace.as_dict(), "diagnostics": timed.diagnostics, "run": timed.summary()}
+            ess = counts.ess()
+            run[label] = {
+                **timed.trace.as_dict(),
+                "diagnostics": timed.diagnostics,
+                "run": timed.summary(),
+                "ess": ess,
+                "ess_per_second": None if ess is None else ess / timed.trace.seconds[-1],
+            }
         if "NB+Gibbs" in run and "Gibbs" in run:
             gibbs_final = run["Gibbs"]["errors"][-1]
             reach = first_time(run["NB+Gibbs"], gibbs_final, for_good=False)

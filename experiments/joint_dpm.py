@@ -78,7 +78,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_numbers, add_run_options, open_study, study_parser
+from experiments.common import add_run_options, add_table, open_study, parse_quick, study_parser
 from experiments.logistic_models import Design, logistic_model
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
@@ -695,29 +695,28 @@ def targets(seeds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    add_numbers(
+    # --quick: a cycle re-sets up each w_k kernel (about 3 s here with the direct likelihood path's tracing)
+    quick = add_table(
         parser,
-        seeds=(3, "number of seeds (data sets and chains) from --seed"),
-        n_train=10_000,
-        n_test=2_000,
-        dim=2,
-        clusters=5,
-        budget=(50.0, "sampler seconds per arm and seed"),
-        w_updates=(10, "MH transitions of each w_k per cycle"),
-        z_fraction=(0.25, "fraction of the z_i updated per cycle"),
-        batch_size=50,
-        batch_growth=2.0,
-        aux=(3, "auxiliary clusters of Neal's algorithm 8"),
-        warmup_cycles=(10, "cycles adapting steps, left out of the average"),
+        """
+        --seeds           3        1      number of seeds (data sets and chains) from --seed
+        --n-train         10_000   1_000
+        --n-test          2_000    300
+        --dim             2        -
+        --clusters        5        -
+        --budget          50.0     8.0    sampler seconds per arm and seed
+        --w-updates       10       -      MH transitions of each w_k per cycle
+        --z-fraction      0.25     -      fraction of the z_i updated per cycle
+        --batch-size      50       -
+        --batch-growth    2.0      -
+        --aux             3        -      auxiliary clusters of Neal's algorithm 8
+        --warmup-cycles   10       3      cycles adapting steps, left out of the average
+        """,
     )
     parser.add_argument("--epsilons", type=float, nargs="+", default=None)
     add_run_options(parser, "experiments/results/joint_dpm", "CI scale: small data, an 8-second budget per arm")
     parser.add_argument("--rewrite", metavar="JSON", help="rewrite the tables and plot of a saved record, no run")
-    args = parser.parse_args(argv)
-    if args.quick:
-        # a cycle re-sets up each w_k kernel (about 3 s here with the direct likelihood path's tracing)
-        args.n_train, args.n_test, args.seeds, args.budget, args.warmup_cycles = 1_000, 300, 1, 8.0, 3
-    return args
+    return parse_quick(parser, argv, quick)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

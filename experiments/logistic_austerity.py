@@ -75,7 +75,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from experiments import baselines
-from experiments.common import add_numbers, add_run_options, open_study, study_parser
+from experiments.common import add_run_options, add_table, open_study, study_parser
 from experiments.logistic_models import (
     Dataset,
     LaplaceProposal,
@@ -279,16 +279,15 @@ def moment_errors(samples: Tensor, ref: dict[str, Any]) -> dict[str, float]:
 # -- the study -----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    add_numbers(
+    add_table(
         parser,
-        budget_scale=(1.0, "multiplies every wall-time budget"),
-        batch_size=100,
-        batch_growth=(2.0, "AusterityMH batch_growth (later stages)"),
-        bias_transitions=(5000, "transitions per arm of the bias table"),
-        replicates=(
-            3,
-            "chains of exact MH and austerity eps=0.05 on each scaling set, for the mean-risk crossing time",
-        ),
+        """
+        --budget-scale       1.0    -   multiplies every wall-time budget
+        --batch-size         100    -
+        --batch-growth       2.0    -   AusterityMH batch_growth (later stages)
+        --bias-transitions   5000   -   transitions per arm of the bias table
+        --replicates         3      -   chains of exact MH and austerity eps=0.05 per scaling set (mean-risk crossing)
+        """,
     )
     parser.add_argument("--no-numpyro", action="store_true", help="skip NumPyro NUTS even if installed")
     add_run_options(parser, "experiments/results/logistic_austerity", "CI scale: small data, sub-second budgets")
