@@ -72,8 +72,8 @@ def run_sampler(
 
     record({"x": start})
     run = timed_run(kernel, seconds=seconds, initial_params={"x": start.clone()}, observe=record, clock=clock)
-    if chains > 1:  # [transitions, K] -> one list per chain
-        trace = {key: torch.stack(values, 1).tolist() for key, values in trace.items()}
+    if chains > 1:  # [transitions, K] -> one list per chain (4 decimals: K traces per run stay a small record)
+        trace = {key: torch.stack(values, 1).double().round(decimals=4).tolist() for key, values in trace.items()}
     return {"times": [0.0, *run.times], **trace, "sweeps": run.samples, "diagnostics": run.diagnostics}
 
 
