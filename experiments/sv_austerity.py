@@ -30,9 +30,7 @@ arm and seed: ESS (``pyro.ops.stats.effective_sample_size``) of phi and sigma2 p
 (a) total time and (b) time in the global update only, acceptance, data fraction, stages, and
 posterior means/sds (the bias of austerity against the exact arm).
 
-Usage:
-    python -m experiments.sv_austerity --quick
-    python -m experiments.sv_austerity --out experiments/results/sv_austerity
+Usage: ``python -m experiments.sv_austerity [--quick]`` (results under ``experiments/results/sv_austerity``).
 """
 
 from __future__ import annotations
@@ -472,22 +470,11 @@ def global_scaling(
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = sv_study_parser(__doc__, "experiments/results/sv_austerity")
     p.add_argument("--settings", nargs="+", default=["seed", "sp500"], choices=["seed", "sp500"])
-    p.add_argument("--epsilon", type=float, default=0.05, help="austerity arm's epsilon")
     p.add_argument(
         "--resummarize",
         action="store_true",
         help="recompute the summary and markdown of the existing run with these options (no sampling)",
     )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="first mini-batch (default: picked per setting by a trial, see tune_batch_size)",
-    )
-    p.add_argument("--growth", type=float, default=2.0, help="austerity stage growth factor (1: fixed mini-batches)")
-    p.add_argument("--particles", type=int, default=None, help="PG particles (default 50, quick 10)")
-    p.add_argument("--block-len", type=int, default=50, help="PG block length for the long series")
-    p.add_argument("--global-steps", type=int, default=5, help="MH transitions of (phi, sigma2) per sweep")
     p.add_argument("--warmup", type=int, default=None, help="warmup iterations (default 60 seed / 20 sp500, quick 10)")
     p.add_argument(
         "--budget", type=float, default=None, help="CPU seconds per arm, setting and seed (default 90 seed, 40 sp500)"
@@ -677,6 +664,29 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
     return summary
 
 
+TABLE = {  # the markdown table's columns after the arm: header -> key of an arm's summary
+    "phi ESS/s": "phi_ess_per_s_total",
+    "sigma2 ESS/s": "sigma2_ess_per_s_total",
+    "ratio phi": "phi_ratio_total",
+    "ratio sigma2": "sigma2_ratio_total",
+    "phi ESS/s (global)": "phi_ess_per_s_global",
+    "sigma2 ESS/s (global)": "sigma2_ess_per_s_global",
+    "ratio phi (global)": "phi_ratio_global",
+    "ratio sigma2 (global)": "sigma2_ratio_global",
+    "accept": "acceptance_rate",
+    "data fraction": "mean_data_fraction",
+    "stages": "mean_stages",
+    "s / transition": "seconds_per_transition",
+    "iter/s": "iterations_per_second",
+    "phi mean": "phi_mean",
+    "phi sd": "phi_sd",
+    "sigma2 mean": "sigma2_mean",
+    "sigma2 sd": "sigma2_sd",
+    "phi bias (sd)": "phi_bias_in_sd",
+    "sigma2 bias (sd)": "sigma2_bias_in_sd",
+}
+
+
 def _markdown(record: dict[str, Any]) -> str:
     cfg = record["config"]
     lines = [
@@ -691,58 +701,14 @@ def _markdown(record: dict[str, Any]) -> str:
         "ratio = arm / exact per seed, median.",
         "",
     ]
-    columns = [
-        "arm",
-        "phi ESS/s",
-        "sigma2 ESS/s",
-        "ratio phi",
-        "ratio sigma2",
-        "phi ESS/s (global)",
-        "sigma2 ESS/s (global)",
-        "ratio phi (global)",
-        "ratio sigma2 (global)",
-        "accept",
-        "data fraction",
-        "stages",
-        "s / transition",
-        "iter/s",
-        "phi mean",
-        "phi sd",
-        "sigma2 mean",
-        "sigma2 sd",
-        "phi bias (sd)",
-        "sigma2 bias (sd)",
-    ]
+    columns = ["arm", *TABLE]
     notes: list[str] = []
     trials: list[str] = []
     trials_rows: list[dict[str, Any]] = []
     for name, res in record["settings"].items():
         rows = []
         for arm, s in res["summary"].items():
-            rows.append(
-                {
-                    "arm": arm,
-                    "phi ESS/s": s["phi_ess_per_s_total"],
-                    "sigma2 ESS/s": s["sigma2_ess_per_s_total"],
-                    "ratio phi": s["phi_ratio_total"],
-                    "ratio sigma2": s["sigma2_ratio_total"],
-                    "phi ESS/s (global)": s["phi_ess_per_s_global"],
-                    "sigma2 ESS/s (global)": s["sigma2_ess_per_s_global"],
-                    "ratio phi (global)": s["phi_ratio_global"],
-                    "ratio sigma2 (global)": s["sigma2_ratio_global"],
-                    "accept": s["acceptance_rate"],
-                    "data fraction": s["mean_data_fraction"],
-                    "stages": s["mean_stages"],
-                    "s / transition": s["seconds_per_transition"],
-                    "iter/s": s["iterations_per_second"],
-                    "phi mean": s["phi_mean"],
-                    "phi sd": s["phi_sd"],
-                    "sigma2 mean": s["sigma2_mean"],
-                    "sigma2 sd": s["sigma2_sd"],
-                    "phi bias (sd)": s["phi_bias_in_sd"],
-                    "sigma2 bias (sd)": s["sigma2_bias_in_sd"],
-                }
-            )
+            rows.append({"arm": arm, **{col: s[key] for col, key in TABLE.items()}})
             bound = next(iter(res["summary"].values()))["ratio_bound_free_global"]
             if "target_met" in s and min(s["phi_ratio_total"], s["sigma2_ratio_total"]) > bound:
                 notes.append(

@@ -30,9 +30,7 @@ documented window (default the last 2,000 trading days, 2004-2012): on the full 
 series Pyro NUTS needs about 5-10 CPU seconds per iteration, so no arm would get a fair
 budget within the study's time limit (``--window 0`` uses the full series).
 
-Usage:
-    python -m experiments.sv_flagship --quick
-    python -m experiments.sv_flagship --out experiments/results/sv_flagship
+Usage: ``python -m experiments.sv_flagship [--quick]`` (results under ``experiments/results/sv_flagship``).
 """
 
 from __future__ import annotations
@@ -466,14 +464,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         __doc__, "experiments/results/sv_flagship", "CI scale (a 100-day window, a few seconds per arm)"
     )
     p.add_argument("--window", type=int, default=None, help="last days of the series (0: all; default 2000)")
-    p.add_argument("--epsilon", type=float, default=0.05, help="austerity epsilon of the NB + austerity arm")
-    p.add_argument("--batch-size", type=int, default=None, help="austerity first mini-batch (default: trial)")
-    p.add_argument("--growth", type=float, default=2.0, help="austerity stage growth")
     p.add_argument("--nb-steps", type=int, default=1, help="h transitions per cycle in the NB arms")
     p.add_argument("--gibbs-prob", type=float, default=0.2, help="single-site share of NB h transitions")
-    p.add_argument("--global-steps", type=int, default=5, help="(phi, sigma2) MH transitions per cycle, all arms")
-    p.add_argument("--particles", type=int, default=None, help="PG particles (default 50, quick 10)")
-    p.add_argument("--block-len", type=int, default=50, help="PG block length")
     p.add_argument("--warmup", type=int, default=None, help="warmup cycles of the Gibbs arms (default 50)")
     p.add_argument("--iterations", type=int, default=None, help="post-warmup NB + austerity cycles (default 1200)")
     p.add_argument("--exact-iterations", type=int, default=None, help="post-warmup NB + exact cycles (default 800)")
@@ -716,6 +708,32 @@ def report(folder: str | Path) -> dict[str, Any]:
     return record
 
 
+TABLE = {  # the markdown table's columns after the arm: header -> key of an arm's summary (lists: per seed)
+    "phi ESS/s": "phi_ess_per_s",
+    "sigma2 ESS/s": "sigma2_ess_per_s",
+    "h ESS/s (median)": "h_ess_per_s_median",
+    "h ESS/s (min)": "h_ess_per_s_min",
+    "phi ESS (seeds)": "phi_ess_per_seed",
+    "sigma2 ESS (seeds)": "sigma2_ess_per_seed",
+    "phi ESS/iter": "phi_ess_per_iteration",
+    "sigma2 ESS/iter": "sigma2_ess_per_iteration",
+    "s/iter": "seconds_per_iteration",
+    "draws": "draws",
+    "sampling s": "seconds",
+    "warmup s": "warmup_seconds",
+    "global time share": "global_time_fraction",
+    "phi mean": "phi_mean",
+    "phi sd": "phi_sd",
+    "sigma2 mean": "sigma2_mean",
+    "sigma2 sd": "sigma2_sd",
+}
+
+
+def _per_seed(value: Any) -> Any:
+    """A table cell: a list of per-seed values as ``a, b`` (3 significant digits); anything else as it is."""
+    return ", ".join(f"{v:.3g}" for v in value) if isinstance(value, list) else value
+
+
 def _markdown(record: dict[str, Any]) -> str:
     cfg, summary = record["config"], record["summary"]
     arms = cfg["arms"]
@@ -735,51 +753,8 @@ def _markdown(record: dict[str, Any]) -> str:
         "timed_run(clock='cpu')); medians over seeds. h: 5 evenly spaced t.",
         "",
     ]
-    columns = [
-        "arm",
-        "phi ESS/s",
-        "sigma2 ESS/s",
-        "h ESS/s (median)",
-        "h ESS/s (min)",
-        "phi ESS (seeds)",
-        "sigma2 ESS (seeds)",
-        "phi ESS/iter",
-        "sigma2 ESS/iter",
-        "s/iter",
-        "draws",
-        "sampling s",
-        "warmup s",
-        "global time share",
-        "phi mean",
-        "phi sd",
-        "sigma2 mean",
-        "sigma2 sd",
-    ]
-    rows = []
-    for arm in arms:
-        s = summary[arm]
-        rows.append(
-            {
-                "arm": arm,
-                "phi ESS/s": s["phi_ess_per_s"],
-                "sigma2 ESS/s": s["sigma2_ess_per_s"],
-                "h ESS/s (median)": s["h_ess_per_s_median"],
-                "h ESS/s (min)": s["h_ess_per_s_min"],
-                "phi ESS (seeds)": ", ".join(f"{v:.3g}" for v in s["phi_ess_per_seed"]),
-                "sigma2 ESS (seeds)": ", ".join(f"{v:.3g}" for v in s["sigma2_ess_per_seed"]),
-                "phi ESS/iter": s["phi_ess_per_iteration"],
-                "sigma2 ESS/iter": s["sigma2_ess_per_iteration"],
-                "s/iter": s["seconds_per_iteration"],
-                "draws": s["draws"],
-                "sampling s": s["seconds"],
-                "warmup s": s["warmup_seconds"],
-                "global time share": s["global_time_fraction"],
-                "phi mean": s["phi_mean"],
-                "phi sd": s["phi_sd"],
-                "sigma2 mean": s["sigma2_mean"],
-                "sigma2 sd": s["sigma2_sd"],
-            }
-        )
+    columns = ["arm", *TABLE]
+    rows = [{"arm": arm, **{col: _per_seed(summary[arm][key]) for col, key in TABLE.items()}} for arm in arms]
     lines += [markdown_table(rows, columns, spec=".3g"), "", "![ESS/s, traces, ACF](sv_flagship.png)", ""]
     lines += [
         "## Ratios (NB + austerity / other arm; per-seed ratios, median)",

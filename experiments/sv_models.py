@@ -400,11 +400,14 @@ def load_sp500_returns(path: str | Path | None = None, standardize: bool = True)
 def sv_study_parser(doc: str, out: str, quick_help: str = "CI scale") -> argparse.ArgumentParser:
     """The SV studies' parser: the docstring's first line, then the options they share.
 
-    ``--quick``, ``--seed``, ``--seeds``, ``--threads`` and ``--out``; each study adds its own after them.
+    ``--quick``, ``--seed``, ``--seeds``, ``--threads`` and ``--out``, then the sampler options both studies
+    take alike (austerity ``--epsilon``, ``--batch-size`` and ``--growth``; particle Gibbs ``--particles`` and
+    ``--block-len``; ``--global-steps``); each study adds its own after them.
 
     Example:
         >>> vars(sv_study_parser("An SV study.", "experiments/results/demo").parse_args(["--quick"]))
-        {'quick': True, 'seed': 0, 'seeds': None, 'threads': 1, 'out': 'experiments/results/demo'}
+        {'quick': True, 'seed': 0, 'seeds': None, 'threads': 1, 'out': 'experiments/results/demo', \
+'epsilon': 0.05, 'batch_size': None, 'growth': 2.0, 'particles': None, 'block_len': 50, 'global_steps': 5}
     """
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=quick_help)
@@ -412,6 +415,12 @@ def sv_study_parser(doc: str, out: str, quick_help: str = "CI scale") -> argpars
     p.add_argument("--seeds", type=int, default=None, help="repetitions (default 2, quick 1)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=out)
+    p.add_argument("--epsilon", type=float, default=0.05, help="austerity epsilon")
+    p.add_argument("--batch-size", type=int, default=None, help="austerity first mini-batch (default: a trial)")
+    p.add_argument("--growth", type=float, default=2.0, help="austerity stage growth factor (1: fixed mini-batches)")
+    p.add_argument("--particles", type=int, default=None, help="PG particles (default 50, quick 10)")
+    p.add_argument("--block-len", type=int, default=50, help="PG block length")
+    p.add_argument("--global-steps", type=int, default=5, help="MH transitions of (phi, sigma2) per sweep")
     return p
 
 
