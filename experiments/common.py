@@ -8,6 +8,7 @@ import math
 import statistics
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -57,6 +58,21 @@ def censored_median(values: Iterable[float | None]) -> float | None:
     mid = len(ordered) // 2
     med = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
     return None if math.isinf(med) else med
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the headless ``Agg`` backend, for a study's plots.
+
+    Example:
+        >>> pyplot().get_backend().lower()
+        'agg'
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def load_proposal_or_untrained(
@@ -245,19 +261,24 @@ def parse_proposal_eval(
     return parse_quick(parser, argv, quick)
 
 
-def markdown_sections(title: str, sections: Sequence[tuple[str, str]]) -> str:
-    """A report: ``# title``, then each section's ``## heading`` and body, a blank line before each.
+def markdown_sections(title: str, sections: Sequence[tuple[str, str]], intro: str = "") -> str:
+    """A report: ``# title``, the ``intro`` paragraph if any, then each section's ``## heading`` and body.
+
+    A blank line stands before each part.
 
     Example:
         >>> markdown_sections("T", [("A", "a"), ("B", "b")])
         '# T\\n\\n## A\\n\\na\\n\\n## B\\n\\nb\\n'
+        >>> markdown_sections("T", [("A", "a")], intro="Setup.")
+        '# T\\n\\nSetup.\\n\\n## A\\n\\na\\n'
     """
-    return f"# {title}" + "".join(f"\n\n## {heading}\n\n{body}" for heading, body in sections) + "\n"
+    head = f"# {title}" + (f"\n\n{intro}" if intro else "")
+    return head + "".join(f"\n\n## {heading}\n\n{body}" for heading, body in sections) + "\n"
 
 
-def write_sections(folder: Path, name: str, title: str, sections: Sequence[tuple[str, str]]) -> None:
-    """Write :func:`markdown_sections` of ``title`` and ``sections`` as the report ``folder / name``."""
-    write_report(folder, name, markdown_sections(title, sections))
+def write_sections(folder: Path, name: str, title: str, sections: Sequence[tuple[str, str]], intro: str = "") -> None:
+    """Write :func:`markdown_sections` of ``title``, ``sections`` and ``intro`` as the report ``folder / name``."""
+    write_report(folder, name, markdown_sections(title, sections, intro))
 
 
 def open_study(
