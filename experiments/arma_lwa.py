@@ -81,6 +81,7 @@ from experiments.common import (
     censored_median,
     open_study,
     parse_quick,
+    pyplot,
     study_parser,
 )
 from neuralblock.diagnostics import batch_means_mcse
@@ -594,10 +595,7 @@ def write_markdown(path: Path, record: dict) -> None:
 
 
 def plot(folder: Path, runs: list[Run], ref: dict, args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     focus = ["exact #0"] + [r.label for r in runs if r.label.endswith("eps=0.01 S0 #0")]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))

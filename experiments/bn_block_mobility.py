@@ -41,23 +41,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-import matplotlib
+import torch
+from scipy import stats
+from torch import Tensor
+from tqdm import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from scipy import stats  # noqa: E402
-from torch import Tensor  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from experiments.common import open_study, parse_quick, pyplot, study_parser
+from neuralblock.diagnostics.plots import save_figure
+from neuralblock.diagnostics.reports import markdown_table, write_json
+from neuralblock.diagnostics.runs import timed_run
+from neuralblock.exact.chain import gumbel_argmax
+from neuralblock.graph import FactorGraph
+from neuralblock.io import erg_grid, read_erg, read_mar
+from neuralblock.kernels.base import sequential_init
 
-from experiments.common import open_study, study_parser  # noqa: E402
-from neuralblock.diagnostics.plots import save_figure  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: E402
-from neuralblock.diagnostics.runs import timed_run  # noqa: E402
-from neuralblock.exact.chain import gumbel_argmax  # noqa: E402
-from neuralblock.graph import FactorGraph  # noqa: E402
-from neuralblock.io import erg_grid, read_erg, read_mar  # noqa: E402
-from neuralblock.kernels.base import sequential_init  # noqa: E402
+plt = pyplot()
 
 INSTANCES = ["90-10-1", "90-14-1", "90-16-1"]
 NEG_LARGE = -1e30  # stands for log 0 in the factor sums (-inf * 0 would be NaN in a matrix product)
@@ -233,10 +231,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="CI scale")
     parser.add_argument("--out", default="experiments/results/bn_block_mobility")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.instances, args.sizes, args.chains, args.sweeps, args.seeds = ["90-10-1"], [1, 2], 8, 6, 2
-    return args
+    return parse_quick(parser, argv, {"instances": ["90-10-1"], "sizes": [1, 2], "chains": 8, "sweeps": 6, "seeds": 2})
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

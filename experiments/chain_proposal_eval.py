@@ -34,12 +34,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import pyro
 import torch
 from pyro.ops.stats import effective_sample_size
 
-from experiments.common import load_proposal_or_untrained, open_study, parse_proposal_eval, write_sections
+from experiments.common import load_proposal_or_untrained, open_study, parse_proposal_eval, pyplot, write_sections
 from experiments.sv_models import load_sp500_returns
 from motifs.chain import ChainMotif, stochastic_volatility_graph
 from neuralblock import NeuralBlockKernel, RandomWalkMH
@@ -50,8 +49,8 @@ from neuralblock.proposals import NeuralBlockProposal
 from trainers.metrics import mc_acceptance
 from trainers.trainer import evaluate
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+plt = pyplot()
+
 
 FAMILIES = ("linear", "volatility", "mixed")
 ESS_STATES = 50  # evenly spaced states whose ESS is computed (Pyro's ESS is slow per state)

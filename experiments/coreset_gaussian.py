@@ -28,21 +28,19 @@ import argparse
 import math
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pyro
 import pyro.distributions as dist
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, lower_median, open_study, study_parser
+from experiments.common import add_run_options, lower_median, open_study, parse_quick, pyplot, study_parser
 from neuralblock.coresets import FrankWolfe, HilbertCoreset, Projector, gaussian_kl, laplace_samples
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import timed_call
+
+plt = pyplot()
 
 PRIOR_SD = 2.0
 SIGMA = torch.tensor([[1.0, 0.6], [0.6, 1.0]], dtype=torch.float64)
@@ -80,11 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=10)
     quick_help = "CI scale: N=200, J=100, 3 trials"
     add_run_options(parser, "experiments/results/coreset_gaussian", quick_help, no_progress=True)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.num_data, args.projection_dim, args.trials = 200, 100, 3
-        args.sizes = [2, 10, 50, 100]
-    return args
+    return parse_quick(parser, argv, {"num_data": 200, "projection_dim": 100, "trials": 3, "sizes": [2, 10, 50, 100]})
 
 
 def run_trial(args: argparse.Namespace, trial: int) -> dict[str, Any]:

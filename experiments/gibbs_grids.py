@@ -24,7 +24,7 @@ import json
 import pyro
 import torch
 
-from experiments.common import add_run_options
+from experiments.common import add_run_options, parse_quick, study_parser
 from neuralblock import GibbsKernel
 from neuralblock.diagnostics.plots import plot_error_traces
 from neuralblock.diagnostics.runs import marginal_error_run, study_folder
@@ -35,16 +35,13 @@ DEFAULT_GRIDS = ["Grids_15", "Grids_11"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--grids", nargs="+", default=DEFAULT_GRIDS, choices=ALL_GRIDS)
     parser.add_argument("--sweeps", type=int, default=100_000)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--seeds", type=int, default=2, help="independent chains per grid")
     add_run_options(parser, "experiments/results/gibbs_grids", "CI scale: 200 sweeps, one seed", no_progress=True)
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.sweeps, args.seeds, args.warmup = 200, 1, 10
-    return args
+    return parse_quick(parser, argv, {"sweeps": 200, "seeds": 1, "warmup": 10})
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -65,7 +65,7 @@ import pyro
 import torch
 from torch import Tensor
 
-from experiments.common import add_run_options, add_table, median, open_study, parse_quick, study_parser
+from experiments.common import add_run_options, add_table, median, open_study, parse_quick, pyplot, study_parser
 from neuralblock import (
     DiscreteLangevin,
     FactorGraph,
@@ -484,10 +484,7 @@ def _fmt_gain(gain: float | None) -> str:
 
 def plot(record: dict[str, Any], path: Path) -> None:
     """log10 RMSE vs CPU seconds, one panel per family, one colour per kernel (every seed drawn)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     families = list(record["families"])
     fig, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families), 3.6), squeeze=False)

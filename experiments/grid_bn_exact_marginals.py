@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.common import study_parser
 from neuralblock.diagnostics.reports import config_hash
 from neuralblock.exact import marginals
 from neuralblock.io import erg_grid, read_erg, write_mar
@@ -76,7 +76,7 @@ def run_grid(name: str, out_dir: Path | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the JSON record it writes."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="only the 10x10 grid")
     parser.add_argument("--seed", type=int, default=0, help="unused (exact computation); kept for the CLI convention")
     parser.add_argument("--out-dir", type=Path, default=None, help="where the .MAR/.PR go (default: beside the data)")

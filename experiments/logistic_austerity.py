@@ -68,14 +68,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import arviz as az
-import matplotlib
 import pyro
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
 from experiments import baselines
-from experiments.common import add_run_options, add_table, open_study, study_parser
+from experiments.common import add_run_options, add_table, open_study, pyplot, study_parser
 from experiments.logistic_models import (
     Dataset,
     LaplaceProposal,
@@ -93,8 +92,8 @@ from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import ClockName, ErrorTrace, TimedRun, first_time, timed_call, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+plt = pyplot()
+
 
 __all__ = ["main", "moment_errors", "run_kernel", "running_metrics"]
 

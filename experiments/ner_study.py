@@ -46,13 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import pyro
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options
+from experiments.common import add_run_options, parse_quick, pyplot, study_parser
 from experiments.crf_model import entity_spans, precision_recall_f1
 from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
@@ -63,8 +62,8 @@ from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
 from neuralblock.kernels import DiscreteLangevin, GibbsWithGradients, GraphKernel, PathAuxiliarySampler
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot()
+
 
 PROPOSALS = ["crf_tags-2", "crf_tags-3", "crf_tags-4"]
 GRADIENT_SAMPLERS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
@@ -73,7 +72,7 @@ METRICS = ["errors", "loglik", "token_f1_sample", "entity_f1_sample", "token_f1_
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--sentences", type=int, default=300, help="first N WNUT-17 test sentences (0: all)")
     parser.add_argument("--seconds", type=float, default=60.0, help="sampling wall time per sampler and seed")
     parser.add_argument("--seeds", type=int, default=2)
@@ -89,9 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--growth", type=float, default=1.25, help="geometric checkpoint factor (sweeps)")
     parser.add_argument("--exact-samples", type=int, default=256, help="FFBS draws for the posterior mean score")
     add_run_options(parser, "experiments/results/ner_study", "CI scale (missing proposals are skipped)")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.sentences, args.seconds, args.seeds = 20, 2.0, 1
+    args = parse_quick(parser, argv, {"sentences": 20, "seconds": 2.0, "seeds": 1})
     if args.seconds <= 0 or args.seeds < 1 or args.growth <= 1.0:
         parser.error("--seconds must be > 0, --seeds >= 1 and --growth > 1")
     return args

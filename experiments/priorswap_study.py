@@ -73,7 +73,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
 import pyro
 import torch
@@ -83,15 +82,15 @@ from torch.distributions import HalfCauchy, Laplace, MultivariateNormal, Normal,
 from tqdm import tqdm
 
 from experiments.baselines import pyro_nuts_run
-from experiments.common import add_run_options, open_study, study_parser
+from experiments.common import add_run_options, open_study, pyplot, study_parser
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import ErrorTrace, TimedRun, first_time, timed_call, timed_run
 from neuralblock.io import data_path
 from neuralblock.priorswap import ExactPosterior, PriorSwap, SiteLayout, SwapProblem, importance_swap
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+plt = pyplot()
+
 
 STUDIES = ["oned", "linreg", "kidiq", "phishing", "gmm"]
 THRESHOLD = 0.05

@@ -30,12 +30,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import pyro
 import torch
 from pyro.infer import MCMC
 from tqdm import tqdm
 
+from experiments.common import parse_quick, pyplot, study_parser
 from neuralblock import ReplicaExchange, load_pretrained
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.graph import FactorGraph, TableGroup
@@ -71,7 +71,7 @@ def coupling_scale(fg: FactorGraph) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--max-temperature", type=float, default=10.0, help="the ladder's hottest temperature")
     parser.add_argument("--chains", type=int, default=4, help="independent ensembles")
@@ -81,10 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--instances", nargs="*", default=UAI)
     parser.add_argument("--quick", action="store_true", help="CI scale")
     parser.add_argument("--out", default="experiments/results/tempered_acceptance")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.instances, args.warmup, args.samples, args.replicas, args.chains = ["Grids_11"], 5, 20, 4, 2
-    return args
+    quick = {"instances": ["Grids_11"], "warmup": 5, "samples": 20, "replicas": 4, "chains": 2}
+    return parse_quick(parser, argv, quick)
 
 
 def run_instance(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -142,8 +140,7 @@ def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
     """Block acceptance against each replica's coupling scale, one line per grid, the training range shaded."""
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
     ax.axvspan(*TRAINED_COUPLINGS, color="0.9", label="trained coupling range")

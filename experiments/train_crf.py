@@ -28,22 +28,29 @@ from pathlib import Path
 
 import torch
 
+from experiments.common import add_table, parse_quick, pyplot, study_parser
 from experiments.crf_model import evaluate, train_crf
 from motifs.crf import load_crf, read_conll
 from neuralblock.io import data_path
 from neuralblock.proposals.proposal import atomic_write_bytes, code_commit
 
 DATA_FILES = {"train": "wnut17train.conll", "dev": "emerging.dev.conll", "test": "emerging.test.annotated"}
+TRAIN_OPTIONS = ("epochs", "batch_size", "lr", "l2", "min_count", "seed")  # passed on to crf_model.train_crf
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = study_parser(__doc__)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=10, help="sweeps over the training set")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.5, help="AdaGrad learning rate")
-    parser.add_argument("--l2", type=float, default=1e-5, help="AdaGrad weight decay")
-    parser.add_argument("--min-count", type=int, default=2, help="feature count threshold")
+    quick = add_table(
+        parser,
+        """
+        --epochs       10     1   sweeps over the training set
+        --batch-size   32     -
+        --lr           0.5    -   AdaGrad learning rate
+        --l2           1e-5   -   AdaGrad weight decay
+        --min-count    2      -   feature count threshold
+        """,
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these sizes)")
     parser.add_argument("--max-sentences", type=int, default=None, help="train on the first N sentences only")
     parser.add_argument("--quick", action="store_true", help="CI scale: 1 sweep on 200 sentences")
@@ -51,10 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--output", default=None, help="CRF path stem (default: data/ner_wnut17/crf; --quick: the results folder)"
     )
     parser.add_argument("--results", default="experiments/results/train_crf")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.epochs, args.max_sentences = 1, 200
-    return args
+    return parse_quick(parser, argv, {**quick, "max_sentences": 200})
 
 
 def config_hash(args: argparse.Namespace) -> str:
@@ -76,16 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     splits = {name: read_conll(data_path("ner_wnut17", file)) for name, file in DATA_FILES.items()}
     train = splits["train"][: args.max_sentences] if args.max_sentences else splits["train"]
     start = time.perf_counter()
-    crf, losses = train_crf(
-        train,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        l2=args.l2,
-        min_count=args.min_count,
-        seed=args.seed,
-        log=print,
-    )
+    options = {name: getattr(args, name) for name in TRAIN_OPTIONS}
+    crf, losses = train_crf(train, **options, log=print)
     train_seconds = time.perf_counter() - start
     metrics = {name: evaluate(crf, splits[name]) for name in ("dev", "test")}
     crf.metadata.update(
@@ -136,10 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     table = "\n".join(lines) + "\n"
     atomic_write_bytes(out / "train_crf.md", table.encode())
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.plot(range(1, len(losses) + 1), losses, marker="o")
