@@ -61,7 +61,7 @@ from pyro.infer import NUTS
 from pyro.ops.stats import effective_sample_size
 from torch import Tensor
 
-from experiments.common import add_run_options, open_study, study_parser
+from experiments.common import add_run_options, open_study, pyplot, study_parser
 from neuralblock.coresets import HilbertCoreset, Projector, laplace_samples
 from neuralblock.coresets.pyro_model import _newton_mode
 from neuralblock.diagnostics.plots import save_figure
@@ -83,6 +83,17 @@ METHOD_COLORS = {
     "LWAKernel": "tab:brown",
 }
 SWAP_SCALE = 0.3
+TABLE = {  # the markdown table's columns from a row of the record: header -> key
+    "method": "method",
+    "knob": "knob",
+    "kind": "kind",
+    "mean err (sd)": "mean_error_sd",
+    "± mcse": "mean_error_mcse",
+    "sd ratio": "sd_ratio",
+    "± mcse ": "sd_ratio_mcse",
+    "min ESS": "min_ess",
+    "seconds": "seconds",
+}
 
 
 # -- models and generators ----------------------------------------------------------------------
@@ -456,39 +467,17 @@ def targets(record: dict[str, Any]) -> dict[str, Any]:
 def write_outputs(folder: Path, record: dict[str, Any]) -> None:
     """``global_bias.json``, ``global_bias.md`` and ``global_bias.png``."""
     write_json(folder / "global_bias.json", record)
-    columns = [
-        "case",
-        "method",
-        "knob",
-        "kind",
-        "mean err (sd)",
-        "± mcse",
-        "sd ratio",
-        "± mcse ",
-        "min ESS",
-        "seconds",
-        "warned",
-        "target",
+    columns = ["case", *TABLE, "warned", "target"]
+    rows = [
+        {
+            "case": case["case"],
+            **{col: row[key] for col, key in TABLE.items()},
+            "warned": "yes" if row["warned"] else "no",
+            "target": ("pass" if passes(row) else "FAIL") if row["kind"] == "default" else "",
+        }
+        for case in record["cases"]
+        for row in case["rows"]
     ]
-    rows = []
-    for case in record["cases"]:
-        for row in case["rows"]:
-            rows.append(
-                {
-                    "case": case["case"],
-                    "method": row["method"],
-                    "knob": row["knob"],
-                    "kind": row["kind"],
-                    "mean err (sd)": row["mean_error_sd"],
-                    "± mcse": row["mean_error_mcse"],
-                    "sd ratio": row["sd_ratio"],
-                    "± mcse ": row["sd_ratio_mcse"],
-                    "min ESS": row["min_ess"],
-                    "seconds": row["seconds"],
-                    "warned": "yes" if row["warned"] else "no",
-                    "target": ("pass" if passes(row) else "FAIL") if row["kind"] == "default" else "",
-                }
-            )
     refs = [
         {
             "case": c["case"],
@@ -528,10 +517,7 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
 
 def plot(folder: Path, record: dict[str, Any]) -> None:
     """Mean error and sd ratio along each kernel's knob, one panel pair per case."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     cases = record["cases"]
     fig, axes = plt.subplots(2, len(cases), figsize=(5 * len(cases), 7), squeeze=False)

@@ -71,22 +71,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
 import pyro
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, add_table, open_study, parse_quick, study_parser
+from experiments.common import add_run_options, add_table, open_study, parse_quick, pyplot, study_parser
 from experiments.logistic_models import Design, logistic_model
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import ClockName, ErrorTrace, first_time, timed_call, timed_run
 from neuralblock.kernels.austerity import AusterityMH
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+plt = pyplot()
+
 
 __all__ = ["Arm", "Data", "Hyper", "JointDPMState", "main", "make_data"]
 
@@ -95,6 +94,19 @@ QUICK_EPSILONS = (0.1, 0.3)
 EXACT = "exact MH"
 TARGET_ACCEPT = 0.234
 TOLERANCE = 0.005  # accuracy tolerance of the secondary first-passage ratio (the curves plateau; see the notes)
+TABLE = {  # the markdown table's run columns: header -> key of a run's record
+    "cycles": "cycles",
+    "final accuracy": "final_accuracy",
+    "clusters": "final_clusters",
+    "data fraction / w-update": "data_fraction_per_w_update",
+    "ms / w-update": "ms_per_w_transition",
+    "z-sweep share": "z",
+    "w share": "w",
+    "s to exact's final acc.": "seconds_to_exact_final_accuracy",
+    "/ exact budget": "ratio_to_exact_budget",
+    "/ exact first passage": "ratio_to_exact_first_passage",
+    "/ exact first passage (-0.005)": "ratio_to_exact_first_passage_within_tolerance",
+}
 LOG_2PI = math.log(2.0 * math.pi)
 CLOCK: ClockName = "wall"  # the harness's clock of every arm's cycles and of the kernel costs
 
@@ -742,21 +754,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_outputs(folder, record)
     (folder / "partial.json").unlink(missing_ok=True)
     return record
-
-
-TABLE = {  # the markdown table's run columns: header -> key of a run's record
-    "cycles": "cycles",
-    "final accuracy": "final_accuracy",
-    "clusters": "final_clusters",
-    "data fraction / w-update": "data_fraction_per_w_update",
-    "ms / w-update": "ms_per_w_transition",
-    "z-sweep share": "z",
-    "w share": "w",
-    "s to exact's final acc.": "seconds_to_exact_final_accuracy",
-    "/ exact budget": "ratio_to_exact_budget",
-    "/ exact first passage": "ratio_to_exact_first_passage",
-    "/ exact first passage (-0.005)": "ratio_to_exact_first_passage_within_tolerance",
-}
 
 
 def write_outputs(folder: Path, record: dict[str, Any]) -> None:

@@ -50,7 +50,7 @@ from pyro.ops.stats import autocorrelation, effective_sample_size
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import median
+from experiments.common import median, pyplot
 from experiments.sv_models import (
     load_sp500_returns,
     simulate_sv,
@@ -88,6 +88,27 @@ BUDGET = {"seed": 90.0, "sp500": 40.0}
 START = {"seed": {"phi": 0.9, "sigma2": 0.02}, "sp500": {"phi": 0.98, "sigma2": 0.02}}  # both arms start here
 TARGET_RATIO = 1.5
 TRIAL_BATCH_SIZES = {"seed": (25, 50, 100), "sp500": (250, 1000, 4000)}  # candidates of the batch-size trial
+TABLE = {  # the markdown table's columns after the arm: header -> key of an arm's summary
+    "phi ESS/s": "phi_ess_per_s_total",
+    "sigma2 ESS/s": "sigma2_ess_per_s_total",
+    "ratio phi": "phi_ratio_total",
+    "ratio sigma2": "sigma2_ratio_total",
+    "phi ESS/s (global)": "phi_ess_per_s_global",
+    "sigma2 ESS/s (global)": "sigma2_ess_per_s_global",
+    "ratio phi (global)": "phi_ratio_global",
+    "ratio sigma2 (global)": "sigma2_ratio_global",
+    "accept": "acceptance_rate",
+    "data fraction": "mean_data_fraction",
+    "stages": "mean_stages",
+    "s / transition": "seconds_per_transition",
+    "iter/s": "iterations_per_second",
+    "phi mean": "phi_mean",
+    "phi sd": "phi_sd",
+    "sigma2 mean": "sigma2_mean",
+    "sigma2 sd": "sigma2_sd",
+    "phi bias (sd)": "phi_bias_in_sd",
+    "sigma2 bias (sd)": "sigma2_bias_in_sd",
+}
 
 
 @dataclass
@@ -491,10 +512,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _plot(setting: str, runs: list[dict[str, Any]], arms: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     colors = {arm: c for arm, c in zip(arms, ["tab:blue", "tab:orange", "tab:green"])}
@@ -662,29 +680,6 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
             min(summary[arm]["phi_ratio_total"], summary[arm]["sigma2_ratio_total"]) >= TARGET_RATIO
         )
     return summary
-
-
-TABLE = {  # the markdown table's columns after the arm: header -> key of an arm's summary
-    "phi ESS/s": "phi_ess_per_s_total",
-    "sigma2 ESS/s": "sigma2_ess_per_s_total",
-    "ratio phi": "phi_ratio_total",
-    "ratio sigma2": "sigma2_ratio_total",
-    "phi ESS/s (global)": "phi_ess_per_s_global",
-    "sigma2 ESS/s (global)": "sigma2_ess_per_s_global",
-    "ratio phi (global)": "phi_ratio_global",
-    "ratio sigma2 (global)": "sigma2_ratio_global",
-    "accept": "acceptance_rate",
-    "data fraction": "mean_data_fraction",
-    "stages": "mean_stages",
-    "s / transition": "seconds_per_transition",
-    "iter/s": "iterations_per_second",
-    "phi mean": "phi_mean",
-    "phi sd": "phi_sd",
-    "sigma2 mean": "sigma2_mean",
-    "sigma2 sd": "sigma2_sd",
-    "phi bias (sd)": "phi_bias_in_sd",
-    "sigma2 bias (sd)": "sigma2_bias_in_sd",
-}
 
 
 def _markdown(record: dict[str, Any]) -> str:

@@ -48,7 +48,7 @@ import torch
 from pyro.infer import NUTS
 from torch import Tensor
 
-from experiments.common import median
+from experiments.common import median, pyplot
 from experiments.sv_austerity import (
     START,
     GibbsChain,
@@ -94,6 +94,25 @@ ARMS = ("NB + austerity", "NB + exact MH", "PG + exact MH", "NUTS")
 H_POINTS = 5  # h_t recorded at this many evenly spaced times
 TARGETS = {"PG + exact MH": 2.0, "NUTS": 5.0}  # issue 7: NB + austerity ESS/s ratio for (phi, sigma2)
 MIN_ESS = 20.0  # below this per seed an ESS estimate (hence a ratio) is flagged as unreliable
+TABLE = {  # the markdown table's columns after the arm: header -> key of an arm's summary (lists: per seed)
+    "phi ESS/s": "phi_ess_per_s",
+    "sigma2 ESS/s": "sigma2_ess_per_s",
+    "h ESS/s (median)": "h_ess_per_s_median",
+    "h ESS/s (min)": "h_ess_per_s_min",
+    "phi ESS (seeds)": "phi_ess_per_seed",
+    "sigma2 ESS (seeds)": "sigma2_ess_per_seed",
+    "phi ESS/iter": "phi_ess_per_iteration",
+    "sigma2 ESS/iter": "sigma2_ess_per_iteration",
+    "s/iter": "seconds_per_iteration",
+    "draws": "draws",
+    "sampling s": "seconds",
+    "warmup s": "warmup_seconds",
+    "global time share": "global_time_fraction",
+    "phi mean": "phi_mean",
+    "phi sd": "phi_sd",
+    "sigma2 mean": "sigma2_mean",
+    "sigma2 sd": "sigma2_sd",
+}
 
 
 # -- the non-centred model for NUTS -----------------------------------------------------------
@@ -645,10 +664,7 @@ def _summarize(runs: list[dict[str, Any]], arms: list[str]) -> dict[str, Any]:
 
 
 def _plot(runs: list[dict[str, Any]], summary: dict[str, Any], arms: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     colors = dict(zip(ARMS, ["tab:blue", "tab:cyan", "tab:orange", "tab:green"]))
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
@@ -706,27 +722,6 @@ def report(folder: str | Path) -> dict[str, Any]:
     write_json(folder / "sv_flagship.json", record)
     (folder / "sv_flagship.md").write_text(_markdown(record))
     return record
-
-
-TABLE = {  # the markdown table's columns after the arm: header -> key of an arm's summary (lists: per seed)
-    "phi ESS/s": "phi_ess_per_s",
-    "sigma2 ESS/s": "sigma2_ess_per_s",
-    "h ESS/s (median)": "h_ess_per_s_median",
-    "h ESS/s (min)": "h_ess_per_s_min",
-    "phi ESS (seeds)": "phi_ess_per_seed",
-    "sigma2 ESS (seeds)": "sigma2_ess_per_seed",
-    "phi ESS/iter": "phi_ess_per_iteration",
-    "sigma2 ESS/iter": "sigma2_ess_per_iteration",
-    "s/iter": "seconds_per_iteration",
-    "draws": "draws",
-    "sampling s": "seconds",
-    "warmup s": "warmup_seconds",
-    "global time share": "global_time_fraction",
-    "phi mean": "phi_mean",
-    "phi sd": "phi_sd",
-    "sigma2 mean": "sigma2_mean",
-    "sigma2 sd": "sigma2_sd",
-}
 
 
 def _per_seed(value: Any) -> Any:
