@@ -55,7 +55,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import pyro
 import pyro.distributions as dist
 import torch
@@ -63,12 +62,21 @@ from pyro import poutine
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, add_table, median, open_study, parse_quick, proposal_study_parser
+from experiments.common import (
+    add_run_options,
+    add_table,
+    median,
+    open_study,
+    parse_quick,
+    proposal_study_parser,
+    pyplot,
+    write_sections,
+)
 from experiments.gmm_models import first_time_above, load_proposal_or_untrained
 from motifs.gmm_pair import gmm_graph
 from neuralblock import FactorGraph, NeuralBlockKernel
 from neuralblock.diagnostics.plots import save_figure
-from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
+from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import CLOCKS, timed_run
 from neuralblock.kernels import CompoundKernel, ConditionalGraphKernel, RandomWalkMH
 from neuralblock.kernels.base import GraphKernel
@@ -76,8 +84,7 @@ from neuralblock.kernels.conditioning import ConditionedModel
 from neuralblock.kernels.split_merge import SplitMergeGMM
 from neuralblock.proposals import NeuralBlockProposal
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+plt = pyplot()
 
 __all__ = [
     "GmmConditional",
@@ -707,6 +714,37 @@ def warm_up(proposal: NeuralBlockProposal) -> None:
         run_chain(kernel, (data["points"], 4, priors), prior_start(0, 4, priors), transitions=3)
 
 
+def write_markdown(folder: Path, record: dict[str, Any]) -> None:
+    """``gmm_hyper.md``: the setup, the pooled and per-dataset tables, the figures."""
+    cfg, pooled, ratio = record["config"], record["pooled"], record["pooled_ratio"]
+    rows = [{"dataset": r["index"], **row} for r in record["results"] for row in r["summary"]]
+    verdict = "never (some NB run did not reach it)" if ratio is None else f"{ratio:.3f}"
+    intro = (
+        f"m={cfg['mixtures']} candidate mixtures, n={cfg['points']} points, M_true={cfg['true_active']}, "
+        f"sigma_true={cfg['true_sigma']:g} (unknown to the sampler: LogNormal(0, 0.5) prior; p ~ Beta(2, 2); "
+        f"tau={HyperPriors().tau:g} known). {cfg['datasets']} datasets x {cfg['runs']} runs per arm (own prior "
+        f"start per run, shared by the arms), {cfg['seconds']:g} CPU s of transitions per run (setup and records "
+        f"not counted), {cfg['local_steps']} local sweeps per random-walk MH sweep of (sigma, p), {cfg['warmup']} "
+        f"warmup transitions, gibbs_prob={cfg['gibbs_prob']}. `time to SM final` = first time a run's log joint "
+        "reaches the split-merge arm's (lower) median final log joint on that dataset; E[sigma], E[M]: second "
+        f"half of each run (median over runs). Rows marked '{FIXED.strip()}' ({cfg['fixed_runs']} run(s) per "
+        "dataset) sample (mu, v) at the true sigma and p = M_true / m, one local sweep per transition. Local "
+        "acceptance: gmm_pair blocks (NB) or all split/merge/birth/death moves (split-merge), single-site sweeps "
+        "excluded."
+    )
+    pooled_text = markdown_table(pooled, list(pooled[0])) + (
+        f"\n\nNB reaches split-merge's final log joint in {verdict} times the split-merge arm's own median time "
+        "(pooled medians)."
+    )
+    figures = "![traces](gmm_hyper_traces.png)\n\n![posteriors](gmm_hyper_posteriors.png)"
+    per_dataset = (
+        f"{markdown_table(rows, list(rows[0]))}\n\nFull run: {record['wall_seconds']:.0f} s wall time.\n\n{figures}"
+    )
+    title = "Open-universe GMM with unknown hyper-parameters: NB(gmm_pair) vs split-merge, both + hyper-MH"
+    sections = [("Pooled over datasets and runs", pooled_text), ("Per dataset", per_dataset)]
+    write_sections(folder, "gmm_hyper.md", title, sections, intro)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     config, folder = open_study(args, priors=asdict(HyperPriors()))
@@ -716,42 +754,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tqdm(total=args.datasets * 2 * (args.runs + args.fixed_runs), desc="GMM hyper runs") as bar:
         results = [study_dataset(i, args, proposal, bar) for i in range(args.datasets)]
     pooled = pooled_summary(results)
-    ratio = pooled_ratio(pooled)
-    rows = [{"dataset": r["index"], **row} for r in results for row in r["summary"]]
     record = {
         "config": config,
         "results": results,
         "pooled": pooled,
-        "pooled_ratio": ratio,
+        "pooled_ratio": pooled_ratio(pooled),
         "wall_seconds": CLOCKS["wall"]() - wall,
     }
     write_json(folder / "gmm_hyper.json", record)
-    verdict = "never (some NB run did not reach it)" if ratio is None else f"{ratio:.3f}"
-    text = (
-        "# Open-universe GMM with unknown hyper-parameters: NB(gmm_pair) vs split-merge, both + hyper-MH\n\n"
-        + f"m={args.mixtures} candidate mixtures, n={args.points} points, M_true={args.true_active}, "
-        + f"sigma_true={args.true_sigma:g} (unknown to the sampler: LogNormal(0, 0.5) prior; p ~ Beta(2, 2); "
-        + f"tau={HyperPriors().tau:g} known). {args.datasets} datasets x {args.runs} runs per arm (own prior "
-        + f"start per run, shared by the arms), {args.seconds:g} CPU s of transitions per run (setup and records not "
-        + f"counted), {args.local_steps} local sweeps per random-walk MH sweep of (sigma, p), {args.warmup} warmup "
-        + f"transitions, gibbs_prob={args.gibbs_prob}. "
-        + "`time to SM final` = first time a run's log joint reaches the split-merge arm's (lower) median final "
-        + "log joint on that dataset; E[sigma], E[M]: second half of each run (median over runs). "
-        + f"Rows marked '{FIXED.strip()}' ({args.fixed_runs} run(s) per dataset) sample (mu, v) at the true "
-        + "sigma and p = M_true / m, one local sweep per transition. Local acceptance: gmm_pair blocks (NB) or "
-        + "all split/merge/birth/death moves (split-merge), single-site sweeps excluded.\n\n"
-        + "## Pooled over datasets and runs\n\n"
-        + markdown_table(pooled, list(pooled[0]))
-        + f"\n\nNB reaches split-merge's final log joint in {verdict} times the split-merge arm's own median "
-        + "time (pooled medians).\n\n## Per dataset\n\n"
-        + markdown_table(rows, list(rows[0]))
-        + "\n\n"
-        + f"Full run: {record['wall_seconds']:.0f} s wall time.\n\n"
-        + "![traces](gmm_hyper_traces.png)\n\n![posteriors](gmm_hyper_posteriors.png)\n"
-    )
     plot_traces(results, folder / "gmm_hyper_traces.png")
     plot_posteriors(results, folder / "gmm_hyper_posteriors.png")
-    write_report(folder, "gmm_hyper.md", text)
+    write_markdown(folder, record)
     return record
 
 
