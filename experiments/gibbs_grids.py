@@ -27,6 +27,7 @@ import torch
 from experiments.common import add_run_options, parse_quick, study_parser
 from neuralblock import GibbsKernel
 from neuralblock.diagnostics.plots import plot_error_traces
+from neuralblock.diagnostics.reports import write_report
 from neuralblock.diagnostics.runs import marginal_error_run, study_folder
 from neuralblock.io import read_mar, read_uai, uai_grid
 
@@ -82,9 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{run['diagnostics']['updates_per_second']:,.0f} |"
             )
     table = "\n".join(lines)
-    (out / "gibbs_grids.md").write_text(f"# Gibbs on UAI grids\n\nConfig: `{json.dumps(vars(args))}`\n\n{table}\n")
-    print(table)
-    print(f"wrote {out}")
+    write_report(out, "gibbs_grids.md", f"# Gibbs on UAI grids\n\nConfig: `{json.dumps(vars(args))}`\n\n{table}\n")
     return record
 
 

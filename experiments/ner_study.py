@@ -56,6 +56,7 @@ from experiments.crf_model import entity_spans, precision_recall_f1
 from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
 from neuralblock.diagnostics.plots import plot_error_traces, save_figure
+from neuralblock.diagnostics.reports import write_report
 from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, TimedRun, first_time, study_folder, timed_run
 from neuralblock.exact import chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
@@ -464,7 +465,6 @@ def main(argv: list[str] | None = None) -> dict:
     record["summary"] = rows
     (out / "ner_study.json").write_text(json.dumps(record, indent=1))
     text = markdown(record, rows)
-    (out / "ner_study.md").write_text(text)
     plot_f1(record, out / "ner_f1.png")
     plot_loglik(record, out / "ner_loglik.png")
     plot_error_traces(
@@ -475,8 +475,7 @@ def main(argv: list[str] | None = None) -> dict:
         out / "ner_marginal_error.png",
         title=f"NER marginal error vs exact forward-backward ({len(corpus.tokens)} sentences)",
     )
-    print(text)
-    print(f"wrote {out}")
+    write_report(out, "ner_study.md", text)
     return record
 
 

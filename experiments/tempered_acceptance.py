@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from experiments.common import parse_quick, pyplot, study_parser
 from neuralblock import ReplicaExchange, load_pretrained
-from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
+from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json, write_report
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.io import read_uai, uai_grid
 
@@ -184,10 +184,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "",
         markdown_table(summary_rows(runs), COLUMNS),
     ]
-    (folder / "tempered_acceptance.md").write_text("\n".join(lines) + "\n")
     plot(runs, folder / "tempered_acceptance.png")
-    print("\n".join(lines))
-    print(f"wrote {folder}")
+    write_report(folder, "tempered_acceptance.md", "\n".join(lines) + "\n")
     return record
 
 
