@@ -9,7 +9,8 @@ size (``m = 16`` candidate mixtures, ``n = 240`` points, drawn by
   birth and death moves alone (``gibbs_prob=0``; ``m (m - 1) / 2 = 120`` move attempts per transition,
   each attempt one batched step of all chains);
 * ``nb``: :class:`~neuralblock.NeuralBlockKernel` sweeps of the shipped ``gmm_pair`` proposal alone
-  (``gibbs_prob=0``; one block proposal per mixture pair);
+  (``gibbs_prob=0``; one block proposal per mixture pair) on the fused mixture path
+  (:mod:`neuralblock.kernels.fused_mixture`), and ``nb_general`` the same on the general path;
 * ``single``: the single-site sweep both kernels mix in (``gibbs_prob=1``, timed on ``SplitMergeGMM``);
 * ``baseline``: ``SplitMergeGMM`` at ``K = 1`` on the commit before chain batching (``--baseline``,
   checked out into a temporary ``git worktree`` and timed in a subprocess);
@@ -92,8 +93,8 @@ def build(fg: FactorGraph, start: torch.Tensor, arm: str, chains: int) -> tuple[
     """
     begin = time.perf_counter()
     kernel: Any
-    if arm == "nb":
-        kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair")], gibbs_prob=0.0, chains=chains)
+    if arm in ("nb", "nb_general"):
+        kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair")], gibbs_prob=0.0, chains=chains, fused=arm == "nb")
     else:
         kernel = SplitMergeGMM(fg, gibbs_prob=0.0 if arm == "split_merge" else 1.0, chains=chains)
     kernel.initial_params = {"x": start if chains == 1 else start.expand(chains, -1).clone()}
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     arms = {
         f"{arm}_K{chains}": build(fg, truth, arm, chains)
-        for arm in ("split_merge", "nb", "single")
+        for arm in ("split_merge", "nb", "nb_general", "single")
         for chains in (1, args.chains)
     }
     times: dict[str, list[float]] = {name: [] for name in arms}
@@ -153,6 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"single-site K={k} / K=1 per chain-transition": paired(f"single_K{k}", "single_K1"),
         "split_merge / nb per chain-transition, K=1": paired("split_merge_K1", "nb_K1"),
         f"split_merge / nb per chain-transition, K={k}": paired(f"split_merge_K{k}", f"nb_K{k}"),
+        "nb general / fused path per chain-transition, K=1": paired("nb_general_K1", "nb_K1"),
+        f"nb general / fused path per chain-transition, K={k}": paired(f"nb_general_K{k}", f"nb_K{k}"),
     }
     if args.baseline:
         ratios["split_merge K=1 / baseline K=1"] = paired("split_merge_K1", "baseline_split_merge_K1")
@@ -185,7 +188,8 @@ def _markdown(result: dict[str, Any]) -> str:
         f"interleaved rounds of about {result['budget']} s CPU time each (at least two transitions). "
         f"`split_merge`: `SplitMergeGMM(gibbs_prob=0)`, {result['moves_per_sweep']} move attempts per transition "
         "(each one batched step of all chains); `nb`: `NeuralBlockKernel` with the shipped `gmm_pair` proposal "
-        f"(`gibbs_prob=0`, {result['pairs']} mixture pairs per transition); `single`: the single-site sweep both "
+        f"(`gibbs_prob=0`, {result['pairs']} mixture pairs per transition) on the fused mixture path, "
+        "`nb_general` the same on the general path (`fused=False`); `single`: the single-site sweep both "
         "mix in (`gibbs_prob=1`); `baseline`: `SplitMergeGMM` (one chain) on the commit before chain batching. "
         "`updates/s`: the kernel's own `updates_per_second` (move attempts or block proposals of all chains per "
         "second of its wall-clock move time, so it also reflects the machine's load).",

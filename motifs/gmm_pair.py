@@ -389,20 +389,31 @@ class GmmPairMotif(Motif):
         shape = state.shape[:-1] + loc.shape
         return loc.expand(shape), torch.diag_embed(diag).expand(shape + (loc.shape[-1],))
 
-    def features(self, u_points: Tensor, point_mask: Tensor, u_others: Tensor, v_others: Tensor, psi: Tensor) -> Tensor:
+    def features(
+        self,
+        u_points: Tensor,
+        point_mask: Tensor,
+        u_others: Tensor,
+        v_others: Tensor,
+        psi: Tensor,
+        log_explained: Tensor | None = None,
+    ) -> Tensor:
         """Encode whitened context values (shared by graphs and training batches).
 
         Args:
             u_points: ``[..., I, n, D]``; ``point_mask``: ``[I, n]`` (False pads).
             u_others: ``[..., I, m', D]``; ``v_others``: ``[..., I, m']`` (0 for padding).
             psi: ``[I, 2]`` = ``(log(tau / sigma), logit p)``.
+            log_explained: ``[..., I, n]`` the points' ``log sum_k v_k exp(-|u - u_k|^2 / 2)`` over the
+                other mixtures, when the caller has computed it (the fused path shares it with its energy).
 
         Returns:
             ``[..., I, feature_dim]``.
         """
         d2 = ((u_points.unsqueeze(-2) - u_others.unsqueeze(-3)) ** 2).sum(-1)  # [..., I, n, m']
-        log_v = torch.log(v_others).unsqueeze(-2)
-        explained = torch.logsumexp(log_v - 0.5 * d2, -1).clamp(min=_EXPLAINED_FLOOR)  # [..., I, n]
+        if log_explained is None:
+            log_explained = torch.logsumexp(torch.log(v_others).unsqueeze(-2) - 0.5 * d2, -1)
+        explained = log_explained.clamp(min=_EXPLAINED_FLOOR)  # [..., I, n]
         mask = point_mask.expand(explained.shape)
         present = mask.to(u_points.dtype)
         # the points the other mixtures explain least, least first (C only: the same both ways)

@@ -74,10 +74,11 @@ def test_gmm_chains_quick(tmp_path: Path) -> None:
     result = bench.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "gmm_chains.json").read_text())
     assert (tmp_path / "gmm_chains.md").read_text().startswith("# Chain-batched open-universe GMM samplers")
-    arms = {f"{arm}_K{k}" for arm in ("split_merge", "nb", "single") for k in (1, 4)}
+    arms = {f"{arm}_K{k}" for arm in ("split_merge", "nb", "nb_general", "single") for k in (1, 4)}
     assert set(data["per_chain_transition_ms"]) == arms
     assert all(value > 0 for value in data["per_chain_transition_ms"].values())
     assert data["moves_per_sweep"] == data["pairs"] == 28  # the pairs of m = 8 mixtures
     assert all(data["updates_per_second"][f"{arm}_K4"] > 0 for arm in ("split_merge", "nb"))
     assert 0.5 < data["acceptance"]["nb_K1"] <= 1.0  # gmm_pair at the true state: most pairs stay put
+    assert 0.5 < data["acceptance"]["nb_general_K1"] <= 1.0  # the general path: the same chain, other draws
     assert result["ratios"] == data["ratios"] and all(ratio > 0 for ratio in data["ratios"].values())

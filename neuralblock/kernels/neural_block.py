@@ -39,9 +39,10 @@ from torch import Tensor
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.graph.supports import is_real
 from neuralblock.kernels.base import GraphKernel
-from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios
+from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, speculative_width
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
 from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
+from neuralblock.kernels.fused_mixture import FusedMixtureSweep, supports_fused_mixture
 from neuralblock.kernels.gibbs import resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
@@ -52,37 +53,7 @@ __all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculat
 
 _RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
 _MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold
-_CLASS_COST = 0.25  # marginal cost of one more class in a speculative batch, in units of a batch's fixed cost
-
-
-def speculative_width(rate: float, cap: int, class_cost: float = _CLASS_COST) -> int:
-    """Classes per speculative batch that minimise the expected cost per class decided.
-
-    A batch of ``w`` classes costs ``1 + class_cost * w`` (a fixed part, the network call and
-    bookkeeping, plus a part per class) and decides the classes up to the first one with an
-    accepted block: ``(1 - (1 - rate)^w) / rate`` of them in expectation, when a class accepts
-    with probability ``rate``. The cost per decided class is unimodal in ``w``: the search
-    stops at its minimum (one class when most classes accept; about ``√(2 / (class_cost ·
-    rate))`` when few do).
-
-    Args:
-        rate: recent fraction of classes with an accepted block (clamped to ``[1e-3, 1]``).
-        cap: the largest width allowed.
-        class_cost: the per-class cost relative to the fixed cost of a batch.
-
-    Example:
-        >>> speculative_width(0.99, 50), speculative_width(0.01, 50), speculative_width(0.01, 4)
-        (1, 27, 4)
-    """
-    rate = min(max(rate, 1e-3), 1.0)
-    keep = 1.0 - rate
-    best, best_cost = 1, 1.0 + class_cost
-    for width in range(2, cap + 1):
-        cost = (1.0 + class_cost * width) * rate / (1.0 - keep**width)
-        if cost >= best_cost:
-            break
-        best, best_cost = width, cost
-    return best
+_Fused = FusedBlockSweep | FusedContinuousSweep | FusedMixtureSweep
 
 
 @dataclass
@@ -304,16 +275,20 @@ class NeuralBlockKernel(GraphKernel):
     scaffolds are linear-Gaussian or log-linear-Gaussian rows (e.g. the ``chain`` motif) take
     the fused continuous path (:mod:`neuralblock.kernels.fused_continuous`): one function per
     class gathers the context, whitens, runs the MDN, draws and scores the block both ways,
-    evaluates the scaffold energy, accepts and scatters. Other blocks (larger, other
-    scaffolds) take the general path: one batched MDN pass, one batched scaffold evaluation
-    and one vectorized MH test per class.
+    evaluates the scaffold energy, accepts and scatters. Pairs of open-universe mixtures
+    (``gmm_pair`` on a :func:`motifs.gmm_pair.gmm_graph`) take the fused mixture path
+    (:mod:`neuralblock.kernels.fused_mixture`): the other mixtures' share of every point's
+    factor is computed once and serves both the proposal's context and the energy. Other blocks
+    (larger, other scaffolds) take the general path: one batched MDN pass, one batched scaffold
+    evaluation and one vectorized MH test per class.
 
     When classes are many and rarely accept (e.g. ``gmm_pair``, whose pairs all share the
     points), runs of consecutive classes are proposed and tested in one batch and kept up
-    to the first class that accepts (:func:`speculative_block_step`, general path, one chain):
-    the same chain, with far fewer network passes. ``window`` sets how many classes a batch
-    holds; by default it follows the recent rate of accepting classes (:func:`speculative_width`;
-    one class at a time when most accept).
+    to the first class that accepts: the same chain, with far fewer network passes (on the
+    fused mixture path each chain keeps its own first accepted pair, so chains move through the
+    sweep at their own pace; on the general path, :func:`speculative_block_step`, one chain).
+    ``window`` sets how many classes a batch holds; by default it follows the recent rate of
+    accepting classes (:func:`speculative_width`; one class at a time when most accept).
 
     Args:
         model: a :class:`FactorGraph` or a Pyro model.
@@ -365,7 +340,7 @@ class NeuralBlockKernel(GraphKernel):
         self.compile = resolve_compile(compile, self.device)
         self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
         self.num_instances: list[int] = []  # set at setup
-        self.fused: list[FusedBlockSweep | FusedContinuousSweep | None] = []
+        self.fused: list[_Fused | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
     def _label(self, i: int) -> str:
@@ -391,11 +366,13 @@ class NeuralBlockKernel(GraphKernel):
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
             ordered = instances.select(order)
             offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
-            fused: FusedBlockSweep | FusedContinuousSweep | None = None
+            fused: _Fused | None = None
             if self.use_fused and supports_fused(fg, instances, motif.block_spec.cardinalities):
                 fused = FusedBlockSweep(fg, proposal, ordered, offsets, self.device, self.compile)
             elif self.use_fused and supports_fused_continuous(fg, motif, instances):
                 fused = FusedContinuousSweep(fg, proposal, ordered, offsets, self.device, self.compile)
+            elif self.use_fused and supports_fused_mixture(fg, motif, instances):
+                fused = FusedMixtureSweep(fg, proposal, ordered, self.window)
             self.fused.append(fused)
             classes, sweep = [], None
             if fused is None:

@@ -1,0 +1,121 @@
+"""The fused gmm_pair path: its energy equals the graph's, it makes the general path's decisions, and its
+speculative per-chain batches keep the exact open-universe GMM posterior."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pytest
+import torch
+from test_split_merge import SIGMA, TAU, Z_MAX, _exact_mean_moments, _exact_patterns, _posterior_terms
+from test_split_merge import _posterior_z_scores as posterior_z_scores
+
+from motifs.gmm_pair import GmmPairMotif, gmm_graph, gmm_initial_state, sample_gmm
+from neuralblock import NeuralBlockKernel
+from neuralblock.kernels.fused_mixture import (
+    FusedMixtureSweep,
+    _energy_change,
+    mixture_layout,
+    pair_context,
+    supports_fused_mixture,
+)
+from neuralblock.proposals import NeuralBlockProposal
+
+
+def _graph(m: int = 5, n: int = 30, seed: int = 0):
+    points, _, _ = sample_gmm(m, n, torch.Generator().manual_seed(seed))
+    return gmm_graph(points, m, 1.3, 4.0, 0.4, prior_mean=torch.tensor([0.5, -1.0]))
+
+
+def _proposal(dim: int = 2) -> NeuralBlockProposal:
+    torch.manual_seed(0)
+    return NeuralBlockProposal(GmmPairMotif(dim=dim), components=3, hidden=(16,))  # untrained: any q is valid
+
+
+def test_the_fused_energy_is_the_graphs() -> None:
+    fg, motif = _graph(), GmmPairMotif()
+    instances = motif.find_instances(fg)
+    layout = mixture_layout(fg, motif, instances)
+    chains, pairs, dim = 3, len(instances), 2
+    gen = torch.Generator().manual_seed(1)
+    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(chains)])
+    slots = torch.arange(pairs).expand(chains, pairs)
+    block_ids = layout.block_ids[slots]
+    current = state.gather(1, block_ids.reshape(chains, -1)).reshape(block_ids.shape)
+    proposed = current.clone()
+    for lo in (0, dim + 1):
+        proposed[..., lo : lo + dim] = 3.0 * torch.randn(chains, pairs, dim, generator=gen)
+        proposed[..., lo + dim] = torch.randint(0, 2, (chains, pairs), generator=gen).to(proposed.dtype)
+    context = pair_context(state, layout, slots)
+    fused = _energy_change(context.rest_lse, context.v_others.sum(-1), layout, current, proposed, layout.points)
+    scaffold = fg.scaffold(instances.blocks)
+    for p in range(pairs):
+        pair = torch.stack([state, state.clone()])
+        pair[1][:, instances.blocks[p]] = proposed[:, p]
+        local = scaffold.select(p, p + 1).local_log_density(fg, pair).reshape(2, chains)
+        want = local[1] - local[0]
+        both_impossible = torch.isinf(want) & torch.isinf(fused[:, p])
+        assert torch.equal(torch.isinf(want), torch.isinf(fused[:, p]))
+        assert torch.allclose(fused[:, p][~both_impossible], want[~both_impossible], rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("tempered", [False, True])
+def test_one_pair_at_a_time_makes_the_general_paths_decisions(tempered: bool) -> None:
+    fg, proposal = _graph(m=4, n=20, seed=2), _proposal()
+    start = torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(3)])
+    finals = []
+    for fused in (True, False):
+        kernel = NeuralBlockKernel(fg, [proposal], gibbs_prob=0.0, chains=3, window=1, fused=fused)
+        kernel.initial_params = {"x": start.clone()}
+        kernel.setup(0)
+        assert isinstance(kernel.fused[0], FusedMixtureSweep) == fused
+        if tempered:
+            kernel.beta = torch.tensor([1.0, 0.5, 0.2])
+        pyro.set_rng_seed(7)
+        params = kernel.initial_params
+        for _ in range(15):
+            params = kernel.sample(params)
+        finals.append(params["x"])
+        accepted = kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair"]
+        assert 0.0 < accepted < 1.0
+    # the same draws and decisions; values agree to rounding (the general path whitens with a matrix product)
+    assert torch.allclose(finals[0], finals[1], rtol=1e-5, atol=1e-5)
+
+
+def test_speculative_batches_of_chains_keep_the_exact_posterior() -> None:
+    # 4 chains in one kernel, up to 3 pairs per chain and step: chains accept at different pairs, so
+    # they advance through the sweep at different speeds. Tolerances: see test_split_merge.Z_MAX.
+    points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
+    fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
+    kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.3, chains=4, window=3)
+    terms = _posterior_terms(points, 3, SIGMA, TAU, 0.5)
+    z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
+    assert isinstance(kernel.fused[0], FusedMixtureSweep)
+    assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair"] > 0.02
+    assert z_patterns.abs().max() < Z_MAX, z_patterns
+    assert z_means.abs().max() < Z_MAX, z_means
+
+
+def test_graphs_the_fused_energy_would_not_match_take_the_general_path() -> None:
+    motif = GmmPairMotif()
+    fg = _graph()
+    assert supports_fused_mixture(fg, motif, motif.find_instances(fg))
+    fg.add_linear_gaussian(fg.variable_id("mu[1,0]"), [], [], 0.5, 4.0)  # the same prior twice: the motif allows it
+    assert not supports_fused_mixture(fg, motif, motif.find_instances(fg))
+    kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.0)
+    kernel.initial_params = {"x": gmm_initial_state(fg)}
+    kernel.setup(0)
+    assert kernel.fused == [None]
+    assert not supports_fused_mixture(_graph(), GmmPairMotif(dim=1), GmmPairMotif(dim=1).find_instances(_graph()))
+
+
+def test_width_follows_the_acceptance_rate_and_the_window() -> None:
+    fg, proposal = _graph(m=12), _proposal()  # 66 pairs
+    sweep = FusedMixtureSweep(fg, proposal, proposal.motif.find_instances(fg))
+    sweep.rate = 1.0
+    assert sweep._width(4) == 1
+    sweep.rate = 0.01
+    assert sweep._width(1) > sweep._width(16) > 1  # more chains: each pair costs more of a step
+    assert FusedMixtureSweep(fg, proposal, proposal.motif.find_instances(fg), window=4)._width(8) == 4
+    assert math.isfinite(sweep.layout.logit_p)
