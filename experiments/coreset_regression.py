@@ -631,6 +631,16 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
     pi_hat = f"Laplace on {args['pi_subsample']} points" if args["pi_subsample"] else "Laplace on all data"
     scaling = record["construction_scaling"]
     references = sorted({res["reference"] for res in results.values()})
+    starts = (
+        "Every chain (Pyro and NumPyro, full data and coresets) starts at a draw of the full-data Laplace "
+        "approximation; its CPU time is counted in every run (for FW it is part of pi_hat, so of the build). "
+        if args.get("init", "laplace") == "laplace"
+        else "Chains start at Pyro's / NumPyro's default uniform draw in [-2, 2]. "
+    )
+    direct = args.get("sampler", "pyro") == "direct"
+    sampler = (
+        "`DirectNUTS` (as is the full-data direct arm; the `Pyro` arm is Pyro's NUTS)" if direct else "Pyro's NUTS"
+    )
     text = [
         "# Coreset regression: NUTS on coresets vs full-data NUTS",
         "",
@@ -650,14 +660,7 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
         f"FW = Frank-Wolfe with NNLS steps every {args['refine_every']} iterations "
         f"({args.get('fw_picks', 1)} point(s) joining the support per iteration), stopped at relative "
         f"Hilbert error {args['fw_tol']} or M iterations, J={args['projection_dim']} Fisher features, "
-        f"pi_hat = {pi_hat}. "
-        + (
-            "Every chain (Pyro and NumPyro, full data and coresets) starts at a draw of the full-data Laplace "
-            "approximation; its CPU time is counted in every run (for FW it is part of pi_hat, so of the build). "
-            if args.get("init", "laplace") == "laplace"
-            else "Chains start at Pyro's / NumPyro's default uniform draw in [-2, 2]. "
-        )
-        + "Errors at the largest M:",
+        f"pi_hat = {pi_hat}. {starts}Errors at the largest M:",
         "",
         markdown_table(rows, ERROR_COLUMNS, spec=".3g"),
         "",
@@ -665,13 +668,8 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
         "posterior-mean error stays <= 0.1 sd until the end of the run (empty: never); `time ratio` = FW's "
         "over full data's (`Pyro`: full-data NUTS through the model, as a user runs it; `direct`: full-data "
         "NUTS on the direct-path potential); `total time ratio` = whole runs (construction included). "
-        f"Coreset NUTS runs {CORESET_NUTS[args.get('coreset_nuts', 'model')]}"
-        + (
-            ", sampled by `DirectNUTS` (as is the full-data direct arm; the `Pyro` arm is Pyro's NUTS). "
-            if args.get("sampler", "pyro") == "direct"
-            else ", sampled by Pyro's NUTS. "
-        )
-        + "FW build = pi_hat + projection + FW solve (with the coreset's bias check).",
+        f"Coreset NUTS runs {CORESET_NUTS[args.get('coreset_nuts', 'model')]}, sampled by {sampler}. "
+        "FW build = pi_hat + projection + FW solve (with the coreset's bias check).",
         "",
         markdown_table(rows, TIME_COLUMNS, spec=".3g"),
         "",
