@@ -236,3 +236,12 @@ def test_tempered_copy_of_a_compiled_pyro_model_is_plain_scaled_tables() -> None
     states = torch.tensor([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
     assert torch.allclose(hot.log_joint(states), 0.5 * fg.log_joint(states))
     assert all(type(g) is TableGroup for g in hot.groups)  # the model's compiler is not copied along
+
+
+def test_blocks_that_all_conflict_get_one_class_each_in_block_order() -> None:
+    fg = FactorGraph()
+    variables = fg.add_variables(6, cardinality=2)
+    fg.add_table_factor(variables, torch.zeros((2,) * 6))  # one factor over everything: every pair of blocks conflicts
+    blocks = torch.tensor([[4, 5], [0, 1], [2, 3]])
+    assert [c.tolist() for c in fg.color_blocks(blocks)] == [[0], [1], [2]]
+    assert fg.conflict_graph(blocks).number_of_edges() == 3

@@ -591,8 +591,9 @@ class FactorGraph:
                 writers.setdefault(v, []).append(b)
         conflict = nx.Graph()
         conflict.add_nodes_from(range(len(rows)))
-        # blocks sharing a scaffold factor, or writing the same variable (one with no factor has no scaffold)
-        for members in [*owner.values(), *writers.values()]:
+        # blocks sharing a scaffold factor, or writing the same variable (one with no factor has no scaffold);
+        # each distinct member list once (a mixture's points are shared by all pairs: hundreds of equal lists)
+        for members in dict.fromkeys(tuple(m) for m in [*owner.values(), *writers.values()]):  # first-seen order
             conflict.add_edges_from((a, c) for i, a in enumerate(members) for c in members[i + 1 :])
         if reads is not None:
             read_rows = [[v for v in row if v >= 0] for row in _pad_blocks(reads).tolist()]
@@ -625,6 +626,9 @@ class FactorGraph:
                 coloring[next(iter(component))] = 0
                 continue
             sub = conflict.subgraph(component)
+            if 2 * sub.number_of_edges() == len(component) * (len(component) - 1):  # all conflict: one block a class
+                coloring.update({block: c for c, block in enumerate(sorted(component))})
+                continue
             strategies = ["DSATUR"] if len(component) <= 400 else []
             strategies += ["connected_sequential_bfs", "smallest_last", "largest_first"]
             options: list[dict[int, int]] = [nx.coloring.greedy_color(sub, strategy=s) for s in strategies]
