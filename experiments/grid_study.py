@@ -31,7 +31,8 @@ neural-block arm beside them, a table gives every arm's median time to ``--level
 neural-block arm is ahead of the best of them, and where it is more than 2x behind. Every run also
 records its ESS per second: the median over variables of the multi-chain ESS of the variable's
 first-value indicator, on draws thinned to at most ``2 x ESS_DRAWS`` per chain
-(:meth:`~neuralblock.diagnostics.RunningMarginals.ess`, a lower bound), over the sampling seconds.
+(:meth:`~neuralblock.diagnostics.RunningMarginals.ess`, a lower bound that saturates near chains x kept
+draws, marked ``>=``), over the sampling seconds.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
 ``grid_study.md`` (table) and one PNG per instance.
@@ -65,7 +66,7 @@ from experiments.common import (
 )
 from motifs.grid import grid_bn, random_grid_bn
 from neuralblock import GibbsKernel, NeuralBlockKernel, ReplicaExchange, load_pretrained
-from neuralblock.diagnostics import RunningMarginals
+from neuralblock.diagnostics import RunningMarginals, kept_draws
 from neuralblock.diagnostics.plots import plot_error_traces
 from neuralblock.diagnostics.runs import equal_time, error_at, first_time, study_folder, timed_run
 from neuralblock.exact import marginals
@@ -472,7 +473,9 @@ def gradient_table(record: dict, seconds: float, seeds: int) -> str:
         medians = {arm: censored_median(time_to_level(r[arm], level) for r in runs) for arm in gradient + blocks}
         finals = {arm: sum(r[arm]["errors"][-1] for r in runs) / len(runs) for arm in gradient + blocks}
         best = min(gradient, key=lambda arm: (math.inf if medians[arm] is None else medians[arm], finals[arm]))
-        cells = [f"{finals[arm]:.4f} / {_seconds(medians[arm])} / {_ess_rate(runs, arm)}" for arm in gradient + blocks]
+        cells = [
+            f"{finals[arm]:.4f} / {_seconds(medians[arm])} / {_ess_rate(runs, arm, cfg)}" for arm in gradient + blocks
+        ]
         marks = []
         for arm in blocks:
             mine, theirs = medians[arm], medians[best]
@@ -504,7 +507,8 @@ def gradient_table(record: dict, seconds: float, seeds: int) -> str:
             f"cell: seed-mean final error / median {cfg.get('clock', 'wall')} seconds until the error stays at or "
             f"below {level:g} (warmup included; `-`: half the seeds or more never got there) / median ESS per "
             "second over seeds (median over variables of the multi-chain ESS of the variable's first-value "
-            "indicator, on thinned draws: a lower bound; `0`: no variable changed; `?`: not recorded). `best`: the "
+            "indicator, on thinned draws: a lower bound that saturates near chains x kept draws, marked `>=` where a "
+            "seed reached half of that; `0`: no estimate; `?`: not recorded). `best`: the "
             "gradient sampler with the least median time (ties: least final error); the last columns compare each "
             "neural-block arm with it.",
             "",
@@ -517,14 +521,22 @@ def gradient_table(record: dict, seconds: float, seeds: int) -> str:
     )
 
 
-def _ess_rate(runs: list[dict], arm: str) -> str:
-    """Median over seeds of an arm's ESS per second (``?`` for records from before it was kept, ``-`` for none)."""
+def _ess_rate(runs: list[dict], arm: str, cfg: dict) -> str:
+    """Median over seeds of an arm's ESS per second; ``>=`` where a seed's ESS reached half its cap.
+
+    The thinned-draw ESS saturates near ``chains x kept draws`` (:meth:`RunningMarginals.ess_cap`;
+    recomputed from the run's sweeps for records from before it was stored): there it is only a
+    lower bound. ``?`` marks records from before the ESS was kept; ``0`` an arm with no estimate.
+    """
     if any("ess_per_second" not in r[arm] for r in runs):
         return "?"
     rates = sorted(r[arm]["ess_per_second"] or 0.0 for r in runs)
     middle = len(rates) // 2
     rate = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
-    return f"{rate:.3g}"
+    chains = cfg["chains"] // cfg["replicas"] if arm.startswith("RE-") else cfg["chains"]
+    caps = [r[arm].get("ess_cap") or chains * kept_draws(r[arm]["sweeps"][-1], ESS_DRAWS) for r in runs]
+    saturated = any((r[arm]["ess"] or 0.0) >= 0.5 * cap for r, cap in zip(runs, caps))
+    return f"{'>=' if saturated else ''}{rate:.3g}"
 
 
 def _seconds(value: float | None) -> str:
@@ -604,6 +616,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "diagnostics": timed.diagnostics,
                 "run": timed.summary(),
                 "ess": ess,
+                "ess_cap": counts.ess_cap(),
                 "ess_per_second": None if ess is None else ess / timed.trace.seconds[-1],
             }
         if "NB+Gibbs" in run and "Gibbs" in run:

@@ -3,8 +3,6 @@ speculative per-chain batches keep the exact open-universe GMM posterior."""
 
 from __future__ import annotations
 
-import math
-
 import pyro
 import pytest
 import torch
@@ -33,13 +31,16 @@ def _proposal(dim: int = 2) -> NeuralBlockProposal:
     return NeuralBlockProposal(GmmPairMotif(dim=dim), components=3, hidden=(16,))  # untrained: any q is valid
 
 
-def test_the_fused_energy_is_the_graphs() -> None:
-    fg, motif = _graph(), GmmPairMotif()
+@pytest.mark.parametrize(("p_active", "dtype"), [(0.4, torch.float32), (0.4, torch.float64), (1 - 1e-7, torch.float64)])
+def test_the_fused_energy_is_the_graphs(p_active: float, dtype: torch.dtype) -> None:
+    # p near 1: the bits' prior is read from the tables, not from p's float32 log-odds
+    points, _, _ = sample_gmm(5, 30, torch.Generator().manual_seed(0))
+    fg, motif = gmm_graph(points, 5, 1.3, 4.0, p_active, prior_mean=torch.tensor([0.5, -1.0])), GmmPairMotif()
     instances = motif.find_instances(fg)
     layout = mixture_layout(fg, motif, instances)
     chains, pairs, dim = 3, len(instances), 2
     gen = torch.Generator().manual_seed(1)
-    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(chains)])
+    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(chains)]).to(dtype)
     slots = torch.arange(pairs).expand(chains, pairs)
     block_ids = layout.block_ids[slots]
     current = state.gather(1, block_ids.reshape(chains, -1)).reshape(block_ids.shape)
@@ -48,7 +49,10 @@ def test_the_fused_energy_is_the_graphs() -> None:
         proposed[..., lo : lo + dim] = 3.0 * torch.randn(chains, pairs, dim, generator=gen)
         proposed[..., lo + dim] = torch.randint(0, 2, (chains, pairs), generator=gen).to(proposed.dtype)
     context = pair_context(state, layout, slots)
-    fused = _energy_change(context.rest_lse, context.v_others.sum(-1), layout, current, proposed, layout.points)
+    log_odds = layout.log_odds.to(state.dtype)[layout.pairs[slots]]
+    fused = _energy_change(
+        context.rest_lse, context.v_others.sum(-1), log_odds, layout, current, proposed, layout.points(state.dtype)
+    )
     scaffold = fg.scaffold(instances.blocks)
     for p in range(pairs):
         pair = torch.stack([state, state.clone()])
@@ -57,7 +61,8 @@ def test_the_fused_energy_is_the_graphs() -> None:
         want = local[1] - local[0]
         both_impossible = torch.isinf(want) & torch.isinf(fused[:, p])
         assert torch.equal(torch.isinf(want), torch.isinf(fused[:, p]))
-        assert torch.allclose(fused[:, p][~both_impossible], want[~both_impossible], rtol=1e-5, atol=1e-3)
+        tolerance = 1e-3 if dtype == torch.float32 else 1e-8
+        assert torch.allclose(fused[:, p][~both_impossible], want[~both_impossible], rtol=1e-6, atol=tolerance)
 
 
 @pytest.mark.parametrize("tempered", [False, True])
@@ -118,4 +123,21 @@ def test_width_follows_the_acceptance_rate_and_the_window() -> None:
     sweep.rate = 0.01
     assert sweep._width(1) > sweep._width(16) > 1  # more chains: each pair costs more of a step
     assert FusedMixtureSweep(fg, proposal, proposal.motif.find_instances(fg), window=4)._width(8) == 4
-    assert math.isfinite(sweep.layout.logit_p)
+
+
+def test_pairs_proposed_after_an_accept_are_counted_as_discarded() -> None:
+    points, _, _ = sample_gmm(5, 30, torch.Generator().manual_seed(3))
+    NeuralBlockKernel(gmm_graph(points, 5, 1.0, 4.0, 1 - 1e-9), [_proposal()]).setup(0)  # p rounds to 1 in float32
+    fg = gmm_graph(points, 5, 1.0, 4.0, 0.5)
+    kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.0, chains=3, window=4)
+    kernel.initial_params = {
+        "x": torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(3)])
+    }
+    kernel.setup(0)
+    pyro.set_rng_seed(0)
+    params = kernel.initial_params
+    for _ in range(5):
+        params = kernel.sample(params)
+    report = kernel.diagnostics()
+    assert report["acceptance_by_proposal"]["gmm_pair"] > 0.05  # some accepts, so some pairs were re-proposed
+    assert report["discarded_proposals"] > 0

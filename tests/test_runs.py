@@ -378,3 +378,21 @@ def test_ess_needs_thinned_draws_and_says_so() -> None:
     counts = RunningMarginals(fg, exact, thin_to=10)
     counts(torch.zeros(2))
     assert counts.ess() is None  # too few draws
+
+
+def test_ess_leaves_out_deterministic_variables_but_counts_frozen_ones() -> None:
+    from neuralblock.diagnostics import RunningMarginals, kept_draws
+
+    fg, _ = _binary_graph(6)
+    exact = torch.tensor([[0.5, 0.5]] * 3 + [[1.0, 0.0]] * 3)  # variables 3-5 are deterministic
+    counts = RunningMarginals(fg, exact, thin_to=50)
+    gen = torch.Generator().manual_seed(3)
+    frozen = torch.randint(0, 2, (8, 1), generator=gen)
+    for _ in range(300):
+        moving = torch.randint(0, 2, (8, 2), generator=gen)
+        counts(torch.cat([frozen, moving, torch.zeros(8, 3, dtype=torch.long)], 1))
+    assert counts.ess_cap() == 8 * kept_draws(300, 50) == 8 * len(counts._kept)
+    ess = counts.ess()  # the median of one frozen (about 4) and two independent variables (about 8 x 150)
+    assert ess is not None and ess > 0.5 * counts.ess_cap()
+    with pytest.raises(ValueError, match=">= 8"):
+        RunningMarginals(fg, exact, thin_to=3)

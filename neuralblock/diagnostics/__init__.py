@@ -32,6 +32,7 @@ __all__ = [
     "batch_means_mcse",
     "effective_sample_size",
     "empirical_marginals",
+    "kept_draws",
     "log_spaced_counts",
     "marginal_error",
     "samples_to_states",
@@ -143,8 +144,8 @@ class RunningMarginals:
 
     def __init__(self, fg: FactorGraph, exact: Tensor, thin_to: int = 0) -> None:
         _check_exact(fg, exact)
-        if isinstance(thin_to, bool) or not isinstance(thin_to, int) or thin_to < 0:
-            raise ValueError(f"thin_to must be a non-negative integer, got {thin_to!r}")
+        if isinstance(thin_to, bool) or not isinstance(thin_to, int) or not (thin_to == 0 or thin_to >= 8):
+            raise ValueError(f"thin_to must be 0 (no thinned draws) or an integer >= 8, got {thin_to!r}")
         self.fg, self.exact = fg, exact
         self.kmax = int(fg.cardinalities.max())
         self.counts = torch.zeros(fg.num_variables, self.kmax)
@@ -170,34 +171,56 @@ class RunningMarginals:
     def ess(self) -> float | None:
         """Median over variables of the multi-chain effective sample size of the thinned draws.
 
-        The statistic is each latent variable's indicator of its first value; variables whose kept
-        draws never change (in any chain) are left out. The ESS is Pyro's (Stan's) multi-chain
-        estimate on the thinned draws, scaled by nothing: it is a lower bound on the ESS of the
-        whole run, and at most ``chains x kept draws``. Chains stuck in different states give an
-        ESS near the number of chains.
+        The statistic is each latent variable's indicator of its first value, over the variables
+        whose exact marginal of that value is strictly between 0 and 1 (a frozen chain counts; a
+        deterministic variable does not). The ESS is Pyro's (Stan's) multi-chain estimate on the
+        thinned draws (a failed, non-positive estimate counts as 1). It is a lower bound on the
+        whole run's ESS that saturates near ``chains x kept draws`` (:meth:`ess_cap`) once the
+        thinning stride exceeds the chains' autocorrelation time: compare samplers below that cap.
+        Chains stuck in different states give an ESS of a fraction of the number of chains.
 
         Returns:
-            The median ESS, or ``None`` with fewer than 4 kept draws or no varying variable.
+            The median ESS, or ``None`` with fewer than 4 kept draws or no such variable.
 
         Raises:
             ValueError: built without ``thin_to``.
         """
         if not self.thin_to:
             raise ValueError("RunningMarginals keeps no draws for ess(): build it with thin_to > 0")
-        if len(self._kept) < 4:
+        latent = self.fg.latent
+        first = self.exact[latent, 0]
+        random = (first > 0) & (first < 1)
+        if len(self._kept) < 4 or not bool(random.any()):
             return None
-        draws = torch.stack(self._kept, dim=1)[:, :, self.fg.latent].double()  # [chains, T, latent]
-        varying = draws.flatten(0, 1).std(0) > 0
-        if not bool(varying.any()):
-            return None
-        ess = effective_sample_size(draws[:, :, varying], chain_dim=0, sample_dim=1)
+        draws = torch.stack(self._kept, dim=1)[:, :, latent[random]].double()  # [chains, T, variables]
+        ess = effective_sample_size(draws, chain_dim=0, sample_dim=1)
         return float(ess.nan_to_num(1.0).clamp(min=1.0).median())
+
+    def ess_cap(self) -> int:
+        """``chains x kept draws``: about where :meth:`ess` saturates (0 before the first draw)."""
+        return int(self._kept[0].shape[0]) * len(self._kept) if self._kept else 0
 
     def error(self, params: object = None) -> float:
         """Mean absolute marginal error of the draws so far (``params`` is ignored: the counts hold them)."""
         if self.draws == 0:
             raise ValueError("no draws counted yet")
         return _mean_abs_error(self.counts / self.draws, self.exact, self.fg)
+
+
+def kept_draws(calls: int, thin_to: int) -> int:
+    """How many draws per chain a ``RunningMarginals(thin_to=thin_to)`` keeps after ``calls`` draws.
+
+    The stride is the smallest power of two that keeps fewer than ``2 thin_to`` draws, each ``stride``-th
+    from the first.
+
+    Example:
+        >>> kept_draws(10, 8), kept_draws(16, 8), kept_draws(1000, 8)
+        (10, 8, 8)
+    """
+    stride = 1
+    while -(-calls // stride) >= 2 * thin_to:
+        stride *= 2
+    return -(-calls // stride)
 
 
 class MarginalErrorTrace:

@@ -37,7 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -65,17 +65,19 @@ class MixtureLayout(NamedTuple):
     """The precomputed index tensors and constants of one mixture group's pairs, in sweep order.
 
     Attributes:
-        points: ``[n, D]`` whitened observed points ``(x - c) / sigma``.
+        values: ``[n, D]`` the observed points (float64; whitened as ``(x - c) / sigma`` in the state's dtype).
         mean_ids: ``[m, D]`` variable ids of the mixture means.
         active_ids: ``[m]`` variable ids of the activity bits.
         pairs: ``[P, 2]`` mixture indices ``(i, j)`` of each instance.
         others: ``[P, m - 2]`` the other mixtures of each instance.
         block_ids: ``[P, 2 D + 2]`` the block ``(mu_i, v_i, mu_j, v_j)`` of each instance.
         sigma: the points' standard deviation; ``center``: ``[D]`` prior mean of the means.
-        tau: prior standard deviation of a mean coordinate; ``logit_p``: prior log-odds of activity.
+        tau: prior standard deviation of a mean coordinate; ``p``: prior probability of activity (both as
+            the motif reads them, for the proposal's input).
+        log_odds: ``[m]`` each bit's prior table difference ``log T[1] - log T[0]`` (the energy's, exact).
     """
 
-    points: Tensor
+    values: Tensor
     mean_ids: Tensor
     active_ids: Tensor
     pairs: Tensor
@@ -84,7 +86,12 @@ class MixtureLayout(NamedTuple):
     sigma: float
     center: Tensor
     tau: float
-    logit_p: float
+    p: float
+    log_odds: Tensor
+
+    def points(self, dtype: torch.dtype) -> Tensor:
+        """``[n, D]`` whitened points ``(x - c) / sigma`` in ``dtype``."""
+        return (self.values.to(dtype) - self.center.to(dtype)) / self.sigma
 
 
 def _mixture_group(fg: FactorGraph, motif: Motif) -> GaussianMixtureGroup | None:
@@ -138,9 +145,8 @@ def mixture_layout(fg: FactorGraph, motif: Motif, instances: MotifInstances) -> 
     if not torch.allclose(params, params[:1].expand_as(params)):
         raise ValueError("the fused mixture path needs one prior and one sigma for all pairs of the group")
     sigma, tau, p = (float(params[0, k]) for k in range(3))
-    center = params[0, 3:].to(torch.get_default_dtype())
-    values = torch.tensor([fg.evidence[int(v)] for v in group.points.reshape(-1)], dtype=center.dtype)
-    points = (values.reshape(group.points.shape) - center) / sigma
+    center = params[0, 3:].double()
+    values = torch.tensor([fg.evidence[int(v)] for v in group.points.reshape(-1)], dtype=torch.float64)
     position = {int(v): k for k, v in enumerate(group.active.tolist())}
     dim = group.dim
     pairs = torch.tensor(
@@ -151,8 +157,32 @@ def mixture_layout(fg: FactorGraph, motif: Motif, instances: MotifInstances) -> 
     keep.scatter_(1, pairs, False)
     others = torch.arange(m).expand(len(pairs), m)[keep].reshape(len(pairs), m - 2)
     return MixtureLayout(
-        points, group.means, group.active, pairs, others, instances.blocks, sigma, center, tau, math.log(p / (1 - p))
+        values.reshape(group.points.shape),
+        group.means,
+        group.active,
+        pairs,
+        others,
+        instances.blocks,
+        sigma,
+        center,
+        tau,
+        p,
+        _bit_log_odds(fg, group),
     )
+
+
+def _bit_log_odds(fg: FactorGraph, group: GaussianMixtureGroup) -> Tensor:
+    """``[m]``: ``log T[1] - log T[0]`` of each activity bit's unary prior table (float64)."""
+    out = []
+    for bit in group.active.tolist():
+        factors = torch.tensor([node[1] for _, node in fg.graph.edges(("v", bit))], dtype=torch.long)
+        where, rows = fg.factor_location(factors)
+        unary = [(int(g), int(r)) for f, g, r in zip(factors.tolist(), where, rows) if len(fg.factor_scope(f)) == 1]
+        if len(unary) != 1 or not isinstance(fg.groups[unary[0][0]], TableGroup):
+            raise ValueError(f"the fused mixture path needs one unary prior table on each bit; bit {bit} has {unary}")
+        table = cast(TableGroup, fg.groups[unary[0][0]]).log_tables[unary[0][1]].reshape(-1).double()
+        out.append(table[1] - table[0])
+    return torch.stack(out)
 
 
 class StepResult(NamedTuple):
@@ -188,8 +218,8 @@ class PairContext(NamedTuple):
 def pair_context(state: Tensor, layout: MixtureLayout, slots: Tensor) -> PairContext:
     """The :class:`PairContext` of the pairs ``slots [K, w]`` of chains ``state [K, N]`` (from ``C`` alone)."""
     chains, width = slots.shape
-    dim, n = layout.points.shape[1], layout.points.shape[0]
-    points = layout.points.to(state.dtype)
+    dim, n = layout.values.shape[1], layout.values.shape[0]
+    points = layout.points(state.dtype)
     u_means = (state[:, layout.mean_ids] - layout.center.to(state.dtype)) / layout.sigma  # [K, m, D]
     bits = state[:, layout.active_ids]  # [K, m]
     terms = torch.log(bits).unsqueeze(1) - 0.5 * ((points[None, :, None] - u_means[:, None]) ** 2).sum(-1)  # [K, n, m]
@@ -223,11 +253,12 @@ def mixture_pair_step(
         A :class:`StepResult`.
     """
     chains, width = slots.shape
-    dim = layout.points.shape[1]
+    dim = layout.values.shape[1]
     dtype = state.dtype
-    points, center, sigma = layout.points.to(dtype), layout.center.to(dtype), layout.sigma
+    points, center, sigma = layout.points(dtype), layout.center.to(dtype), layout.sigma
     context = pair_context(state, layout, slots)
-    psi = torch.tensor([math.log(layout.tau / sigma), layout.logit_p], dtype=dtype)
+    tau, p = torch.tensor([layout.tau, layout.p], dtype=dtype)
+    psi = torch.stack([torch.log(tau / sigma), torch.logit(p)])  # as the motif computes it
     n = points.shape[0]
     features = proposal.motif.features(  # type: ignore[attr-defined]
         points.expand(chains, width, n, dim),
@@ -245,7 +276,8 @@ def mixture_pair_step(
     u_new = q.sample().to(dtype)
     proposed = loc + scale * u_new
     log_q_fwd, log_q_rev = q.log_prob(torch.stack([u_new, (current - loc) / scale])).to(dtype).unbind(0)
-    change = _energy_change(context.rest_lse, context.v_others.sum(-1), layout, current, proposed, points)
+    log_odds = layout.log_odds.to(dtype)[layout.pairs[slots]]  # [K, w, 2]
+    change = _energy_change(context.rest_lse, context.v_others.sum(-1), log_odds, layout, current, proposed, points)
     if beta is not None:
         change = change * beta[:, None].to(dtype)
     log_alpha = change + log_q_rev - log_q_fwd
@@ -263,12 +295,19 @@ def mixture_pair_step(
 
 
 def _energy_change(
-    rest_lse: Tensor, rest_count: Tensor, layout: MixtureLayout, current: Tensor, proposed: Tensor, points: Tensor
+    rest_lse: Tensor,
+    rest_count: Tensor,
+    log_odds: Tensor,
+    layout: MixtureLayout,
+    current: Tensor,
+    proposed: Tensor,
+    points: Tensor,
 ) -> Tensor:
     """``log p(B') - log p(B)`` of each (chain, pair): the points' mixture factors and the pair's priors.
 
     ``rest_lse [K, w, n]`` and ``rest_count [K, w]`` are the other mixtures' part of each point's factor
-    and their number of active mixtures: the conditioning set's, the same for both blocks.
+    and their number of active mixtures: the conditioning set's, the same for both blocks;
+    ``log_odds [K, w, 2]`` the pair's bits' prior table differences.
     """
     dim, n = points.shape[1], points.shape[0]
     center = layout.center.to(points.dtype)
@@ -281,7 +320,7 @@ def _energy_change(
         lse = torch.logaddexp(rest_lse, torch.logaddexp(pair[..., 0], pair[..., 1]))
         count = rest_count + v.sum(-1)
         total = lse.sum(-1) - n * torch.log(count.clamp(min=1.0))
-        prior = v.sum(-1) * layout.logit_p - 0.5 * (((mu - center) / layout.tau) ** 2).sum((-1, -2))
+        prior = (v * log_odds).sum(-1) - 0.5 * (((mu - center) / layout.tau) ** 2).sum((-1, -2))
         return torch.where(count > 0, total + prior, torch.full_like(total, -math.inf))
 
     return factor_sum(proposed) - factor_sum(current)
@@ -304,6 +343,7 @@ class FusedMixtureSweep:
         self.window = window
         self.compile_seconds = 0.0  # eager only: the step's shapes change with the window
         self.rate = 1.0  # recent fraction of decided pairs that were accepted
+        self.discarded = 0  # pairs the last sweep proposed but did not decide (after a chain's accepted pair)
         self.refresh(fg, instances)
 
     def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
@@ -317,7 +357,7 @@ class FusedMixtureSweep:
         A step's cost grows with ``chains x w`` (per pair) on top of a fixed part (the calls), so the
         best width shrinks as chains are added. Capped so the step's temporaries stay bounded.
         """
-        points, means = self.layout.points.shape[0], self.layout.mean_ids.shape[0]
+        points, means = self.layout.values.shape[0], self.layout.mean_ids.shape[0]
         cap = max(1, min(len(self.layout.pairs), _MAX_SLOT_ENTRIES // max(chains * points * means, 1)))
         if self.window is not None:
             return min(self.window, cap)
@@ -327,9 +367,11 @@ class FusedMixtureSweep:
         """Decide every pair of every chain once, in sweep order.
 
         Returns:
-            The states, accepted pairs per chain ``[K]``, the non-finite count and the pairs decided.
+            The states, accepted pairs per chain ``[K]``, the non-finite count and the pairs decided
+            (the pairs proposed but not decided are in :attr:`discarded`).
         """
         chains, total = state.shape[0], len(self.layout.pairs)
+        self.discarded = 0
         position = torch.zeros(chains, dtype=torch.long)
         accepted = torch.zeros(chains, dtype=torch.long)
         nonfinite = torch.zeros((), dtype=torch.long)
@@ -341,6 +383,7 @@ class FusedMixtureSweep:
                 step = mixture_pair_step(state, self.proposal, self.layout, slots.clamp(max=total - 1), valid, beta)
                 live = position < total
                 consumed = torch.where(live, step.consumed, torch.zeros_like(step.consumed))
+                self.discarded += int((valid.sum(1) - consumed)[live].sum())  # proposed after a chain's accept
                 hits = step.accepted & live
                 state = step.state
                 position = position + consumed

@@ -486,7 +486,7 @@ class NeuralBlockKernel(GraphKernel):
         for i, fused in enumerate(self.fused):
             if fused is not None:
                 state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta)
-                accepted, discarded = per_chain.sum(), 0
+                accepted, discarded = per_chain.sum(), fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
                 if not warmup:
                     self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain.cpu()
             else:
