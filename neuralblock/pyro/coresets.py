@@ -48,6 +48,7 @@ from pyro.poutine.runtime import Message
 from torch import Tensor
 
 from neuralblock.coresets.solvers import Coreset, check_size
+from neuralblock.pyro.log_prob import site_log_prob
 from neuralblock.pyro.plates import PlateIndices, _Subsample
 from neuralblock.pyro.plates import plate_dim as _plate_dim
 
@@ -189,7 +190,7 @@ class ModelLogLikelihood:
             raise ValueError(f"site {site['name']!r} left plate {self.plate!r} between model runs")
         fn, value = cast(TorchDistribution, site["fn"]), site["value"]  # a sample site's fn is its distribution
         assert value is not None  # a traced sample site holds its value
-        log_prob = scale_and_mask(fn.log_prob(value), mask=site["mask"])
+        log_prob = scale_and_mask(site_log_prob(fn, value), mask=site["mask"])
         if log_prob.dim() < -dim:
             log_prob = log_prob.reshape((1,) * (-dim - log_prob.dim()) + log_prob.shape)
         per_datum = log_prob.movedim(dim, 0)

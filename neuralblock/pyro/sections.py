@@ -56,6 +56,7 @@ import torch
 from pyro.distributions.util import scale_and_mask
 from torch import Tensor
 
+from neuralblock.pyro.log_prob import site_log_prob
 from neuralblock.pyro.plates import _Subsample
 
 __all__ = ["SectionEvaluator", "SectionTerms", "is_subsample_site", "section_scale", "site_plate_frame"]
@@ -210,7 +211,7 @@ class SectionEvaluator:
             if frame is None and not with_global:
                 continue
             # the mask may be a tensor or a Python bool (poutine.mask(mask=True)); Pyro's helper takes both
-            lp = scale_and_mask(site["fn"].log_prob(site["value"]), section_scale(site, frame), site["mask"])
+            lp = scale_and_mask(site_log_prob(site["fn"], site["value"]), section_scale(site, frame), site["mask"])
             lp = self._lead(site, lp, points, 0 if frame is None else -frame.dim)
             if frame is None:
                 term = lp.reshape(lead, -1).sum(-1)
