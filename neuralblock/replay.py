@@ -110,10 +110,69 @@ def simplify_graph(gm: Any, no_grad: bool = False) -> None:
                 gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
     _fold_constants(gm)
+    _drop_neutral(gm)
     _pick_stacked(gm)
     _merge_duplicates(gm)
     _drop_unused(gm)
     gm.recompile()
+
+
+def _drop_neutral(gm: Any) -> None:
+    """Drop arithmetic with a neutral constant: ``x - 0``, ``x + 0``, ``x * 1``, ``x / 1``, ``x ** 1``.
+
+    A Pyro model's standard-normal priors leave ``(x - 0) / 1`` and ``log 1`` terms (and their
+    derivatives) in a recorded graph. The result must have ``x``'s shape and dtype (no broadcast
+    or promotion), and neither the result nor ``x`` (or what ``x`` views) may be written in place
+    or be a graph output (a replay must not hand out its input's memory).
+    """
+    aten = _aten()
+    neutral = {aten.sub.Tensor: 0, aten.add.Tensor: 0, aten.mul.Tensor: 1, aten.div.Tensor: 1}
+    commutes = {aten.add.Tensor, aten.mul.Tensor}
+    written = _written(gm)
+
+    def constant(arg: Any) -> Any:
+        if isinstance(arg, int | float) and not isinstance(arg, bool):
+            return arg
+        if getattr(arg, "op", None) == "get_attr":
+            return getattr(gm, arg.target)
+        return None
+
+    def is_all(value: Any, number: int) -> bool:
+        if isinstance(value, Tensor):
+            return value.numel() > 0 and bool((value == number).all())
+        return value == number
+
+    def untouched(node: Any) -> bool:
+        while isinstance(node, type(node)) and getattr(node, "op", None) == "call_function":
+            if node in written:
+                return False
+            node = node.args[0] if _is_view(node) else None
+        return node is None or node not in written
+
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.kwargs or node in written or any(u.op == "output" for u in node.users):
+            continue
+        pairs: list[tuple[Any, Any, int]] = []
+        if node.target in neutral and len(node.args) == 2:
+            x, c = node.args
+            pairs.append((x, c, neutral[node.target]))
+            if node.target in commutes:
+                pairs.append((c, x, neutral[node.target]))
+        elif node.target is aten.pow.Tensor_Scalar:
+            pairs.append((node.args[0], node.args[1], 1))
+        for keep, other, number in pairs:
+            value, kept, mine = constant(other), _meta(keep), _meta(node)
+            if (
+                value is not None
+                and is_all(value, number)
+                and isinstance(kept, Tensor)
+                and isinstance(mine, Tensor)
+                and (kept.shape, kept.dtype) == (mine.shape, mine.dtype)
+                and untouched(keep)
+            ):
+                node.replace_all_uses_with(keep)
+                gm.graph.erase_node(node)
+                break
 
 
 def _permutation(node: Any) -> list[int] | None:

@@ -278,3 +278,37 @@ def test_a_stop_gradient_in_the_likelihood_keeps_its_gradient_through_the_direct
         x = torch.tensor(value, requires_grad=True)
         theirs = torch.autograd.grad(pyro_potential({"mu": x}), x)[0]
         assert torch.allclose(ours, theirs, rtol=1e-5), (value, float(ours), float(theirs))
+
+
+def test_neutral_arithmetic_is_dropped_but_never_hands_out_an_input_or_a_written_tensor() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuralblock.replay import simplify_graph
+
+    zeros, ones = torch.zeros(3), torch.ones(3)
+
+    def prior(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = (x - zeros) / ones
+        return -(z**1 * 1.0 + 0.0).pow(2).sum(), x * ones  # the second output would be x itself
+
+    gm = make_fx(prior)(torch.randn(3))
+    before = len(gm.graph.nodes)
+    simplify_graph(gm, no_grad=True)
+    targets = [str(node.target) for node in gm.graph.nodes if node.op == "call_function"]
+    assert len(gm.graph.nodes) < before and not any("div" in t or "sub" in t for t in targets)
+    x = torch.randn(3)
+    value, same = gm(x)
+    assert torch.allclose(value, -(x**2).sum()) and torch.equal(same, x) and same.data_ptr() != x.data_ptr()
+
+    def written(x: torch.Tensor) -> torch.Tensor:
+        y = x + 0.0
+        y.add_(1.0)  # an in-place write on the result: x + 0 must stay a copy
+        return y * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        fast = ReplayedFunction(written, "an in-place write after x + 0", record_after=1)
+        for _ in range(4):
+            x = torch.randn(3)
+            copy = x.clone()
+            assert torch.allclose(fast(x), 2 * (copy + 1)) and torch.equal(x, copy)
