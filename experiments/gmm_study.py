@@ -168,7 +168,7 @@ def target_ratio(result: dict[str, Any]) -> float | None:
     return times[NB] / times[SM]
 
 
-def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str) -> None:
+def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str, time_label: str = "seconds") -> None:
     """One panel per size (rows: m, columns: n) of ``key`` against time, every run of both samplers."""
     ms = sorted({r["m"] for r in results})
     ns = sorted({r["n"] for r in results})
@@ -200,7 +200,7 @@ def plot(results: list[dict[str, Any]], path: Path, key: str, ylabel: str) -> No
         ax.set_xlim(left=0.0)
         ax.set_title(f"m={result['m']}, n={result['n']}", fontsize=9)
     for ax in axes[-1]:
-        ax.set_xlabel("seconds (log above 0.1 s)")
+        ax.set_xlabel(f"{time_label} (log above 0.1 s)")
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
     axes[0, 0].legend(fontsize=7)
@@ -261,8 +261,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + markdown_table(extra, list(extra[0]))
         + "\n\n![log-likelihood](gmm_study_loglik.png)\n\n![active mixtures](gmm_study_active.png)\n"
     )
-    plot(results, folder / "gmm_study_loglik.png", "log_lik", "log-lik - log-lik at truth")
-    plot(results, folder / "gmm_study_active.png", "active", "active mixtures M")
+    time_label = "CPU seconds" if args.clock == "cpu" else "seconds"
+    plot(results, folder / "gmm_study_loglik.png", "log_lik", "log-lik - log-lik at truth", time_label)
+    plot(results, folder / "gmm_study_active.png", "active", "active mixtures M", time_label)
     write_report(folder, "gmm_study.md", text)
     return record
 
