@@ -118,22 +118,23 @@ def simplify_graph(gm: Any, no_grad: bool = False) -> None:
 
 
 def _drop_neutral(gm: Any) -> None:
-    """Drop arithmetic with a neutral constant: ``x - 0``, ``x + 0``, ``x * 1``, ``x / 1``, ``x ** 1``.
+    """Drop arithmetic with a neutral constant: ``x - 0``, ``x * 1``, ``x / 1``, ``x ** 1``.
 
-    A Pyro model's standard-normal priors leave ``(x - 0) / 1`` and ``log 1`` terms (and their
-    derivatives) in a recorded graph. The result must have ``x``'s shape and dtype (no broadcast
-    or promotion), and neither the result nor ``x`` (or what ``x`` views) may be written in place
-    or be a graph output (a replay must not hand out its input's memory).
+    A Pyro model's standard-normal priors leave ``(x - 0) / 1`` terms (and a ``** 1`` in their
+    derivative) in a recorded graph. Each is exact, ``-0.0`` and NaN included (``x + 0`` is not:
+    it turns ``-0.0`` into ``0.0``). The result must have ``x``'s shape, dtype and strides (no
+    broadcast, promotion or new layout), the constant must not be written in place, and neither the
+    result nor ``x`` (or what ``x`` views) may be written in place or reach a graph output through
+    views (a replay must not hand out its input's memory).
     """
     aten = _aten()
-    neutral = {aten.sub.Tensor: 0, aten.add.Tensor: 0, aten.mul.Tensor: 1, aten.div.Tensor: 1}
-    commutes = {aten.add.Tensor, aten.mul.Tensor}
+    neutral = {aten.sub.Tensor: 0, aten.mul.Tensor: 1, aten.div.Tensor: 1}
     written = _written(gm)
 
     def constant(arg: Any) -> Any:
         if isinstance(arg, int | float) and not isinstance(arg, bool):
             return arg
-        if getattr(arg, "op", None) == "get_attr":
+        if getattr(arg, "op", None) == "get_attr" and arg not in written:
             return getattr(gm, arg.target)
         return None
 
@@ -149,15 +150,17 @@ def _drop_neutral(gm: Any) -> None:
             node = node.args[0] if _is_view(node) else None
         return node is None or node not in written
 
+    def reaches_output(node: Any) -> bool:
+        return any(user.op == "output" or (_is_view(user) and reaches_output(user)) for user in node.users)
+
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.kwargs or node in written or any(u.op == "output" for u in node.users):
+        if node.op != "call_function" or node.kwargs or node in written or reaches_output(node):
             continue
         pairs: list[tuple[Any, Any, int]] = []
         if node.target in neutral and len(node.args) == 2:
-            x, c = node.args
-            pairs.append((x, c, neutral[node.target]))
-            if node.target in commutes:
-                pairs.append((c, x, neutral[node.target]))
+            pairs.append((node.args[0], node.args[1], neutral[node.target]))
+            if node.target is aten.mul.Tensor:
+                pairs.append((node.args[1], node.args[0], 1))
         elif node.target is aten.pow.Tensor_Scalar:
             pairs.append((node.args[0], node.args[1], 1))
         for keep, other, number in pairs:
@@ -167,7 +170,7 @@ def _drop_neutral(gm: Any) -> None:
                 and is_all(value, number)
                 and isinstance(kept, Tensor)
                 and isinstance(mine, Tensor)
-                and (kept.shape, kept.dtype) == (mine.shape, mine.dtype)
+                and (kept.shape, kept.dtype, kept.stride()) == (mine.shape, mine.dtype, mine.stride())
                 and untouched(keep)
             ):
                 node.replace_all_uses_with(keep)

@@ -245,3 +245,13 @@ def test_blocks_that_all_conflict_get_one_class_each_in_block_order() -> None:
     blocks = torch.tensor([[4, 5], [0, 1], [2, 3]])
     assert [c.tolist() for c in fg.color_blocks(blocks)] == [[0], [1], [2]]
     assert fg.conflict_graph(blocks).number_of_edges() == 3
+
+
+def test_a_block_listing_a_variable_twice_does_not_fool_the_all_conflict_shortcut() -> None:
+    fg = FactorGraph()
+    a, b, c, d = fg.add_variables(4, cardinality=2)
+    for u, v in ((a, b), (b, c), (c, d)):
+        fg.add_table_factor([u, v], torch.zeros(2, 2))
+    classes = fg.color_blocks(torch.tensor([[a, a], [b, -1], [d, -1]]))  # a path a-b .. d: two colours suffice
+    assert sorted(len(c) for c in classes) in ([1, 2], [3])
+    assert len(classes) <= 2

@@ -312,3 +312,42 @@ def test_neutral_arithmetic_is_dropped_but_never_hands_out_an_input_or_a_written
             x = torch.randn(3)
             copy = x.clone()
             assert torch.allclose(fast(x), 2 * (copy + 1)) and torch.equal(x, copy)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["view of x * 1 as output", "x * 1 of an expanded tensor, then viewed", "1 / (x + 0) at -0.0"],
+)
+def test_neutral_arithmetic_kept_where_dropping_it_would_change_a_replay(case: str) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        if case == "view of x * 1 as output":
+            return (x * 1).view(-1)
+        if case == "x * 1 of an expanded tensor, then viewed":
+            return (x[:1].expand(3, 3) * 1).view(-1)
+        return 1 / (x + 0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback would warn: the replay must stay right and fast
+        fast = ReplayedFunction(fn, case, checks=0, record_after=1)
+        for x in (torch.tensor([-0.0, 1.0, 2.0]), torch.tensor([-0.0, 3.0, 5.0])):
+            want, got = fn(x.clone()), fast(x.clone())
+            assert torch.equal(got, want), (case, got, want)
+            if case == "view of x * 1 as output":
+                assert got.data_ptr() != x.data_ptr()
+
+
+def test_a_constant_written_in_place_is_not_taken_as_neutral() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neuralblock.replay import simplify_graph
+
+    state = torch.zeros(3)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = x - state  # zero when recorded, but the next line writes it
+        state.copy_(x)
+        return 2 * y
+
+    gm = make_fx(fn)(torch.ones(3))
+    simplify_graph(gm)
+    assert any(str(node.target).startswith("aten.sub") for node in gm.graph.nodes)

@@ -117,6 +117,9 @@ def log_spaced_counts(total: int, num_points: int) -> list[int]:
     return sorted({int(round(float(g))) for g in grid} | {total})
 
 
+_ESS_MIN_PROBABILITY = 1e-3  # variables rarer than this either way are left out of RunningMarginals.ess
+
+
 class RunningMarginals:
     """Visit counts of every draw it is shown, and their marginals' error against exact ones.
 
@@ -172,9 +175,10 @@ class RunningMarginals:
         """Median over variables of the multi-chain effective sample size of the thinned draws.
 
         The statistic is each latent variable's indicator of its first value, over the variables
-        whose exact marginal of that value is strictly between 0 and 1 (a frozen chain counts; a
-        deterministic variable does not). The ESS is Pyro's (Stan's) multi-chain estimate on the
-        thinned draws (a failed, non-positive estimate counts as 1). It is a lower bound on the
+        whose exact marginal of that value is between 1e-3 and 1 - 1e-3 (a frozen chain counts; a
+        deterministic or nearly deterministic variable, whose draws may rightly never change, does not).
+        The ESS is Pyro's (Stan's) multi-chain estimate on the thinned draws (a failed, non-positive
+        estimate counts as 1). It is a lower bound on the
         whole run's ESS that saturates near ``chains x kept draws`` (:meth:`ess_cap`) once the
         thinning stride exceeds the chains' autocorrelation time: compare samplers below that cap.
         Chains stuck in different states give an ESS of a fraction of the number of chains.
@@ -189,7 +193,7 @@ class RunningMarginals:
             raise ValueError("RunningMarginals keeps no draws for ess(): build it with thin_to > 0")
         latent = self.fg.latent
         first = self.exact[latent, 0]
-        random = (first > 0) & (first < 1)
+        random = (first >= _ESS_MIN_PROBABILITY) & (first <= 1 - _ESS_MIN_PROBABILITY)
         if len(self._kept) < 4 or not bool(random.any()):
             return None
         draws = torch.stack(self._kept, dim=1)[:, :, latent[random]].double()  # [chains, T, variables]

@@ -626,7 +626,8 @@ class FactorGraph:
                 coloring[next(iter(component))] = 0
                 continue
             sub = conflict.subgraph(component)
-            if 2 * sub.number_of_edges() == len(component) * (len(component) - 1):  # all conflict: one block a class
+            edges = sub.number_of_edges() - nx.number_of_selfloops(sub)  # a block listing a variable twice: a loop
+            if 2 * edges == len(component) * (len(component) - 1):  # all conflict: one block a class, in block order
                 coloring.update({block: c for c, block in enumerate(sorted(component))})
                 continue
             strategies = ["DSATUR"] if len(component) <= 400 else []

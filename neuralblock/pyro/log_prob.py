@@ -29,6 +29,8 @@ from torch.distributions.utils import broadcast_all
 
 __all__ = ["site_log_prob"]
 
+_SOFTPLUS_THRESHOLD = 40.0  # exp(40) is far from float32's overflow (at 88)
+
 
 class _BernoulliLogitsLogProb(torch.autograd.Function):
     """``y * l - softplus(l)`` with derivative ``(y - sigmoid(l), l)``, forward mode and vmap included."""
@@ -37,7 +39,9 @@ class _BernoulliLogitsLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(logits: Tensor, value: Tensor) -> Tensor:
-        return value * logits - torch.nn.functional.softplus(logits)
+        # softplus is linear from its threshold on (it drops log1p(exp(-l))): at 40 that is below 5e-18,
+        # under float64's resolution of the value; torch's default threshold of 20 would drop up to 2e-9
+        return value * logits - torch.nn.functional.softplus(logits, threshold=_SOFTPLUS_THRESHOLD)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
