@@ -396,3 +396,16 @@ def test_ess_leaves_out_deterministic_variables_but_counts_frozen_ones() -> None
     assert ess is not None and ess > 0.5 * counts.ess_cap()
     with pytest.raises(ValueError, match=">= 8"):
         RunningMarginals(fg, exact, thin_to=3)
+
+
+def test_nearly_deterministic_variables_do_not_drag_the_ess_down() -> None:
+    from neuralblock.diagnostics import RunningMarginals
+
+    fg, _ = _binary_graph(3)
+    exact = torch.tensor([[0.5, 0.5], [1 - 1e-9, 1e-9], [1 - 1e-9, 1e-9]])  # two variables almost always 0
+    counts = RunningMarginals(fg, exact, thin_to=100)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(150):  # exact iid draws: the rare values never show
+        counts(torch.cat([torch.randint(0, 2, (4, 1), generator=gen), torch.zeros(4, 2, dtype=torch.long)], 1))
+    ess = counts.ess()
+    assert ess is not None and ess > 0.5 * counts.ess_cap()
