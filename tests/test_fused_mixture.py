@@ -141,3 +141,21 @@ def test_pairs_proposed_after_an_accept_are_counted_as_discarded() -> None:
     report = kernel.diagnostics()
     assert report["acceptance_by_proposal"]["gmm_pair"] > 0.05  # some accepts, so some pairs were re-proposed
     assert report["discarded_proposals"] > 0
+
+
+def test_tempered_chains_that_finish_their_sweep_early_keep_their_own_temperature() -> None:
+    # window 3: chains accept at different pairs, so some finish a sweep early and the rest step without them
+    fg = _graph(m=5, n=20, seed=4)
+    kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.0, chains=3, window=3)
+    kernel.initial_params = {
+        "x": torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(3)])
+    }
+    kernel.setup(0)
+    kernel.beta = torch.tensor([1.0, 0.3, 0.0])  # beta = 0: the energy is ignored, every pair move follows q alone
+    pyro.set_rng_seed(1)
+    params = kernel.initial_params
+    for _ in range(6):
+        params = kernel.sample(params)
+    per_chain = kernel._accepted_per_chain[0]
+    assert torch.isfinite(params["x"]).all()
+    assert per_chain[2] > per_chain[0]  # the untempered chain accepts least, the beta = 0 one most

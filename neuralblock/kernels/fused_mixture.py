@@ -377,20 +377,25 @@ class FusedMixtureSweep:
         nonfinite = torch.zeros((), dtype=torch.long)
         with torch.no_grad():
             while bool((position < total).any()):
-                width = self._width(chains)
-                slots = position[:, None] + torch.arange(width)
+                live = (position < total).nonzero().squeeze(1)  # chains that finished their sweep wait
+                every = len(live) == chains
+                width = self._width(len(live))
+                slots = position[live, None] + torch.arange(width)
                 valid = slots < total
-                step = mixture_pair_step(state, self.proposal, self.layout, slots.clamp(max=total - 1), valid, beta)
-                live = position < total
-                consumed = torch.where(live, step.consumed, torch.zeros_like(step.consumed))
-                self.discarded += int((valid.sum(1) - consumed)[live].sum())  # proposed after a chain's accept
-                hits = step.accepted & live
-                state = step.state
-                position = position + consumed
-                accepted += hits.long()
-                nonfinite = nonfinite + step.nonfinite[live].sum()
-                decided = int(consumed.sum())
+                step = mixture_pair_step(
+                    state if every else state[live],
+                    self.proposal,
+                    self.layout,
+                    slots.clamp(max=total - 1),
+                    valid,
+                    None if beta is None else (beta if every else beta[live]),
+                )
+                state = step.state if every else state.index_copy(0, live, step.state)
+                self.discarded += int((valid.sum(1) - step.consumed).sum())  # proposed after a chain's accept
+                position[live] += step.consumed
+                accepted[live] += step.accepted.long()
+                nonfinite = nonfinite + step.nonfinite.sum()
+                decided = int(step.consumed.sum())
                 if decided:
-                    rate = float(hits.sum()) / decided
-                    self.rate = 0.9 * self.rate + 0.1 * rate
+                    self.rate = 0.9 * self.rate + 0.1 * float(step.accepted.sum()) / decided
         return state, accepted, nonfinite, chains * total
