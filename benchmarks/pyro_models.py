@@ -58,18 +58,13 @@ from pyro.infer import MCMC, NUTS, config_enumerate, infer_discrete
 from pyro.infer.mcmc.util import summary as pyro_summary
 from pyro.ops.indexing import Vindex
 
-from neuralblock import FactorGraph, GibbsKernel
-from neuralblock.kernels import (
-    CompoundKernel,
-    DiscreteLangevin,
-    GibbsWithGradients,
-    MarginalRandomWalk,
-    PathAuxiliarySampler,
-    RandomWalkMH,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: experiments.common
+
+from experiments.common import add_gradient_samplers  # noqa: E402
+from neuralblock import FactorGraph, GibbsKernel  # noqa: E402
+from neuralblock.kernels import GRADIENT_SAMPLERS, CompoundKernel, MarginalRandomWalk, RandomWalkMH  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "results" / "pyro_models"
-GRADIENT_SAMPLERS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
 K = 3
 LOCS = torch.tensor([-2.0, 0.0, 2.0])
 WEIGHTS = torch.tensor([0.2, 0.5, 0.3])
@@ -381,13 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI scale (seconds)")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument(
-        "--gradient-samplers",
-        nargs="*",
-        default=[],
-        choices=list(GRADIENT_SAMPLERS),
-        help="also run these gradient-informed samplers (issue 26) on the all-discrete models",
-    )
+    add_gradient_samplers(parser, "also run these gradient-informed samplers (issue 26) on the all-discrete models")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     quick = args.quick

@@ -135,6 +135,20 @@ def add_choices(parser: argparse.ArgumentParser, **options: Sequence[str] | tupl
         parser.add_argument("--" + name.replace("_", "-"), choices=list(choices), default=choices[0], help=text)
 
 
+def add_gradient_samplers(parser: argparse.ArgumentParser, text: str) -> None:
+    """``--gradient-samplers [GWG DMALA PAS ...]``: extra arms from :data:`neuralblock.kernels.GRADIENT_SAMPLERS`.
+
+    Example:
+        >>> parser = study_parser("A study.")
+        >>> add_gradient_samplers(parser, "also run these")
+        >>> parser.parse_args(["--gradient-samplers", "GWG", "PAS"]).gradient_samplers
+        ['GWG', 'PAS']
+    """
+    from neuralblock.kernels import GRADIENT_SAMPLERS
+
+    parser.add_argument("--gradient-samplers", nargs="*", default=[], choices=list(GRADIENT_SAMPLERS), help=text)
+
+
 def add_switches(parser: argparse.ArgumentParser, **options: tuple[bool, str]) -> None:
     """On/off options: ``name=(default, help)`` adds ``--name`` and ``--no-name``.
 

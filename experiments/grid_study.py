@@ -72,7 +72,7 @@ from neuralblock.diagnostics.runs import equal_time, error_at, first_time, study
 from neuralblock.exact import marginals
 from neuralblock.graph import FactorGraph
 from neuralblock.io import erg_grid, read_erg, read_mar, read_uai, uai_grid
-from neuralblock.kernels import DiscreteLangevin, GibbsWithGradients, PathAuxiliarySampler
+from neuralblock.kernels import GRADIENT_SAMPLERS
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.subsample import student_t_sf
@@ -83,7 +83,7 @@ ERG = ["90-10-1", "90-14-1", "90-16-1"]
 RANDOM_SIZES = [10, 15, 20]
 NEAR_DETERMINISTIC_SIZES = [10, 15, 20]
 WARMUP = 20  # sweeps before the timed ones (lazy torch initialisation, caches)
-GRADIENT_ARMS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
+GRADIENT_ARMS = GRADIENT_SAMPLERS
 """The gradient-informed samplers (issue 26): Gibbs-with-Gradients, discrete Langevin with MH, path auxiliary."""
 ARMS = ["NB+Gibbs", "Gibbs", "RE-Gibbs", "RE-NB", *GRADIENT_ARMS]
 ESS_DRAWS = 1000  # thinned draws kept per chain for the ESS (RunningMarginals.ess)

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from experiments.common import add_run_options, parse_quick, pyplot, study_parser
+from experiments.common import add_gradient_samplers, add_run_options, parse_quick, pyplot, study_parser
 from experiments.crf_model import entity_spans, precision_recall_f1
 from motifs.crf import load_crf, read_conll
 from neuralblock import GibbsKernel, NeuralBlockKernel, list_pretrained, load_pretrained
@@ -61,13 +61,12 @@ from neuralblock.diagnostics.runs import CLOCKS, ErrorTrace, TimedRun, first_tim
 from neuralblock.exact import chain_marginals, chain_sample, chain_score, chain_viterbi
 from neuralblock.graph import FactorGraph
 from neuralblock.io import data_path
-from neuralblock.kernels import DiscreteLangevin, GibbsWithGradients, GraphKernel, PathAuxiliarySampler
+from neuralblock.kernels import GRADIENT_SAMPLERS, GraphKernel
 
 plt = pyplot()
 
 
 PROPOSALS = ["crf_tags-2", "crf_tags-3", "crf_tags-4"]
-GRADIENT_SAMPLERS = {"GWG": GibbsWithGradients, "DMALA": DiscreteLangevin, "PAS": PathAuxiliarySampler}
 TEST_FILE = "emerging.test.annotated"
 METRICS = ["errors", "loglik", "token_f1_sample", "entity_f1_sample", "token_f1_mm", "entity_f1_mm"]
 
@@ -79,13 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--proposals", nargs="*", default=PROPOSALS, help="shipped crf_tags proposals")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
-    parser.add_argument(
-        "--gradient-samplers",
-        nargs="*",
-        default=[],
-        choices=list(GRADIENT_SAMPLERS),
-        help="also run these gradient-informed samplers (issue 26) on the same budget",
-    )
+    add_gradient_samplers(parser, "also run these gradient-informed samplers (issue 26) on the same budget")
     parser.add_argument("--growth", type=float, default=1.25, help="geometric checkpoint factor (sweeps)")
     parser.add_argument("--exact-samples", type=int, default=256, help="FFBS draws for the posterior mean score")
     add_run_options(parser, "experiments/results/ner_study", "CI scale (missing proposals are skipped)")

@@ -8,7 +8,12 @@ from neuralblock.kernels.conditional_graph import ConditionalGraphKernel
 from neuralblock.kernels.conditioning import Conditionable, ConditionedModel, ResettableConditioning, set_conditioning
 from neuralblock.kernels.functional import GibbsInfo, MHInfo, gibbs_sample, mh_accept, random_walk_propose
 from neuralblock.kernels.gibbs import GibbsKernel
-from neuralblock.kernels.gradient_discrete import DiscreteLangevin, GibbsWithGradients, PathAuxiliarySampler
+from neuralblock.kernels.gradient_discrete import (
+    GRADIENT_SAMPLERS,
+    DiscreteLangevin,
+    GibbsWithGradients,
+    PathAuxiliarySampler,
+)
 from neuralblock.kernels.lwa import LWAKernel
 from neuralblock.kernels.marginal import MarginalRandomWalk
 from neuralblock.kernels.neural_block import NeuralBlockKernel, neural_block_step
@@ -21,6 +26,7 @@ from neuralblock.kernels.split_merge import SplitMergeGMM
 from neuralblock.kernels.vocabulary import KernelDiagnostics
 
 __all__ = [
+    "GRADIENT_SAMPLERS",
     "AusterityMH",
     "CompoundKernel",
     "ConditionalGraphKernel",

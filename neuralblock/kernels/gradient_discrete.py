@@ -47,7 +47,7 @@ from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
-__all__ = ["DiscreteLangevin", "GibbsWithGradients", "OneHotEnergy", "PathAuxiliarySampler"]
+__all__ = ["GRADIENT_SAMPLERS", "DiscreteLangevin", "GibbsWithGradients", "OneHotEnergy", "PathAuxiliarySampler"]
 
 IMPOSSIBLE = -1e30
 """Finite stand-in for ``-inf`` table entries in the energy (``-inf * 0`` would give NaN gradients)."""
@@ -554,3 +554,11 @@ class DiscreteLangevin(_GradientKernel):
     def diagnostics(self) -> KernelDiagnostics:
         """The shared diagnostics and the (frozen) step size."""
         return {**super().diagnostics(), "step_size": float(self.step_size)}
+
+
+GRADIENT_SAMPLERS: dict[str, type[GibbsWithGradients | DiscreteLangevin | PathAuxiliarySampler]] = {
+    "GWG": GibbsWithGradients,
+    "DMALA": DiscreteLangevin,
+    "PAS": PathAuxiliarySampler,
+}
+"""The three kernels by their papers' short names (the studies' ``--gradient-samplers`` choices)."""
