@@ -79,32 +79,34 @@ def test_every_replica_samples_its_tempered_target() -> None:
     assert kernel.diagnostics()["tempered_sweeps"] > 500  # and the sweeps read the tempered tables
 
 
-def test_tempered_proposal_tables_hold_each_temperatures_proposal_and_energy() -> None:
-    """Row block r of the stacked tables is the table built on the model tempered by beta_r."""
-    from neuralblock.kernels.fused_blocks import BlockTable, BlockTableEnergy
-
+def test_tempered_rows_hold_the_powered_proposal_and_the_tempered_energy() -> None:
+    """Row block r: the drawn proposal raised to beta_r (normalized), and block energies times beta_r."""
     fg = coupled_chain(seed=5)
     torch.manual_seed(2)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
-    kernel = ReplicaExchange(fg, [proposal], temperatures=[1.0, 3.0], chains=2, adapt=False)
+    kernel = ReplicaExchange(fg, [proposal], temperatures=[1.0, 3.0, 7.0], chains=2, adapt=False)
     kernel.setup(0)
     kernel.sample(kernel.initial_params)
     fused = kernel.inner.fused[0]
     assert fused is not None and fused.tempered is not None
-    rows = fused.table.rows
-    for r, beta in enumerate(fused.tempered.betas.tolist()):
-        hot = fg.tempered(beta)
-        found = proposal.motif.find_instances(hot)
-        order = [found.blocks.tolist().index(b) for b in fused.instances.blocks.tolist()]
-        instances = found.select(torch.tensor(order))
-        cards = list(proposal.motif.block_spec.cardinalities)
-        alone = BlockTable(hot, proposal, instances, BlockTableEnergy(hot, instances.blocks, cards), fused.device)
-        assert torch.allclose(fused.tempered.cdf[r * rows : (r + 1) * rows], alone.cdf)
-        assert torch.allclose(fused.tempered.log_ratio[r * rows : (r + 1) * rows], alone.log_ratio)
-    with torch.no_grad():  # beta = 1 rows equal the kernel's own untempered table
-        assert torch.allclose(fused.tempered.cdf[:rows], fused.table.cdf)
-    assert fused.tempered.offsets(torch.tensor([1.0, 1.0, 1 / 3, 1 / 3]).float()).tolist() == [0, 0, rows, rows]
-    assert fused.tempered.offsets(torch.tensor([0.5]).float()) is None  # off the ladder: untempered path
+    table, tempered = fused.table, fused.tempered
+    rows = table.rows
+
+    def drawn(cdf: torch.Tensor) -> torch.Tensor:
+        return torch.diff(cdf.double(), dim=-1, prepend=torch.zeros(cdf.shape[0], 1, dtype=torch.float64))
+
+    q = drawn(table.cdf)
+    for r, beta in enumerate(tempered.betas.tolist()):
+        block = slice(r * rows, (r + 1) * rows)
+        want = q**beta / (q**beta).sum(-1, keepdim=True)
+        assert torch.allclose(drawn(tempered.cdf[block]), want, atol=1e-6), beta
+        log_ratio = table.energy_rows.double() * beta - drawn(tempered.cdf[block]).log()
+        assert torch.allclose(tempered.log_ratio[block].double(), log_ratio, atol=1e-4), beta
+    assert torch.equal(tempered.cdf[:rows], table.cdf)  # beta = 1: the kernel's own table
+    assert torch.allclose(tempered.log_ratio[:rows], table.log_ratio)
+    beta = torch.tensor([1.0, 1.0, 1 / 3, 1 / 3, 1 / 7, 1 / 7]).float()
+    assert tempered.offsets(beta).tolist() == [0, 0, rows, rows, 2 * rows, 2 * rows]
+    assert tempered.offsets(torch.tensor([0.5]).float()) is None  # off the ladder: untempered path
 
 
 def test_swaps_follow_the_exact_probability() -> None:

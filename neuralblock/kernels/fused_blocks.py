@@ -64,6 +64,7 @@ _MAX_CACHE_ENTRIES = 1 << 24  # floats per proposal table (64 MB in float32); be
 _MAX_KEYS = 1 << 24  # (instance, context value) keys per proposal: float place values stay exact
 _PREFILL_ROWS = 1 << 19  # context values per proposal tabulated at setup (beyond: filled as chains visit them)
 _PREFILL_BATCH = 1 << 14  # network rows per forward pass while tabulating
+_PREFILL_STATE_ENTRIES = 1 << 24  # state entries per batch of enumerated states while tabulating
 
 
 def supports_fused(fg: FactorGraph, instances: MotifInstances, cardinalities: Sequence[int]) -> bool:
@@ -83,6 +84,30 @@ def _radix(cardinalities: Tensor) -> Tensor:
     cards = cardinalities.clamp(min=1)
     tail = torch.cat([cards.flip(-1).cumprod(-1).flip(-1)[..., 1:], torch.ones_like(cards[..., :1])], -1)
     return tail
+
+
+def _disjoint_context_groups(context: Tensor, largest: int) -> list[Tensor]:
+    """Instances ``[I, c]`` (``-1`` padded contexts) in groups whose contexts share no variable (greedy, in order).
+
+    Each group holds at most ``largest`` instances.
+
+    Example:
+        >>> [g.tolist() for g in _disjoint_context_groups(torch.tensor([[0, 1], [1, 2], [3, -1], [2, 4]]), 4)]
+        [[0, 2, 3], [1]]
+    """
+    taken: list[set[int]] = []
+    members: list[list[int]] = []
+    for i, row in enumerate(context.tolist()):
+        variables = {v for v in row if v >= 0}
+        for used, group in zip(taken, members):
+            if len(group) < largest and used.isdisjoint(variables):
+                used |= variables
+                group.append(i)
+                break
+        else:
+            taken.append(variables)
+            members.append([i])
+    return [torch.tensor(group, dtype=torch.long) for group in members]
 
 
 class BlockTableEnergy:
@@ -306,31 +331,37 @@ class BlockTable:
         return self.base[rows] + (state[:, self.context[rows]].long() * self.radix[rows]).sum(-1)
 
     def prefill(self, fg: FactorGraph, instances: MotifInstances) -> None:
-        """Tabulate every context value of every instance (setup time; one loop over instances).
+        """Tabulate every context value of every instance (setup time).
 
-        Each instance's context values are enumerated into states (the other variables at
-        their initial values, which neither the features nor the scaffold read), then
-        encoded, scored and run through the network in large batches.
+        Instances whose contexts share no variable are tabulated together: one state sets
+        each of their contexts to its own value (the other variables stay at their initial
+        values, which neither the features nor the scaffold read), so a batch of states
+        is encoded, scored and run through the network for a whole group at once.
         """
         start = fg.initial_state()
         if fg.evidence:
             start[torch.tensor(list(fg.evidence))] = torch.tensor(list(fg.evidence.values()), dtype=start.dtype)
         features, ratios, rows = [], [], []
-        for i in range(len(instances)):
-            cards = self._ctx_cards[i]
-            radix = self.radix[i].cpu()
+        max_states = max(1, _PREFILL_STATE_ENTRIES // max(1, fg.num_variables))  # bounded memory: [batch, n] states
+        for group in _disjoint_context_groups(instances.context, _PREFILL_BATCH):
+            cards, radix = self._ctx_cards[group], self.radix[group].cpu()  # [G, c]
             valid = radix > 0
-            one = instances.select(torch.tensor([i]))
-            energy = self.energy.select(torch.tensor([i], device=self.device))
-            for lo in range(0, int(cards.prod()), _PREFILL_BATCH):  # bounded memory: [batch, n] states at a time
-                code = torch.arange(lo, min(lo + _PREFILL_BATCH, int(cards.prod())))
-                digits = code[:, None] // radix.clamp(min=1) % cards
+            written = self.context[group].cpu()[valid]  # the group's context variables (distinct)
+            sizes = cards.prod(-1)  # [G] context values of each instance
+            one = instances.select(group)
+            energy = self.energy.select(group.to(self.device))
+            batch = max(1, min(_PREFILL_BATCH // len(group), max_states))
+            for lo in range(0, int(sizes.max()), batch):
+                code = torch.arange(lo, min(lo + batch, int(sizes.max())))  # [B]
+                digits = code[:, None, None] // radix.clamp(min=1) % cards  # [B, G, c]
                 states = start.expand(len(code), -1).clone()  # on the CPU, where the motif's data lives
-                states[:, self.context[i].cpu()[valid]] = digits[:, valid].to(states.dtype)
-                features.append(self._features(fg, one, states)[:, 0])
-                joint = torch.arange(len(self.values), device=self.device).expand(len(code), 1, -1)
-                ratios.append(energy(self.energy.flat, states.to(self.device), joint)[:, 0])
-                rows.append(self.base[i] + code.to(self.device))
+                states[:, written] = digits[:, valid].to(states.dtype)
+                keep = code[:, None] < sizes  # [B, G]: instances with fewer context values stop early
+                joint = torch.arange(len(self.values), device=self.device).expand(len(code), len(group), -1)
+                scores = energy(self.energy.flat, states.to(self.device), joint)  # [B, G, J]
+                features.append(self._features(fg, one, states)[keep.to(self.device)])
+                ratios.append(scores[keep.to(self.device)])
+                rows.append((self.base[group.to(self.device)] + code[:, None].to(self.device))[keep.to(self.device)])
         self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
 
     def ensure(self, fg: FactorGraph, instances: MotifInstances, keys: Tensor, rows: Tensor, state: Tensor) -> None:
@@ -370,8 +401,7 @@ class BlockTable:
             # the proposal the sampler draws is the stored CDF's steps (a uniform lands in [c_{j-1}, c_j) with
             # probability c_j - c_{j-1}): the MH ratio uses exactly those, not the network's log q, so rounding in
             # the CDF cannot bias the chain (a value whose step is 0 is never proposed, and never left by a block)
-            steps = torch.diff(cdf.double(), dim=-1, prepend=torch.zeros_like(cdf[:, :1], dtype=torch.float64))
-            log_drawn = steps.clamp_min(0.0).log().to(self.cdf.dtype)
+            log_drawn = _log_steps(cdf).to(self.cdf.dtype)
             self.log_ratio[rows[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn
             self.energy_rows[rows[chunk]] = energy[chunk].to(self.cdf.dtype)
         self.filled[keys] = True
@@ -485,7 +515,7 @@ def fused_class_update(
 
 
 class _TemperedTables(NamedTuple):
-    """Stacked :class:`BlockTable` rows of the tempered models of a ladder, ``rows`` per temperature."""
+    """Stacked proposal rows of the tempered models of a ladder, ``rows`` per temperature (see :func:`powered_rows`)."""
 
     betas: Tensor
     cdf: Tensor
@@ -498,6 +528,56 @@ class _TemperedTables(NamedTuple):
         if not bool(match.any(1).all()):
             return None
         return match.to(torch.long).argmax(1) * self.rows
+
+
+def powered_rows(table: BlockTable, betas: Tensor) -> _TemperedTables:
+    """Rows for the tempered models ``p(x)^beta``: the table's proposal raised to the power ``beta``.
+
+    If ``q(B | C)`` is close to the block conditional ``p(B | blanket)``, then ``q^beta / Z``
+    is as close to the tempered model's ``p(B | blanket)^beta / Z'``: the log importance
+    weights scale by ``beta``. Block energies of table factors scale by ``beta`` too, so each
+    temperature's rows come from the (fully tabulated) table's CDF steps and block energies,
+    ``[J]`` arithmetic per row and temperature, with no network pass. MH is exact for any
+    proposal: a value the table never proposes stays unproposed at every temperature.
+
+    Example:
+        >>> import torch
+        >>> from neuralblock import FactorGraph
+        >>> from neuralblock.motif import BlockSpec, Motif, MotifInstances
+        >>> class Pair(Motif):
+        ...     name, block_spec, feature_dim = "pair-pow", BlockSpec([2, 2]), 1
+        ...     def options(self): return {}
+        ...     def find_instances(self, fg):
+        ...         return MotifInstances(torch.tensor([[0, 1]]), torch.zeros(1, 0).long(), torch.zeros(1, 0))
+        ...     def encode(self, fg, instances, state): return torch.zeros(state.shape[:-1] + (1, 1))
+        ...     def sample_training_batch(self, batch_size, generator): raise NotImplementedError
+        >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+        >>> _ = fg.add_table_factor([0, 1], torch.tensor([[2.0, 0.0], [0.0, 2.0]]))
+        >>> q = NeuralBlockProposal(Pair(), components=2, hidden=(4,))
+        >>> found = q.motif.find_instances(fg)
+        >>> table = BlockTable(fg, q, found, BlockTableEnergy(fg, found.blocks, [2, 2]), torch.device("cpu"))
+        >>> hot = powered_rows(table, torch.tensor([1.0, 0.5]))
+        >>> bool(torch.allclose(hot.cdf[:1], table.cdf)), hot.cdf.shape[0], hot.offsets(torch.tensor([0.5])).tolist()
+        (True, 2, [1])
+    """
+    if table.slot is not None or not table.prefilled:
+        raise ValueError("tempered rows are made of fully tabulated dense tables")
+    betas = betas.to(table.device, torch.float64)
+    log_q = _log_steps(table.cdf)  # the proposal the chains draw at beta = 1 (-inf: never proposed)
+    cdf, log_ratio = [], []
+    for beta in betas.tolist():
+        cdf_beta = torch.softmax(beta * log_q, -1).cumsum(-1)
+        cdf_beta[:, -1] = 1.0
+        cdf_beta = cdf_beta.to(table.cdf.dtype)
+        cdf.append(cdf_beta)
+        log_ratio.append(table.energy_rows * beta - _log_steps(cdf_beta).to(table.cdf.dtype))
+    return _TemperedTables(betas, torch.cat(cdf), torch.cat(log_ratio), table.rows)
+
+
+def _log_steps(cdf: Tensor) -> Tensor:
+    """``log`` of the steps of CDF rows ``[R, J]`` (float64): the probabilities a uniform draw gives each value."""
+    steps = torch.diff(cdf.double(), dim=-1, prepend=torch.zeros_like(cdf[:, :1], dtype=torch.float64))
+    return steps.clamp_min(0.0).log()
 
 
 class FusedBlockSweep:
@@ -552,7 +632,7 @@ class FusedBlockSweep:
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
         self.compile_seconds = 0.0
-        self.tempered: _TemperedTables | None = None
+        self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
 
     def _in_dtype(self, dtype: torch.dtype) -> tuple[list[Tensor], Tensor, Tensor]:
@@ -573,30 +653,16 @@ class FusedBlockSweep:
         self.table.clear()
         self.tempered = None  # built for the old parameters
 
-    def temper(self, betas: Tensor, graphs: Sequence[FactorGraph], instances: Sequence[MotifInstances]) -> bool:
-        """Tabulate the proposal conditioned on each tempered model: chains at ``betas[r]`` read ``graphs[r]``'s rows.
+    def temper(self, betas: Tensor) -> bool:
+        """Propose at each temperature ``1 / betas[r]`` from the proposal raised to ``betas[r]`` (:func:`powered_rows`).
 
-        ``graphs[r]`` is the model with every log table scaled by ``betas[r]`` and ``instances[r]`` its
-        instances in this sweep's order. A replica's block proposal and its energy then both come from its
-        own tempered model (the MH ratio needs no ``beta`` correction). Only dense, fully tabulated tables
-        are tempered (the context spaces of grids); otherwise nothing changes and ``False`` is returned.
+        Chains whose ``beta`` is on the ladder then read their temperature's rows (proposal and
+        block energies of ``p(x)^beta``: the MH ratio needs no ``beta`` correction). Only fully
+        tabulated dense tables are tempered; otherwise nothing changes and ``False`` is returned.
         """
-        cards = list(self.table.proposal.motif.block_spec.cardinalities)
         if self.table.slot is not None or not self.table.prefilled:
             return False
-        tables = []
-        for graph, found in zip(graphs, instances):
-            energy = BlockTableEnergy(graph, found.blocks, cards).to(self.device)
-            table = BlockTable(graph, self.table.proposal, found, energy, self.device)
-            if table.slot is not None or not table.prefilled or table.rows != self.table.rows:
-                return False
-            tables.append(table)
-        self.tempered = _TemperedTables(
-            betas.to(self.device, torch.float64),
-            torch.cat([t.cdf for t in tables]),
-            torch.cat([t.log_ratio for t in tables]),
-            self.table.rows,
-        )
+        self.tempered = powered_rows(self.table, betas)
         return True
 
     def tempered_rows(self) -> tuple[Tensor, Tensor]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
+from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.graph.supports import is_real
 from neuralblock.kernels.base import GraphKernel
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, speculative_width
@@ -428,38 +428,24 @@ class NeuralBlockKernel(GraphKernel):
                 sweep.instances = instances.select(sweep.order)
 
     def temper(self, betas: Tensor) -> bool:
-        """Condition the proposals on tempered models: chains at ``betas[r]`` propose from ``p(x)^betas[r]``'s blocks.
+        """Temper the proposals: chains at ``betas[r]`` propose from the proposal raised to the power ``betas[r]``.
 
-        For each proposal on the fused path with a fully tabulated table, the motif's instances are
-        found on the graph tempered by every ``beta`` (:meth:`FactorGraph.tempered`) and tabulated;
-        a chain whose :attr:`beta` is one of ``betas`` then reads its temperature's proposal and
-        block energies (exact MH for ``p(x)^beta`` either way; this raises the acceptance of hot
-        chains, whose untempered proposal is too sharp). Returns whether any proposal was tempered.
-
-        Nothing is tempered (and ``False`` returned) when no proposal has a fully tabulated fused table
-        or the graph has factors other than tables (:meth:`FactorGraph.tempered` copies only those).
+        If a proposal ``q`` is close to the block conditional of ``p``, then ``q^beta`` is as
+        close to the block conditional of ``p(x)^beta`` (the log importance weights scale by
+        ``beta``), so hot chains keep a high acceptance where the untempered proposal is too
+        sharp. Each proposal on the fused path with a fully tabulated dense table gains one
+        block of rows per temperature (:func:`~neuralblock.kernels.fused_blocks.powered_rows`:
+        no network pass); a chain whose :attr:`beta` is one of ``betas`` then reads its
+        temperature's rows (exact MH for ``p(x)^beta`` either way). Returns whether any
+        proposal was tempered.
 
         Args:
             betas: ``[R]`` inverse temperatures (the ladder; rows of :attr:`beta` take these values).
         """
-        fg = self._graph()
-        tabulated = [isinstance(f, FusedBlockSweep) and f.table.slot is None and f.table.prefilled for f in self.fused]
-        if not any(tabulated) or not all(isinstance(g, TableGroup) for g in fg.groups):
-            return False
-        graphs = [fg.tempered(float(b)) for b in betas.tolist()]
         tempered = False
-        for proposal, fused, ready in zip(self.proposals, self.fused, tabulated):
-            if not ready or not isinstance(fused, FusedBlockSweep):
-                continue
-            found = []
-            for hot in graphs:
-                instances = proposal.motif.find_instances(hot)
-                order = _order_of(fused.instances.blocks, instances.blocks)
-                if order is None:  # the motif reads the tempered model differently: keep the untempered proposal
-                    break
-                found.append(instances.select(order))
-            else:
-                tempered = fused.temper(betas, graphs, found) or tempered
+        for fused in self.fused:
+            if isinstance(fused, FusedBlockSweep):
+                tempered = fused.temper(betas) or tempered
         return tempered
 
     def _reset_stats(self) -> None:

@@ -16,15 +16,17 @@ Farr and Mandel, MNRAS 455, 2016): with ``T = 1 / beta`` and ``S_r = log(T_{r+1}
 ``kappa(t) = t0 / (nu (t + t0))``; ``T_1 = 1`` and the hottest temperature stay fixed. The
 adapted ladder is in ``diagnostics()``.
 
-A neural inner kernel proposes, at every temperature, from the proposal conditioned on the
-*tempered* model (``tempered_proposals``, the default): a tempered replica is the same motif
-with its log tables scaled by ``beta``, so once the ladder is fixed (after warmup, or from the
-start without adaptation) each temperature's proposal is tabulated on
-:meth:`FactorGraph.tempered` copies of the model. Until then, and where a proposal cannot be
-tabulated (the fused path with a fully tabulated table, graphs of table factors), and after the
-model's parameters change (``update_graph``: compound samplers), every temperature uses the
-untempered proposal. Any proposal keeps MH exact; the block acceptance per temperature and the
-sweeps that used the tempered tables are reported.
+A neural inner kernel proposes, at every temperature, from a *tempered* proposal
+(``tempered_proposals``, the default): the proposal raised to the power ``beta``. If ``q``
+is close to a block's conditional under ``p``, ``q^beta`` is as close to its conditional
+under ``p^beta`` (the log importance weights scale by ``beta``), while the untempered
+proposal is too sharp for hot replicas. Once the ladder is fixed (after warmup, or from the
+start without adaptation) each temperature's rows are computed from the fully tabulated
+proposal table and its block energies, with no network pass (one ``[rows, J]`` softmax per
+temperature). Until then, where a proposal is not fully tabulated (the fused path with a
+dense table), and after the model's parameters change (``update_graph``: compound
+samplers), every temperature uses the untempered proposal. Any proposal keeps MH exact; the
+block acceptance per temperature and the sweeps that used the tempered rows are reported.
 
 Example:
     >>> import torch, pyro
@@ -124,7 +126,8 @@ class ReplicaExchange(GraphKernel):
         adapt_t0: ``t0`` of the adaptation rate.
         device: where states and tables live.
         compile: passed to the inner kernel.
-        tempered_proposals: neural replicas propose from their tempered model once the ladder is fixed.
+        tempered_proposals: neural replicas propose from the proposal raised to their ``beta`` once the ladder
+            is fixed.
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
