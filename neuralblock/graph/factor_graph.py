@@ -687,9 +687,9 @@ class FactorGraph:
     def tempered(self, beta: float) -> FactorGraph:
         """A copy whose table factors' log tables are multiplied by ``beta``: the model ``p(x)^beta``.
 
-        Replica exchange runs the same model at several inverse temperatures; a copy per
-        temperature lets a motif find its instances (and a proposal read its features) on the
-        tempered model itself.
+        A tempered copy is the target of one replica of replica exchange, e.g. to enumerate
+        or encode a hot replica's model on its own (the kernel itself tempers its tables in
+        place of copying the graph).
 
         Raises:
             ValueError: ``beta`` is not a positive finite number, or the graph has factors other than tables.
