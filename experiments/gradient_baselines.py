@@ -36,9 +36,11 @@ For every family and seed each kernel runs through the run harness
 Two comparisons per kernel against Gibbs: **at equal CPU time** (each run's last checkpoint, all
 runs having the same budget), and **at equal single-site updates**, the papers' iteration unit
 (their ``bg-1`` Gibbs baseline updates one site per iteration): one Gibbs sweep is ``n`` updates,
-a GWG step 1, a PAS step its path length, a DMALA step ``n`` proposals. The papers' reported
-direction stands beside ours, with its source; the papers report their sizes in plots whose values
-are not in the text this study could read (see ``PAPER_CLAIMS``), so no paper number is quoted.
+a GWG step 1, a PAS step its path length, a DMALA step ``n`` proposals. Each paper's claim stands
+beside ours (``PAPER_CLAIMS``, with what of each paper's text was read in ``PAPERS``): the direction,
+and the size where the paper's text states its gain as a number (ours within ``SIZE_FACTOR`` of it in
+the same unit). The text read (the GWG and DMALA papers' openings; none of PAS) states no such
+number, so every comparison is of the direction.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``gradient_baselines.json``
 (every trace and summary), ``gradient_baselines.md`` (tables) and ``gradient_baselines.png``.
@@ -56,6 +58,7 @@ import argparse
 import json
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,43 +85,81 @@ from neuralblock.exact import marginals
 KERNELS = ("Gibbs", "GWG", "DMALA", "PAS")
 FAMILIES = ("ising-ferro", "ising-frustrated", "rbm", "fhmm")
 
-GWG_ABSTRACT = "GWG paper (ICML 2021), abstract: outperforms generic samplers on Ising models, RBMs and factorial HMMs"
-DMALA_ABSTRACT = "DMALA paper (ICML 2022), abstract: outperforms popular alternatives on Ising models and RBMs"
-PAPER_CLAIMS: dict[tuple[str, str], dict[str, str]] = {
-    ("GWG", "ising-ferro"): {
-        "direction": "ahead of Gibbs",
-        "source": GWG_ABSTRACT + "; its ising_sample.py: log RMSE of means and ESS/s against one-site-per-step "
-        "Gibbs (bg-1)",
-    },
-    ("GWG", "rbm"): {
-        "direction": "ahead of Gibbs",
-        "source": GWG_ABSTRACT + "; its rbm_sample.py: log-MMD to block-Gibbs samples and ESS (ours: log RMSE "
-        "against exact marginals)",
-    },
-    ("GWG", "fhmm"): {
-        "direction": "ahead of Gibbs",
-        "source": GWG_ABSTRACT + "; its fhmm_sample.py: log joint and reconstruction error (ours: log RMSE against "
-        "exact posterior means)",
-    },
-    ("DMALA", "ising-ferro"): {
-        "direction": "ahead of Gibbs and GWG",
-        "source": DMALA_ABSTRACT + "; its repository runs GWG's Ising sampling script (ising_sample.py)",
-    },
-    ("DMALA", "rbm"): {
-        "direction": "ahead of Gibbs and GWG",
-        "source": DMALA_ABSTRACT + "; its repository runs GWG's RBM sampling script (rbm_sample.py)",
-    },
-    ("PAS", "ising-ferro"): {
-        "direction": "ahead of Gibbs and GWG (unverified)",
-        "source": "PAS paper (ICLR 2022): no stored text of it was reachable here; the direction is the one its "
-        "method implies (a path of one move is GWG), not a quote",
-    },
-    ("PAS", "fhmm"): {
-        "direction": "ahead of Gibbs and GWG (unverified)",
-        "source": "PAS paper (ICLR 2022): as for its Ising row",
-    },
+SIZE_FACTOR = 3.0
+"""A paper's gain reproduces in size when ours is within this factor of it, in the same unit and comparison."""
+
+
+@dataclass(frozen=True)
+class Paper:
+    """One paper whose headline comparison against Gibbs the study reproduces, and what of its text was read.
+
+    ``url`` is where its text was read (``None``: no copy of it was reachable); ``read`` says what that
+    text holds of the comparison.
+    """
+
+    cite: str
+    url: str | None
+    read: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one paper reports for its kernel on one model family: ahead of Gibbs (and of ``rivals``).
+
+    ``unit`` is the column of :func:`summarise` the claim is judged in (the paper's own comparison:
+    ``rmse_gain_updates`` at equal single-site updates, ``rmse_gain_time`` at equal time,
+    ``ess_gain_time`` for ESS per second). ``figure`` is the paper's gain over Gibbs as a ratio in that
+    unit where its text states one (``figure_source``: the table or section, the setting), else ``None``.
+
+    Example:
+        >>> Claim("log RMSE", rivals=("GWG",)).direction
+        'ahead of Gibbs and GWG'
+    """
+
+    metric: str
+    unit: str = "rmse_gain_updates"
+    rivals: tuple[str, ...] = ()
+    figure: float | None = None
+    figure_source: str = ""
+
+    @property
+    def direction(self) -> str:
+        """The claimed direction, as text."""
+        return "ahead of " + " and ".join(("Gibbs", *self.rivals))
+
+
+PAPERS: dict[str, Paper] = {
+    "GWG": Paper(
+        "Grathwohl et al., ICML 2021",
+        "https://ar5iv.arxiv.org/html/2102.04509",
+        "the opening (abstract: ahead of generic samplers on Ising, Potts, RBM and factorial HMM models); "
+        "its sampling comparisons are plots (Figures 2-5), and the opening states no value from them",
+    ),
+    "DMALA": Paper(
+        "Zhang, Liu and Liu, ICML 2022",
+        "https://ar5iv.labs.arxiv.org/html/2206.09914",
+        "the opening (abstract: ahead of popular alternatives on Ising models and RBMs), which states no value; "
+        "its repository reruns GWG's ising_sample.py and rbm_sample.py, whose outputs are plots",
+    ),
+    "PAS": Paper(
+        "Sun, Dai, Xia and Ramamurthy, ICLR 2022",
+        None,
+        "no copy of its text (only papers citing it); the direction is the one its method implies "
+        "(a path of one move is GWG), not a quote",
+    ),
 }
-"""What each paper reports, per kernel and family: direction only (sizes are in plots we could not read)."""
+"""The papers, by kernel. Where a paper's text states a gain as a number, its claims carry it as ``figure``."""
+
+PAPER_CLAIMS: dict[tuple[str, str], Claim] = {
+    ("GWG", "ising-ferro"): Claim("its ising_sample.py: log RMSE of means and ESS/s against one-site-per-step Gibbs"),
+    ("GWG", "rbm"): Claim("its rbm_sample.py: log-MMD to block-Gibbs samples and ESS (ours: log RMSE, exact)"),
+    ("GWG", "fhmm"): Claim("its fhmm_sample.py: log joint and reconstruction error (ours: log RMSE, exact)"),
+    ("DMALA", "ising-ferro"): Claim("GWG's ising_sample.py, per iteration and runtime", "rmse_gain_time", ("GWG",)),
+    ("DMALA", "rbm"): Claim("GWG's rbm_sample.py, per iteration and runtime", "rmse_gain_time", ("GWG",)),
+    ("PAS", "ising-ferro"): Claim("lattice Ising; the claim is unverified (no text of the paper)", rivals=("GWG",)),
+    ("PAS", "fhmm"): Claim("factorial HMM; the claim is unverified (no text of the paper)", rivals=("GWG",)),
+}
+"""Each paper's claim per kernel and family (see :class:`Claim`)."""
 
 
 @dataclass(frozen=True)
@@ -434,26 +475,51 @@ def summarise(record: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per kernel and family with a paper claim: the paper's direction beside ours, and whether it reproduces.
+def size_check(ours: float | None, figure: float | None) -> tuple[bool, str]:
+    """Whether our gain has the paper's rough size: within :data:`SIZE_FACTOR` of its ``figure``, same unit.
 
-    Ours is "ahead" when the median RMSE gain over Gibbs is above 1 in that comparison. The claim's
-    own unit is the papers' iterations (single-site updates; runtime too for DMALA), so the verdict
-    reads ``rmse_gain_updates`` for GWG and PAS and ``rmse_gain_time`` for DMALA, and states both.
+    Without a paper figure only the direction can be compared, which counts as agreeing here.
+
+    Example:
+        >>> size_check(2.0, 2.5)
+        (True, 'size reproduces: ours x2 vs paper x2.5, within 3x')
+        >>> size_check(1.2, 12.0)
+        (False, 'size does not: ours x1.2 vs paper x12, 10x apart')
+        >>> size_check(1.2, None)
+        (True, "direction only: the paper's text gives no number")
+    """
+    if figure is None:
+        return True, "direction only: the paper's text gives no number"
+    if ours is None or ours <= 0:
+        return False, f"size not measured (paper x{figure:.3g})"
+    apart = max(ours / figure, figure / ours)
+    if apart <= SIZE_FACTOR:
+        return True, f"size reproduces: ours x{ours:.3g} vs paper x{figure:.3g}, within {SIZE_FACTOR:g}x"
+    return False, f"size does not: ours x{ours:.3g} vs paper x{figure:.3g}, {apart:.3g}x apart"
+
+
+def verdicts(
+    rows: list[dict[str, Any]], claims: Mapping[tuple[str, str], Claim] = PAPER_CLAIMS
+) -> list[dict[str, Any]]:
+    """Per kernel and family with a paper claim: the paper's direction (and figure) beside ours; does it reproduce.
+
+    Ours is "ahead" when the median gain over Gibbs (and over each of the claim's rivals) is above 1
+    in the claim's unit (:class:`Claim`: single-site updates for GWG and PAS, CPU time for DMALA);
+    where the paper gives a figure, the size must also agree (:func:`size_check`).
     """
     out = []
     index = {(r["kernel"], r["family"]): r for r in rows}
-    for (kernel, family), claim in PAPER_CLAIMS.items():
+    for (kernel, family), claim in claims.items():
         row = index.get((kernel, family))
         if row is None:
             continue
-        unit = "rmse_gain_time" if kernel == "DMALA" else "rmse_gain_updates"
-        gain = row[unit]
+        gain = row[claim.unit]
         checks = {"Gibbs": gain}
-        if "GWG" in claim["direction"]:  # DMALA's and PAS's papers also claim a lead over GWG
-            gwg = index.get(("GWG", family))
-            checks["GWG"] = ratio(gain, gwg[unit]) if gwg is not None else None
+        for rival in claim.rivals:
+            theirs = index.get((rival, family))
+            checks[rival] = ratio(gain, theirs[claim.unit]) if theirs is not None else None
         ahead = all(g is not None and g > 1.0 for g in checks.values())
+        sized, size_text = size_check(gain, claim.figure)
         gibbs = index[("Gibbs", family)]
         why = (
             f"Gibbs makes {gibbs['updates_per_s'] / row['updates_per_s']:.3g}x its single-site updates per CPU s "
@@ -465,12 +531,14 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "kernel": kernel,
                 "family": family,
-                "paper": claim["direction"],
-                "source": claim["source"],
+                "paper": claim.direction,
+                "paper figure": f"x{claim.figure:.3g} ({claim.figure_source})" if claim.figure is not None else "—",
                 "ours (updates)": _fmt_gain(row["rmse_gain_updates"]),
                 "ours (CPU time)": _fmt_gain(row["rmse_gain_time"]),
-                "reproduces": ("yes" if ahead else "no") + f" (at equal {unit.split('_')[-1]}: {against})",
+                "reproduces": ("yes" if ahead and sized else "no")
+                + f" (at equal {claim.unit.split('_')[-1]}: {against}; {size_text})",
                 "numbers": why,
+                "source": claim.metric,
             }
         )
     return out
@@ -480,6 +548,51 @@ def _fmt_gain(gain: float | None) -> str:
     if gain is None:
         return "—"
     return f"{'ahead' if gain > 1 else 'behind'} x{gain:.3g}"
+
+
+def _figure_count(verdict_rows: list[dict[str, Any]]) -> str:
+    with_figure = sum(v["paper figure"] != "—" for v in verdict_rows)
+    if with_figure == 0:
+        return "No text read gives such a number, so every row compares the direction only."
+    return f"{with_figure} of {len(verdict_rows)} rows carry one; the others compare the direction only."
+
+
+def papers_section(verdict_rows: list[dict[str, Any]], papers: Mapping[str, Paper] = PAPERS) -> str:
+    """The markdown section setting each paper's claims (and figures, where its text gives them) beside ours."""
+    paper_rows = [
+        {"kernel": k, "paper": p.cite, "text read": f"[{p.url}]({p.url})" if p.url else "none", "what it gives": p.read}
+        for k, p in papers.items()
+    ]
+    return "\n".join(
+        [
+            "## The papers' claims beside ours",
+            "",
+            "What of each paper's text could be read here (the stored copies found hold its opening: title, "
+            "abstract and introduction):",
+            "",
+            markdown_table(paper_rows, ["kernel", "paper", "text read", "what it gives"]),
+            "",
+            "A row compares the size of the gain where the paper's text states one (`paper figure`, a ratio over "
+            f"Gibbs in the row's unit): it reproduces when ours is within {SIZE_FACTOR:g}x of it in the same unit "
+            f"and comparison. {_figure_count(verdict_rows)} GWG and PAS are judged at equal single-site updates "
+            "(their papers' iterations), DMALA at equal CPU time (its paper also plots runtime).",
+            "",
+            markdown_table(
+                verdict_rows,
+                [
+                    "kernel",
+                    "family",
+                    "paper",
+                    "paper figure",
+                    "ours (updates)",
+                    "ours (CPU time)",
+                    "reproduces",
+                    "numbers",
+                    "source",
+                ],
+            ),
+        ]
+    )
 
 
 def plot(record: dict[str, Any], path: Path) -> None:
@@ -545,16 +658,7 @@ def report(record: dict[str, Any], rows: list[dict[str, Any]], verdict_rows: lis
             spec=".3g",
         ),
         "",
-        "## The papers' direction beside ours",
-        "",
-        "The papers give their gains as plots; the text this study could read (abstracts, the GWG and DMALA code) "
-        "states only the direction, so the direction is what is compared. GWG and PAS are judged at equal "
-        "single-site updates (their papers' iterations), DMALA at equal CPU time (its paper also plots runtime).",
-        "",
-        markdown_table(
-            verdict_rows,
-            ["kernel", "family", "paper", "ours (updates)", "ours (CPU time)", "reproduces", "numbers", "source"],
-        ),
+        papers_section(verdict_rows),
         "",
     ]
     return "\n".join(lines)

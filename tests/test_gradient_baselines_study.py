@@ -39,7 +39,8 @@ def test_quick_mode_writes_outputs(tmp_path: Path) -> None:
     assert {(v["kernel"], v["family"]) for v in verdicts} == set(study.PAPER_CLAIMS)
     assert all(v["reproduces"].split(" ")[0] in {"yes", "no"} for v in verdicts)
     text = (folder / "gradient_baselines.md").read_text()
-    assert text.count("\n| ") >= len(rows) + len(verdicts) and "GWG paper" in text
+    assert text.count("\n| ") >= len(rows) + len(verdicts) + len(study.PAPERS)
+    assert study.PAPERS["GWG"].cite in text and "| paper figure |" in text
     assert (folder / "gradient_baselines.png").stat().st_size > 0
     study.main(["--quick", "--rerender", "--out", str(tmp_path)])  # tables rebuilt from the saved runs
     again = json.loads((folder / "gradient_baselines.json").read_text())
@@ -60,3 +61,35 @@ def test_ising_is_symmetric_and_fhmm_rbm_exact_marginals_are_proper() -> None:
 def test_study_doctests() -> None:
     failed, attempted = doctest.testmod(study)  # experiments/ is not in the doctest paths
     assert attempted > 0 and failed == 0
+
+
+def _row(kernel: str, gain_updates: float, gain_time: float) -> dict[str, object]:
+    return {
+        "kernel": kernel,
+        "family": "ising-ferro",
+        "rmse_gain_updates": gain_updates,
+        "rmse_gain_time": gain_time,
+        "updates_per_s": 100.0 if kernel == "Gibbs" else 10.0,
+        "acceptance": 0.5,
+        "changes_per_step": 1.0,
+    }
+
+
+def test_verdicts_compare_the_size_where_the_paper_gives_a_figure() -> None:
+    rows = [_row("Gibbs", 1.0, 1.0), _row("GWG", 2.0, 0.1), _row("PAS", 4.0, 0.2)]
+    claims = {
+        ("GWG", "ising-ferro"): study.Claim("m", figure=3.0, figure_source="Table 9, 2D Ising"),  # 1.5x apart
+        ("PAS", "ising-ferro"): study.Claim("m", rivals=("GWG",), figure=40.0, figure_source="Sec. 5"),  # 10x
+        ("DMALA", "ising-ferro"): study.Claim("m", "rmse_gain_time"),  # no DMALA row: skipped
+    }
+    gwg, pas = study.verdicts(rows, claims)
+    assert gwg["reproduces"].startswith("yes") and "within 3x" in gwg["reproduces"]
+    assert gwg["paper figure"] == "x3 (Table 9, 2D Ising)"
+    assert pas["reproduces"].startswith("no") and "vs GWG x2" in pas["reproduces"] and "10x apart" in pas["reproduces"]
+    (plain,) = study.verdicts(rows, {("GWG", "ising-ferro"): study.Claim("m")})
+    assert plain["paper figure"] == "—" and "direction only" in plain["reproduces"]
+
+    text = study.papers_section([gwg, pas, plain])
+    assert "2 of 3 rows carry one" in text and "| paper figure |" in text
+    assert all(p.cite in text for p in study.PAPERS.values())
+    assert "every row compares the direction only" in study.papers_section([plain])
