@@ -109,6 +109,27 @@ def test_tempered_rows_hold_the_powered_proposal_and_the_tempered_energy() -> No
     assert tempered.offsets(torch.tensor([0.5]).float()) is None  # off the ladder: untempered path
 
 
+def test_hot_rows_of_a_sharp_proposal_draw_every_possible_block_value() -> None:
+    """Values too unlikely for the float32 CDF at beta = 1 (a step of 0) are drawn at beta = 0.1 (powers of log q)."""
+    from test_vectorized_chains import ising_torus
+
+    from neuralblock import NeuralBlockKernel, load_pretrained
+
+    fg = ising_torus(6, coupling=8.0, seed=1)
+    kernel = NeuralBlockKernel(fg, [load_pretrained("grid-mrf-2x2")], chains=2)
+    kernel.setup(0)
+    assert kernel.temper(torch.tensor([1.0, 0.1]))
+    fused = kernel.fused[0]
+    assert fused is not None and fused.tempered is not None
+    rows, cdf = fused.table.rows, fused.tempered.cdf
+    steps = torch.diff(cdf.double(), dim=-1, prepend=torch.zeros(cdf.shape[0], 1, dtype=torch.float64))
+    possible = torch.isfinite(fused.table.energy_rows)
+    assert bool((steps[:rows][possible] == 0).any())  # the cold CDF never draws some possible values
+    assert bool((steps[rows:][possible] > 0).all())  # the hot one draws all of them
+    grid = cdf * 2**24
+    assert torch.equal(grid, grid.round())  # on the grid of float32 uniforms: steps are the draw probabilities
+
+
 def test_swaps_follow_the_exact_probability() -> None:
     torch.manual_seed(0)
     beta = torch.tensor([1.0, 0.25], dtype=torch.float64)
@@ -177,7 +198,10 @@ def test_neural_replicas_keep_the_untempered_proposal_where_it_cannot_be_tempere
     tables.setup(0)
     params = tables.sample(tables.initial_params)
     assert tables.diagnostics()["tempered_proposals"]
+    sweeps = tables.diagnostics()["tempered_sweeps"]
     tables.update_graph(coupled_chain(seed=3))  # new parameter values: the replicas go back to the untempered proposal
     for _ in range(3):
         params = tables.sample(params)
     assert not tables.diagnostics()["tempered_proposals"]
+    assert tables.inner.fused[0] is not None and tables.inner.fused[0].tempered is None  # the old rows are gone
+    assert tables.diagnostics()["tempered_sweeps"] == sweeps  # and no sweep read them

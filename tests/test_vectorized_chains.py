@@ -208,6 +208,51 @@ def test_fused_path_with_rows_filled_as_chains_visit_them(monkeypatch: pytest.Mo
     assert_matches_enumeration(draws, fg)
 
 
+def test_rows_tabulated_at_setup_equal_rows_computed_on_visits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grouped setup tabulation and the per-visit path compute the same rows (grid MRF with evidence)."""
+    import neuralblock.kernels.fused_blocks as fused_blocks
+    from motifs.grid import GridMotif
+    from neuralblock import load_pretrained
+    from neuralblock.kernels.fused_blocks import BlockTable, BlockTableEnergy
+
+    fg = ising_torus(6, coupling=4.0, seed=3)
+    fg.set_evidence({0: 1, 15: 0})
+    proposal = load_pretrained("grid-mrf-2x2")
+    found = GridMotif("mrf", 2).find_instances(fg)
+    energy = BlockTableEnergy(fg, found.blocks, [2, 2, 2, 2])
+    tabulated = BlockTable(fg, proposal, found, energy, torch.device("cpu"))
+    assert tabulated.prefilled and bool(tabulated.filled.all())
+    monkeypatch.setattr(fused_blocks, "_PREFILL_ROWS", 0)
+    visited = BlockTable(fg, proposal, found, energy, torch.device("cpu"))
+    assert not bool(visited.filled.any())
+    states = fg.check_state(torch.stack([fg.initial_state(torch.Generator().manual_seed(s)) for s in range(64)]))
+    states[:, 0], states[:, 15] = 1.0, 0.0
+    rows = torch.arange(len(found))
+    visited.ensure(fg, found, visited.keys(states, rows), rows, states)
+    filled = visited.filled
+    assert int(filled.sum()) > len(found)  # many context values of every instance
+    for name in ("cdf", "log_ratio", "energy_rows", "log_q"):
+        got, want = getattr(visited, name)[filled], getattr(tabulated, name)[filled]
+        assert torch.allclose(got, want, atol=1e-5, equal_nan=True), name
+    grid = tabulated.cdf * 2**24  # the CDFs lie on the grid of float32 uniforms: their steps are the draw probabilities
+    assert torch.equal(grid, grid.round())
+
+
+def ising_torus(side: int, coupling: float, seed: int) -> FactorGraph:
+    """A ``side x side`` periodic Ising grid, couplings uniform in ``[-coupling, coupling]``, fields in [-1, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    n = side * side
+    fg = FactorGraph()
+    fg.add_variables(n, 2)
+    h = torch.rand(n, generator=g) * 2 - 1
+    fg.add_table_factors(torch.arange(n)[:, None], torch.stack([h, -h], -1))
+    edges = [(r * side + c, r * side + (c + 1) % side) for r in range(side) for c in range(side)]
+    edges += [(r * side + c, ((r + 1) % side) * side + c) for r in range(side) for c in range(side)]
+    w = (torch.rand(len(edges), generator=g) * 2 - 1) * coupling
+    fg.add_table_factors(torch.tensor(edges), torch.stack([torch.stack([w, -w], -1), torch.stack([-w, w], -1)], -2))
+    return fg
+
+
 def test_fused_path_follows_new_parameters() -> None:
     """After ``update_graph`` the tabulated rows are recomputed: the chain samples the new target."""
     fg, new = chain_graph(seed=6), chain_graph(seed=6)

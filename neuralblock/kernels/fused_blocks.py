@@ -95,18 +95,22 @@ def _disjoint_context_groups(context: Tensor, largest: int) -> list[Tensor]:
         >>> [g.tolist() for g in _disjoint_context_groups(torch.tensor([[0, 1], [1, 2], [3, -1], [2, 4]]), 4)]
         [[0, 2, 3], [1]]
     """
-    taken: list[set[int]] = []
+    groups_of: dict[int, set[int]] = {}  # variable -> the groups whose contexts hold it
     members: list[list[int]] = []
+    open_from = 0  # groups before this one are full
     for i, row in enumerate(context.tolist()):
         variables = {v for v in row if v >= 0}
-        for used, group in zip(taken, members):
-            if len(group) < largest and used.isdisjoint(variables):
-                used |= variables
-                group.append(i)
-                break
-        else:
-            taken.append(variables)
-            members.append([i])
+        while open_from < len(members) and len(members[open_from]) >= largest:
+            open_from += 1
+        g = len(members)
+        if not any(len(groups_of.get(v, ())) >= len(members) for v in variables):  # else every group holds one
+            blocked = set().union(*(groups_of.get(v, ()) for v in variables))
+            g = next((k for k in range(open_from, len(members)) if k not in blocked and len(members[k]) < largest), g)
+        if g == len(members):
+            members.append([])
+        members[g].append(i)
+        for v in variables:
+            groups_of.setdefault(v, set()).add(g)
     return [torch.tensor(group, dtype=torch.long) for group in members]
 
 
@@ -292,6 +296,7 @@ class BlockTable:
         self.cdf = torch.zeros(stored, width, device=device)
         self.log_ratio = torch.zeros(stored, width, device=device)
         self.energy_rows = torch.zeros(stored, width, device=device)  # for tempered targets
+        self.log_q = torch.zeros(stored, width, device=device)  # the network's log q (tempered proposals)
         self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
         self.prefilled = dense and self.rows <= _PREFILL_ROWS
         if self.prefilled:
@@ -395,15 +400,16 @@ class BlockTable:
         for lo in range(0, len(keys), _PREFILL_BATCH):
             chunk = slice(lo, lo + _PREFILL_BATCH)
             log_q = block_log_q_table(self.proposal, features[chunk], self.values)
-            cdf = log_q.double().exp().cumsum(-1).to(self.cdf.dtype)
-            cdf[:, -1] = 1.0  # a uniform in [0, 1) always lands on a value
+            cdf = _draw_cdf(log_q, self.cdf.dtype)
             self.cdf[rows[chunk]] = cdf
-            # the proposal the sampler draws is the stored CDF's steps (a uniform lands in [c_{j-1}, c_j) with
-            # probability c_j - c_{j-1}): the MH ratio uses exactly those, not the network's log q, so rounding in
-            # the CDF cannot bias the chain (a value whose step is 0 is never proposed, and never left by a block)
+            # the proposal the sampler draws is the stored CDF's steps (on the grid of the uniforms, a uniform lands
+            # in [c_{j-1}, c_j) with probability exactly c_j - c_{j-1}): the MH ratio uses exactly those, not the
+            # network's log q, so rounding in the CDF cannot bias the chain (a value whose step is 0 is never
+            # proposed, and never left by a block)
             log_drawn = _log_steps(cdf).to(self.cdf.dtype)
             self.log_ratio[rows[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn
             self.energy_rows[rows[chunk]] = energy[chunk].to(self.cdf.dtype)
+            self.log_q[rows[chunk]] = log_q.to(self.cdf.dtype)
         self.filled[keys] = True
         self.computed += len(keys)
 
@@ -414,9 +420,9 @@ class BlockTable:
         need = self.used + len(keys)
         if need > self.cdf.shape[0]:  # only when one call alone needs more rows than the slot budget
             grow = need - self.cdf.shape[0]
-            self.cdf = torch.cat([self.cdf, self.cdf.new_zeros(grow, self.cdf.shape[1])])
-            self.log_ratio = torch.cat([self.log_ratio, self.log_ratio.new_zeros(grow, self.cdf.shape[1])])
-            self.energy_rows = torch.cat([self.energy_rows, self.energy_rows.new_zeros(grow, self.cdf.shape[1])])
+            for name in ("cdf", "log_ratio", "energy_rows", "log_q"):
+                stored = getattr(self, name)
+                setattr(self, name, torch.cat([stored, stored.new_zeros(grow, stored.shape[1])]))
         rows = torch.arange(self.used, need, device=keys.device)
         self.slot[keys] = rows
         self.used = need
@@ -533,12 +539,14 @@ class _TemperedTables(NamedTuple):
 def powered_rows(table: BlockTable, betas: Tensor) -> _TemperedTables:
     """Rows for the tempered models ``p(x)^beta``: the table's proposal raised to the power ``beta``.
 
-    If ``q(B | C)`` is close to the block conditional ``p(B | blanket)``, then ``q^beta / Z``
-    is as close to the tempered model's ``p(B | blanket)^beta / Z'``: the log importance
-    weights scale by ``beta``. Block energies of table factors scale by ``beta`` too, so each
-    temperature's rows come from the (fully tabulated) table's CDF steps and block energies,
-    ``[J]`` arithmetic per row and temperature, with no network pass. MH is exact for any
-    proposal: a value the table never proposes stays unproposed at every temperature.
+    The log importance weights ``log p^beta - log q^beta`` of the block conditional are
+    ``beta`` times those at ``beta = 1``, so where ``q(B | C)`` fits ``p(B | blanket)`` well,
+    ``q^beta / Z`` fits ``p(B | blanket)^beta / Z'`` as well or better. Block energies of table
+    factors scale by ``beta`` too, so each temperature's rows come from the (fully tabulated)
+    table's network log-probabilities and block energies, ``[J]`` arithmetic per row and
+    temperature, with no network pass. The powers are taken of the network's ``log q``, not of
+    the CDF's float steps, so values too unlikely for the ``beta = 1`` CDF to draw (a step of 0)
+    are drawn at the temperatures where they gain mass. MH is exact for any proposal.
 
     Example:
         >>> import torch
@@ -563,15 +571,30 @@ def powered_rows(table: BlockTable, betas: Tensor) -> _TemperedTables:
     if table.slot is not None or not table.prefilled:
         raise ValueError("tempered rows are made of fully tabulated dense tables")
     betas = betas.to(table.device, torch.float64)
-    log_q = _log_steps(table.cdf)  # the proposal the chains draw at beta = 1 (-inf: never proposed)
     cdf, log_ratio = [], []
     for beta in betas.tolist():
-        cdf_beta = torch.softmax(beta * log_q, -1).cumsum(-1)
-        cdf_beta[:, -1] = 1.0
-        cdf_beta = cdf_beta.to(table.cdf.dtype)
+        cdf_beta = table.cdf if beta == 1.0 else _draw_cdf(beta * table.log_q.double(), table.cdf.dtype)
         cdf.append(cdf_beta)
         log_ratio.append(table.energy_rows * beta - _log_steps(cdf_beta).to(table.cdf.dtype))
     return _TemperedTables(betas, torch.cat(cdf), torch.cat(log_ratio), table.rows)
+
+
+def _draw_cdf(log_q: Tensor, dtype: torch.dtype) -> Tensor:
+    """CDF rows ``[R, J]`` of the distributions ``softmax(log_q)``, on the grid of ``torch.rand``'s values in ``dtype``.
+
+    ``torch.rand`` draws multiples of ``eps / 2`` (``2^-24`` in float32): with every CDF value on
+    that grid, a uniform lands on each value with probability exactly its CDF step, so the MH
+    ratios, which read the steps, are those of the proposal actually drawn.
+
+    Example:
+        >>> cdf = _draw_cdf(torch.tensor([[0.0, -30.0, 0.0]]), torch.float32)
+        >>> cdf.tolist(), bool(((cdf * 2**24) % 1 == 0).all())
+        ([[0.5, 0.5, 1.0]], True)
+    """
+    grid = torch.finfo(dtype).eps / 2
+    cdf = torch.round(torch.softmax(log_q.double(), -1).cumsum(-1) / grid) * grid
+    cdf[:, -1] = 1.0  # a uniform in [0, 1) always lands on a value
+    return cdf.to(dtype)
 
 
 def _log_steps(cdf: Tensor) -> Tensor:
@@ -685,12 +708,12 @@ class FusedBlockSweep:
         chains = state.shape[0]
         table = self.table
         count, width = len(self.sizes), len(self.rand_index[0])
-        uniforms = torch.rand(chains, count * width, 2, device=state.device, dtype=table.cdf.dtype)
+        draws = torch.rand(chains, count * width, device=state.device, dtype=table.cdf.dtype)
+        accept = torch.rand(chains, count * width, device=state.device, dtype=torch.float64)  # double-precision test
         if any(self.padded):
-            uniforms = uniforms.index_select(1, self.rand_flat.to(state.device))
-        uniforms = uniforms.reshape(chains, count, width, 2)
-        draws = uniforms[..., 0].transpose(0, 1).contiguous()  # [C, K, width]: each class's block contiguous
-        log_accept = uniforms[..., 1].log().transpose(0, 1)
+            draws, accept = (u.index_select(1, self.rand_flat.to(state.device)) for u in (draws, accept))
+        draws = draws.reshape(chains, count, width).transpose(0, 1).contiguous()  # [C, K, width]: classes contiguous
+        log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
         key_offset = None if self.tempered is None or beta is None else self.tempered.offsets(beta)
         if key_offset is not None:  # each chain reads its temperature's rows: no beta correction

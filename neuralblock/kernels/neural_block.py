@@ -430,14 +430,13 @@ class NeuralBlockKernel(GraphKernel):
     def temper(self, betas: Tensor) -> bool:
         """Temper the proposals: chains at ``betas[r]`` propose from the proposal raised to the power ``betas[r]``.
 
-        If a proposal ``q`` is close to the block conditional of ``p``, then ``q^beta`` is as
-        close to the block conditional of ``p(x)^beta`` (the log importance weights scale by
-        ``beta``), so hot chains keep a high acceptance where the untempered proposal is too
-        sharp. Each proposal on the fused path with a fully tabulated dense table gains one
-        block of rows per temperature (:func:`~neuralblock.kernels.fused_blocks.powered_rows`:
-        no network pass); a chain whose :attr:`beta` is one of ``betas`` then reads its
-        temperature's rows (exact MH for ``p(x)^beta`` either way). Returns whether any
-        proposal was tempered.
+        The log importance weights of ``q^beta`` against the block conditional of ``p(x)^beta`` are
+        ``beta`` times those of ``q`` against ``p``'s, so hot chains keep a high acceptance where
+        the untempered proposal is too sharp. Each proposal on the fused path with a fully tabulated
+        dense table gains one block of rows per temperature
+        (:func:`~neuralblock.kernels.fused_blocks.powered_rows`: no network pass); a chain whose
+        :attr:`beta` is one of ``betas`` then reads its temperature's rows (exact MH for
+        ``p(x)^beta`` either way). Returns whether any proposal was tempered.
 
         Args:
             betas: ``[R]`` inverse temperatures (the ladder; rows of :attr:`beta` take these values).

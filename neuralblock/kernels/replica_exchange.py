@@ -17,16 +17,16 @@ Farr and Mandel, MNRAS 455, 2016): with ``T = 1 / beta`` and ``S_r = log(T_{r+1}
 adapted ladder is in ``diagnostics()``.
 
 A neural inner kernel proposes, at every temperature, from a *tempered* proposal
-(``tempered_proposals``, the default): the proposal raised to the power ``beta``. If ``q``
-is close to a block's conditional under ``p``, ``q^beta`` is as close to its conditional
-under ``p^beta`` (the log importance weights scale by ``beta``), while the untempered
-proposal is too sharp for hot replicas. Once the ladder is fixed (after warmup, or from the
-start without adaptation) each temperature's rows are computed from the fully tabulated
-proposal table and its block energies, with no network pass (one ``[rows, J]`` softmax per
-temperature). Until then, where a proposal is not fully tabulated (the fused path with a
-dense table), and after the model's parameters change (``update_graph``: compound
-samplers), every temperature uses the untempered proposal. Any proposal keeps MH exact; the
-block acceptance per temperature and the sweeps that used the tempered rows are reported.
+(``tempered_proposals``, the default): the proposal raised to the power ``beta``. The log importance
+weights of ``q^beta`` against a block's conditional under ``p^beta`` are ``beta`` times those of
+``q`` under ``p``, so where ``q`` fits at ``beta = 1`` the powered proposal fits the hot
+conditionals as well or better, while the untempered proposal is too sharp for them. Once the ladder
+is fixed (after warmup, or from the start without adaptation) each temperature's rows are computed
+from the fully tabulated proposal table and its block energies, with no network pass (one ``[rows,
+J]`` softmax per temperature). Until then, where a proposal is not fully tabulated (the fused path
+with a dense table), and after the model's parameters change (``update_graph``: compound samplers),
+every temperature uses the untempered proposal. Any proposal keeps MH exact; the block acceptance
+per temperature and the sweeps that used the tempered rows are reported.
 
 Example:
     >>> import torch, pyro
