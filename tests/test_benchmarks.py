@@ -82,3 +82,45 @@ def test_gmm_chains_quick(tmp_path: Path) -> None:
     assert 0.5 < data["acceptance"]["nb_K1"] <= 1.0  # gmm_pair at the true state: most pairs stay put
     assert 0.5 < data["acceptance"]["nb_general_K1"] <= 1.0  # the general path: the same chain, other draws
     assert result["ratios"] == data["ratios"] and all(ratio > 0 for ratio in data["ratios"].values())
+
+
+@pytest.mark.timeout(120)
+def test_grid_blocks_quick(tmp_path: Path) -> None:
+    bench = _load("grid_blocks")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "grid_blocks.json").read_text())
+    assert (tmp_path / "grid_blocks.md").read_text().startswith("# Larger blocks")
+    assert (tmp_path / "grid_blocks.png").stat().st_size > 0
+    (run,) = data["grids"]["Grids_11"]["runs"]
+    assert set(bench.ARMS) <= set(run)
+    assert all(run[arm]["ms_per_chain_sweep"] > 0 for arm in bench.ARMS)
+    assert 0.9 < run["NB 2x2+Gibbs"]["acceptance"] <= 1.0
+    assert run["exact 3x3+Gibbs"]["samples"] == run["nb3_sweeps"] == run["NB 3x3+Gibbs"]["samples"]
+    assert run["NB 3x3+Gibbs"]["proposal_cache"]["slots"]  # 4096 context values per block: rows as visited
+    assert all(0.0 <= run[arm]["error_at_equal_time"] <= 1.0 for arm in ("Gibbs", "NB 2x2+Gibbs", "NB 3x3+Gibbs"))
+    assert result["verdict"] == data["verdict"] and data["verdict"]["grids"] == 1
+    again = bench.main(["--from-json", str(tmp_path / "grid_blocks.json"), "--out", str(tmp_path / "again")])
+    assert again["verdict"] == data["verdict"]
+    assert (tmp_path / "again" / "grid_blocks.md").read_text() == (tmp_path / "grid_blocks.md").read_text()
+
+
+def test_grid_blocks_exact_reference_draws_block_conditionals() -> None:
+    """One colour class of ``ExactBlockGibbs``: every block's draws follow its exact conditional (from log_joint)."""
+    bench = _load("grid_blocks")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    fg = bench.read_uai(bench.uai_grid("Grids_11"))
+    chains = 8_000
+    kernel = bench.ExactBlockGibbs(fg, bench.load_pretrained(bench.PROPOSAL2), chains=chains, gibbs_prob=0.0)
+    kernel.setup(0)
+    kernel.classes = kernel.classes[:1]  # blocks of one class are conditionally independent given the rest
+    start = (torch.rand(fg.num_variables) < 0.5).float()
+    out = kernel.sample({"x": start.expand(chains, -1).clone()})["x"]
+    blocks = kernel.classes[0][1].view(-1, 4)
+    for block in blocks:
+        code = (out[:, block].long() * torch.tensor([8, 4, 2, 1])).sum(-1)
+        freq = torch.bincount(code, minlength=16).double() / chains
+        states = start.expand(16, -1).clone()
+        states[:, block] = ((torch.arange(16)[:, None] >> torch.tensor([3, 2, 1, 0])) & 1).float()
+        exact = torch.softmax(fg.log_joint(states).double(), 0)
+        assert (freq - exact).abs().max() < 0.03  # 5.4 binomial sd at worst (p = 1/2, 8000 draws)
