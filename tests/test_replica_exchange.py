@@ -111,11 +111,11 @@ def test_tempered_rows_hold_the_powered_proposal_and_the_tempered_energy() -> No
 
 def test_hot_rows_of_a_sharp_proposal_draw_every_possible_block_value() -> None:
     """Values too unlikely for the float32 CDF at beta = 1 (a step of 0) are drawn at beta = 0.1 (powers of log q)."""
-    from test_vectorized_chains import ising_torus
+    from test_motif_grid import ising_grid
 
     from neuralblock import NeuralBlockKernel, load_pretrained
 
-    fg = ising_torus(6, coupling=8.0, seed=1)
+    fg = ising_grid(6, 6, torus=True, coupling=8.0, seed=1)
     kernel = NeuralBlockKernel(fg, [load_pretrained("grid-mrf-2x2")], chains=2)
     kernel.setup(0)
     assert kernel.temper(torch.tensor([1.0, 0.1]))

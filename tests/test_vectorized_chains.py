@@ -11,6 +11,7 @@ import pytest
 import torch
 from _stats import bonferroni_t, enumerate_joint  # tests/ is on sys.path under pytest
 from pyro.infer import MCMC
+from test_motif_grid import ising_grid
 from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
 
 from neuralblock import FactorGraph, GibbsKernel, NeuralBlockKernel
@@ -215,7 +216,7 @@ def test_rows_tabulated_at_setup_equal_rows_computed_on_visits(monkeypatch: pyte
     from neuralblock import load_pretrained
     from neuralblock.kernels.fused_blocks import BlockTable, BlockTableEnergy
 
-    fg = ising_torus(6, coupling=4.0, seed=3)
+    fg = ising_grid(6, 6, torus=True, coupling=4.0, seed=3)
     fg.set_evidence({0: 1, 15: 0})
     proposal = load_pretrained("grid-mrf-2x2")
     found = GridMotif("mrf", 2).find_instances(fg)
@@ -236,21 +237,6 @@ def test_rows_tabulated_at_setup_equal_rows_computed_on_visits(monkeypatch: pyte
         assert torch.allclose(got, want, atol=1e-5, equal_nan=True), name
     grid = tabulated.cdf * 2**24  # the CDFs lie on the grid of float32 uniforms: their steps are the draw probabilities
     assert torch.equal(grid, grid.round())
-
-
-def ising_torus(side: int, coupling: float, seed: int) -> FactorGraph:
-    """A ``side x side`` periodic Ising grid, couplings uniform in ``[-coupling, coupling]``, fields in [-1, 1]."""
-    g = torch.Generator().manual_seed(seed)
-    n = side * side
-    fg = FactorGraph()
-    fg.add_variables(n, 2)
-    h = torch.rand(n, generator=g) * 2 - 1
-    fg.add_table_factors(torch.arange(n)[:, None], torch.stack([h, -h], -1))
-    edges = [(r * side + c, r * side + (c + 1) % side) for r in range(side) for c in range(side)]
-    edges += [(r * side + c, ((r + 1) % side) * side + c) for r in range(side) for c in range(side)]
-    w = (torch.rand(len(edges), generator=g) * 2 - 1) * coupling
-    fg.add_table_factors(torch.tensor(edges), torch.stack([torch.stack([w, -w], -1), torch.stack([-w, w], -1)], -2))
-    return fg
 
 
 def test_fused_path_follows_new_parameters() -> None:
