@@ -355,18 +355,19 @@ class BlockTable:
             sizes = cards.prod(-1)  # [G] context values of each instance
             one = instances.select(group)
             energy = self.energy.select(group.to(self.device))
+            base = self.base[group.to(self.device)]  # [G] first row of each instance
             batch = max(1, min(_PREFILL_BATCH // len(group), max_states))
             for lo in range(0, int(sizes.max()), batch):
                 code = torch.arange(lo, min(lo + batch, int(sizes.max())))  # [B]
                 digits = code[:, None, None] // radix.clamp(min=1) % cards  # [B, G, c]
                 states = start.expand(len(code), -1).clone()  # on the CPU, where the motif's data lives
                 states[:, written] = digits[:, valid].to(states.dtype)
-                keep = code[:, None] < sizes  # [B, G]: instances with fewer context values stop early
+                keep = (code[:, None] < sizes).to(self.device)  # [B, G]: instances with fewer values stop early
                 joint = torch.arange(len(self.values), device=self.device).expand(len(code), len(group), -1)
                 scores = energy(self.energy.flat, states.to(self.device), joint)  # [B, G, J]
-                features.append(self._features(fg, one, states)[keep.to(self.device)])
-                ratios.append(scores[keep.to(self.device)])
-                rows.append((self.base[group.to(self.device)] + code[:, None].to(self.device))[keep.to(self.device)])
+                features.append(self._features(fg, one, states)[keep])
+                ratios.append(scores[keep])
+                rows.append((base + code[:, None].to(self.device))[keep])
         self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
 
     def ensure(self, fg: FactorGraph, instances: MotifInstances, keys: Tensor, rows: Tensor, state: Tensor) -> None:
