@@ -11,7 +11,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
-from test_vectorized_chains import assert_matches_enumeration, enumerate_joint
+from test_vectorized_chains import assert_matches_enumeration, enumerate_joint, zero_safe
 
 from neuralblock import FactorGraph, ReplicaExchange
 from neuralblock.diagnostics import batch_means_mcse
@@ -205,3 +205,112 @@ def test_neural_replicas_keep_the_untempered_proposal_where_it_cannot_be_tempere
     assert not tables.diagnostics()["tempered_proposals"]
     assert tables.inner.fused[0] is not None and tables.inner.fused[0].tempered is None  # the old rows are gone
     assert tables.diagnostics()["tempered_sweeps"] == sweeps  # and no sweep read them
+
+
+def constrained_chain(seed: int) -> FactorGraph:
+    """The coupled chain with hard equality constraints ``x0 = x1`` and ``x3 = x4`` (table entries of potential 0).
+
+    Single-site Gibbs cannot change a constrained pair, and a power ``p^beta`` keeps the zeros:
+    only replicas on the softened model cross between the pairs' values.
+    """
+    fg = chain_graph(seed)
+    equal = torch.zeros(3, 3).masked_fill(~torch.eye(3, dtype=torch.bool), -float("inf"))
+    fg.add_table_factors(torch.tensor([[0, 1], [3, 4]]), torch.stack([equal, equal]))
+    for group in fg.groups:  # the couplings of coupled_chain (the zeros stay zeros)
+        group.log_tables.mul_(2.0)
+    return fg
+
+
+@pytest.mark.parametrize("inner", ["gibbs", "neural"])
+def test_softened_replicas_cross_hard_zeros_and_keep_the_target(inner: str) -> None:
+    fg = constrained_chain(seed=4)
+    torch.manual_seed(5)
+    proposals = None if inner == "gibbs" else [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))]
+    kernel = ReplicaExchange(fg, proposals=proposals, replicas=4, max_temperature=6.0, chains=8, gibbs_prob=0.7)
+    draws = run_mcmc(kernel, num_samples=1500, warmup=150)
+    assert kernel.diagnostics()["zero_penalty"] == pytest.approx(0.5 * 6.0)  # "auto"
+    assert_matches_enumeration(draws, fg)
+    frozen = ReplicaExchange(fg, replicas=4, max_temperature=6.0, chains=8, zero_penalty=None)
+    frozen.setup(0)
+    params = frozen.sample(frozen.initial_params)
+    assert frozen.replica_states is not None
+    start = frozen.replica_states[..., 0].sort(0).values  # each ensemble's x0 values over its replicas
+    for _ in range(200):
+        params = frozen.sample(params)
+    # without softening, sweeps never change x0 and swaps only permute it between an ensemble's replicas
+    assert torch.equal(frozen.replica_states[..., 0].sort(0).values, start)
+
+
+def run_mcmc(kernel: ReplicaExchange, num_samples: int, warmup: int) -> torch.Tensor:
+    """The ``beta = 1`` draws ``[K, S, n]`` of a run inside ``pyro.infer.MCMC``."""
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup, disable_progbar=True)
+    mcmc.run()
+    return mcmc.get_samples()["x"].transpose(0, 1)
+
+
+@pytest.mark.parametrize("tempered_proposals", [True, False])
+def test_every_softened_replica_samples_its_target(tempered_proposals: bool) -> None:
+    """Replica r follows p at beta = 1 and p_L^(beta_r) above (powered rows, or the untempered rows of p_L)."""
+    from scipy import stats
+
+    fg = constrained_chain(seed=3)
+    states, _ = enumerate_joint(fg)
+    exact, soft = fg.log_joint(states).double(), fg.softened(2.0).log_joint(states).double()
+    temperatures = [1.0, 2.0, 4.0]
+    torch.manual_seed(1)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    kernel = ReplicaExchange(
+        fg, [proposal], temperatures=temperatures, chains=8, adapt=False, zero_penalty=2.0,
+        tempered_proposals=tempered_proposals, gibbs_prob=0.3,
+    )  # fmt: skip
+    kernel.setup(0)
+    params, draws = kernel.initial_params, []
+    for step in range(1100):
+        params = kernel.sample(params)
+        if step >= 100:
+            draws.append(kernel.replica_states.clone())
+    replicas = torch.stack(draws, 2)  # [R, K, S, n]
+    limit = stats.t.ppf(1 - 1e-3 / (2 * len(states)), df=8 * 20 - 1)
+    for r, temperature in enumerate(temperatures):
+        probs = torch.softmax((exact if r == 0 else soft) / temperature, 0)
+        hits = (replicas[r][:, :, None, :] == states[None, None]).all(-1).double()
+        mean, mcse = batch_means_mcse(hits, 20)
+        z = (mean - probs) / torch.maximum(mcse, (probs * (1 - probs) / hits[..., 0].numel()).sqrt())
+        z = zero_safe(z, mean, probs)
+        assert z.abs().max() <= limit, f"replica {r} (T={temperature}): max |z| = {z.abs().max():.2f}"
+    diag = kernel.diagnostics()
+    assert diag["tempered_proposals"] == tempered_proposals and diag["zero_penalty"] == 2.0
+    assert (diag["tempered_sweeps"] > 300) == tempered_proposals
+
+
+def test_swaps_with_the_exact_replica_take_only_possible_states() -> None:
+    torch.manual_seed(0)
+    beta = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    states = torch.tensor([[[0.0]] * 4000, [[1.0]] * 4000]).reshape(2, 4000, 1)
+    log_p = torch.tensor([[-1.0] * 4000, [-float("inf")] * 4000], dtype=torch.float64)  # the hot state is impossible
+    soft = torch.tensor([[-1.0] * 4000, [-6.0] * 4000], dtype=torch.float64)
+    new, _, prob = swap_replicas(states, log_p, beta, 0, soft)
+    assert torch.equal(new, states) and bool((prob == 0).all())
+    log_p[1], soft[1] = -2.0, -2.0  # a possible hot state: the usual tempered swap probability
+    _, _, prob = swap_replicas(states, log_p, beta, 0, soft)
+    assert prob[0, 0] == pytest.approx(float(torch.tensor(0.5 * -1.0).exp()))
+
+
+def test_zero_penalty_options() -> None:
+    fg = constrained_chain(seed=0)
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="zero_penalty"):
+            ReplicaExchange(fg, replicas=2, zero_penalty=bad)
+    with pytest.raises(TypeError, match="zero_penalty"):
+        ReplicaExchange(fg, replicas=2, zero_penalty="high")
+    plain = ReplicaExchange(coupled_chain(seed=0), replicas=3)
+    plain.setup(0)
+    assert plain.diagnostics()["zero_penalty"] is None  # no zeros: p^beta
+    mixed = ReplicaExchange(_with_a_callable_factor(constrained_chain(seed=0)), replicas=3, zero_penalty=4.0)
+    with pytest.raises(ValueError, match="table factors"):
+        mixed.setup(0)
+    auto = ReplicaExchange(_with_a_callable_factor(constrained_chain(seed=0)), replicas=3)
+    auto.setup(0)
+    assert auto.diagnostics()["zero_penalty"] is None  # "auto" leaves such models at p^beta
+    with pytest.raises(ValueError, match="penalty"):
+        fg.softened(0.0)

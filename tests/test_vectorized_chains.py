@@ -31,9 +31,14 @@ def assert_matches_enumeration(draws: torch.Tensor, fg: FactorGraph) -> None:
     hits = (draws[:, :, None, :] == states[None, None]).all(-1).double()
     mean, mcse = batch_means_mcse(hits, BATCHES)
     iid = (probs * (1 - probs) / hits[..., 0].numel()).sqrt()
-    z = (mean - probs) / torch.maximum(mcse, iid)
+    z = zero_safe((mean - probs) / torch.maximum(mcse, iid), mean, probs)
     limit = bonferroni_t(len(probs), draws.shape[0] * BATCHES - 1, ALPHA)
     assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f} > {limit:.2f}"
+
+
+def zero_safe(z: torch.Tensor, mean: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """z-scores where impossible states (probability 0) score 0 if never visited, else infinity."""
+    return torch.where(probs == 0, torch.where(mean > 0, torch.inf, 0.0).to(z), z)
 
 
 def run(kernel, num_samples: int, warmup: int = 100) -> torch.Tensor:

@@ -707,16 +707,46 @@ class FactorGraph:
             raise TypeError(f"beta must be a number, got {type(beta).__name__}") from None
         if not (math.isfinite(beta) and beta > 0):
             raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+        return self._map_tables(lambda tables: tables * beta, "tempered")
+
+    def softened(self, penalty: float) -> FactorGraph:
+        """A copy whose impossible table entries (potential 0, log ``-inf``) get the potential ``exp(-penalty)``.
+
+        The hot replicas of replica exchange on a model with hard zeros (deterministic CPTs)
+        run on the softened model, ``p_L(x)^beta``: a tempered power keeps every zero, so hot
+        replicas could never cross the states a zero rules out. Every possible state keeps its
+        potential.
+
+        Raises:
+            ValueError: ``penalty`` is not a positive finite number, or the graph has factors other than tables.
+
+        Example:
+            >>> fg = FactorGraph()
+            >>> a = fg.add_variable("a", 2)
+            >>> _ = fg.add_table_factor([a], torch.tensor([0.5, -math.inf]))
+            >>> fg.softened(20.0).log_joint(torch.tensor([[0.0], [1.0]])).tolist()
+            [0.5, -20.0]
+        """
+        try:
+            penalty = float(penalty)
+        except (TypeError, ValueError):
+            raise TypeError(f"penalty must be a number, got {type(penalty).__name__}") from None
+        if not (math.isfinite(penalty) and penalty > 0):
+            raise ValueError(f"penalty must be a positive finite number, got {penalty!r}")
+        return self._map_tables(lambda tables: tables.masked_fill(tables == -math.inf, -penalty), "softened")
+
+    def _map_tables(self, transform: Callable[[Tensor], Tensor], what: str) -> FactorGraph:
+        """A copy whose table factors' log tables are ``transform(log_tables)`` (graphs of table factors only)."""
         table_groups = [g for g in self.groups if isinstance(g, TableGroup)]
         if len(table_groups) != len(self.groups):
-            raise ValueError("tempered copies are made of graphs of table factors only")
-        # each group becomes a plain table group of its current tables (update_parameters writes into them) times
-        # beta: the deep copy takes these instead of copying the groups (and a compiled model's state they hold)
-        memo: dict[int, Any] = {id(g): TableGroup(g.scopes, g.log_tables * beta) for g in table_groups}
-        hot = copy.deepcopy(self, memo)
-        for _, tables in hot._pending_tables.values():  # kept in step, though nothing reads them once compiled
-            tables[:] = [table * beta for table in tables]
-        return hot
+            raise ValueError(f"{what} copies are made of graphs of table factors only")
+        # each group becomes a plain table group of its current tables (update_parameters writes into them),
+        # transformed: the deep copy takes these instead of copying the groups (and a compiled model's state they hold)
+        memo: dict[int, Any] = {id(g): TableGroup(g.scopes, transform(g.log_tables)) for g in table_groups}
+        copied = copy.deepcopy(self, memo)
+        for _, tables in copied._pending_tables.values():  # kept in step, though nothing reads them once compiled
+            tables[:] = [transform(table) for table in tables]
+        return copied
 
     # ------------------------------------------------------------------ states
     def initial_state(self, generator: torch.Generator | None = None) -> Tensor:

@@ -64,6 +64,7 @@ _MAX_CACHE_ENTRIES = 1 << 24  # floats per proposal table (64 MB in float32); be
 _MAX_KEYS = 1 << 24  # (instance, context value) keys per proposal: float place values stay exact
 _PREFILL_ROWS = 1 << 19  # context values per proposal tabulated at setup (beyond: filled as chains visit them)
 _PREFILL_BATCH = 1 << 14  # network rows per forward pass while tabulating
+_TEMPER_CHUNK = 4096  # rows per step while raising a table to the ladder's powers
 _PREFILL_STATE_ENTRIES = 1 << 24  # state entries per batch of enumerated states while tabulating
 
 
@@ -297,6 +298,11 @@ class BlockTable:
         self.log_ratio = torch.zeros(stored, width, device=device)
         self.energy_rows = torch.zeros(stored, width, device=device)  # for tempered targets
         self.log_q = torch.zeros(stored, width, device=device)  # the network's log q (tempered proposals)
+        # where some table entry is 0 (log -inf): each row's finite part and count of impossible entries, so the
+        # energies of the softened model (every 0 at exp(-penalty), see soft_energy) follow for any penalty
+        self.has_zeros = bool((energy.flat == -math.inf).any())
+        self.finite_energy = torch.zeros(stored if self.has_zeros else 0, width, device=device)
+        self.zero_count = torch.zeros(stored if self.has_zeros else 0, width, device=device)
         self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
         self.prefilled = dense and self.rows <= _PREFILL_ROWS
         if self.prefilled:
@@ -347,6 +353,7 @@ class BlockTable:
         if fg.evidence:
             start[torch.tensor(list(fg.evidence))] = torch.tensor(list(fg.evidence.values()), dtype=start.dtype)
         features, ratios, rows = [], [], []
+        flats = self._energy_flats()
         max_states = max(1, _PREFILL_STATE_ENTRIES // max(1, fg.num_variables))  # bounded memory: [batch, n] states
         for group in _disjoint_context_groups(instances.context, _PREFILL_BATCH):
             cards, radix = self._ctx_cards[group], self.radix[group].cpu()  # [G, c]
@@ -364,9 +371,9 @@ class BlockTable:
                 states[:, written] = digits[:, valid].to(states.dtype)
                 keep = (code[:, None] < sizes).to(self.device)  # [B, G]: instances with fewer values stop early
                 joint = torch.arange(len(self.values), device=self.device).expand(len(code), len(group), -1)
-                scores = energy(self.energy.flat, states.to(self.device), joint)  # [B, G, J]
+                scores = [energy(flat, states.to(self.device), joint)[keep] for flat in flats]  # [B, G, J] each
                 features.append(self._features(fg, one, states)[keep])
-                ratios.append(scores[keep])
+                ratios.append(torch.stack(scores, -1))
                 rows.append((base + code[:, None].to(self.device))[keep])
         self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
 
@@ -386,12 +393,40 @@ class BlockTable:
             instances, rows, keys = instances.select(cols.cpu()), rows[cols], keys[:, cols]
         features = self._features(fg, instances, state[chains].cpu())[where]
         joint = torch.arange(len(self.values), device=self.device).expand(len(chains), len(instances), -1)
-        energy = self.energy.select(rows)(self.energy.flat, state[chains], joint)[where]
-        self._store(keys[chains][where], features, energy)
+        energy = self.energy.select(rows)
+        scores = torch.stack([energy(flat, state[chains], joint)[where] for flat in self._energy_flats()], -1)
+        self._store(keys[chains][where], features, scores)
         self.prefilled = self.slot is None and bool(self.filled.all())  # slots: some rows may be forgotten
 
+    def _energy_flats(self) -> list[Tensor]:
+        """The flat tables whose block sums a row stores: the log tables, and where some entry is ``-inf`` its
+        finite part and the impossible entries' indicator (:attr:`finite_energy`, :attr:`zero_count`)."""
+        flat = self.energy.flat
+        if not self.has_zeros:
+            return [flat]
+        impossible = flat == -math.inf
+        return [flat, flat.masked_fill(impossible, 0.0), impossible.to(flat.dtype)]
+
+    def soft_energy(self, penalty: float) -> Tensor:
+        """Block energies ``[stored, J]`` of the softened model (each table entry 0 at ``exp(-penalty)``).
+
+        Example:
+            >>> table = object.__new__(BlockTable)
+            >>> table.has_zeros, table.energy_rows = True, torch.tensor([[-math.inf, 1.0]])
+            >>> table.finite_energy, table.zero_count = torch.tensor([[0.5, 1.0]]), torch.tensor([[2.0, 0.0]])
+            >>> table.soft_energy(10.0).tolist()
+            [[-19.5, 1.0]]
+        """
+        if not self.has_zeros:
+            return self.energy_rows
+        return self.finite_energy - penalty * self.zero_count
+
     def _store(self, keys: Tensor, features: Tensor, energy: Tensor) -> None:
-        """Write rows: the proposal's CDF and ``energy - log q`` (``energy`` over all joint values)."""
+        """Write rows: the proposal's CDF and ``energy - log q``.
+
+        ``energy [r, J, e]`` holds each row's block sums over all joint values of the flat tables of
+        :meth:`_energy_flats` (``e`` = 1 or 3).
+        """
         if self.slot is not None:  # one slot per key: rows asked for by several chains are computed once
             keys, inverse = torch.unique(keys, return_inverse=True)
             first = torch.full((len(keys),), len(inverse), dtype=torch.long, device=keys.device)
@@ -408,9 +443,13 @@ class BlockTable:
             # network's log q, so rounding in the CDF cannot bias the chain (a value whose step is 0 is never
             # proposed, and never left by a block)
             log_drawn = _log_steps(cdf).to(self.cdf.dtype)
-            self.log_ratio[rows[chunk]] = energy[chunk].to(self.cdf.dtype) - log_drawn
-            self.energy_rows[rows[chunk]] = energy[chunk].to(self.cdf.dtype)
+            sums = energy[chunk].to(self.cdf.dtype)
+            self.log_ratio[rows[chunk]] = sums[..., 0] - log_drawn
+            self.energy_rows[rows[chunk]] = sums[..., 0]
             self.log_q[rows[chunk]] = log_q.to(self.cdf.dtype)
+            if self.has_zeros:
+                self.finite_energy[rows[chunk]] = sums[..., 1]
+                self.zero_count[rows[chunk]] = sums[..., 2]
         self.filled[keys] = True
         self.computed += len(keys)
 
@@ -421,7 +460,10 @@ class BlockTable:
         need = self.used + len(keys)
         if need > self.cdf.shape[0]:  # only when one call alone needs more rows than the slot budget
             grow = need - self.cdf.shape[0]
-            for name in ("cdf", "log_ratio", "energy_rows", "log_q"):
+            names = ("cdf", "log_ratio", "energy_rows", "log_q") + (
+                ("finite_energy", "zero_count") if self.has_zeros else ()
+            )
+            for name in names:
                 stored = getattr(self, name)
                 setattr(self, name, torch.cat([stored, stored.new_zeros(grow, stored.shape[1])]))
         rows = torch.arange(self.used, need, device=keys.device)
@@ -537,7 +579,7 @@ class _TemperedTables(NamedTuple):
         return match.to(torch.long).argmax(1) * self.rows
 
 
-def powered_rows(table: BlockTable, betas: Tensor) -> _TemperedTables:
+def powered_rows(table: BlockTable, betas: Tensor, penalty: float | None = None) -> _TemperedTables:
     """Rows for the tempered models ``p(x)^beta``: the table's proposal raised to the power ``beta``.
 
     The log importance weights ``log p^beta - log q^beta`` of the block conditional are
@@ -548,6 +590,9 @@ def powered_rows(table: BlockTable, betas: Tensor) -> _TemperedTables:
     temperature, with no network pass. The powers are taken of the network's ``log q``, not of
     the CDF's float steps, so values too unlikely for the ``beta = 1`` CDF to draw (a step of 0)
     are drawn at the temperatures where they gain mass. MH is exact for any proposal.
+
+    With ``penalty``, the models at ``beta < 1`` are the softened ones, ``p_L(x)^beta`` (every table
+    entry 0 at ``exp(-penalty)``; :meth:`FactorGraph.softened`), and ``beta = 1`` is ``p`` itself.
 
     Example:
         >>> import torch
@@ -572,12 +617,19 @@ def powered_rows(table: BlockTable, betas: Tensor) -> _TemperedTables:
     if table.slot is not None or not table.prefilled:
         raise ValueError("tempered rows are made of fully tabulated dense tables")
     betas = betas.to(table.device, torch.float64)
-    cdf, log_ratio = [], []
-    for beta in betas.tolist():
-        cdf_beta = table.cdf if beta == 1.0 else _draw_cdf(beta * table.log_q.double(), table.cdf.dtype)
-        cdf.append(cdf_beta)
-        log_ratio.append(table.energy_rows * beta - _log_steps(cdf_beta).to(table.cdf.dtype))
-    return _TemperedTables(betas, torch.cat(cdf), torch.cat(log_ratio), table.rows)
+    soft = table.energy_rows if penalty is None else table.soft_energy(penalty)
+    rows = table.cdf.shape[0]
+    cdf = table.cdf.new_empty(len(betas) * rows, table.cdf.shape[1])
+    log_ratio = torch.empty_like(cdf)
+    for r, beta in enumerate(betas.tolist()):
+        energy = table.energy_rows if beta == 1.0 else soft
+        for lo in range(0, rows, _TEMPER_CHUNK):  # small chunks: the temporaries stay in cache, not fresh pages
+            part = slice(lo, min(lo + _TEMPER_CHUNK, rows))
+            out = slice(r * rows + part.start, r * rows + part.stop)
+            cdf_beta = table.cdf[part] if beta == 1.0 else _draw_cdf(beta * table.log_q[part], table.cdf.dtype)
+            cdf[out] = cdf_beta
+            torch.sub(energy[part] * beta, _log_steps(cdf_beta), out=log_ratio[out])
+    return _TemperedTables(betas, cdf, log_ratio, table.rows)
 
 
 def _draw_cdf(log_q: Tensor, dtype: torch.dtype) -> Tensor:
@@ -585,7 +637,9 @@ def _draw_cdf(log_q: Tensor, dtype: torch.dtype) -> Tensor:
 
     ``torch.rand`` draws multiples of ``eps / 2`` (``2^-24`` in float32): with every CDF value on
     that grid, a uniform lands on each value with probability exactly its CDF step, so the MH
-    ratios, which read the steps, are those of the proposal actually drawn.
+    ratios, which read the steps (:func:`_log_steps`), are those of the proposal actually drawn,
+    however the CDF was rounded. The arithmetic is in ``dtype``: a cumulative sum of
+    non-negative terms, divided by its last term and rounded, stays non-decreasing and ends at 1.
 
     Example:
         >>> cdf = _draw_cdf(torch.tensor([[0.0, -30.0, 0.0]]), torch.float32)
@@ -593,15 +647,18 @@ def _draw_cdf(log_q: Tensor, dtype: torch.dtype) -> Tensor:
         ([[0.5, 0.5, 1.0]], True)
     """
     grid = torch.finfo(dtype).eps / 2
-    cdf = torch.round(torch.softmax(log_q.double(), -1).cumsum(-1) / grid) * grid
+    cdf = torch.softmax(log_q.to(dtype), -1).cumsum_(-1)
+    cdf = cdf.div_(cdf[:, -1:] * grid).round_().mul_(grid)
     cdf[:, -1] = 1.0  # a uniform in [0, 1) always lands on a value
-    return cdf.to(dtype)
+    return cdf
 
 
 def _log_steps(cdf: Tensor) -> Tensor:
-    """``log`` of the steps of CDF rows ``[R, J]`` (float64): the probabilities a uniform draw gives each value."""
-    steps = torch.diff(cdf.double(), dim=-1, prepend=torch.zeros_like(cdf[:, :1], dtype=torch.float64))
-    return steps.clamp_min(0.0).log()
+    """``log`` of the steps of CDF rows ``[R, J]`` on the grid of :func:`_draw_cdf`: each value's draw probability.
+
+    Differences of values on the grid are exact in the CDF's own dtype.
+    """
+    return torch.diff(cdf, dim=-1, prepend=torch.zeros_like(cdf[:, :1])).clamp_min_(0.0).log_()
 
 
 class FusedBlockSweep:
@@ -658,6 +715,8 @@ class FusedBlockSweep:
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
+        self.penalty: float | None = None  # chains at beta < 1 target the softened model (see soften)
+        self._soft_rows: tuple[int, Tensor, Tensor, Tensor] | None = None  # (rows computed, cdf, w, energy) stacked
 
     def _in_dtype(self, dtype: torch.dtype) -> tuple[list[Tensor], Tensor, Tensor]:
         """Place values and block values in the state's dtype (converted once per dtype)."""
@@ -676,6 +735,7 @@ class FusedBlockSweep:
         self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
         self.table.clear()
         self.tempered = None  # built for the old parameters
+        self._soft_rows = None
 
     def temper(self, betas: Tensor) -> bool:
         """Propose at each temperature ``1 / betas[r]`` from the proposal raised to ``betas[r]`` (:func:`powered_rows`).
@@ -686,8 +746,37 @@ class FusedBlockSweep:
         """
         if self.table.slot is not None or not self.table.prefilled:
             return False
-        self.tempered = powered_rows(self.table, betas)
+        self.tempered = powered_rows(self.table, betas, self.penalty)
         return True
+
+    def soften(self, penalty: float | None) -> bool:
+        """Chains at ``beta < 1`` target the softened model ``p_L(x)^beta`` (:meth:`FactorGraph.softened`).
+
+        Chains at ``beta = 1`` keep ``p``. ``None`` restores the tempered ``p(x)^beta`` everywhere.
+        Returns ``False`` (and changes nothing) where the table keeps rows in slots; tempered rows
+        built before are dropped (:meth:`temper` builds them for the new targets).
+        """
+        if penalty is not None and self.table.slot is not None:
+            return False
+        self.penalty = None if penalty is None else float(penalty)
+        self.tempered = None
+        self._soft_rows = None
+        return True
+
+    def _softened_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The table's CDF, ``w`` and energy rows, then the same rows for the softened model (rebuilt as rows fill)."""
+        table = self.table
+        if self._soft_rows is None or self._soft_rows[0] != table.computed:
+            assert self.penalty is not None  # set by soften
+            soft = table.soft_energy(self.penalty)
+            w_soft = soft - _log_steps(table.cdf).to(soft.dtype)
+            self._soft_rows = (
+                table.computed,
+                torch.cat([table.cdf, table.cdf]),
+                torch.cat([table.log_ratio, w_soft]),
+                torch.cat([table.energy_rows, soft]),
+            )
+        return self._soft_rows[1:]
 
     def tempered_rows(self) -> tuple[Tensor, Tensor]:
         """The stacked CDF and ``w`` rows of the tempered tables (see :meth:`temper`)."""
@@ -717,9 +806,14 @@ class FusedBlockSweep:
         log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
         key_offset = None if self.tempered is None or beta is None else self.tempered.offsets(beta)
+        softened = False
         if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
             beta_rows = None
             self.tempered_sweeps += 1
+        elif beta is not None and self.penalty is not None and table.has_zeros:
+            # hot chains read the softened model's rows (stacked after the table's own), with the beta correction
+            softened = True
+            key_offset = (beta < 1).long() * table.cdf.shape[0]
         context_radix, block_radix, values = self._in_dtype(state.dtype)
         accepts, broken = [], []
         for c in range(count):
@@ -727,10 +821,16 @@ class FusedBlockSweep:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
             # (read after ensure(): a table in slot mode may have grown its tensors)
-            cdf, log_ratio = (table.cdf, table.log_ratio) if key_offset is None else self.tempered_rows()
+            energy = table.energy_rows
+            if softened:
+                cdf, log_ratio, energy = self._softened_rows()
+            elif key_offset is not None:
+                cdf, log_ratio = self.tempered_rows()
+            else:
+                cdf, log_ratio = table.cdf, table.log_ratio
             state, acc, bad = self.update(
                 state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], cdf,
-                log_ratio, draws[c], log_accept[c], values, None if beta_rows is None else table.energy_rows,
+                log_ratio, draws[c], log_accept[c], values, None if beta_rows is None else energy,
                 beta_rows, table.slot, key_offset,
             )  # fmt: skip
             if start is not None:

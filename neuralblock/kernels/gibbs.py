@@ -154,6 +154,7 @@ def gibbs_class_update(
     flat: Tensor,
     noise: Tensor,
     beta: Tensor | None = None,
+    table_offset: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One colour class of Gibbs on table factors, for states ``[K, n]``: the new state and the stuck count.
 
@@ -163,7 +164,9 @@ def gibbs_class_update(
     other variables of each factor, ``index [d, V, k_max]``); ``noise [K, V, k_max]`` are standard
     exponential draws, or for binary variables ``noise [K, V]`` are logits of uniforms (made
     outside, so both paths give the same chain for the same seed);
-    ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``.
+    ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``;
+    ``table_offset [K]`` optionally shifts each chain's table reads (chains on a second copy of the tables
+    in ``flat``: the softened model of replica exchange).
     """
     chains = state.shape[0]
     depth, count, width = scopes.shape  # [d, V, a]: each variable's factors, the other variables of each
@@ -176,6 +179,8 @@ def gibbs_class_update(
         for j in range(1, width):
             total = total + read[..., j] * strides[..., j]
         shift = total.long() if strides.is_floating_point() else total  # exact below 2^24 (see _FusedTables.to)
+    if table_offset is not None:
+        shift = shift + table_offset[:, None, None]
     kmax = index.shape[-1]
     current = state[:, vars_]
     if noise.dim() == 2 and mask is None:  # binary variables: value 1 iff logit(u) < l_1 - l_0 (one uniform each)
@@ -256,6 +261,8 @@ class GibbsPlan:
         self.flat = flat_tables(fg).to(self.device) if self.tables_only else None
         self.update = gibbs_class_update
         self.compile_seconds = 0.0
+        self.penalty: float | None = None  # states at beta < 1 target the softened model (see soften)
+        self.soft_flat: Tensor | None = None  # the tables, then the softened tables
         if compile and self.tables_only:
             self.update = compiled(gibbs_class_update)
 
@@ -263,11 +270,38 @@ class GibbsPlan:
         """Re-read the table values after the graph's parameters changed (same structure)."""
         if self.tables_only:
             self.flat = flat_tables(fg).to(self.device)
+            self.soften(self.penalty)
+
+    def soften(self, penalty: float | None) -> bool:
+        """States at ``beta < 1`` target the softened model ``p_L(x)^beta`` (:meth:`FactorGraph.softened`).
+
+        States at ``beta = 1`` keep ``p``; ``None`` restores ``p(x)^beta`` everywhere. Returns
+        ``False`` (and changes nothing) on graphs with factors other than tables.
+
+        Example:
+            >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+            >>> _ = fg.add_table_factor([0, 1], torch.tensor([[0.0, -math.inf], [-math.inf, 0.0]]))
+            >>> plan = GibbsPlan(fg, [0, 1])
+            >>> plan.soften(30.0)
+            True
+            >>> state = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
+            >>> moved = [plan.sweep(fg, state, torch.tensor([1.0, 0.02]))[0] for _ in range(200)]
+            >>> bool(all((s[0, 0] == s[0, 1]) for s in moved)), bool(any((s[1, 0] != s[1, 1]) for s in moved))
+            (True, True)
+        """
+        if penalty is not None and not self.tables_only:
+            return False
+        self.penalty = None if penalty is None else float(penalty)
+        self.soft_flat = None
+        if self.penalty is not None and self.flat is not None and bool((self.flat == -math.inf).any()):
+            self.soft_flat = torch.cat([self.flat, self.flat.masked_fill(self.flat == -math.inf, -self.penalty)])
+        return True
 
     def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals.
 
-        ``beta`` (one inverse temperature per state) tempers each state's target to ``p(x)^beta``.
+        ``beta`` (one inverse temperature per state) tempers each state's target to ``p(x)^beta``
+        (the softened model's below 1, see :meth:`soften`).
         """
         stuck = torch.zeros((), dtype=torch.long, device=state.device)
         shape = state.shape
@@ -275,6 +309,9 @@ class GibbsPlan:
         if self.tables_only:
             flat = self.flat
             assert flat is not None  # set with tables_only
+            offset = None
+            if beta is not None and self.soft_flat is not None:  # hot states read the softened copy
+                flat, offset = self.soft_flat, (beta.reshape(-1) < 1).long() * flat.numel()
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
                 kmax = tables.index.shape[-1]
@@ -284,7 +321,7 @@ class GibbsPlan:
                     noise = torch.empty(state.shape[0], len(vars_), kmax, dtype=state.dtype, device=state.device)
                     noise.exponential_()
                 state, count = self.update(
-                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, flat, noise, beta
+                    state, vars_, tables.scopes, tables.strides, tables.index, tables.mask, flat, noise, beta, offset
                 )
                 if self.update is not gibbs_class_update and not getattr(tables, "_compiled", False):
                     tables._compiled = True  # the first call of a shape compiles it
@@ -397,6 +434,12 @@ class GibbsKernel(GraphKernel):
         """Re-read the tables' values (the plan's structure is kept)."""
         if self.plan is not None:
             self.plan.refresh(fg)
+
+    def soften(self, penalty: float | None) -> bool:
+        """Chains at ``beta < 1`` target the softened model ``p_L(x)^beta`` (:meth:`GibbsPlan.soften`)."""
+        if self.plan is None:
+            raise RuntimeError("call setup() before soften()")
+        return self.plan.soften(penalty)
 
     def _reset_stats(self) -> None:
         self._sweeps = 0

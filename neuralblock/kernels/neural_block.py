@@ -447,6 +447,29 @@ class NeuralBlockKernel(GraphKernel):
                 tempered = fused.temper(betas) or tempered
         return tempered
 
+    def soften(self, penalty: float | None) -> bool:
+        """Chains at ``beta < 1`` target the softened model ``p_L(x)^beta`` (see :meth:`FactorGraph.softened`).
+
+        Every update of a chain must target the same model, so this applies only when every
+        proposal takes the fused block path with a dense table and the single-site half is Gibbs on
+        table factors; otherwise it returns ``False`` and changes nothing. ``None`` restores
+        ``p(x)^beta`` everywhere.
+        """
+        fused = [f for f in self.fused if isinstance(f, FusedBlockSweep)]
+        plan = self.single_site.gibbs_plan
+        if penalty is not None and (
+            len(fused) != len(self.fused)
+            or any(f.table.slot is not None for f in fused)
+            or self.single_site.rw_plan is not None
+            or (plan is not None and not plan.tables_only)
+        ):
+            return False
+        for f in fused:
+            f.soften(penalty)
+        if plan is not None:
+            plan.soften(penalty)
+        return True
+
     def _reset_stats(self) -> None:
         n = len(self.proposals)
         self._proposed = [0] * n

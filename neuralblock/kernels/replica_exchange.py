@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from neuralblock.graph import FactorGraph
+from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_init
 from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel
@@ -58,6 +58,7 @@ from neuralblock.proposals import NeuralBlockProposal
 __all__ = ["ReplicaExchange", "geometric_ladder", "swap_replicas"]
 
 _RATE_SMOOTHING = 0.1  # running swap acceptance per pair (warmup adaptation)
+_AUTO_PENALTY_PER_T = 0.5  # zero_penalty="auto": nats per unit of the hottest temperature
 
 
 def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
@@ -74,7 +75,9 @@ def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
     return torch.logspace(0.0, math.log10(max_temperature), replicas, dtype=torch.float64)
 
 
-def swap_replicas(states: Tensor, log_p: Tensor, beta: Tensor, parity: int) -> tuple[Tensor, Tensor, Tensor]:
+def swap_replicas(
+    states: Tensor, log_p: Tensor, beta: Tensor, parity: int, soft_log_p: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """Propose swaps of neighbouring replicas ``(r, r + 1)`` with ``r % 2 == parity``, for every ensemble.
 
     Args:
@@ -82,6 +85,8 @@ def swap_replicas(states: Tensor, log_p: Tensor, beta: Tensor, parity: int) -> t
         log_p: ``[R, K]`` untempered log densities of the states.
         beta: ``[R]`` inverse temperatures.
         parity: 0 for the pairs (1, 2), (3, 4), ... (0-based (0, 1), (2, 3), ...), 1 for the others.
+        soft_log_p: ``[R, K]`` the states' log densities under the softened model, the one the
+            replicas at ``beta < 1`` target (``p_L(x)^beta``; the ``beta = 1`` replica targets ``p``).
 
     Returns:
         The states and log densities after the swaps, and each attempted pair's acceptance
@@ -98,7 +103,16 @@ def swap_replicas(states: Tensor, log_p: Tensor, beta: Tensor, parity: int) -> t
     if len(first) == 0:
         return states, log_p, log_p.new_zeros(0, log_p.shape[1])
     second = first + 1
-    delta = (beta[first] - beta[second]).to(log_p.dtype)[:, None] * (log_p[second] - log_p[first])  # [P, K]
+    if soft_log_p is None:
+        delta = (beta[first] - beta[second]).to(log_p.dtype)[:, None] * (log_p[second] - log_p[first])  # [P, K]
+    else:  # replica r's log target at replica s's state: beta_r times p's (beta_r = 1) or p_L's log density
+        exact = beta == 1.0
+
+        def target(r: Tensor, s: Tensor) -> Tensor:
+            energy = torch.where(exact[r][:, None], log_p[s], soft_log_p[s])
+            return beta[r].to(log_p.dtype)[:, None] * energy
+
+        delta = target(first, second) + target(second, first) - target(first, first) - target(second, second)
     delta = torch.nan_to_num(delta, nan=-math.inf)
     accept = torch.rand_like(delta).log() < delta
     order = torch.arange(replicas, device=states.device)[:, None].expand(replicas, states.shape[1]).clone()
@@ -128,6 +142,14 @@ class ReplicaExchange(GraphKernel):
         compile: passed to the inner kernel.
         tempered_proposals: neural replicas propose from the proposal raised to their ``beta`` once the ladder
             is fixed.
+        zero_penalty: on models with impossible table entries (potential 0: deterministic CPTs,
+            hard constraints), the replicas at ``beta < 1`` target the softened model
+            ``p_L(x)^beta`` whose zeros have potential ``exp(-zero_penalty)``
+            (:meth:`FactorGraph.softened`); the ``beta = 1`` replica keeps ``p``, and swaps use each
+            replica's own target, so the chain stays exact. A power ``p(x)^beta`` keeps every zero,
+            so without it hot replicas cannot cross the states a zero rules out. ``"auto"``:
+            ``_AUTO_PENALTY_PER_T`` nats times the hottest temperature, where the model has zeros
+            and every update supports it (table factors, fused neural blocks); ``None``: ``p(x)^beta``.
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
@@ -150,8 +172,17 @@ class ReplicaExchange(GraphKernel):
         device: str | torch.device | None = None,
         compile: bool | str = "auto",
         tempered_proposals: bool = True,
+        zero_penalty: float | str | None = "auto",
     ) -> None:
         super().__init__(model, chains=chains, device=device)
+        if zero_penalty is not None and zero_penalty != "auto":
+            if isinstance(zero_penalty, bool) or not isinstance(zero_penalty, (int, float)):
+                raise TypeError(f"zero_penalty must be a number, 'auto' or None, got {zero_penalty!r}")
+            if not (math.isfinite(zero_penalty) and zero_penalty > 0):
+                raise ValueError(f"zero_penalty must be a positive finite number, got {zero_penalty!r}")
+        self.zero_penalty = zero_penalty
+        self.penalty: float | None = None  # the penalty in use (set up per graph)
+        self._soft_graph: FactorGraph | None = None
         if temperatures is not None:
             ladder = torch.as_tensor(list(temperatures), dtype=torch.float64)
             if ladder.dim() != 1 or len(ladder) < 1 or not torch.isfinite(ladder).all():
@@ -201,12 +232,37 @@ class ReplicaExchange(GraphKernel):
             raise ValueError("ReplicaExchange samples discrete latent variables only; this model has continuous ones")
         self.inner.fg = fg
         self.inner._prepare(fg)
+        self._soften(fg)
         self.replica_states = None
         self._tempered = None
         self._swap_rate = torch.full((max(self.replicas - 1, 0),), 0.5, dtype=torch.float64)
 
+    def _soften(self, fg: FactorGraph) -> None:
+        """Choose the hot replicas' softened model (see ``zero_penalty``) and hand its penalty to the inner kernel."""
+        self.penalty, self._soft_graph = None, None
+        tables = [g for g in fg.groups if isinstance(g, TableGroup)]
+        has_zeros = any(bool((g.log_tables == -math.inf).any()) for g in tables)
+        if self.zero_penalty is None or self.replicas == 1 or not has_zeros:
+            return
+        explicit = self.zero_penalty != "auto"
+        if len(tables) != len(fg.groups):
+            if explicit:
+                raise ValueError("zero_penalty softens table factors: this model has factors of other kinds")
+            return
+        penalty = float(self.zero_penalty) if explicit else _AUTO_PENALTY_PER_T * float(self.temperatures[-1])
+        if not self.inner.soften(penalty):
+            if explicit:
+                raise ValueError(
+                    "zero_penalty needs every neural proposal on the fused block path with a dense table "
+                    "(see NeuralBlockKernel.diagnostics()['fused'])"
+                )
+            return
+        self.penalty, self._soft_graph = penalty, fg.softened(penalty)
+
     def _refresh(self, fg: FactorGraph) -> None:
         self.inner._refresh(fg)
+        if self.penalty is not None:
+            self._soft_graph = fg.softened(self.penalty)  # the inner kernel's tables re-soften themselves
         # new parameter values (a compound sampler changes them at every transition): R tempered tables per change
         # would cost more than they gain, so the replicas keep the untempered proposal from here on
         self._tempered = False
@@ -244,9 +300,14 @@ class ReplicaExchange(GraphKernel):
         flat = self.inner._transition(replicas.reshape(size, n), warmup)
         replicas = flat.reshape(self.replicas, self.chains, n)
         if self.replicas > 1:
-            log_p = fg.log_joint(replicas.reshape(size, n).cpu()).reshape(self.replicas, self.chains).to(self.device)
+            flat_states = replicas.reshape(size, n).cpu()
+            log_p = fg.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device)
+            soft = None
+            if self._soft_graph is not None:
+                soft = self._soft_graph.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device)
+                soft = soft.double()
             parity = self._steps % 2
-            replicas, _, prob = swap_replicas(replicas, log_p.double(), beta, parity)
+            replicas, _, prob = swap_replicas(replicas, log_p.double(), beta, parity, soft)
             pairs = torch.arange(parity, self.replicas - 1, 2)
             mean_prob = prob.mean(-1).double().cpu()
             self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
@@ -306,6 +367,7 @@ class ReplicaExchange(GraphKernel):
             "transitions_per_second": self._transitions_per_second(),
             "inner": self.inner.diagnostics(),
             "tempered_proposals": bool(self._tempered),
+            "zero_penalty": self.penalty,
             "tempered_sweeps": self._tempered_sweeps(),
         }
         if isinstance(self.inner, NeuralBlockKernel):
