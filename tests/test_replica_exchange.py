@@ -314,3 +314,27 @@ def test_zero_penalty_options() -> None:
     assert auto.diagnostics()["zero_penalty"] is None  # "auto" leaves such models at p^beta
     with pytest.raises(ValueError, match="penalty"):
         fg.softened(0.0)
+
+
+def test_softened_replicas_follow_new_parameters_that_add_zeros() -> None:
+    """update_graph to tables with zeros: the rows keep finite energies and zero counts, and the hot replicas'
+    softened rows are rebuilt; the replicas stay exact for the new model."""
+
+    def with_constraints(strength: float) -> FactorGraph:
+        fg = chain_graph(seed=6)
+        equal = torch.zeros(3, 3).masked_fill(~torch.eye(3, dtype=torch.bool), -strength)
+        fg.add_table_factors(torch.tensor([[0, 1], [3, 4]]), torch.stack([equal, equal]))
+        return fg
+
+    torch.manual_seed(3)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    kernel = ReplicaExchange(with_constraints(1.0), [proposal], temperatures=[1.0, 3.0], chains=4, zero_penalty=2.0)
+    kernel.setup(0)
+    params = kernel.sample(kernel.initial_params)
+    fused = kernel.inner.fused[0]
+    assert fused is not None and not fused.table.has_zeros and kernel.diagnostics()["zero_penalty"] is None
+    kernel.update_graph(with_constraints(float("inf")))
+    for _ in range(50):
+        params = kernel.sample(params)
+    assert fused.table.has_zeros and fused.table.finite_energy.shape == fused.table.cdf.shape
+    assert bool(torch.isfinite(kernel.fg.log_joint(params["x"])).all())  # the beta = 1 replicas stay possible

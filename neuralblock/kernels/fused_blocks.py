@@ -191,6 +191,28 @@ class BlockTableEnergy:
         """Scaffold log-density ``[K, I, m]`` of blocks at joint values ``joint [K, I, m]``, the rest at ``state``."""
         return block_energy(flat, state, joint, self.scopes, self.strides, self.index)
 
+    def sums(self, state: Tensor, joint: Tensor, split_zeros: bool) -> Tensor:
+        """The scaffold log-density ``[K, I, m, 1]``, or with ``split_zeros`` ``[K, I, m, 3]``: the log-density, the sum
+        of its finite table entries and the number of its zero entries (log ``-inf``), from one gather of the tables.
+
+        Example:
+            >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+            >>> _ = fg.add_table_factors(torch.tensor([[0, 1]]), torch.tensor([[[0.5, -math.inf], [1.0, 2.0]]]))
+            >>> energy = BlockTableEnergy(fg, torch.tensor([[0]]), [2])
+            >>> energy.sums(torch.tensor([[0.0, 1.0]]), torch.tensor([[[0, 1]]]), True)[0, 0].tolist()
+            [[-inf, 0.0, 1.0], [2.0, 2.0, 0.0]]
+        """
+        shift = (state[:, self.scopes].long() * self.strides).sum(-1)  # [K, I, d]
+        chosen = self.index.expand(state.shape[0], -1, -1, -1).gather(
+            -1, joint[:, :, None, :].expand(-1, -1, self.index.shape[1], -1)
+        )  # [K, I, d, m]
+        entries = self.flat[chosen + shift.unsqueeze(-1)]
+        total = entries.sum(-2)
+        if not split_zeros:
+            return total.unsqueeze(-1)
+        zero = entries == -math.inf
+        return torch.stack([total, entries.masked_fill(zero, 0.0).sum(-2), zero.sum(-2).to(total.dtype)], -1)
+
 
 def block_energy(flat: Tensor, state: Tensor, joint: Tensor, scopes: Tensor, strides: Tensor, index: Tensor) -> Tensor:
     """The arithmetic of :class:`BlockTableEnergy` (a pure function, for compilation)."""
@@ -300,13 +322,18 @@ class BlockTable:
         self.log_q = torch.zeros(stored, width, device=device)  # the network's log q (tempered proposals)
         # where some table entry is 0 (log -inf): each row's finite part and count of impossible entries, so the
         # energies of the softened model (every 0 at exp(-penalty), see soft_energy) follow for any penalty
-        self.has_zeros = bool((energy.flat == -math.inf).any())
-        self.finite_energy = torch.zeros(stored if self.has_zeros else 0, width, device=device)
-        self.zero_count = torch.zeros(stored if self.has_zeros else 0, width, device=device)
+        self._zero_rows()
         self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
         self.prefilled = dense and self.rows <= _PREFILL_ROWS
         if self.prefilled:
             self.prefill(fg, instances)
+
+    def _zero_rows(self) -> None:
+        """Storage of each row's finite energy and zero count, where the tables have zeros (else empty)."""
+        self.has_zeros = bool((self.energy.flat == -math.inf).any())
+        stored = self.cdf.shape[0] if self.has_zeros else 0
+        self.finite_energy = self.cdf.new_zeros(stored, self.cdf.shape[1])
+        self.zero_count = self.cdf.new_zeros(stored, self.cdf.shape[1])
 
     @staticmethod
     def fits(fg: FactorGraph, instances: MotifInstances, cardinalities: Sequence[int]) -> bool:
@@ -333,6 +360,7 @@ class BlockTable:
         """
         self.filled.zero_()
         self.prefilled = False
+        self._zero_rows()  # the new tables may gain or lose zeros
         if self.slot is not None:
             self.slot.fill_(-1)
             self.used = 0
@@ -353,7 +381,6 @@ class BlockTable:
         if fg.evidence:
             start[torch.tensor(list(fg.evidence))] = torch.tensor(list(fg.evidence.values()), dtype=start.dtype)
         features, ratios, rows = [], [], []
-        flats = self._energy_flats()
         max_states = max(1, _PREFILL_STATE_ENTRIES // max(1, fg.num_variables))  # bounded memory: [batch, n] states
         for group in _disjoint_context_groups(instances.context, _PREFILL_BATCH):
             cards, radix = self._ctx_cards[group], self.radix[group].cpu()  # [G, c]
@@ -371,9 +398,8 @@ class BlockTable:
                 states[:, written] = digits[:, valid].to(states.dtype)
                 keep = (code[:, None] < sizes).to(self.device)  # [B, G]: instances with fewer values stop early
                 joint = torch.arange(len(self.values), device=self.device).expand(len(code), len(group), -1)
-                scores = [energy(flat, states.to(self.device), joint)[keep] for flat in flats]  # [B, G, J] each
                 features.append(self._features(fg, one, states)[keep])
-                ratios.append(torch.stack(scores, -1))
+                ratios.append(energy.sums(states.to(self.device), joint, self.has_zeros)[keep])  # [B, G, J, e]
                 rows.append((base + code[:, None].to(self.device))[keep])
         self._store(torch.cat(rows), torch.cat(features), torch.cat(ratios))
 
@@ -393,19 +419,9 @@ class BlockTable:
             instances, rows, keys = instances.select(cols.cpu()), rows[cols], keys[:, cols]
         features = self._features(fg, instances, state[chains].cpu())[where]
         joint = torch.arange(len(self.values), device=self.device).expand(len(chains), len(instances), -1)
-        energy = self.energy.select(rows)
-        scores = torch.stack([energy(flat, state[chains], joint)[where] for flat in self._energy_flats()], -1)
+        scores = self.energy.select(rows).sums(state[chains], joint, self.has_zeros)[where]
         self._store(keys[chains][where], features, scores)
         self.prefilled = self.slot is None and bool(self.filled.all())  # slots: some rows may be forgotten
-
-    def _energy_flats(self) -> list[Tensor]:
-        """The flat tables whose block sums a row stores: the log tables, and where some entry is ``-inf`` its
-        finite part and the impossible entries' indicator (:attr:`finite_energy`, :attr:`zero_count`)."""
-        flat = self.energy.flat
-        if not self.has_zeros:
-            return [flat]
-        impossible = flat == -math.inf
-        return [flat, flat.masked_fill(impossible, 0.0), impossible.to(flat.dtype)]
 
     def soft_energy(self, penalty: float) -> Tensor:
         """Block energies ``[stored, J]`` of the softened model (each table entry 0 at ``exp(-penalty)``).
@@ -425,7 +441,7 @@ class BlockTable:
         """Write rows: the proposal's CDF and ``energy - log q``.
 
         ``energy [r, J, e]`` holds each row's block sums over all joint values of the flat tables of
-        :meth:`_energy_flats` (``e`` = 1 or 3).
+        :meth:`BlockTableEnergy.sums` (``e`` = 1 or 3).
         """
         if self.slot is not None:  # one slot per key: rows asked for by several chains are computed once
             keys, inverse = torch.unique(keys, return_inverse=True)
