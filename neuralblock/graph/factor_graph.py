@@ -709,31 +709,30 @@ class FactorGraph:
             raise ValueError(f"beta must be a positive finite number, got {beta!r}")
         return self._map_tables(lambda tables: tables * beta, "tempered")
 
-    def softened(self, penalty: float) -> FactorGraph:
-        """A copy whose impossible table entries (potential 0, log ``-inf``) get the potential ``exp(-penalty)``.
+    def split_zeros(self) -> tuple[FactorGraph, FactorGraph]:
+        """Copies ``(F, Z)`` whose log joints are the finite part and the zero count of this graph's.
 
-        The hot replicas of replica exchange on a model with hard zeros (deterministic CPTs)
-        run on the softened model, ``p_L(x)^beta``: a tempered power keeps every zero, so hot
-        replicas could never cross the states a zero rules out. Every possible state keeps its
-        potential.
+        ``F`` holds the finite log table entries (0 where a table has a zero, log ``-inf``), ``Z``
+        holds 1 for each zero entry and 0 elsewhere, so ``log p(x) = F(x)`` where ``Z(x) = 0`` and
+        ``-inf`` elsewhere. Replica exchange gives its hot replicas the models
+        ``beta (F + log_zero Z)`` (:class:`~neuralblock.kernels.gibbs.SoftZeros`): a power of ``p``
+        keeps every zero.
 
         Raises:
-            ValueError: ``penalty`` is not a positive finite number, or the graph has factors other than tables.
+            ValueError: the graph has factors other than tables.
 
         Example:
             >>> fg = FactorGraph()
             >>> a = fg.add_variable("a", 2)
             >>> _ = fg.add_table_factor([a], torch.tensor([0.5, -math.inf]))
-            >>> fg.softened(20.0).log_joint(torch.tensor([[0.0], [1.0]])).tolist()
-            [0.5, -20.0]
+            >>> finite, zeros = fg.split_zeros()
+            >>> states = torch.tensor([[0.0], [1.0]])
+            >>> finite.log_joint(states).tolist(), zeros.log_joint(states).tolist()
+            ([0.5, 0.0], [0.0, 1.0])
         """
-        try:
-            penalty = float(penalty)
-        except (TypeError, ValueError):
-            raise TypeError(f"penalty must be a number, got {type(penalty).__name__}") from None
-        if not (math.isfinite(penalty) and penalty > 0):
-            raise ValueError(f"penalty must be a positive finite number, got {penalty!r}")
-        return self._map_tables(lambda tables: tables.masked_fill(tables == -math.inf, -penalty), "softened")
+        finite = self._map_tables(lambda tables: tables.masked_fill(tables == -math.inf, 0.0), "split")
+        zeros = self._map_tables(lambda tables: (tables == -math.inf).to(tables.dtype), "split")
+        return finite, zeros
 
     def _map_tables(self, transform: Callable[[Tensor], Tensor], what: str) -> FactorGraph:
         """A copy whose table factors' log tables are ``transform(log_tables)`` (graphs of table factors only)."""

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, TableGroup
-from neuralblock.kernels.gibbs import compiled, flat_tables, pad_by_owner
+from neuralblock.kernels.gibbs import SoftZeros, compiled, flat_tables, pad_by_owner
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -320,8 +320,8 @@ class BlockTable:
         self.log_ratio = torch.zeros(stored, width, device=device)
         self.energy_rows = torch.zeros(stored, width, device=device)  # for tempered targets
         self.log_q = torch.zeros(stored, width, device=device)  # the network's log q (tempered proposals)
-        # where some table entry is 0 (log -inf): each row's finite part and count of impossible entries, so the
-        # energies of the softened model (every 0 at exp(-penalty), see soft_energy) follow for any penalty
+        # where some table entry is 0 (log -inf): each row's finite part and count of zero entries, so the
+        # energies with the zeros at any finite log-potential follow (soft_energy, SoftZeros)
         self._zero_rows()
         self.filled = torch.zeros(self.rows, dtype=torch.bool, device=device)
         self.prefilled = dense and self.rows <= _PREFILL_ROWS
@@ -423,19 +423,19 @@ class BlockTable:
         self._store(keys[chains][where], features, scores)
         self.prefilled = self.slot is None and bool(self.filled.all())  # slots: some rows may be forgotten
 
-    def soft_energy(self, penalty: float) -> Tensor:
-        """Block energies ``[stored, J]`` of the softened model (each table entry 0 at ``exp(-penalty)``).
+    def soft_energy(self, log_zero: float) -> Tensor:
+        """Block energies ``[stored, J]`` with every zero table entry at the log-potential ``log_zero``.
 
         Example:
             >>> table = object.__new__(BlockTable)
             >>> table.has_zeros, table.energy_rows = True, torch.tensor([[-math.inf, 1.0]])
             >>> table.finite_energy, table.zero_count = torch.tensor([[0.5, 1.0]]), torch.tensor([[2.0, 0.0]])
-            >>> table.soft_energy(10.0).tolist()
+            >>> table.soft_energy(-10.0).tolist()
             [[-19.5, 1.0]]
         """
-        if not self.has_zeros:
+        if not self.has_zeros or log_zero == -math.inf:
             return self.energy_rows
-        return self.finite_energy - penalty * self.zero_count
+        return self.finite_energy + log_zero * self.zero_count
 
     def _store(self, keys: Tensor, features: Tensor, energy: Tensor) -> None:
         """Write rows: the proposal's CDF and ``energy - log q``.
@@ -515,6 +515,8 @@ def fused_class_update(
     beta: Tensor | None = None,
     slot: Tensor | None = None,
     key_offset: Tensor | None = None,
+    zeros: Tensor | None = None,
+    log_zero: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One exact MH block update of a colour class, for states ``[K, n]``.
 
@@ -524,6 +526,9 @@ def fused_class_update(
     its temperature's own table (``key_offset``: proposal and energies of the tempered model, so
     ``w`` is already tempered), or it reads the untempered rows and the log-ratio gains
     ``(beta - 1) (E[j'] - E[j])``, with the rows' block energies ``E`` (any proposal keeps MH exact).
+    With ``zeros`` (each row's count ``Z`` of zero table entries) and ``log_zero`` (one per chain), the
+    chains target ``exp(beta (F + log_zero Z))`` (:class:`~neuralblock.kernels.gibbs.SoftZeros`), where
+    ``E = F`` and ``w`` are the rows' finite parts: the log-ratio gains ``beta log_zero (Z[j'] - Z[j])``.
 
     Args:
         state: ``[K, n]`` states.
@@ -545,6 +550,8 @@ def fused_class_update(
             when the rows are the keys.
         key_offset: ``[K]`` a first row per chain, added to every key (tempered tables: each chain reads
             the block of rows of its temperature), or ``None``.
+        zeros: ``[R, J]`` zero entries per row (with ``log_zero``), or ``None``.
+        log_zero: ``[K]`` each chain's log-potential of a zero entry (``-inf``: the model itself).
 
     Returns:
         The new states, the accept indicator ``[K, I]`` and the finite-ratio indicator ``[K, I]``.
@@ -572,6 +579,11 @@ def fused_class_update(
         flat_energy = energy.view(-1)
         change = flat_energy.take(first + proposed) - flat_energy.take(first + current)
         log_alpha = log_alpha + (beta[:, None] - 1) * change
+    if zeros is not None and log_zero is not None:
+        flat_zeros = zeros.view(-1)
+        gained = flat_zeros.take(first + proposed) - flat_zeros.take(first + current)
+        penalty = torch.where(gained == 0, torch.zeros_like(gained), log_zero[:, None] * gained)
+        log_alpha = log_alpha + (penalty if beta is None else beta[:, None] * penalty)
     finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
     accepted = (log_accept < log_alpha) & finite
     chosen = torch.where(accepted, proposed, current)
@@ -586,6 +598,7 @@ class _TemperedTables(NamedTuple):
     cdf: Tensor
     log_ratio: Tensor
     rows: int
+    log_zero: Tensor | None = None  # per temperature: the zero entries' log-potential (SoftZeros)
 
     def offsets(self, beta: Tensor) -> Tensor | None:
         """Each chain's first row (``[K]``), or ``None`` when some chain's ``beta`` is not on the ladder."""
@@ -595,7 +608,7 @@ class _TemperedTables(NamedTuple):
         return match.to(torch.long).argmax(1) * self.rows
 
 
-def powered_rows(table: BlockTable, betas: Tensor, penalty: float | None = None) -> _TemperedTables:
+def powered_rows(table: BlockTable, betas: Tensor, log_zero: Tensor | None = None) -> _TemperedTables:
     """Rows for the tempered models ``p(x)^beta``: the table's proposal raised to the power ``beta``.
 
     The log importance weights ``log p^beta - log q^beta`` of the block conditional are
@@ -607,8 +620,9 @@ def powered_rows(table: BlockTable, betas: Tensor, penalty: float | None = None)
     the CDF's float steps, so values too unlikely for the ``beta = 1`` CDF to draw (a step of 0)
     are drawn at the temperatures where they gain mass. MH is exact for any proposal.
 
-    With ``penalty``, the models at ``beta < 1`` are the softened ones, ``p_L(x)^beta`` (every table
-    entry 0 at ``exp(-penalty)``; :meth:`FactorGraph.softened`), and ``beta = 1`` is ``p`` itself.
+    With ``log_zero`` (``[R]``), temperature ``r``'s model gives every zero table entry the
+    log-potential ``log_zero[r]`` (``-inf``: the model itself; see
+    :class:`~neuralblock.kernels.gibbs.SoftZeros`).
 
     Example:
         >>> import torch
@@ -633,19 +647,18 @@ def powered_rows(table: BlockTable, betas: Tensor, penalty: float | None = None)
     if table.slot is not None or not table.prefilled:
         raise ValueError("tempered rows are made of fully tabulated dense tables")
     betas = betas.to(table.device, torch.float64)
-    soft = table.energy_rows if penalty is None else table.soft_energy(penalty)
     rows = table.cdf.shape[0]
     cdf = table.cdf.new_empty(len(betas) * rows, table.cdf.shape[1])
     log_ratio = torch.empty_like(cdf)
     for r, beta in enumerate(betas.tolist()):
-        energy = table.energy_rows if beta == 1.0 else soft
+        energy = table.energy_rows if log_zero is None else table.soft_energy(float(log_zero[r]))
         for lo in range(0, rows, _TEMPER_CHUNK):  # small chunks: the temporaries stay in cache, not fresh pages
             part = slice(lo, min(lo + _TEMPER_CHUNK, rows))
             out = slice(r * rows + part.start, r * rows + part.stop)
             cdf_beta = table.cdf[part] if beta == 1.0 else _draw_cdf(beta * table.log_q[part], table.cdf.dtype)
             cdf[out] = cdf_beta
             torch.sub(energy[part] * beta, _log_steps(cdf_beta), out=log_ratio[out])
-    return _TemperedTables(betas, cdf, log_ratio, table.rows)
+    return _TemperedTables(betas, cdf, log_ratio, table.rows, None if log_zero is None else log_zero.double().cpu())
 
 
 def _draw_cdf(log_q: Tensor, dtype: torch.dtype) -> Tensor:
@@ -731,8 +744,7 @@ class FusedBlockSweep:
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
-        self.penalty: float | None = None  # chains at beta < 1 target the softened model (see soften)
-        self._soft_rows: tuple[int, Tensor, Tensor, Tensor] | None = None  # (rows computed, cdf, w, energy) stacked
+        self._split: tuple[int, Tensor] | None = None  # (rows computed, finite part of w) for SoftZeros chains
 
     def _in_dtype(self, dtype: torch.dtype) -> tuple[list[Tensor], Tensor, Tensor]:
         """Place values and block values in the state's dtype (converted once per dtype)."""
@@ -751,48 +763,27 @@ class FusedBlockSweep:
         self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
         self.table.clear()
         self.tempered = None  # built for the old parameters
-        self._soft_rows = None
+        self._split = None
 
-    def temper(self, betas: Tensor) -> bool:
+    def temper(self, betas: Tensor, log_zero: Tensor | None = None) -> bool:
         """Propose at each temperature ``1 / betas[r]`` from the proposal raised to ``betas[r]`` (:func:`powered_rows`).
 
-        Chains whose ``beta`` is on the ladder then read their temperature's rows (proposal and
-        block energies of ``p(x)^beta``: the MH ratio needs no ``beta`` correction). Only fully
+        Chains whose ``beta`` is on the ladder (or, with ``log_zero``, whose :class:`SoftZeros`
+        entry names a temperature) then read their temperature's rows (proposal and block
+        energies of ``p(x)^beta``: the MH ratio needs no ``beta`` correction). Only fully
         tabulated dense tables are tempered; otherwise nothing changes and ``False`` is returned.
         """
         if self.table.slot is not None or not self.table.prefilled:
             return False
-        self.tempered = powered_rows(self.table, betas, self.penalty)
+        self.tempered = powered_rows(self.table, betas, log_zero)
         return True
 
-    def soften(self, penalty: float | None) -> bool:
-        """Chains at ``beta < 1`` target the softened model ``p_L(x)^beta`` (:meth:`FactorGraph.softened`).
-
-        Chains at ``beta = 1`` keep ``p``. ``None`` restores the tempered ``p(x)^beta`` everywhere.
-        Returns ``False`` (and changes nothing) where the table keeps rows in slots; tempered rows
-        built before are dropped (:meth:`temper` builds them for the new targets).
-        """
-        if penalty is not None and self.table.slot is not None:
-            return False
-        self.penalty = None if penalty is None else float(penalty)
-        self.tempered = None
-        self._soft_rows = None
-        return True
-
-    def _softened_rows(self) -> tuple[Tensor, Tensor, Tensor]:
-        """The table's CDF, ``w`` and energy rows, then the same rows for the softened model (rebuilt as rows fill)."""
+    def _split_rows(self) -> Tensor:
+        """``w`` rows of the finite parts, ``F - log q`` (for :class:`SoftZeros` chains; rebuilt as rows fill)."""
         table = self.table
-        if self._soft_rows is None or self._soft_rows[0] != table.computed:
-            assert self.penalty is not None  # set by soften
-            soft = table.soft_energy(self.penalty)
-            w_soft = soft - _log_steps(table.cdf).to(soft.dtype)
-            self._soft_rows = (
-                table.computed,
-                torch.cat([table.cdf, table.cdf]),
-                torch.cat([table.log_ratio, w_soft]),
-                torch.cat([table.energy_rows, soft]),
-            )
-        return self._soft_rows[1:]
+        if self._split is None or self._split[0] != table.computed:
+            self._split = (table.computed, table.finite_energy - _log_steps(table.cdf))
+        return self._split[1]
 
     def tempered_rows(self) -> tuple[Tensor, Tensor]:
         """The stacked CDF and ``w`` rows of the tempered tables (see :meth:`temper`)."""
@@ -800,13 +791,16 @@ class FusedBlockSweep:
             raise RuntimeError("temper() has not built tempered tables")
         return self.tempered.cdf, self.tempered.log_ratio
 
-    def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
+    def sweep(
+        self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None, soft: SoftZeros | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Update every class once.
 
         Args:
             fg: the graph.
             state: ``[K, n]`` states.
             beta: optional ``[K]`` inverse temperatures (targets ``p(x)^beta``).
+            soft: optional log-potentials of the zero table entries per chain (:class:`SoftZeros`).
 
         Returns:
             The states, accepted blocks per chain ``[K]``, the non-finite count and the proposals made.
@@ -821,15 +815,21 @@ class FusedBlockSweep:
         draws = draws.reshape(chains, count, width).transpose(0, 1).contiguous()  # [C, K, width]: classes contiguous
         log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
-        key_offset = None if self.tempered is None or beta is None else self.tempered.offsets(beta)
-        softened = False
+        soft = soft if table.has_zeros else None  # the zeros' potentials matter only where there are zeros
+        tempered, key_offset = self.tempered, None
+        if tempered is not None and beta is not None:
+            if soft is None and tempered.log_zero is None:
+                key_offset = tempered.offsets(beta)
+            elif soft is not None and tempered.log_zero is not None and torch.equal(tempered.log_zero, soft.log_zero):
+                key_offset = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
+        chain_log_zero = None
         if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
             beta_rows = None
             self.tempered_sweeps += 1
-        elif beta is not None and self.penalty is not None and table.has_zeros:
-            # hot chains read the softened model's rows (stacked after the table's own), with the beta correction
-            softened = True
-            key_offset = (beta < 1).long() * table.cdf.shape[0]
+        elif soft is not None:  # the rows' finite parts, with the beta and zero-count corrections
+            if table.slot is not None:
+                raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
+            chain_log_zero = soft.log_zero.to(state.device, table.cdf.dtype)[soft.entry]
         context_radix, block_radix, values = self._in_dtype(state.dtype)
         accepts, broken = [], []
         for c in range(count):
@@ -837,17 +837,15 @@ class FusedBlockSweep:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
             # (read after ensure(): a table in slot mode may have grown its tensors)
-            energy = table.energy_rows
-            if softened:
-                cdf, log_ratio, energy = self._softened_rows()
-            elif key_offset is not None:
+            cdf, log_ratio, energy, zeros = table.cdf, table.log_ratio, table.energy_rows, None
+            if key_offset is not None:
                 cdf, log_ratio = self.tempered_rows()
-            else:
-                cdf, log_ratio = table.cdf, table.log_ratio
+            elif chain_log_zero is not None:
+                log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
             state, acc, bad = self.update(
                 state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], cdf,
                 log_ratio, draws[c], log_accept[c], values, None if beta_rows is None else energy,
-                beta_rows, table.slot, key_offset,
+                beta_rows, table.slot, key_offset, zeros, chain_log_zero,
             )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -34,6 +34,7 @@ _VALUE_LOOP = 16
 __all__ = [
     "GibbsKernel",
     "GibbsPlan",
+    "SoftZeros",
     "compiled",
     "flat_tables",
     "gibbs_class_update",
@@ -144,6 +145,23 @@ class _FusedTables:
         return self
 
 
+class SoftZeros(NamedTuple):
+    """Finite log-potentials for the zero table entries (log ``-inf``) of each chain's model.
+
+    Chain ``k`` targets ``p_k(x) = exp(beta_k (F(x) + log_zero[entry[k]] Z(x)))``, where ``F`` sums
+    the finite log table entries and ``Z`` counts the zero ones: every zero entry gets the
+    log-potential ``log_zero``, and ``log_zero = -inf`` is the model itself. Replica exchange
+    gives its hot replicas such models (tempering alone keeps every zero).
+
+    Attributes:
+        entry: ``[K]`` each chain's entry of ``log_zero`` (long).
+        log_zero: ``[L]`` the log-potentials (``-inf`` allowed).
+    """
+
+    entry: Tensor
+    log_zero: Tensor
+
+
 def gibbs_class_update(
     state: Tensor,
     vars_: Tensor,
@@ -165,8 +183,8 @@ def gibbs_class_update(
     exponential draws, or for binary variables ``noise [K, V]`` are logits of uniforms (made
     outside, so both paths give the same chain for the same seed);
     ``beta [K]`` optionally tempers each chain's target to ``p(x)^beta``;
-    ``table_offset [K]`` optionally shifts each chain's table reads (chains on a second copy of the tables
-    in ``flat``: the softened model of replica exchange).
+    ``table_offset [K]`` optionally shifts each chain's table reads (chains on their own copy of the tables
+    in ``flat``: the softened models of replica exchange, see :class:`SoftZeros`).
     """
     chains = state.shape[0]
     depth, count, width = scopes.shape  # [d, V, a]: each variable's factors, the other variables of each
@@ -261,8 +279,9 @@ class GibbsPlan:
         self.flat = flat_tables(fg).to(self.device) if self.tables_only else None
         self.update = gibbs_class_update
         self.compile_seconds = 0.0
-        self.penalty: float | None = None  # states at beta < 1 target the softened model (see soften)
-        self.soft_flat: Tensor | None = None  # the tables, then the softened tables
+        self.zeros: Tensor | None = None  # where the flat tables hold a zero (log -inf), if anywhere
+        self._soft: tuple[Tensor, Tensor] | None = None  # (log_zero, one copy of the tables per entry)
+        self._find_zeros()
         if compile and self.tables_only:
             self.update = compiled(gibbs_class_update)
 
@@ -270,48 +289,42 @@ class GibbsPlan:
         """Re-read the table values after the graph's parameters changed (same structure)."""
         if self.tables_only:
             self.flat = flat_tables(fg).to(self.device)
-            self.soften(self.penalty)
+            self._find_zeros()
 
-    def soften(self, penalty: float | None) -> bool:
-        """States at ``beta < 1`` target the softened model ``p_L(x)^beta`` (:meth:`FactorGraph.softened`).
+    def _find_zeros(self) -> None:
+        zeros = None if self.flat is None else self.flat == -math.inf
+        self.zeros = zeros if zeros is not None and bool(zeros.any()) else None
+        self._soft = None
 
-        States at ``beta = 1`` keep ``p``; ``None`` restores ``p(x)^beta`` everywhere. Returns
-        ``False`` (and changes nothing) on graphs with factors other than tables.
+    def _soft_tables(self, log_zero: Tensor) -> Tensor:
+        """One copy of the flat tables per entry of ``log_zero``, each zero at that log-potential (cached)."""
+        assert self.flat is not None and self.zeros is not None
+        if self._soft is None or not torch.equal(self._soft[0], log_zero):
+            copies = [self.flat.masked_fill(self.zeros, value) for value in log_zero.tolist()]
+            self._soft = (log_zero.clone(), torch.cat(copies))
+        return self._soft[1]
 
-        Example:
-            >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
-            >>> _ = fg.add_table_factor([0, 1], torch.tensor([[0.0, -math.inf], [-math.inf, 0.0]]))
-            >>> plan = GibbsPlan(fg, [0, 1])
-            >>> plan.soften(30.0)
-            True
-            >>> state = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
-            >>> moved = [plan.sweep(fg, state, torch.tensor([1.0, 0.02]))[0] for _ in range(200)]
-            >>> bool(all((s[0, 0] == s[0, 1]) for s in moved)), bool(any((s[1, 0] != s[1, 1]) for s in moved))
-            (True, True)
-        """
-        if penalty is not None and not self.tables_only:
-            return False
-        self.penalty = None if penalty is None else float(penalty)
-        self.soft_flat = None
-        if self.penalty is not None and self.flat is not None and bool((self.flat == -math.inf).any()):
-            self.soft_flat = torch.cat([self.flat, self.flat.masked_fill(self.flat == -math.inf, -self.penalty)])
-        return True
-
-    def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def sweep(
+        self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None, soft: SoftZeros | None = None
+    ) -> tuple[Tensor, Tensor]:
         """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals.
 
-        ``beta`` (one inverse temperature per state) tempers each state's target to ``p(x)^beta``
-        (the softened model's below 1, see :meth:`soften`).
+        ``beta`` (one inverse temperature per state) tempers each state's target to ``p(x)^beta``;
+        ``soft`` gives each state's zero table entries a finite log-potential (:class:`SoftZeros`;
+        graphs of table factors).
         """
         stuck = torch.zeros((), dtype=torch.long, device=state.device)
         shape = state.shape
         state = state.reshape(-1, shape[-1])
+        if soft is not None and not self.tables_only:
+            raise ValueError("soft zeros apply to graphs of table factors only")
         if self.tables_only:
             flat = self.flat
             assert flat is not None  # set with tables_only
             offset = None
-            if beta is not None and self.soft_flat is not None:  # hot states read the softened copy
-                flat, offset = self.soft_flat, (beta.reshape(-1) < 1).long() * flat.numel()
+            if soft is not None and self.zeros is not None:  # each state reads its own copy of the tables
+                offset = soft.entry * flat.numel()
+                flat = self._soft_tables(soft.log_zero.to(flat.dtype))
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
                 kmax = tables.index.shape[-1]
@@ -420,6 +433,7 @@ class GibbsKernel(GraphKernel):
         self._variables_arg = variables
         self.compile = resolve_compile(compile, self.device)
         self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
+        self.soft_zeros: SoftZeros | None = None  # per-chain log-potentials of zero entries (ReplicaExchange)
         self.plan: GibbsPlan | None = None
         self._reset_stats()  # diagnostics() answer before setup (e.g. in the parent of worker chains)
 
@@ -435,11 +449,11 @@ class GibbsKernel(GraphKernel):
         if self.plan is not None:
             self.plan.refresh(fg)
 
-    def soften(self, penalty: float | None) -> bool:
-        """Chains at ``beta < 1`` target the softened model ``p_L(x)^beta`` (:meth:`GibbsPlan.soften`)."""
+    def supports_soft_zeros(self) -> bool:
+        """Whether :attr:`soft_zeros` can be set (graphs of table factors)."""
         if self.plan is None:
-            raise RuntimeError("call setup() before soften()")
-        return self.plan.soften(penalty)
+            raise RuntimeError("call setup() first")
+        return self.plan.tables_only
 
     def _reset_stats(self) -> None:
         self._sweeps = 0
@@ -448,7 +462,7 @@ class GibbsKernel(GraphKernel):
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         if self.plan is None:
             raise RuntimeError("call setup() before sampling")
-        state, stuck = self.plan.sweep(self._graph(), state, self.beta)
+        state, stuck = self.plan.sweep(self._graph(), state, self.beta, self.soft_zeros)
         if not warmup:
             self._sweeps += 1
             self._stuck = self._stuck + stuck.cpu()

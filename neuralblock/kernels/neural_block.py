@@ -43,7 +43,7 @@ from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, 
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
 from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
 from neuralblock.kernels.fused_mixture import FusedMixtureSweep, supports_fused_mixture
-from neuralblock.kernels.gibbs import resolve_compile
+from neuralblock.kernels.gibbs import SoftZeros, resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.motif import Motif, MotifInstances
@@ -339,6 +339,7 @@ class NeuralBlockKernel(GraphKernel):
         self.window = window
         self.compile = resolve_compile(compile, self.device)
         self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
+        self.soft_zeros: SoftZeros | None = None  # per-chain log-potentials of zero entries (ReplicaExchange)
         self.num_instances: list[int] = []  # set at setup
         self.fused: list[_Fused | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
@@ -427,7 +428,7 @@ class NeuralBlockKernel(GraphKernel):
             if sweep is not None:
                 sweep.instances = instances.select(sweep.order)
 
-    def temper(self, betas: Tensor) -> bool:
+    def temper(self, betas: Tensor, log_zero: Tensor | None = None) -> bool:
         """Temper the proposals: chains at ``betas[r]`` propose from the proposal raised to the power ``betas[r]``.
 
         The log importance weights of ``q^beta`` against the block conditional of ``p(x)^beta`` are
@@ -440,35 +441,29 @@ class NeuralBlockKernel(GraphKernel):
 
         Args:
             betas: ``[R]`` inverse temperatures (the ladder; rows of :attr:`beta` take these values).
+            log_zero: ``[R]`` the log-potential of a zero table entry at each temperature, for chains
+                with :attr:`soft_zeros` (whose entry then names their temperature).
         """
         tempered = False
         for fused in self.fused:
             if isinstance(fused, FusedBlockSweep):
-                tempered = fused.temper(betas) or tempered
+                tempered = fused.temper(betas, log_zero) or tempered
         return tempered
 
-    def soften(self, penalty: float | None) -> bool:
-        """Chains at ``beta < 1`` target the softened model ``p_L(x)^beta`` (see :meth:`FactorGraph.softened`).
+    def supports_soft_zeros(self) -> bool:
+        """Whether :attr:`soft_zeros` can be set: every update of a chain must then target the same model.
 
-        Every update of a chain must target the same model, so this applies only when every
-        proposal takes the fused block path with a dense table and the single-site half is Gibbs on
-        table factors; otherwise it returns ``False`` and changes nothing. ``None`` restores
-        ``p(x)^beta`` everywhere.
+        That holds when every proposal takes the fused block path with a dense table and the
+        single-site half is Gibbs on table factors.
         """
         fused = [f for f in self.fused if isinstance(f, FusedBlockSweep)]
         plan = self.single_site.gibbs_plan
-        if penalty is not None and (
-            len(fused) != len(self.fused)
-            or any(f.table.slot is not None for f in fused)
-            or self.single_site.rw_plan is not None
-            or (plan is not None and not plan.tables_only)
-        ):
-            return False
-        for f in fused:
-            f.soften(penalty)
-        if plan is not None:
-            plan.soften(penalty)
-        return True
+        return (
+            len(fused) == len(self.fused)
+            and all(f.table.slot is None for f in fused)
+            and self.single_site.rw_plan is None
+            and (plan is None or plan.tables_only)
+        )
 
     def _reset_stats(self) -> None:
         n = len(self.proposals)
@@ -486,14 +481,19 @@ class NeuralBlockKernel(GraphKernel):
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
         if float(torch.rand(())) < self.gibbs_prob:
-            state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta)
+            state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta, soft=self.soft_zeros)
             if not warmup:
                 self._single_sweeps += 1
             return state
         start = time.perf_counter()
         for i, fused in enumerate(self.fused):
+            if self.soft_zeros is not None and not isinstance(fused, FusedBlockSweep):
+                raise ValueError(f"soft zeros need proposal {self._label(i)} on the fused block path")
             if fused is not None:
-                state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta)
+                if isinstance(fused, FusedBlockSweep):
+                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta, self.soft_zeros)
+                else:
+                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta)
                 accepted, discarded = per_chain.sum(), fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
                 if not warmup:
                     self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain.cpu()

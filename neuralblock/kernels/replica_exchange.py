@@ -28,6 +28,17 @@ with a dense table), and after the model's parameters change (``update_graph``: 
 every temperature uses the untempered proposal. Any proposal keeps MH exact; the block acceptance
 per temperature and the sweeps that used the tempered rows are reported.
 
+**Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
+constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
+``T > 1`` target the softened model ``p_L(x)^beta`` instead, whose zero entries have the
+potential ``exp(-L)`` with ``L = zero_penalty T_R`` (so a zero costs the hottest replica
+``zero_penalty`` nats; ``F``, the finite log table entries, and ``Z``, the number of zero entries,
+come from :meth:`FactorGraph.split_zeros`), while the ``T = 1`` replica keeps ``p``. Swaps use each
+replica's own target, so an impossible state never reaches the ``T = 1`` replica and the chain
+stays exact. The first pair's swap rate is then at most the share of possible states in the
+second replica, which does not rise as the gap closes, so the adaptation holds the first gap at
+its initial value (equalizing rates would close it).
+
 Example:
     >>> import torch, pyro
     >>> from pyro.infer import MCMC
@@ -50,7 +61,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_init
 from neuralblock.kernels.fused_blocks import FusedBlockSweep
-from neuralblock.kernels.gibbs import GibbsKernel
+from neuralblock.kernels.gibbs import GibbsKernel, SoftZeros
 from neuralblock.kernels.neural_block import NeuralBlockKernel
 from neuralblock.kernels.vocabulary import KernelDiagnostics
 from neuralblock.proposals import NeuralBlockProposal
@@ -58,7 +69,8 @@ from neuralblock.proposals import NeuralBlockProposal
 __all__ = ["ReplicaExchange", "geometric_ladder", "swap_replicas"]
 
 _RATE_SMOOTHING = 0.1  # running swap acceptance per pair (warmup adaptation)
-_AUTO_PENALTY_PER_T = 0.5  # zero_penalty="auto": nats per unit of the hottest temperature
+_AUTO_ZERO_PENALTY = 0.5  # zero_penalty="auto": nats per zero table entry at the hottest replica
+_MIN_GAP = 1e-3  # least gap between neighbouring temperatures (distinct float32 inverse temperatures)
 
 
 def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
@@ -76,7 +88,12 @@ def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
 
 
 def swap_replicas(
-    states: Tensor, log_p: Tensor, beta: Tensor, parity: int, soft_log_p: Tensor | None = None
+    states: Tensor,
+    log_p: Tensor,
+    beta: Tensor,
+    parity: int,
+    zeros: Tensor | None = None,
+    log_zero: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Propose swaps of neighbouring replicas ``(r, r + 1)`` with ``r % 2 == parity``, for every ensemble.
 
@@ -85,8 +102,9 @@ def swap_replicas(
         log_p: ``[R, K]`` untempered log densities of the states.
         beta: ``[R]`` inverse temperatures.
         parity: 0 for the pairs (1, 2), (3, 4), ... (0-based (0, 1), (2, 3), ...), 1 for the others.
-        soft_log_p: ``[R, K]`` the states' log densities under the softened model, the one the
-            replicas at ``beta < 1`` target (``p_L(x)^beta``; the ``beta = 1`` replica targets ``p``).
+        zeros: ``[R, K]`` the states' numbers of zero table entries; with it, ``log_p`` holds the
+            finite parts ``F`` and replica ``r`` targets ``exp(beta_r (F + log_zero[r] Z))``.
+        log_zero: ``[R]`` each replica's log-potential of a zero entry (``-inf``: the model itself).
 
     Returns:
         The states and log densities after the swaps, and each attempted pair's acceptance
@@ -103,14 +121,13 @@ def swap_replicas(
     if len(first) == 0:
         return states, log_p, log_p.new_zeros(0, log_p.shape[1])
     second = first + 1
-    if soft_log_p is None:
+    if zeros is None or log_zero is None:
         delta = (beta[first] - beta[second]).to(log_p.dtype)[:, None] * (log_p[second] - log_p[first])  # [P, K]
-    else:  # replica r's log target at replica s's state: beta_r times p's (beta_r = 1) or p_L's log density
-        exact = beta == 1.0
+    else:  # replica r's log target at replica s's state (a state without zero entries: no -inf * 0)
 
         def target(r: Tensor, s: Tensor) -> Tensor:
-            energy = torch.where(exact[r][:, None], log_p[s], soft_log_p[s])
-            return beta[r].to(log_p.dtype)[:, None] * energy
+            penalty = torch.where(zeros[s] > 0, log_zero[r].to(log_p.dtype)[:, None] * zeros[s], 0.0)
+            return beta[r].to(log_p.dtype)[:, None] * (log_p[s] + penalty)
 
         delta = target(first, second) + target(second, first) - target(first, first) - target(second, second)
     delta = torch.nan_to_num(delta, nan=-math.inf)
@@ -142,14 +159,10 @@ class ReplicaExchange(GraphKernel):
         compile: passed to the inner kernel.
         tempered_proposals: neural replicas propose from the proposal raised to their ``beta`` once the ladder
             is fixed.
-        zero_penalty: on models with impossible table entries (potential 0: deterministic CPTs,
-            hard constraints), the replicas at ``beta < 1`` target the softened model
-            ``p_L(x)^beta`` whose zeros have potential ``exp(-zero_penalty)``
-            (:meth:`FactorGraph.softened`); the ``beta = 1`` replica keeps ``p``, and swaps use each
-            replica's own target, so the chain stays exact. A power ``p(x)^beta`` keeps every zero,
-            so without it hot replicas cannot cross the states a zero rules out. ``"auto"``:
-            ``_AUTO_PENALTY_PER_T`` nats times the hottest temperature, where the model has zeros
-            and every update supports it (table factors, fused neural blocks); ``None``: ``p(x)^beta``.
+        zero_penalty: on models with zero table entries, the nats each zero costs the hottest replica
+            (see "Hard zeros" above). ``"auto"``: 0.5 where the model has zeros and every update
+            supports it (table factors, fused neural blocks with dense tables); ``None``: plain
+            powers ``p(x)^beta``.
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
@@ -182,19 +195,21 @@ class ReplicaExchange(GraphKernel):
                 raise ValueError(f"zero_penalty must be a positive finite number, got {zero_penalty!r}")
         self.zero_penalty = zero_penalty
         self.penalty: float | None = None  # the penalty in use (set up per graph)
-        self._soft_graph: FactorGraph | None = None
+        self._split_graphs: tuple[FactorGraph, FactorGraph] | None = None  # (finite part, zero count)
         if temperatures is not None:
             ladder = torch.as_tensor(list(temperatures), dtype=torch.float64)
             if ladder.dim() != 1 or len(ladder) < 1 or not torch.isfinite(ladder).all():
                 raise ValueError(f"temperatures must be a finite list, got {temperatures!r}")
-            if ladder[0] != 1.0 or (ladder.diff() <= 0).any():
-                raise ValueError(f"temperatures must start at 1 and increase strictly, got {ladder.tolist()}")
+            if ladder[0] != 1.0 or (ladder.diff() < _MIN_GAP).any():
+                raise ValueError(
+                    f"temperatures must start at 1 and increase by at least {_MIN_GAP} each, got {ladder.tolist()}"
+                )
         else:
             if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
                 raise ValueError(f"replicas must be a positive int, got {replicas!r}")
             if not (isinstance(max_temperature, (int, float)) and math.isfinite(max_temperature)):
                 raise ValueError(f"max_temperature must be a finite number, got {max_temperature!r}")
-            if replicas > 1 and max_temperature <= 1.0:
+            if replicas > 1 and max_temperature - 1.0 < _MIN_GAP * (replicas - 1):
                 raise ValueError(f"max_temperature must exceed 1 with several replicas, got {max_temperature}")
             ladder = geometric_ladder(replicas, float(max_temperature))
         for name, value in (("adapt_nu", adapt_nu), ("adapt_t0", adapt_t0)):
@@ -238,8 +253,9 @@ class ReplicaExchange(GraphKernel):
         self._swap_rate = torch.full((max(self.replicas - 1, 0),), 0.5, dtype=torch.float64)
 
     def _soften(self, fg: FactorGraph) -> None:
-        """Choose the hot replicas' softened model (see ``zero_penalty``) and hand its penalty to the inner kernel."""
-        self.penalty, self._soft_graph = None, None
+        """Whether the hot replicas soften the model's zeros (see ``zero_penalty``), and at what penalty."""
+        self.penalty, self._split_graphs = None, None
+        self.inner.soft_zeros = None
         tables = [g for g in fg.groups if isinstance(g, TableGroup)]
         has_zeros = any(bool((g.log_tables == -math.inf).any()) for g in tables)
         if self.zero_penalty is None or self.replicas == 1 or not has_zeros:
@@ -249,20 +265,31 @@ class ReplicaExchange(GraphKernel):
             if explicit:
                 raise ValueError("zero_penalty softens table factors: this model has factors of other kinds")
             return
-        penalty = float(self.zero_penalty) if explicit else _AUTO_PENALTY_PER_T * float(self.temperatures[-1])
-        if not self.inner.soften(penalty):
+        if not self.inner.supports_soft_zeros():
             if explicit:
                 raise ValueError(
-                    "zero_penalty needs every neural proposal on the fused block path with a dense table "
-                    "(see NeuralBlockKernel.diagnostics()['fused'])"
+                    "zero_penalty needs every neural proposal on the fused block path with a dense proposal table "
+                    "and Gibbs on table factors for the single-site half"
                 )
             return
-        self.penalty, self._soft_graph = penalty, fg.softened(penalty)
+        self.penalty = float(self.zero_penalty) if explicit else _AUTO_ZERO_PENALTY
+        self._split_graphs = fg.split_zeros()
+
+    def zero_log_potentials(self) -> Tensor | None:
+        """Each replica's log-potential of a zero table entry, ``[R]`` (float64; ``-inf`` at ``T = 1``), or ``None``.
+
+        Replica ``r`` targets ``exp(beta_r (F + log_zero[r] Z))``: every replica above ``T = 1``
+        gives a zero the log-potential ``-zero_penalty T_R``, so a zero costs it
+        ``zero_penalty T_R / T_r`` nats (``zero_penalty`` at the hottest).
+        """
+        if self.penalty is None:
+            return None
+        temps = self.temperatures
+        return torch.where(temps > 1.0, -self.penalty * temps[-1], -math.inf)
 
     def _refresh(self, fg: FactorGraph) -> None:
         self.inner._refresh(fg)
-        if self.penalty is not None:
-            self._soft_graph = fg.softened(self.penalty)  # the inner kernel's tables re-soften themselves
+        self._soften(fg)  # the new tables may gain or lose zeros
         # new parameter values (a compound sampler changes them at every transition): R tempered tables per change
         # would cost more than they gain, so the replicas keep the untempered proposal from here on
         self._tempered = False
@@ -293,21 +320,22 @@ class ReplicaExchange(GraphKernel):
         replicas[0] = state  # Pyro's params are the beta = 1 replicas
         size, n = self.replicas * self.chains, fg.num_variables
         beta = self.betas.to(self.device)
+        log_zero = self.zero_log_potentials()
+        index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major rows
+        self.inner.soft_zeros = None if log_zero is None else SoftZeros(index, log_zero)
         fixed = not warmup or not self.adapt or self.replicas < 3
         if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
-            self._tempered = self.inner.temper(self.betas.to(state.dtype))
-        self.inner.beta = beta.repeat_interleave(self.chains).to(state.dtype)  # replica-major rows
+            self._tempered = self.inner.temper(self.betas.to(state.dtype), log_zero)
+        self.inner.beta = beta[index].to(state.dtype)
         flat = self.inner._transition(replicas.reshape(size, n), warmup)
         replicas = flat.reshape(self.replicas, self.chains, n)
         if self.replicas > 1:
             flat_states = replicas.reshape(size, n).cpu()
-            log_p = fg.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device)
-            soft = None
-            if self._soft_graph is not None:
-                soft = self._soft_graph.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device)
-                soft = soft.double()
+            finite, zeros = (fg, None) if self._split_graphs is None else self._split_graphs
+            log_p = finite.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device).double()
+            count = None if zeros is None else zeros.log_joint(flat_states).reshape(log_p.shape).to(log_p)
             parity = self._steps % 2
-            replicas, _, prob = swap_replicas(replicas, log_p.double(), beta, parity, soft)
+            replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, log_zero)
             pairs = torch.arange(parity, self.replicas - 1, 2)
             mean_prob = prob.mean(-1).double().cpu()
             self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
@@ -329,12 +357,16 @@ class ReplicaExchange(GraphKernel):
         temps = self.temperatures
         log_gaps = temps.diff().log()
         rate = self._swap_rate
-        log_gaps[:-1] += kappa * (rate[:-1] - rate[1:])
-        gaps = log_gaps.exp()
-        span = float(temps[-1] - temps[0])
-        inner = gaps[:-1].sum()
+        step = kappa * (rate[:-1] - rate[1:])
+        if self.penalty is not None:  # softened zeros: the first gap stays (see "Hard zeros" above)
+            step[0] = 0.0
+        log_gaps[:-1] += step
+        gaps = log_gaps.exp().clamp(min=_MIN_GAP)
+        held = 1 if self.penalty is not None else 0  # gaps not adapted
+        span = float(temps[-1] - temps[0] - gaps[:held].sum())
+        inner = gaps[held:-1].sum()
         if inner >= span:  # keep the hottest temperature: shrink the inner gaps to leave room for the last
-            gaps[:-1] *= 0.999 * span / float(inner)
+            gaps[held:-1] *= 0.999 * span / float(inner)
         new = torch.cat([temps[:1], temps[0] + gaps[:-1].cumsum(0), temps[-1:]])
         self.temperatures = new
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph
-from neuralblock.kernels.gibbs import GibbsPlan
+from neuralblock.kernels.gibbs import GibbsPlan, SoftZeros
 from neuralblock.kernels.random_walk import RandomWalkPlan, continuous_latent
 
 __all__ = ["SingleSiteSweep"]
@@ -69,16 +69,18 @@ class SingleSiteSweep:
         if self.gibbs_plan is not None:
             self.gibbs_plan.refresh(fg)
 
-    def sweep(self, fg: FactorGraph, state: Tensor, adapt: bool, beta: Tensor | None = None) -> Tensor:
+    def sweep(
+        self, fg: FactorGraph, state: Tensor, adapt: bool, beta: Tensor | None = None, soft: SoftZeros | None = None
+    ) -> Tensor:
         """Return the state ``[..., n]`` after one sweep (adapting the random-walk steps if ``adapt``).
 
-        ``beta`` (one inverse temperature per state) tempers the Gibbs conditionals; tempered
-        random-walk updates are not supported.
+        ``beta`` (one inverse temperature per state) tempers the Gibbs conditionals and ``soft``
+        softens their zero table entries (:class:`SoftZeros`); tempered random-walk updates are not supported.
         """
         if beta is not None and self.rw_plan is not None:
             raise ValueError("tempered single-site sweeps need discrete latent variables only")
         if self.gibbs_plan is not None:
-            state, _ = self.gibbs_plan.sweep(fg, state, beta)
+            state, _ = self.gibbs_plan.sweep(fg, state, beta, soft)
         if self.rw_plan is not None:
             state, _ = self.rw_plan.sweep(fg, state, adapt=adapt)
         return state
