@@ -79,8 +79,8 @@ class KernelDiagnostics(TypedDict, total=False):
         tempered_proposals: whether ReplicaExchange's neural proposals read tempered tables (bool).
         tempered_sweeps: ReplicaExchange's fused sweeps whose chains read their temperature's tables
             (count; warmup included).
-        zero_penalty: ReplicaExchange's penalty (nats) of a zero table entry in the hot replicas' softened model,
-            or ``None`` (tempered powers ``p(x)^beta``).
+        zero_penalty: ReplicaExchange's cost (nats) of a zero table entry at the hottest replica, whose
+            zeros are softened, or ``None`` (tempered powers ``p(x)^beta``).
         block_acceptance_by_temperature: ReplicaExchange's neural block acceptance per temperature (list of
             fractions; fused path only).
         path_change_rate: ParticleGibbs's mean fraction of the path changed per sweep.
