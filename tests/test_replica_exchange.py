@@ -376,3 +376,14 @@ def test_softened_replicas_follow_new_parameters_that_add_zeros() -> None:
     assert kernel.diagnostics()["zero_penalty"] == 0.5 and hot_impossible > 0
     assert fused.table.has_zeros and fused.table.finite_energy.shape == fused.table.cdf.shape
     assert bool(torch.isfinite(kernel.fg.log_joint(params["x"])).all())  # the beta = 1 replicas stay possible
+
+
+def test_neighbouring_temperatures_stay_apart() -> None:
+    with pytest.raises(ValueError, match="too close to 1"):
+        ReplicaExchange(coupled_chain(seed=0), replicas=3, max_temperature=1.0015)
+    kernel = ReplicaExchange(coupled_chain(seed=0), replicas=16, max_temperature=1.02)
+    kernel.setup(0)
+    kernel._swap_rate = torch.linspace(0.9, 0.0, 15, dtype=torch.float64)  # rates falling along the ladder
+    for _ in range(500):
+        kernel._adapt_ladder()
+    assert float(kernel.temperatures.diff().min()) >= 1e-3 and kernel.temperatures[-1] == pytest.approx(1.02)

@@ -821,7 +821,9 @@ class FusedBlockSweep:
             if soft is None and tempered.log_zero is None:
                 key_offset = tempered.offsets(beta)
             elif soft is not None and tempered.log_zero is not None and torch.equal(tempered.log_zero, soft.log_zero):
-                key_offset = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
+                by_entry = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
+                by_beta = tempered.offsets(beta)  # and built for this ladder
+                key_offset = by_entry if by_beta is not None and torch.equal(by_beta, by_entry) else None
         chain_log_zero = None
         if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
             beta_rows = None

@@ -297,7 +297,7 @@ class GibbsPlan:
         self._soft = None
 
     def _soft_tables(self, log_zero: Tensor) -> Tensor:
-        """One copy of the flat tables per entry of ``log_zero``, each zero at that log-potential (cached)."""
+        """One copy of the flat tables per value of ``log_zero``, each zero at that log-potential (cached)."""
         assert self.flat is not None and self.zeros is not None
         if self._soft is None or not torch.equal(self._soft[0], log_zero):
             copies = [self.flat.masked_fill(self.zeros, value) for value in log_zero.tolist()]
@@ -322,9 +322,10 @@ class GibbsPlan:
             flat = self.flat
             assert flat is not None  # set with tables_only
             offset = None
-            if soft is not None and self.zeros is not None:  # each state reads its own copy of the tables
-                offset = soft.entry * flat.numel()
-                flat = self._soft_tables(soft.log_zero.to(flat.dtype))
+            if soft is not None and self.zeros is not None:  # each state reads the copy of its log-potential
+                values, copy = torch.unique(soft.log_zero.to(flat.dtype), return_inverse=True)
+                offset = copy.to(state.device)[soft.entry] * flat.numel()
+                flat = self._soft_tables(values)
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
                 kmax = tables.index.shape[-1]

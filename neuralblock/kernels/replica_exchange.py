@@ -209,9 +209,14 @@ class ReplicaExchange(GraphKernel):
                 raise ValueError(f"replicas must be a positive int, got {replicas!r}")
             if not (isinstance(max_temperature, (int, float)) and math.isfinite(max_temperature)):
                 raise ValueError(f"max_temperature must be a finite number, got {max_temperature!r}")
-            if replicas > 1 and max_temperature - 1.0 < _MIN_GAP * (replicas - 1):
+            if replicas > 1 and max_temperature <= 1.0:
                 raise ValueError(f"max_temperature must exceed 1 with several replicas, got {max_temperature}")
             ladder = geometric_ladder(replicas, float(max_temperature))
+            if (ladder.diff() < _MIN_GAP).any():
+                raise ValueError(
+                    f"max_temperature {max_temperature} is too close to 1 for {replicas} replicas: neighbouring "
+                    f"temperatures must differ by at least {_MIN_GAP}"
+                )
         for name, value in (("adapt_nu", adapt_nu), ("adapt_t0", adapt_t0)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
@@ -335,7 +340,8 @@ class ReplicaExchange(GraphKernel):
             log_p = finite.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device).double()
             count = None if zeros is None else zeros.log_joint(flat_states).reshape(log_p.shape).to(log_p)
             parity = self._steps % 2
-            replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, log_zero)
+            on_device = None if log_zero is None else log_zero.to(self.device)
+            replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, on_device)
             pairs = torch.arange(parity, self.replicas - 1, 2)
             mean_prob = prob.mean(-1).double().cpu()
             self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
@@ -368,7 +374,8 @@ class ReplicaExchange(GraphKernel):
         if inner >= span:  # keep the hottest temperature: shrink the inner gaps to leave room for the last
             gaps[held:-1] *= 0.999 * span / float(inner)
         new = torch.cat([temps[:1], temps[0] + gaps[:-1].cumsum(0), temps[-1:]])
-        self.temperatures = new
+        if bool((new.diff() >= _MIN_GAP).all()):  # else skip the step: neighbours stay at least _MIN_GAP apart
+            self.temperatures = new
 
     def _tempered_sweeps(self) -> int:
         """Neural sweeps (warmup included) whose chains read their temperature's tables."""
