@@ -296,11 +296,10 @@ class GibbsPlan:
         self.zeros = zeros if zeros is not None and bool(zeros.any()) else None
         self._soft = None
 
-    def _soft_tables(self, log_zero: Tensor) -> Tensor:
-        """One copy of the flat tables per value of ``log_zero``, each zero at that log-potential (cached)."""
-        assert self.flat is not None and self.zeros is not None
+    def _soft_tables(self, flat: Tensor, zeros: Tensor, log_zero: Tensor) -> Tensor:
+        """One copy of ``flat`` per value of ``log_zero``, each entry where ``zeros`` at that log-potential (cached)."""
         if self._soft is None or not torch.equal(self._soft[0], log_zero):
-            copies = [self.flat.masked_fill(self.zeros, value) for value in log_zero.tolist()]
+            copies = [flat.masked_fill(zeros, value) for value in log_zero.tolist()]
             self._soft = (log_zero.clone(), torch.cat(copies))
         return self._soft[1]
 
@@ -320,12 +319,13 @@ class GibbsPlan:
             raise ValueError("soft zeros apply to graphs of table factors only")
         if self.tables_only:
             flat = self.flat
-            assert flat is not None  # set with tables_only
+            if flat is None:
+                raise RuntimeError("GibbsPlan of table factors without its flat tables")
             offset = None
             if soft is not None and self.zeros is not None:  # each state reads the copy of its log-potential
                 values, copy = torch.unique(soft.log_zero.to(flat.dtype), return_inverse=True)
                 offset = copy.to(state.device)[soft.entry] * flat.numel()
-                flat = self._soft_tables(values)
+                flat = self._soft_tables(flat, self.zeros, values)
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
                 kmax = tables.index.shape[-1]
