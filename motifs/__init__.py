@@ -29,4 +29,4 @@ def names() -> list[str]:
 
 
 # Each motif module registers itself on import (one line per motif below).
-from motifs import chain, crf_tags, gmm_pair, grid  # noqa: E402, F401
+from motifs import chain, crf_tags, gmm_pair, gmm_pair_set, grid  # noqa: E402, F401

@@ -178,13 +178,16 @@ def pair_log_density(
     v_others: Tensor,
     log_ratio: Tensor,
     logit_p: Tensor,
+    point_mask: Tensor | None = None,
 ) -> Tensor:
     """Unnormalized ``log p(B | C)`` of whitened pair values, all points and all other mixtures.
 
     Args:
         pair: ``[..., B, 2D + 2]`` whitened blocks ``(u_i, v_i, u_j, v_j)``.
-        u_points: ``[B, n, D]`` whitened points; ``u_others`` ``[B, m - 2, D]``; ``v_others`` ``[B, m - 2]``.
+        u_points: ``[B, n, D]`` whitened points; ``u_others`` ``[B, m - 2, D]``; ``v_others`` ``[B, m - 2]``
+            (0 for padding).
         log_ratio: ``[B]`` ``log(tau / sigma)``; ``logit_p``: ``[B]``.
+        point_mask: optional ``[B, n]``, False for padding points (default: every point is real).
 
     Returns:
         ``[..., B]``.
@@ -195,7 +198,11 @@ def pair_log_density(
     bits = torch.cat([v_i, v_j, v_others.expand(v_i.shape[:-1] + v_others.shape[-1:])], -1)
     d2 = ((u_points.unsqueeze(-2) - means.unsqueeze(-3)) ** 2).sum(-1)  # [..., B, n, m]
     count = bits.sum(-1)
-    lik = torch.logsumexp(torch.log(bits).unsqueeze(-2) - 0.5 * d2, -1).sum(-1) - u_points.shape[-2] * torch.log(count)
+    per_point = torch.logsumexp(torch.log(bits).unsqueeze(-2) - 0.5 * d2, -1)  # [..., B, n]
+    if point_mask is None:
+        lik = per_point.sum(-1) - u_points.shape[-2] * torch.log(count)
+    else:
+        lik = per_point.masked_fill(~point_mask, 0.0).sum(-1) - point_mask.sum(-1) * torch.log(count)
     lik = torch.where(count > 0, lik, torch.full_like(lik, -math.inf))
     var = torch.exp(2 * log_ratio).unsqueeze(-1)
     prior_means = -0.5 * ((u_i * u_i + u_j * u_j) / var).sum(-1)

@@ -190,6 +190,18 @@ class Motif(ABC):
     def sample_training_batch(self, batch_size: int, generator: torch.Generator) -> TrainingBatch:
         """``batch_size`` random instantiations with ``(B, C)`` from the local joint."""
 
+    @property
+    def set_encoder(self) -> dict[str, int] | None:
+        """Optional set encoder ``{"token_features", "hidden", "heads"}`` for contexts of any size.
+
+        A motif that returns one encodes ``feature_dim`` head numbers followed by any number
+        of tokens of ``token_features`` numbers each (the last one 1 for present, 0 for
+        padding); its proposal pools them with
+        :class:`~neuralblock.proposals.set_encoder.SetPooling`. The default (``None``) is a
+        fixed-width context.
+        """
+        return None
+
     def block_affine(self, fg: FactorGraph, instances: MotifInstances, state: Tensor) -> tuple[Tensor, Tensor] | None:
         """Optional whitening of continuous blocks: ``(loc [..., I, b], scale_tril [..., I, b, b])``.
 
@@ -237,6 +249,8 @@ class Motif(ABC):
         }
         if self.block_spec.scale_groups is not None:
             spec["scale_groups"] = list(self.block_spec.scale_groups)
+        if self.set_encoder is not None:
+            spec["set_encoder"] = dict(self.set_encoder)
         return spec
 
     def __repr__(self) -> str:

@@ -94,6 +94,9 @@ class MixtureLayout(NamedTuple):
         return (self.values.to(dtype) - self.center.to(dtype)) / self.sigma
 
 
+MIXTURE_PAIR_MOTIFS = ("gmm_pair", "gmm_pair_set")  # motifs whose ``features`` read a PairContext
+
+
 def _mixture_group(fg: FactorGraph, motif: Motif) -> GaussianMixtureGroup | None:
     groups = [g for g in fg.groups if isinstance(g, GaussianMixtureGroup)]
     dim = getattr(motif, "dim", None)
@@ -103,13 +106,13 @@ def _mixture_group(fg: FactorGraph, motif: Motif) -> GaussianMixtureGroup | None
 def supports_fused_mixture(fg: FactorGraph, motif: Motif, instances: MotifInstances) -> bool:
     """Whether a motif's instances can take the fused mixture-pair path.
 
-    The motif is ``gmm_pair`` (a pure ``features`` encoder of whitened context), the graph has
+    The motif is ``gmm_pair`` or ``gmm_pair_set`` (pure ``features`` encoders of whitened context), the graph has
     one :class:`GaussianMixtureGroup` of the motif's dimension with observed points, the
     instances are pairs of its mixtures, and each mixture's variables have exactly one factor
     besides the group's rows: a unary table on the bit and a unary linear-Gaussian on each
     mean coordinate (so the pair's energy is the group's rows plus these priors).
     """
-    if motif.name != "gmm_pair" or len(instances) == 0 or not callable(getattr(motif, "features", None)):
+    if motif.name not in MIXTURE_PAIR_MOTIFS or len(instances) == 0 or not callable(getattr(motif, "features", None)):
         return False
     group = _mixture_group(fg, motif)
     if group is None or not set(group.points.reshape(-1).tolist()) <= set(fg.evidence):

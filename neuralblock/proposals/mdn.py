@@ -30,6 +30,7 @@ from torch.distributions import Distribution, constraints
 from neuralblock._shapes import broadcast_shape
 from neuralblock.exact.chain import gumbel_argmax
 from neuralblock.motif import BlockSpec
+from neuralblock.proposals.set_encoder import SetPooling, check_set_encoder
 
 __all__ = ["BlockMixture", "MixtureDensityNetwork"]
 
@@ -148,6 +149,9 @@ class MixtureDensityNetwork(nn.Module):
         hidden: widths of the hidden layers.
         scale_groups: optional group id per continuous variable (one Gaussian scale per
             group and component); ``None`` gives one isotropic scale.
+        set_encoder: optional ``{"token_features", "hidden", "heads"}``: contexts are then
+            ``in_features`` head numbers followed by any number of tokens, pooled by a
+            :class:`~neuralblock.proposals.set_encoder.SetPooling` before the MLP.
 
     Example:
         >>> net = MixtureDensityNetwork(3, [2, 2], components=2, hidden=(16,))
@@ -162,6 +166,7 @@ class MixtureDensityNetwork(nn.Module):
         components: int = 8,
         hidden: Sequence[int] = (128, 128),
         scale_groups: Sequence[int] | None = None,
+        set_encoder: dict[str, int] | None = None,
     ) -> None:
         super().__init__()
         cards = [int(k) for k in block_cardinalities]
@@ -178,8 +183,9 @@ class MixtureDensityNetwork(nn.Module):
         self.num_discrete = sum(k > 0 for k in cards)
         self.num_continuous = sum(k == 0 for k in cards)
         self.k_max = max([k for k in cards if k > 0], default=0)
+        self.set_pooling = None if set_encoder is None else SetPooling(**check_set_encoder(set_encoder))
         layers: list[nn.Module] = []
-        width = self.in_features
+        width = self.in_features + (0 if self.set_pooling is None else self.set_pooling.out_features)
         for h in self.hidden:
             layers += [nn.Linear(width, h), nn.SiLU()]
             width = h
@@ -203,14 +209,14 @@ class MixtureDensityNetwork(nn.Module):
         }
         if self.scale_groups is not None:
             config["scale_groups"] = self.scale_groups
+        if self.set_pooling is not None:
+            config["set_encoder"] = self.set_pooling.config()
         return config
 
     def forward(self, context: Tensor) -> BlockMixture:
-        """The proposal distribution for contexts ``[..., in_features]``."""
-        if context.shape[-1] != self.in_features:
-            raise ValueError(f"context must end in {self.in_features} features, got shape {tuple(context.shape)}")
+        """The proposal distribution for contexts ``[..., in_features]`` (then tokens, with a set encoder)."""
         context = torch.nan_to_num(context, nan=0.0).clamp(-_FEATURE_CLIP, _FEATURE_CLIP)
-        h = self.trunk(context)
+        h = self.trunk(self._inputs(context))
         batch, k = h.shape[:-1], self.components
         discrete = None
         if self.discrete_head is not None:
@@ -221,3 +227,20 @@ class MixtureDensityNetwork(nn.Module):
         if self.scale_head is not None:
             log_scale = self.scale_head(h).reshape(*batch, k, self.num_scale_groups)
         return BlockMixture(self.mixture_head(h), discrete, loc, log_scale, self.cardinalities, self.scale_groups)
+
+    def _inputs(self, context: Tensor) -> Tensor:
+        """The MLP's input: the context itself, or its head beside the pooled tokens."""
+        width = context.shape[-1]
+        if self.set_pooling is None:
+            if width != self.in_features:
+                raise ValueError(f"context must end in {self.in_features} features, got shape {tuple(context.shape)}")
+            return context
+        token = self.set_pooling.token_features
+        if width < self.in_features or (width - self.in_features) % token:
+            raise ValueError(
+                f"context must end in {self.in_features} head features followed by tokens of {token} numbers, "
+                f"got shape {tuple(context.shape)}"
+            )
+        head, tokens = context[..., : self.in_features], context[..., self.in_features :]
+        pooled = self.set_pooling(tokens.reshape(tokens.shape[:-1] + (-1, token)))
+        return torch.cat([head, pooled], -1)

@@ -197,7 +197,9 @@ class NeuralBlockProposal(nn.Module):
             raise TypeError(f"motif must be a neuralblock Motif, got {type(motif).__name__}")
         self.motif = motif
         spec = motif.block_spec
-        self.mdn = MixtureDensityNetwork(motif.feature_dim, spec.cardinalities, components, hidden, spec.scale_groups)
+        self.mdn = MixtureDensityNetwork(
+            motif.feature_dim, spec.cardinalities, components, hidden, spec.scale_groups, motif.set_encoder
+        )
         self.metadata: dict[str, Any] = dict(metadata or {})
 
     @property
@@ -297,6 +299,7 @@ class NeuralBlockProposal(nn.Module):
             net.get("in_features") != motif.feature_dim
             or net.get("block_cardinalities") != list(motif.block_spec.cardinalities)
             or net.get("scale_groups") != motif.block_spec.scale_groups
+            or net.get("set_encoder") != motif.set_encoder
         ):
             raise ValueError(f"proposal {sidecar_path.name}: network shape {net} does not match motif {motif.spec()}")
         tensors = load_checked_safetensors(weights_path, meta["weights_sha256"])
