@@ -448,19 +448,10 @@ class GmmPairMotif(Motif):
         sel_v = v_others.gather(-1, rank)
         # summaries of everything (selected or not): mass and centroid of the poorly explained
         # points, and two anchors (mean-shift centroids around the least explained points)
-        poorly = torch.sigmoid(_POORLY_EXPLAINED - explained) * present
-        mass = poorly.sum(-1, keepdim=True)
-        centroid = (poorly.unsqueeze(-1) * u_points).sum(-2) / mass.clamp(min=1e-6)
+        poorly, mass, centroid, anchors = residual_summary(u_points, explained, present, key)
         counts = torch.stack([torch.log1p(v_others.sum(-1)), torch.log(present.sum(-1) / self.points)], -1)
-        first = _anchor(u_points, poorly, key)
-        taken = torch.exp(-0.5 * ((u_points - first[0].unsqueeze(-2)) ** 2).sum(-1) / _ANCHOR_RADIUS**2)
-        second = _anchor(u_points, poorly * (1 - taken), key + 1e3 * taken)
-        anchors = [
-            torch.cat([a / _COORD_SCALE, torch.log1p(n).unsqueeze(-1), spread.unsqueeze(-1)], -1)
-            for a, n, spread in (first, second)
-        ]
         head = torch.cat(
-            [psi.expand(counts.shape[:-1] + (2,)), counts, mass / 10, centroid / _COORD_SCALE, *anchors], -1
+            [psi.expand(counts.shape[:-1] + (2,)), counts, mass / 10, centroid / _COORD_SCALE, anchors], -1
         )
         others = torch.cat([sel_v.unsqueeze(-1), sel_v.unsqueeze(-1) * sel_mu / _COORD_SCALE], -1)
         pts = torch.cat([sel_u / _COORD_SCALE, (sel_e / 10).unsqueeze(-1), torch.ones_like(sel_e).unsqueeze(-1)], -1)
@@ -510,6 +501,35 @@ class GmmPairMotif(Motif):
             return torch.cat(chunks, 0)
 
         return TrainingBatch(features=features, block=block, log_p_fn=log_p_fn)
+
+
+def residual_summary(
+    u_points: Tensor, explained: Tensor, present: Tensor, key: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What the other mixtures leave unexplained: the poorly explained points and two anchors among them.
+
+    Args:
+        u_points: ``[..., n, D]`` whitened points; ``explained``: ``[..., n]`` their floored log explained
+            density; ``present``: ``[..., n]`` 1 for real points; ``key``: ``[..., n]`` the order to seed
+            anchors by (least first; ``inf`` for padding).
+
+    Returns:
+        ``(poorly [..., n], mass [..., 1], centroid [..., D], anchors [..., 2 (D + 2)])``: each point's weight
+        as poorly explained, their total and centroid, and per anchor (a mean-shift centroid around the least
+        explained point, then around the least explained point away from the first) its centre / 4, log mass
+        and spread.
+    """
+    poorly = torch.sigmoid(_POORLY_EXPLAINED - explained) * present
+    mass = poorly.sum(-1, keepdim=True)
+    centroid = (poorly.unsqueeze(-1) * u_points).sum(-2) / mass.clamp(min=1e-6)
+    first = _anchor(u_points, poorly, key)
+    taken = torch.exp(-0.5 * ((u_points - first[0].unsqueeze(-2)) ** 2).sum(-1) / _ANCHOR_RADIUS**2)
+    second = _anchor(u_points, poorly * (1 - taken), key + 1e3 * taken)
+    anchors = [
+        torch.cat([a / _COORD_SCALE, torch.log1p(n).unsqueeze(-1), spread.unsqueeze(-1)], -1)
+        for a, n, spread in (first, second)
+    ]
+    return poorly, mass, centroid, torch.cat(anchors, -1)
 
 
 def _anchor(u_points: Tensor, weight: Tensor, key: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -39,24 +39,22 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from motifs.gmm_pair import (
-    _ANCHOR_RADIUS,
     _COORD_SCALE,
     _EXPLAINED_FLOOR,
     _MC_CHUNK,
-    _POORLY_EXPLAINED,
     GmmPairMotif,
-    _anchor,
     pair_log_density,
+    residual_summary,
 )
 from neuralblock.motif import TrainingBatch, register_motif
 
-__all__ = ["GmmPairSetMotif"]
+__all__ = ["GmmPairSetMotif", "PairModels"]
 
 _POINTS_SCALE = 100.0  # the head's log(n / 100)
 _CHUNK = 64  # training examples per model size
@@ -64,6 +62,24 @@ _MIN_MIXTURES, _MAX_MIXTURES = 4, 32
 _MIN_POINTS, _MAX_POINTS = 30, 1000
 _DUPLICATE_RATE = 0.25  # training models with a near-duplicate mixture
 _DUPLICATE_SPREAD = 0.5  # its distance from the original, in units of sigma
+
+
+class PairModels(NamedTuple):
+    """Whitened random GMMs seen from the pair of mixtures 0 and 1 (padding: absent points, inactive mixtures).
+
+    Attributes:
+        u_points: ``[B, n, D]``; ``point_mask``: ``[B, n]`` (False pads).
+        u_others: ``[B, m - 2, D]`` the other means; ``v_others``: ``[B, m - 2]`` their bits (0 pads).
+        psi: ``[B, 2]`` ``(log(tau / sigma), logit p)``.
+        block: ``[B, 2 D + 2]`` the pair ``(u_0, v_0, u_1, v_1)``.
+    """
+
+    u_points: Tensor
+    point_mask: Tensor
+    u_others: Tensor
+    v_others: Tensor
+    psi: Tensor
+    block: Tensor
 
 
 class GmmPairSetMotif(GmmPairMotif):
@@ -113,37 +129,20 @@ class GmmPairSetMotif(GmmPairMotif):
         psi: Tensor,
         log_explained: Tensor | None = None,
     ) -> Tensor:
-        """The head and one token per point, ``[..., I, 9 + 3 D + n (D + 3)]``.
-
-        Args:
-            u_points: ``[..., I, n, D]`` whitened points; ``point_mask``: ``[I, n]`` (False pads).
-            u_others: ``[..., I, m', D]``; ``v_others``: ``[..., I, m']`` (0 for padding).
-            psi: ``[I, 2]`` = ``(log(tau / sigma), logit p)``.
-            log_explained: ``[..., I, n]`` the points' ``log sum_k v_k exp(-|u - u_k|^2 / 2)`` over the
-                other mixtures, when the caller has computed it (the fused path shares it with its energy).
-        """
+        """The head and one token per point, ``[..., I, 9 + 3 D + n (D + 3)]`` (arguments as ``gmm_pair``'s)."""
         if log_explained is None:
             d2 = ((u_points.unsqueeze(-2) - u_others.unsqueeze(-3)) ** 2).sum(-1)  # [..., I, n, m']
             log_explained = torch.logsumexp(torch.log(v_others).unsqueeze(-2) - 0.5 * d2, -1)
         explained = log_explained.clamp(min=_EXPLAINED_FLOOR)  # [..., I, n]
         mask = point_mask.expand(explained.shape)
         present = mask.to(u_points.dtype)
-        poorly = torch.sigmoid(_POORLY_EXPLAINED - explained) * present
-        mass = poorly.sum(-1, keepdim=True)
-        centroid = (poorly.unsqueeze(-1) * u_points).sum(-2) / mass.clamp(min=1e-6)
+        key = torch.where(mask, explained, torch.full_like(explained, math.inf))
+        poorly, mass, centroid, anchors = residual_summary(u_points, explained, present, key)
         counts = torch.stack(
             [torch.log1p(v_others.sum(-1)), torch.log(present.sum(-1).clamp(min=1.0) / _POINTS_SCALE)], -1
         )
-        key = torch.where(mask, explained, torch.full_like(explained, math.inf))
-        first = _anchor(u_points, poorly, key)
-        taken = torch.exp(-0.5 * ((u_points - first[0].unsqueeze(-2)) ** 2).sum(-1) / _ANCHOR_RADIUS**2)
-        second = _anchor(u_points, poorly * (1 - taken), key + 1e3 * taken)
-        anchors = [
-            torch.cat([a / _COORD_SCALE, torch.log1p(n).unsqueeze(-1), spread.unsqueeze(-1)], -1)
-            for a, n, spread in (first, second)
-        ]
         head = torch.cat(
-            [psi.expand(counts.shape[:-1] + (2,)), counts, torch.log1p(mass), centroid / _COORD_SCALE, *anchors], -1
+            [psi.expand(counts.shape[:-1] + (2,)), counts, torch.log1p(mass), centroid / _COORD_SCALE, anchors], -1
         )
         tokens = torch.cat(
             [u_points / _COORD_SCALE, (explained / 10).unsqueeze(-1), poorly.unsqueeze(-1), present.unsqueeze(-1)], -1
@@ -152,16 +151,49 @@ class GmmPairSetMotif(GmmPairMotif):
         return torch.cat([head, tokens.flatten(-2)], -1)
 
     def sample_training_batch(self, batch_size: int, generator: torch.Generator) -> TrainingBatch:
-        """Random GMMs of many sizes, drawn from a broadened joint; the block is mixtures 0 and 1, whitened.
+        """Random GMMs of many sizes (:meth:`sample_models`), encoded; the block is mixtures 0 and 1, whitened."""
+        return self.training_batch(self.sample_models(batch_size, generator))
+
+    def training_batch(self, models: PairModels) -> TrainingBatch:
+        """The training batch of ``models``: features, the block, and the exact conditional's log density."""
+        features = self.features(models.u_points, models.point_mask, models.u_others, models.v_others, models.psi)
+
+        def log_p_fn(values: Tensor) -> Tensor:
+            chunks = [
+                pair_log_density(
+                    chunk,
+                    models.u_points,
+                    models.u_others,
+                    models.v_others,
+                    models.psi[:, 0],
+                    models.psi[:, 1],
+                    models.point_mask,
+                )
+                for chunk in values.split(_MC_CHUNK, 0)
+            ]
+            return torch.cat(chunks, 0)
+
+        return TrainingBatch(features=features, block=models.block, log_p_fn=log_p_fn)
+
+    def sample_models(
+        self, batch_size: int, generator: torch.Generator, mixtures: int | None = None, points: int | None = None
+    ) -> PairModels:
+        """Whitened GMMs drawn from a broadened joint, of many sizes or of one.
 
         Every run of :data:`_CHUNK` examples draws a point scale ``s`` log-uniform on
         ``[30, 1000]``, and each example ``n`` uniform on ``[s / 2, s]`` (at least 30) and ``m``
         uniform on ``4 .. 32``; shorter examples are padded (absent tokens and mixtures).
+        ``mixtures`` and ``points`` fix ``m`` and ``n`` instead (held-out sets of one size).
         ``tau / sigma`` is log-uniform on ``[1.5, 8]`` (overlapping clusters at the low end),
         ``p`` uniform on ``[0.1, 0.75]``, the bits drawn from it with at least one active
         mixture. Clusters have unequal sizes (log-normal weights with a spread uniform on
         ``[0, 1.5]``), and a quarter of the models give one mixture a near-duplicate
         (an active copy of an active mixture, ``0.5 sigma`` away).
+
+        Example:
+            >>> models = GmmPairSetMotif().sample_models(3, torch.Generator().manual_seed(0), mixtures=5, points=40)
+            >>> models.u_points.shape, models.u_others.shape, models.block.shape
+            (torch.Size([3, 40, 2]), torch.Size([3, 3, 2]), torch.Size([3, 6]))
         """
         gen, dtype, d = generator, torch.get_default_dtype(), self.dim
         size = batch_size
@@ -169,11 +201,17 @@ class GmmPairSetMotif(GmmPairMotif):
         def uniform(lo: float, hi: float, *shape: int) -> Tensor:
             return lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=dtype)
 
-        chunks = -(-size // _CHUNK)
-        scale = torch.exp(uniform(math.log(_MIN_POINTS), math.log(_MAX_POINTS), chunks)).repeat_interleave(_CHUNK)
-        scale = scale[:size]
-        n_each = (scale * uniform(0.5, 1.0, size)).round().clamp(min=_MIN_POINTS).long()
-        m_each = torch.randint(_MIN_MIXTURES, _MAX_MIXTURES + 1, (size,), generator=gen)
+        if points is None:
+            chunks = -(-size // _CHUNK)
+            scale = torch.exp(uniform(math.log(_MIN_POINTS), math.log(_MAX_POINTS), chunks)).repeat_interleave(_CHUNK)
+            scale = scale[:size]
+            n_each = (scale * uniform(0.5, 1.0, size)).round().clamp(min=_MIN_POINTS).long()
+        else:
+            n_each = torch.full((size,), int(points))
+        if mixtures is None:
+            m_each = torch.randint(_MIN_MIXTURES, _MAX_MIXTURES + 1, (size,), generator=gen)
+        else:
+            m_each = torch.full((size,), int(mixtures))
         n, m = int(n_each.max()), int(m_each.max())
         slots = torch.arange(m)
         real_mixture = slots[None, :] < m_each[:, None]
@@ -201,20 +239,14 @@ class GmmPairSetMotif(GmmPairMotif):
         labels = torch.multinomial(weights, n, replacement=True, generator=gen)  # [size, n]
         u_points = u_means.gather(1, labels.unsqueeze(-1).expand(size, n, d))
         u_points = u_points + torch.randn(size, n, d, generator=gen, dtype=dtype)
-        point_mask = torch.arange(n)[None, :] < n_each[:, None]
-        psi = torch.stack([log_ratio, torch.logit(p)], -1)
-        u_others, v_others = u_means[:, 2:], bits[:, 2:]
-        features = self.features(u_points, point_mask, u_others, v_others, psi)
-        block = torch.cat([u_means[:, 0], bits[:, :1], u_means[:, 1], bits[:, 1:2]], -1)
-
-        def log_p_fn(values: Tensor) -> Tensor:
-            chunks = [
-                pair_log_density(chunk, u_points, u_others, v_others, log_ratio, psi[:, 1], point_mask)
-                for chunk in values.split(_MC_CHUNK, 0)
-            ]
-            return torch.cat(chunks, 0)
-
-        return TrainingBatch(features=features, block=block, log_p_fn=log_p_fn)
+        return PairModels(
+            u_points=u_points,
+            point_mask=torch.arange(n)[None, :] < n_each[:, None],
+            u_others=u_means[:, 2:],
+            v_others=bits[:, 2:],
+            psi=torch.stack([log_ratio, torch.logit(p)], -1),
+            block=torch.cat([u_means[:, 0], bits[:, :1], u_means[:, 1], bits[:, 1:2]], -1),
+        )
 
 
 register_motif("gmm_pair_set", GmmPairSetMotif)

@@ -9,7 +9,8 @@ import torch
 from test_split_merge import SIGMA, TAU, Z_MAX, _exact_mean_moments, _exact_patterns, _posterior_terms
 from test_split_merge import _posterior_z_scores as posterior_z_scores
 
-from motifs.gmm_pair import GmmPairMotif, gmm_graph, gmm_initial_state, sample_gmm
+from motifs.gmm_pair import GmmPairMotif, gmm_graph, gmm_initial_state, prior_proposal, sample_gmm
+from motifs.gmm_pair_set import GmmPairSetMotif
 from neuralblock import NeuralBlockKernel
 from neuralblock.kernels.fused_mixture import (
     FusedMixtureSweep,
@@ -26,9 +27,10 @@ def _graph(m: int = 5, n: int = 30, seed: int = 0):
     return gmm_graph(points, m, 1.3, 4.0, 0.4, prior_mean=torch.tensor([0.5, -1.0]))
 
 
-def _proposal(dim: int = 2) -> NeuralBlockProposal:
+def _proposal(dim: int = 2, motif: str = "gmm_pair") -> NeuralBlockProposal:
     torch.manual_seed(0)
-    return NeuralBlockProposal(GmmPairMotif(dim=dim), components=3, hidden=(16,))  # untrained: any q is valid
+    chosen = GmmPairMotif(dim=dim) if motif == "gmm_pair" else GmmPairSetMotif(dim=dim, hidden=8, heads=2)
+    return NeuralBlockProposal(chosen, components=3, hidden=(16,))  # untrained: any q is valid
 
 
 @pytest.mark.parametrize(("p_active", "dtype"), [(0.4, torch.float32), (0.4, torch.float64), (1 - 1e-7, torch.float64)])
@@ -65,9 +67,9 @@ def test_the_fused_energy_is_the_graphs(p_active: float, dtype: torch.dtype) -> 
         assert torch.allclose(fused[:, p][~both_impossible], want[~both_impossible], rtol=1e-6, atol=tolerance)
 
 
-@pytest.mark.parametrize("tempered", [False, True])
-def test_one_pair_at_a_time_makes_the_general_paths_decisions(tempered: bool) -> None:
-    fg, proposal = _graph(m=4, n=20, seed=2), _proposal()
+@pytest.mark.parametrize(("tempered", "motif"), [(False, "gmm_pair"), (True, "gmm_pair"), (False, "gmm_pair_set")])
+def test_one_pair_at_a_time_makes_the_general_paths_decisions(tempered: bool, motif: str) -> None:
+    fg, proposal = _graph(m=4, n=20, seed=2), _proposal(motif=motif)
     start = torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(3)])
     finals = []
     for fused in (True, False):
@@ -82,22 +84,26 @@ def test_one_pair_at_a_time_makes_the_general_paths_decisions(tempered: bool) ->
         for _ in range(15):
             params = kernel.sample(params)
         finals.append(params["x"])
-        accepted = kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair"]
+        accepted = kernel.diagnostics()["acceptance_by_proposal"][motif]
         assert 0.0 < accepted < 1.0
     # the same draws and decisions; values agree to rounding (the general path whitens with a matrix product)
     assert torch.allclose(finals[0], finals[1], rtol=1e-5, atol=1e-5)
 
 
-def test_speculative_batches_of_chains_keep_the_exact_posterior() -> None:
+@pytest.mark.parametrize(("motif", "gibbs_prob"), [("gmm_pair", 0.3), ("gmm_pair_set", 0.0), ("gmm_pair_set", 0.3)])
+def test_speculative_batches_of_chains_keep_the_exact_posterior(motif: str, gibbs_prob: float) -> None:
     # 4 chains in one kernel, up to 3 pairs per chain and step: chains accept at different pairs, so
     # they advance through the sweep at different speeds. Tolerances: see test_split_merge.Z_MAX.
+    # gmm_pair_set proposes from the GMM prior (its head starts with (log(tau / sigma), logit p) like
+    # gmm_pair's), with and without single-site Gibbs moves: pair moves alone keep the posterior too.
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
-    kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.3, chains=4, window=3)
+    proposal = _proposal() if motif == "gmm_pair" else prior_proposal(GmmPairSetMotif())
+    kernel = NeuralBlockKernel(fg, [proposal], gibbs_prob=gibbs_prob, chains=4, window=3)
     terms = _posterior_terms(points, 3, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
     assert isinstance(kernel.fused[0], FusedMixtureSweep)
-    assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair"] > 0.02
+    assert kernel.diagnostics()["acceptance_by_proposal"][motif] > 0.02
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
 

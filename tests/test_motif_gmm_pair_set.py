@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pyro
 import pytest
 import torch
-from test_split_merge import SIGMA, TAU, Z_MAX, _exact_mean_moments, _exact_patterns, _posterior_terms
-from test_split_merge import _posterior_z_scores as posterior_z_scores
 
-from motifs.gmm_pair import gmm_graph, gmm_initial_state, pair_log_density, prior_proposal, sample_gmm
+from motifs.gmm_pair import gmm_graph, gmm_initial_state, pair_log_density, sample_gmm
 from motifs.gmm_pair_set import GmmPairSetMotif
-from neuralblock import NeuralBlockKernel
-from neuralblock.kernels.fused_mixture import FusedMixtureSweep
 from neuralblock.proposals import MixtureDensityNetwork, NeuralBlockProposal
 from neuralblock.proposals.set_encoder import SetPooling, check_set_encoder
 
@@ -127,40 +122,3 @@ def test_proposal_files_round_trip_and_keep_the_encoder(tmp_path) -> None:
     (tmp_path / "q.json").write_text(json.dumps(sidecar))
     with pytest.raises(ValueError, match="does not match motif"):
         NeuralBlockProposal.load(tmp_path / "q")
-
-
-@pytest.mark.parametrize("gibbs_prob", [0.0, 0.3])
-def test_pair_moves_keep_the_exact_posterior(gibbs_prob: float) -> None:
-    # The GMM prior as the set motif's proposal (its head starts with (log(tau / sigma), logit p) like
-    # gmm_pair's), 4 chains in one kernel on the fused path, with and without single-site Gibbs moves.
-    # Tolerances: see test_split_merge.Z_MAX.
-    points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
-    fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
-    kernel = NeuralBlockKernel(fg, [prior_proposal(GmmPairSetMotif())], gibbs_prob=gibbs_prob, chains=4, window=3)
-    terms = _posterior_terms(points, 3, SIGMA, TAU, 0.5)
-    z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
-    assert isinstance(kernel.fused[0], FusedMixtureSweep)
-    assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] > 0.02
-    assert z_patterns.abs().max() < Z_MAX, z_patterns
-    assert z_means.abs().max() < Z_MAX, z_means
-
-
-def test_the_fused_path_makes_the_general_paths_decisions() -> None:
-    points, _, _ = sample_gmm(4, 20, torch.Generator().manual_seed(2))
-    fg = gmm_graph(points, 4, 1.3, 4.0, 0.4, prior_mean=torch.tensor([0.5, -1.0]))
-    torch.manual_seed(0)
-    proposal = NeuralBlockProposal(GmmPairSetMotif(hidden=8, heads=2), components=3, hidden=(16,))
-    start = torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(3)])
-    finals = []
-    for fused in (True, False):
-        kernel = NeuralBlockKernel(fg, [proposal], gibbs_prob=0.0, chains=3, window=1, fused=fused)
-        kernel.initial_params = {"x": start.clone()}
-        kernel.setup(0)
-        assert isinstance(kernel.fused[0], FusedMixtureSweep) == fused
-        pyro.set_rng_seed(7)
-        params = kernel.initial_params
-        for _ in range(15):
-            params = kernel.sample(params)
-        finals.append(params["x"])
-        assert 0.0 < kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] < 1.0
-    assert torch.allclose(finals[0], finals[1], rtol=1e-5, atol=1e-5)
