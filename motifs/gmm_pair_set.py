@@ -22,9 +22,10 @@ model. The proposal pools the tokens with a set encoder
 points, in any order. Coordinates are whitened as in ``gmm_pair`` (shifted by ``c``, in
 units of ``sigma``).
 
-**Training distribution.** Models of 4 to 32 mixtures and 30 to 1000 points, with
-unequal cluster sizes, overlapping clusters (``tau / sigma`` down to 1.5) and
-near-duplicate mixtures (:meth:`GmmPairSetMotif.sample_training_batch`).
+**Training distribution.** Models of 4 to 32 mixtures and 30 to 1000 points drawn from the
+model (points uniform over the active mixtures), with overlapping clusters (``tau / sigma``
+down to 1.5), a broad activity rate and near-duplicate mixtures, which is how the model
+explains clusters of unequal size (:meth:`GmmPairSetMotif.sample_models`).
 
 Example:
     >>> import torch
@@ -186,9 +187,14 @@ class GmmPairSetMotif(GmmPairMotif):
         ``mixtures`` and ``points`` fix ``m`` and ``n`` instead (held-out sets of one size).
         ``tau / sigma`` is log-uniform on ``[1.5, 8]`` (overlapping clusters at the low end),
         ``p`` uniform on ``[0.1, 0.75]``, the bits drawn from it with at least one active
-        mixture. Clusters have unequal sizes (log-normal weights with a spread uniform on
-        ``[0, 1.5]``), and a quarter of the models give one mixture a near-duplicate
-        (an active copy of an active mixture, ``0.5 sigma`` away).
+        mixture, and a quarter of the models give one mixture a near-duplicate (an active
+        copy of an active mixture, ``0.5 sigma`` away). The points pick their mixture
+        uniformly among the active ones, as the model does: the network learns the model's
+        conditional, and to the model a large cluster is several mixtures at one place
+        (which the near-duplicates and the prior's close pairs show it). Training on
+        unequal cluster weights instead taught a first version to propose what generated
+        the data rather than what the model prefers: it stalled below split-merge on
+        unequal clusters at ``n = 1000``.
 
         Example:
             >>> models = GmmPairSetMotif().sample_models(3, torch.Generator().manual_seed(0), mixtures=5, points=40)
@@ -233,10 +239,7 @@ class GmmPairSetMotif(GmmPairMotif):
         noise = _DUPLICATE_SPREAD * torch.randn(len(rows), d, generator=gen, dtype=dtype)
         u_means[rows, copy[duplicate]] = u_means[rows, source[duplicate]] + noise
         bits[rows, copy[duplicate]] = 1.0
-        # unequal cluster sizes: log-normal weights over the active mixtures
-        spread = uniform(0.0, 1.5, size)
-        weights = bits * torch.exp(spread[:, None] * torch.randn(size, m, generator=gen, dtype=dtype))
-        labels = torch.multinomial(weights, n, replacement=True, generator=gen)  # [size, n]
+        labels = torch.multinomial(bits, n, replacement=True, generator=gen)  # [size, n], as the model draws them
         u_points = u_means.gather(1, labels.unsqueeze(-1).expand(size, n, d))
         u_points = u_points + torch.randn(size, n, d, generator=gen, dtype=dtype)
         return PairModels(
