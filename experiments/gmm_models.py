@@ -5,11 +5,12 @@
 samplers through :func:`run_sampler` (``gmm_pair_eval`` and ``gmm_study``; the run harness
 :func:`neuralblock.diagnostics.runs.timed_run` underneath; one chain or K vectorized chains per
 kernel, each read as a run of its own with :func:`chain_traces`) and read first times with
-:func:`first_time_above`.
+:func:`first_time_above`. ``gmm_scale`` draws its cases from the held-out families of :func:`family_gmm`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,16 +103,28 @@ def held_out_gmm(mixtures: int, points: int, seed: int) -> tuple[FactorGraph, to
     gen = torch.Generator().manual_seed(seed)
     data, means, active = sample_gmm(mixtures, points, gen, SIGMA, TAU, P_ACTIVE)
     fg = gmm_graph(data, mixtures, SIGMA, TAU, P_ACTIVE)
+    truth, reference = true_state(fg, means, active, gen)
+    return fg, truth, reference
+
+
+def true_state(
+    fg: FactorGraph, means: torch.Tensor, active: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The state of a GMM graph with the given ``means [m, D]`` and ``active [m]``, and its reference numbers.
+
+    The other variables start from :func:`~neuralblock.kernels.base.sequential_init` (drawn from
+    ``generator``). The reference numbers are ``true_active`` (M), ``true_log_joint`` and ``true_log_lik``.
+    """
     group = mixture_group(fg)
-    truth = sequential_init(fg, gen)
-    truth[group.means.reshape(-1)] = means.reshape(-1)
-    truth[group.active] = active
+    truth = sequential_init(fg, generator)
+    truth[group.means.reshape(-1)] = means.reshape(-1).to(truth.dtype)
+    truth[group.active] = active.to(truth.dtype)
     reference = {
         "true_active": float(active.sum()),
         "true_log_joint": float(fg.log_joint(truth)),
         "true_log_lik": float(group.log_factors(truth).sum()),
     }
-    return fg, truth, reference
+    return truth, reference
 
 
 def first_time_above(times: Sequence[float], values: Sequence[float], level: float) -> float | None:
@@ -125,3 +138,95 @@ def first_time_above(times: Sequence[float], values: Sequence[float], level: flo
         1.0
     """
     return first_time(ErrorTrace(times, [-v for v in values]), -level, for_good=False)
+
+
+GMM_FAMILIES = ("model", "unequal", "overlap", "scaled")
+"""The case families of the GMM benchmark at scale (:func:`family_gmm`)."""
+FAMILY_SEED = 70_000
+"""Generator seeds of :func:`family_gmm` start here (held out: no other study or training draws from them)."""
+
+
+def family_seed(family: str, mixtures: int, points: int, seed: int = 0) -> int:
+    """The held-out generator seed of one case: distinct for every family, ``m < 100``, ``n < 10_000`` and seed.
+
+    Example:
+        >>> family_seed("model", 8, 60), family_seed("overlap", 32, 1000, seed=1)
+        (150060, 12391000)
+    """
+    if family not in GMM_FAMILIES:
+        raise ValueError(f"unknown GMM family {family!r}; known: {', '.join(GMM_FAMILIES)}")
+    if not (2 <= mixtures < 100 and 1 <= points < 10_000 and seed >= 0):
+        raise ValueError(f"family seeds need 2 <= m < 100, 1 <= n < 10000, seed >= 0; got {mixtures}, {points}, {seed}")
+    return FAMILY_SEED + 10_000_000 * seed + 1_000_000 * GMM_FAMILIES.index(family) + 10_000 * mixtures + points
+
+
+def family_scale(family: str) -> tuple[float, float]:
+    """``(sigma, tau)`` of a family's data and model: ``(3, 15)`` for ``scaled``, the study's ``(1, 5)`` otherwise."""
+    return (3.0, 15.0) if family == "scaled" else (SIGMA, TAU)
+
+
+def family_clusters(mixtures: int) -> int:
+    """The true number of clusters of the ``unequal``, ``overlap`` and ``scaled`` families: ``round(m / 3)``, >= 2."""
+    return max(2, round(mixtures / 3))
+
+
+def family_gmm(
+    family: str, mixtures: int, points: int, seed: int = 0
+) -> tuple[FactorGraph, torch.Tensor, dict[str, Any]]:
+    """One held-out case of a GMM family (2-D, ``p_active = 0.5``): its graph, true state and reference numbers.
+
+    The families (``mixtures`` candidates, ``points`` points; ``k = round(m / 3)``, at least 2):
+
+    * ``model``: a draw from the model itself, as :func:`held_out_gmm` draws it (``sigma = 1, tau = 5``);
+    * ``unequal``: ``k`` clusters with means ``N(0, tau^2 I)`` and unequal sizes (``Dirichlet(0.7)``
+      weights, every cluster at least 3 points);
+    * ``overlap``: ``k`` clusters of about equal size (at least 3 points each) in pairs whose means
+      sit ``2.5 sigma`` apart (around a centre ``N(0, tau^2 I)``; the last one alone when ``k`` is odd);
+    * ``scaled``: ``unequal`` at ``sigma = 3, tau = 15``.
+
+    The model graph is built with the family's ``sigma`` and ``tau`` (:func:`family_scale`). The
+    generator is seeded with :func:`family_seed`; the points are shuffled.
+
+    Returns:
+        ``(fg, truth, reference)``: ``reference`` holds ``family``, ``seed`` (the generator's), ``sigma``,
+        ``tau``, ``true_active`` (the true M), ``true_log_joint``, ``true_log_lik`` and ``cluster_sizes``.
+
+    Example:
+        >>> fg, truth, ref = family_gmm("unequal", 12, 60)
+        >>> ref["true_active"], len(ref["cluster_sizes"]), min(ref["cluster_sizes"]) >= 3, sum(ref["cluster_sizes"])
+        (4.0, 4, True, 60)
+    """
+    gen_seed = family_seed(family, mixtures, points, seed)
+    sigma, tau = family_scale(family)
+    if family == "model":
+        fg, truth, numbers = held_out_gmm(mixtures, points, gen_seed)
+        return fg, truth, {"family": family, "seed": gen_seed, "sigma": sigma, "tau": tau, **numbers}
+    gen = torch.Generator().manual_seed(gen_seed)
+    dtype = torch.get_default_dtype()
+    k = family_clusters(mixtures)
+    if points < 3 * k:
+        raise ValueError(f"the {family} family needs at least {3 * k} points at m={mixtures}, got {points}")
+    if family == "overlap":
+        weights = torch.full((k,), 1.0 / k, dtype=dtype)
+        cluster_means = tau * torch.randn(k, 2, generator=gen, dtype=dtype)  # pair i: clusters 2i and 2i + 1
+        pairs = k // 2
+        angle = 2 * math.pi * torch.rand(pairs, generator=gen, dtype=dtype)
+        offset = 1.25 * sigma * torch.stack([angle.cos(), angle.sin()], -1)
+        middle = cluster_means[0 : 2 * pairs : 2].clone()
+        cluster_means[0 : 2 * pairs : 2] = middle + offset
+        cluster_means[1 : 2 * pairs : 2] = middle - offset
+    else:
+        with torch.random.fork_rng(devices=[]):  # Dirichlet draws take no generator: a seeded, restored global RNG
+            torch.manual_seed(gen_seed)
+            weights = torch.distributions.Dirichlet(torch.full((k,), 0.7, dtype=dtype)).sample()
+        cluster_means = tau * torch.randn(k, 2, generator=gen, dtype=dtype)
+    sizes = 3 + torch.multinomial(weights, points - 3 * k, replacement=True, generator=gen).bincount(minlength=k)
+    labels = torch.repeat_interleave(torch.arange(k), sizes)[torch.randperm(points, generator=gen)]
+    data = cluster_means[labels] + sigma * torch.randn(points, 2, generator=gen, dtype=dtype)
+    fg = gmm_graph(data, mixtures, sigma, tau, P_ACTIVE)
+    means = tau * torch.randn(mixtures, 2, generator=gen, dtype=dtype)  # the inactive mixtures' means: prior draws
+    means[:k] = cluster_means
+    active = (torch.arange(mixtures) < k).to(dtype)
+    truth, numbers = true_state(fg, means, active, gen)
+    reference = {"family": family, "seed": gen_seed, "sigma": sigma, "tau": tau, **numbers}
+    return fg, truth, {**reference, "cluster_sizes": sizes.tolist()}

@@ -1,0 +1,614 @@
+"""Open-universe GMMs at scale: NB(set) + Gibbs vs split-merge + Gibbs vs NB(old) + Gibbs (issue #27).
+
+For every size ``m`` (candidate mixtures) in ``--mixtures`` and ``n`` (points) in ``--points``, a few
+case families (:func:`experiments.gmm_models.family_gmm`, held-out generator seeds from 70 000 on) are
+drawn: ``model`` (the model's own generator), ``unequal`` (about m/3 clusters of unequal sizes),
+``overlap`` (pairs of clusters 2.5 sigma apart) and ``scaled`` (``unequal`` at sigma 3, tau 15). By
+default each (m, n) cell runs ``--families-per-cell 2`` families, chosen by rotation so that every
+family appears at every m and every n (:func:`cell_families`); ``--families`` runs the named ones in
+every cell. Three arms run on every case, each one kernel of ``--chains K`` vectorized chains from
+the same K starts, for the same sampling time (``--clock cpu`` by default):
+
+* ``NB(set) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--proposal`` (``gmm_pair_set``);
+* ``split-merge + Gibbs``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`;
+* ``NB(old) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--old-proposal`` (``gmm_pair``).
+
+The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``.
+Per case and arm, with every chain counted as a run:
+
+* the robust level: split-merge's lower median over its chains of the mean log joint over the last
+  quarter of the run, minus 2 nats; each chain's first time at it
+  (:func:`~experiments.gmm_models.first_time_above`), their censored lower median
+  (:func:`~experiments.gmm_study.censored_lower_median`), the ratio of each NB arm's to
+  split-merge's (below 1: NB is faster) and how many chains reach it;
+* the posterior of M: each chain's histogram of M over the second half of its run, the arm's pooled
+  posterior (chains weighted equally) and its mode, against the true M and split-merge's mode;
+* stuck chains: one M over the whole second half where split-merge's posterior gives that M < 0.5;
+* the in-kernel acceptance (NB: the proposal's; split-merge: per move) and the fraction of
+  transitions that change M.
+
+Outputs in ``--out/<config hash>/``: ``gmm_scale.json`` (everything, traces included),
+``gmm_scale.md`` (a row per case and arm, a summary per case and per size) and the plots
+``gmm_scale_logjoint.png`` and ``gmm_scale_active.png`` (the metrics read every transition; the JSON and the
+plots keep ``--trace-points`` records per run, :func:`thin_run`). ``--workers W`` runs the cases in W spawned
+processes (``--threads`` each); the record does not depend on W (up to timing noise).
+
+Usage::
+
+    python -m experiments.gmm_scale --quick
+    python -m experiments.gmm_scale --workers 2
+    python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+import motifs
+from experiments.common import add_choices, add_run_options, lower_median, open_study, pyplot
+from experiments.gmm_models import (
+    GMM_FAMILIES,
+    chain_traces,
+    family_gmm,
+    first_time_above,
+    run_sampler,
+)
+from experiments.gmm_study import SM, acceptance_summary, censored_lower_median
+from motifs.gmm_pair import GmmPairMotif
+from neuralblock import NeuralBlockKernel
+from neuralblock.diagnostics.plots import save_figure
+from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
+from neuralblock.kernels.base import GraphKernel, sequential_init
+from neuralblock.kernels.split_merge import SplitMergeGMM
+from neuralblock.proposals import NeuralBlockProposal, load_proposal
+
+NB_SET, NB_OLD = "NB(set) + Gibbs", "NB(old) + Gibbs"
+ARMS = (NB_SET, SM, NB_OLD)
+COLORS = {NB_SET: "tab:blue", SM: "tab:orange", NB_OLD: "tab:green"}
+LEVEL_MARGIN = 2.0
+"""Nats below split-merge's last-quarter mean log joint that the robust level sits."""
+REFERENCE_SIZE = 16 * 240
+"""``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
+
+
+# ------------------------------------------------------------------------------ options
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options (see the module docstring); ``--quick`` sets CI-scale defaults (given options win).
+
+    Example:
+        >>> args = parse_args(["--quick", "--mixtures", "8"])
+        >>> args.mixtures, args.points, args.chains, args.seconds
+        ([8], [60], 2, 1.0)
+    """
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--proposal", default="gmm_pair_set", help="the new proposal: shipped name or file path")
+    parser.add_argument("--old-proposal", default="gmm_pair", help="the old proposal: shipped name or file path")
+    parser.add_argument("--mixtures", type=int, nargs="+", default=[8, 12, 16, 20, 32])
+    parser.add_argument("--points", type=int, nargs="+", default=[60, 240, 1000])
+    parser.add_argument("--families", nargs="+", choices=GMM_FAMILIES, default=None, help="run these in every cell")
+    parser.add_argument("--families-per-cell", type=int, default=2, help="families per cell, by rotation")
+    parser.add_argument("--chains", type=int, default=5, help="vectorized chains per run (every arm, same starts)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="sampling time per run up to m n = 16 * 240")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="the most sampling time of any run")
+    parser.add_argument("--gibbs-prob", type=float, default=0.5)
+    parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
+    parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
+    add_choices(parser, clock=(["cpu", "wall"], "the run harness's clock: the time budget and the time axis"))
+    add_run_options(parser, "experiments/results/gmm_scale", "CI-scale defaults: m 8 and 12, n 60, 1 s runs, 2 chains")
+    if parser.parse_args(argv).quick:
+        parser.set_defaults(mixtures=[8, 12], points=[60], chains=2, seconds=1.0, max_seconds=1.0)
+    args = parser.parse_args(argv)
+    if min(args.chains, args.workers, args.trace_points - 3) < 1 or not 1 <= args.families_per_cell <= 4:
+        parser.error("--chains and --workers must be at least 1, --trace-points at least 4, --families-per-cell 1 to 4")
+    if not (args.seconds > 0 and args.max_seconds > 0):
+        parser.error("--seconds and --max-seconds must be positive")
+    return args
+
+
+def run_seconds(m: int, n: int, seconds: float, max_seconds: float) -> float:
+    """The sampling time of one run at size ``(m, n)``: ``seconds * max(1, m n / (16 * 240)) ** 0.5``, capped.
+
+    Example:
+        >>> run_seconds(8, 60, 20.0, 60.0), run_seconds(32, 240, 20.0, 60.0), run_seconds(32, 1000, 20.0, 40.0)
+        (20.0, 28.28, 40.0)
+    """
+    return round(min(max_seconds, seconds * max(1.0, m * n / REFERENCE_SIZE) ** 0.5), 2)
+
+
+def cell_families(
+    mixtures: Sequence[int], points: Sequence[int], per_cell: int, families: Sequence[str] | None = None
+) -> list[tuple[int, int, str]]:
+    """The cases ``(m, n, family)`` of the benchmark, cell by cell (m major, then n).
+
+    ``families`` given: those in every cell. Otherwise ``per_cell`` families per cell by rotation: cell
+    ``(i, j)`` (the i-th m, the j-th n) takes the ``per_cell`` families from ``per_cell * (i + j + 1)`` on
+    (cyclically), so every family appears at every m and every n whenever the cells allow it
+    (``per_cell * len(points) >= 4`` and ``per_cell * len(mixtures) >= 4``); with the default sizes the
+    earlier studies' headline case (the model's own generator at m=16, n=240) is among them.
+
+    Example:
+        >>> [f for _, _, f in cell_families([8], [60, 240], 2)]
+        ['overlap', 'scaled', 'model', 'unequal']
+        >>> cell_families([8], [60], 1, ["scaled"])
+        [(8, 60, 'scaled')]
+    """
+    cases = []
+    for i, m in enumerate(mixtures):
+        for j, n in enumerate(points):
+            if families:
+                chosen = list(families)
+            else:
+                start = per_cell * (i + j + 1)
+                chosen = [GMM_FAMILIES[(start + k) % len(GMM_FAMILIES)] for k in range(per_cell)]
+            cases += [(m, n, family) for family in chosen]
+    return cases
+
+
+# ------------------------------------------------------------------------------ proposals
+def load_gmm_proposal(name: str, quick: bool) -> tuple[NeuralBlockProposal, str]:
+    """A GMM pair proposal by shipped name or file (its motif read from the sidecar), and where it came from.
+
+    With ``quick``, a proposal that does not load falls back to an untrained one (``torch.manual_seed(0)``,
+    4 components, hidden ``(32,)``) of the motif the name names when one is registered, else ``gmm_pair``.
+
+    Returns:
+        ``(proposal, source)``, ``source`` being ``"loaded"`` or ``"untrained"``.
+
+    Raises:
+        ValueError: the proposal is not for a :class:`~motifs.gmm_pair.GmmPairMotif` (or a subclass).
+    """
+    source = "loaded"
+
+    def untrained() -> NeuralBlockProposal:
+        nonlocal source
+        source = "untrained"
+        torch.manual_seed(0)
+        motif = motifs.get(name) if name in motifs.names() else GmmPairMotif()
+        return NeuralBlockProposal(motif, components=4, hidden=(32,))
+
+    proposal = load_proposal(name, untrained if quick else None)
+    if not isinstance(proposal.motif, GmmPairMotif):
+        raise ValueError(f"proposal {name!r} is for motif {proposal.motif.name!r}, not a GMM pair motif")
+    return proposal, source
+
+
+# ------------------------------------------------------------------------------ metrics
+def last_part_mean(times: Sequence[float], values: Sequence[float], fraction: float = 0.25) -> float:
+    """The mean of the values recorded in the last ``fraction`` of the run's time (the last value at least).
+
+    Example:
+        >>> last_part_mean([0.0, 1.0, 2.0, 3.0, 4.0], [-9.0, -5.0, -3.0, -2.0, -1.0])
+        -1.5
+    """
+    start = (1.0 - fraction) * times[-1]
+    part = [v for t, v in zip(times, values) if t >= start]
+    return sum(part) / len(part)
+
+
+def second_half(times: Sequence[float], values: Sequence[float]) -> list[float]:
+    """The values in force over the second half of the run: the one at half time, then every later one.
+
+    Example:
+        >>> second_half([0.0, 1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0, 5.0])
+        [3.0, 4.0, 5.0]
+        >>> second_half([0.0, 1.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
+        [2.0, 3.0, 4.0]
+    """
+    half = 0.5 * times[-1]
+    first = max(i for i, t in enumerate(times) if t <= half)
+    return list(values[first:])
+
+
+def m_histogram(active: Sequence[float]) -> dict[str, int]:
+    """Counts of each number of active mixtures M (keys: M as text, ascending, as JSON keeps them).
+
+    Example:
+        >>> m_histogram([3.0, 2.0, 3.0])
+        {'2': 1, '3': 2}
+    """
+    counts: dict[int, int] = {}
+    for value in active:
+        counts[round(value)] = counts.get(round(value), 0) + 1
+    return {str(k): counts[k] for k in sorted(counts)}
+
+
+def pooled_posterior(histograms: Sequence[dict[str, int]]) -> dict[str, float]:
+    """The posterior of M pooled over chains, each chain's histogram normalized (every chain weighs the same).
+
+    Example:
+        >>> pooled_posterior([{"2": 1, "3": 3}, {"3": 10}])
+        {'2': 0.125, '3': 0.875}
+    """
+    pooled: dict[int, float] = {}
+    for hist in histograms:
+        total = sum(hist.values())
+        for key, count in hist.items():
+            pooled[int(key)] = pooled.get(int(key), 0.0) + count / total / len(histograms)
+    return {str(k): pooled[k] for k in sorted(pooled)}
+
+
+def posterior_mode(posterior: dict[str, float] | dict[str, int]) -> int:
+    """The most probable M (the smallest on ties).
+
+    Example:
+        >>> posterior_mode({"2": 0.4, "3": 0.4, "4": 0.2})
+        2
+    """
+    return min((-p, int(k)) for k, p in posterior.items())[1]
+
+
+def is_stuck(last_half: Sequence[float], sm_posterior: dict[str, float]) -> bool:
+    """A chain stayed at one M over the second half while split-merge's posterior gives that M under 0.5.
+
+    Example:
+        >>> is_stuck([4.0, 4.0], {"3": 0.9, "4": 0.1}), is_stuck([3.0, 3.0], {"3": 0.9}), is_stuck([3.0, 4.0], {})
+        (True, False, False)
+    """
+    values = {round(v) for v in last_half}
+    return len(values) == 1 and sm_posterior.get(str(values.pop()), 0.0) < 0.5
+
+
+def m_change_fraction(active: Sequence[float]) -> float:
+    """The fraction of transitions after which the chain's M differs from before (0 without transitions).
+
+    Example:
+        >>> m_change_fraction([2.0, 3.0, 3.0, 2.0, 2.0])
+        0.5
+    """
+    steps = len(active) - 1
+    return sum(a != b for a, b in zip(active, active[1:])) / steps if steps else 0.0
+
+
+def time_ratio(nb: float | None, sm: float | None) -> float | None:
+    """An NB arm's median time to the level over split-merge's (``None``: NB's median chain never got there).
+
+    ``inf`` when split-merge's median chain starts at the level (time 0) and NB's does not.
+
+    Example:
+        >>> time_ratio(1.0, 4.0), time_ratio(None, 4.0), time_ratio(0.0, 0.0)
+        (0.25, None, 1.0)
+    """
+    if nb is None or sm is None:
+        return None
+    if sm == 0.0:
+        return 1.0 if nb == 0.0 else math.inf
+    return nb / sm
+
+
+def case_metrics(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per arm of one case: the level, first times, posterior of M, stuck chains, acceptance and M changes."""
+    traces = {label: chain_traces(runs[0]) for label, runs in result["runs"].items()}
+    level = lower_median(last_part_mean(c["times"], c["log_joint"]) for c in traces[SM]) - LEVEL_MARGIN
+    halves = {label: [second_half(c["times"], c["active"]) for c in chains] for label, chains in traces.items()}
+    hists = {label: [m_histogram(h) for h in label_halves] for label, label_halves in halves.items()}
+    sm_posterior = pooled_posterior(hists[SM])
+    sm_mode = posterior_mode(sm_posterior)
+    true_m = round(result["reference"]["true_active"])
+    metrics: dict[str, dict[str, Any]] = {}
+    for label, chains in traces.items():
+        reach = [first_time_above(c["times"], c["log_joint"], level) for c in chains]
+        posterior = pooled_posterior(hists[label])
+        modes = [posterior_mode(h) for h in hists[label]]
+        metrics[label] = {
+            "level": level,
+            "level - true log joint": level - result["reference"]["true_log_joint"],
+            "times to level": reach,
+            "chains reaching level": sum(t is not None for t in reach),
+            "median time to level": censored_lower_median(reach),
+            "M histograms": hists[label],
+            "M posterior": posterior,
+            "M mode": posterior_mode(posterior),
+            "chain M modes": modes,
+            "chains with mode = SM mode": sum(mode == sm_mode for mode in modes),
+            "chains with mode = true M": sum(mode == true_m for mode in modes),
+            "stuck": [is_stuck(h, sm_posterior) for h in halves[label]],
+            "M change fraction": [m_change_fraction(c["active"]) for c in chains],
+            "final log joint - truth": [c["log_joint"][-1] - result["reference"]["true_log_joint"] for c in chains],
+            "acceptance": acceptance_summary(result, label),
+        }
+    sm_time = metrics[SM]["median time to level"]
+    for label in metrics:
+        metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
+    return metrics
+
+
+def thin_run(run: dict[str, Any], points: int) -> dict[str, Any]:
+    """A :func:`~experiments.gmm_models.run_sampler` record cut to at most ``points`` records (``points >= 4``).
+
+    It keeps evenly spaced and log-spaced records (the early climb), the first and the last, so the
+    record of a long run stays small; ``sweeps`` still counts every transition.
+
+    Example:
+        >>> run = {"times": [0.0, 1.0, 2.0, 3.0, 4.0], "log_joint": [5.0, 6.0, 7.0, 8.0, 9.0], "sweeps": 4}
+        >>> run = {**run, "log_lik": run["log_joint"], "active": [[1.0, 2.0, 2.0, 3.0, 3.0]] * 2}
+        >>> small = thin_run(run, 4)
+        >>> small["times"], small["active"], small["sweeps"]
+        ([0.0, 1.0, 4.0], [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], 4)
+    """
+    count = len(run["times"])
+    if count <= points:
+        return run
+    even = torch.linspace(0, count - 1, points // 2).round().long().tolist()
+    logs = torch.logspace(0, math.log10(count - 1), points - points // 2).round().long().tolist()
+    keep = sorted({0, count - 1, *even, *logs})
+    thinned = {**run, "times": [run["times"][i] for i in keep]}
+    for key in ("log_joint", "log_lik", "active"):
+        trace = run[key]
+        chains = trace if trace and isinstance(trace[0], list) else None
+        thinned[key] = [[c[i] for i in keep] for c in chains] if chains else [trace[i] for i in keep]
+    return thinned
+
+
+# ------------------------------------------------------------------------------ running
+_WORKER: dict[str, Any] = {}
+
+
+def start_worker(args: argparse.Namespace) -> dict[str, str]:
+    """Set this process up to run cases (torch's threads, the two proposals); where each proposal came from."""
+    torch.set_num_threads(args.threads)
+    tqdm.set_lock(threading.RLock())  # no process-shared lock: the runs' (silent) bars stay in their process
+    _WORKER["args"] = args
+    sources = {}
+    for label, name in ((NB_SET, args.proposal), (NB_OLD, args.old_proposal)):
+        _WORKER[label], sources[label] = load_gmm_proposal(name, args.quick)
+    return sources
+
+
+def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
+    """Run the three arms on one case ``(index, m, n, family)`` in this (set-up) process; its result with metrics.
+
+    The case's starts and run seeds come from its generator seed alone, so the result does not depend
+    on which process runs it (or after what).
+    """
+    index, m, n, family = case
+    args = _WORKER["args"]
+    fg, _, reference = family_gmm(family, m, n, args.seed)
+    seconds = run_seconds(m, n, args.seconds, args.max_seconds)
+    chains = args.chains
+    start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
+    if chains == 1:
+        start = start[0]
+
+    def build(label: str) -> GraphKernel:
+        if label == SM:
+            return SplitMergeGMM(fg, gibbs_prob=args.gibbs_prob, chains=chains)
+        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], gibbs_prob=args.gibbs_prob, chains=chains)
+
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for label in ARMS:
+        run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock)
+        diag = run.pop("diagnostics")
+        run["acceptance"] = diag.get("acceptance_by_proposal", diag.get("acceptance_by_move"))
+        runs[label] = [run]
+    result = {"m": m, "n": n, "family": family, "seconds": seconds, "reference": reference, "runs": runs}
+    result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
+    runs.update({label: [thin_run(run, args.trace_points)] for label, (run,) in runs.items()})
+    return index, result
+
+
+def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
+    """Every case, in this process (``--workers 1``) or in ``--workers`` spawned ones; results in case order."""
+    planned = [len(ARMS) * run_seconds(m, n, args.seconds, args.max_seconds) for m, n, _ in cases]
+    jobs = [(i, m, n, family) for i, (m, n, family) in enumerate(cases)]
+    results: list[dict[str, Any] | None] = [None] * len(cases)
+    bar = tqdm(total=round(sum(planned), 1), unit="s", desc="GMM cases (planned sampling s)")
+
+    def collect(done: Iterator[tuple[int, dict[str, Any]]]) -> None:
+        for index, result in done:
+            results[index] = result
+            bar.update(planned[index])
+            bar.set_postfix_str(f"m={result['m']} n={result['n']} {result['family']}")
+
+    with bar:
+        if args.workers == 1:
+            if _WORKER.get("args") is not args:
+                start_worker(args)
+            collect(run_case(job) for job in jobs)
+        else:
+            context = multiprocessing.get_context("spawn")
+            with context.Pool(min(args.workers, len(jobs)), initializer=start_worker, initargs=(args,)) as pool:
+                collect(pool.imap_unordered(run_case, jobs))
+    return [r for r in results if r is not None]
+
+
+# ------------------------------------------------------------------------------ reports
+def _fmt_ratio(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}"
+
+
+def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One table row per case and arm."""
+    rows = []
+    for result in results:
+        for label, met in result["metrics"].items():
+            chains = len(met["stuck"])
+            rows.append(
+                {
+                    "m": result["m"],
+                    "n": result["n"],
+                    "family": result["family"],
+                    "true M": round(result["reference"]["true_active"]),
+                    "arm": label,
+                    "s": result["seconds"],
+                    "sweeps": result["runs"][label][0]["sweeps"],
+                    "level - truth": met["level - true log joint"],
+                    "reach level": f"{met['chains reaching level']}/{chains}",
+                    "median time (s)": met["median time to level"],
+                    "time / SM": _fmt_ratio(met["time / SM"]),
+                    "M mode": met["M mode"],
+                    "P(mode)": met["M posterior"][str(met["M mode"])],
+                    "mode = SM mode": f"{met['chains with mode = SM mode']}/{chains}",
+                    "mode = true M": f"{met['chains with mode = true M']}/{chains}",
+                    "stuck": f"{sum(met['stuck'])}/{chains}",
+                    "M changes": lower_median(met["M change fraction"]),
+                    "acceptance": met["acceptance"],
+                }
+            )
+    return rows
+
+
+def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case: both NB arms' time ratios, the modes of M and the stuck chains."""
+    rows = []
+    for result in results:
+        met = result["metrics"]
+        rows.append(
+            {
+                "m": result["m"],
+                "n": result["n"],
+                "family": result["family"],
+                "s": result["seconds"],
+                "NB(set)/SM": _fmt_ratio(met[NB_SET]["time / SM"]),
+                "NB(old)/SM": _fmt_ratio(met[NB_OLD]["time / SM"]),
+                "true M": round(result["reference"]["true_active"]),
+                "mode SM / set / old": " / ".join(str(met[a]["M mode"]) for a in (SM, NB_SET, NB_OLD)),
+                "chains mode = SM mode (SM / set / old)": " / ".join(
+                    str(met[a]["chains with mode = SM mode"]) for a in (SM, NB_SET, NB_OLD)
+                ),
+                "stuck (set / old)": f"{sum(met[NB_SET]['stuck'])} / {sum(met[NB_OLD]['stuck'])}",
+            }
+        )
+    return rows
+
+
+def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size, the issue's targets for NB(set): its worst time ratio over the size's cases and the checks.
+
+    ``<= 0.5x`` split-merge's time at m >= 12 and never slower (a ratio of ``None``, never reached,
+    counts as slower); as many chains with M's mode = split-merge's mode as split-merge's own chains; no
+    stuck chain. The old proposal's worst ratio is there to compare.
+    """
+    sizes = sorted({(r["m"], r["n"]) for r in results})
+    rows = []
+    for m, n in sizes:
+        cell = [r for r in results if (r["m"], r["n"]) == (m, n)]
+
+        def worst(label: str, cases: list[dict[str, Any]] = cell) -> float | None:
+            ratios = [r["metrics"][label]["time / SM"] for r in cases]
+            return None if any(x is None for x in ratios) else max(ratios)
+
+        set_ratio = worst(NB_SET)
+        modes = {a: sum(r["metrics"][a]["chains with mode = SM mode"] for r in cell) for a in ARMS}
+        stuck = sum(sum(r["metrics"][NB_SET]["stuck"]) for r in cell)
+        rows.append(
+            {
+                "m": m,
+                "n": n,
+                "families": ", ".join(r["family"] for r in cell),
+                "worst NB(set)/SM": _fmt_ratio(set_ratio),
+                "worst NB(old)/SM": _fmt_ratio(worst(NB_OLD)),
+                "time target": set_ratio is not None and set_ratio <= (0.5 if m >= 12 else 1.0),
+                "mode = SM mode (SM / set / old)": " / ".join(str(modes[a]) for a in (SM, NB_SET, NB_OLD)),
+                "mode target": modes[NB_SET] >= modes[SM],
+                "stuck NB(set)": stuck,
+            }
+        )
+    return rows
+
+
+def plot_cases(
+    results: list[dict[str, Any]], path: Path, key: str, ylabel: str, time_label: str, columns: int = 4
+) -> None:
+    """One panel per case of ``key`` (``log_joint`` less the truth's, or ``active``) against time, every chain."""
+    plt = pyplot()
+    rows = math.ceil(len(results) / columns)
+    cols = min(columns, len(results))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.7 * rows), squeeze=False)
+    for ax, result in zip(axes.flat, results):
+        ref = result["reference"]
+        offset = ref["true_log_joint"] if key == "log_joint" else 0.0
+        lows, highs = [], []
+        for label, (run,) in result["runs"].items():
+            for c, chain in enumerate(chain_traces(run)):
+                values = [v - offset for v in chain[key]]
+                lows.append(min(values))
+                highs.append(max(values))
+                ax.step(run["times"], values, where="post", color=COLORS[label], lw=0.6, alpha=0.5)
+                if c == 0:
+                    ax.plot([], [], color=COLORS[label], label=label)
+        if key == "log_joint":
+            level = result["metrics"][SM]["level"] - offset
+            ax.set_ylim(max(level - 60.0, min(lows)), max(highs) + 5.0)
+            ax.axhline(level, color="k", lw=0.7, ls=":")
+            ax.axhline(0.0, color="k", lw=0.5, ls="--")
+        else:
+            ax.axhline(ref["true_active"], color="k", lw=0.7, ls="--")
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(left=0.0)
+        ax.set_title(f"m={result['m']}, n={result['n']}, {result['family']}", fontsize=9)
+        ax.set_xlabel(f"{time_label} (log above 0.1)", fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=7)
+    for ax in list(axes.flat)[len(results) :]:
+        ax.axis("off")
+    axes[0, 0].legend(fontsize=6)
+    save_figure(fig, path, dpi=80)
+
+
+def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dict[str, str]) -> str:
+    """The markdown report: the setup, a row per case and arm, then the summaries per case and per size."""
+    clock = "CPU time of each run's process" if args.clock == "cpu" else "wall time"
+    setup = (
+        f"Arms: `{NB_SET}` (`{args.proposal}`, {sources[NB_SET]}), `{SM}`, `{NB_OLD}` (`{args.old_proposal}`, "
+        + f"{sources[NB_OLD]}); gibbs_prob={args.gibbs_prob}. Each run is one kernel of {args.chains} vectorized "
+        + f"chains, every arm from the same {args.chains} starts, for {args.seconds:g} s of {clock} scaled by "
+        + f"sqrt(m n / 3840) above 16 x 240 (at most {args.max_seconds:g} s); {args.threads} thread(s). Every "
+        + "chain counts as a run. The robust level is split-merge's lower median over chains of the mean log "
+        + f"joint over the last quarter of its run, minus {LEVEL_MARGIN:g} nats; `median time` is the lower median "
+        + "over chains of the first time at it, a chain that never gets there counting as later than all; "
+        + "`time / SM` is an arm's over split-merge's (`never`: the arm's median chain never got there). The "
+        + "posterior of M is over the second half of each run (chains weighted equally); a chain is `stuck` when "
+        + "its M stays the same over the second half where split-merge's posterior gives that M under 0.5. "
+        + "`M changes`: the median over chains of the fraction of transitions that change M. Acceptance: NB's "
+        + "proposal, split-merge's per move. The model weighs its active mixtures equally, so where the clusters' "
+        + "sizes differ (`unequal`, `scaled`) its posterior favours more mixtures than the true clusters (copies on "
+        + "the large ones) and a log joint above the true state's: read the modes against split-merge's first."
+    )
+    sections = [  # the summaries last: the end of the printed report
+        ("Per case and arm", case_rows(results)),
+        ("Per case", summary_rows(results)),
+        ("Targets per size (NB(set); worst over the size's cases)", size_targets(results)),
+    ]
+    body = "".join(f"\n\n## {title}\n\n" + markdown_table(rows, list(rows[0])) for title, rows in sections)
+    plots = "\n\n![log joint](gmm_scale_logjoint.png)\n\n![active mixtures](gmm_scale_active.png)\n"
+    return "# Open-universe GMMs at scale: NB(set) vs split-merge vs NB(old)\n\n" + setup + body + plots
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; write and return its record."""
+    args = parse_args(argv)
+    config, folder = open_study(args, drop=("out", "threads", "workers"))
+    cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
+    sources = start_worker(args)
+    planned = sum(len(ARMS) * run_seconds(m, n, args.seconds, args.max_seconds) for m, n, _ in cases)
+    print(
+        f"{len(cases)} cases x {len(ARMS)} arms: {planned:.0f} s of planned sampling time ({planned / 60:.1f} min, "
+        + f"{planned / 60 / args.workers:.1f} min on {args.workers} worker(s); setup, recording and the last "
+        + "transition's overshoot come on top)"
+    )
+    results = run_cases(args, cases)
+    record = {
+        "config": config,
+        "sources": sources,
+        "planned_seconds": planned,
+        "targets": size_targets(results),
+        "results": results,
+    }
+    write_json(folder / "gmm_scale.json", record)
+    time_label = "CPU seconds" if args.clock == "cpu" else "seconds"
+    plot_cases(results, folder / "gmm_scale_logjoint.png", "log_joint", "log joint - truth", time_label)
+    plot_cases(results, folder / "gmm_scale_active.png", "active", "active mixtures M", time_label)
+    write_report(folder, "gmm_scale.md", report(args, results, sources))  # printed, the summaries at its end
+    return record
+
+
+if __name__ == "__main__":
+    main()
