@@ -122,3 +122,11 @@ def test_proposal_files_round_trip_and_keep_the_encoder(tmp_path) -> None:
     (tmp_path / "q.json").write_text(json.dumps(sidecar))
     with pytest.raises(ValueError, match="does not match motif"):
         NeuralBlockProposal.load(tmp_path / "q")
+
+
+def test_the_shipped_proposals_load() -> None:
+    old = NeuralBlockProposal.load("pretrained/gmm_pair")
+    assert old.motif.name == "gmm_pair" and old.mdn.set_pooling is None
+    new = NeuralBlockProposal.load("pretrained/gmm_pair_set")
+    assert new.motif.name == "gmm_pair_set" and new.mdn.set_pooling is not None
+    assert new.metadata["validation"]["acceptance"] > 0.3
