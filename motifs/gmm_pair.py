@@ -294,24 +294,23 @@ class GmmPairMotif(Motif):
                 continue
             m = group.means.shape[0]
             psi = [self._prior(fg, group, k) for k in range(m)]
-            for i in range(m):
-                for j in range(i + 1, m):
-                    block = [*group.means[i].tolist(), int(group.active[i])]
-                    block += [*group.means[j].tolist(), int(group.active[j])]
-                    if not set(block) <= latent:
-                        continue
-                    if psi[i] != psi[j]:
-                        raise ValueError(f"gmm_pair: mixtures {i} and {j} have different priors {psi[i]} vs {psi[j]}")
-                    others = [k for k in range(m) if k not in (i, j)]
-                    rows.append(
-                        (
-                            block,
-                            group.points.reshape(-1).tolist(),
-                            group.means[others].reshape(-1).tolist(),
-                            group.active[others].tolist(),
-                            [group.sigma, *psi[i]],
-                        )
+            for i, j in round_robin_pairs(m):
+                block = [*group.means[i].tolist(), int(group.active[i])]
+                block += [*group.means[j].tolist(), int(group.active[j])]
+                if not set(block) <= latent:
+                    continue
+                if psi[i] != psi[j]:
+                    raise ValueError(f"gmm_pair: mixtures {i} and {j} have different priors {psi[i]} vs {psi[j]}")
+                others = [k for k in range(m) if k not in (i, j)]
+                rows.append(
+                    (
+                        block,
+                        group.points.reshape(-1).tolist(),
+                        group.means[others].reshape(-1).tolist(),
+                        group.active[others].tolist(),
+                        [group.sigma, *psi[i]],
                     )
+                )
         b = 2 * self.dim + 2
         if not rows:
             return MotifInstances(
@@ -501,6 +500,27 @@ class GmmPairMotif(Motif):
             return torch.cat(chunks, 0)
 
         return TrainingBatch(features=features, block=block, log_p_fn=log_p_fn)
+
+
+def round_robin_pairs(count: int) -> list[tuple[int, int]]:
+    """Every pair ``(i, j)``, ``i < j``, of ``count`` items, in rounds of disjoint pairs (the circle method).
+
+    A sweep in this order visits runs of pairs that share no mixture, so moves that change only two
+    inactive mixtures let the fused path go on to the next pairs in the same step.
+
+    Example:
+        >>> round_robin_pairs(4)
+        [(0, 3), (1, 2), (0, 2), (1, 3), (0, 1), (2, 3)]
+    """
+    players = list(range(count)) + ([-1] if count % 2 else [])
+    size, order = len(players), []
+    for _ in range(size - 1):
+        for k in range(size // 2):
+            a, b = players[k], players[size - 1 - k]
+            if a >= 0 and b >= 0:
+                order.append((min(a, b), max(a, b)))
+        players = [players[0], players[-1], *players[1:-1]]
+    return order
 
 
 def residual_summary(

@@ -16,6 +16,7 @@ from neuralblock.kernels.fused_mixture import (
     FusedMixtureSweep,
     _energy_change,
     mixture_layout,
+    mixture_pair_step,
     pair_context,
     supports_fused_mixture,
 )
@@ -165,3 +166,28 @@ def test_tempered_chains_that_finish_their_sweep_early_keep_their_own_temperatur
     per_chain = kernel._accepted_per_chain[0]
     assert torch.isfinite(params["x"]).all()
     assert per_chain[2] > per_chain[0]  # the untempered chain accepts least, the beta = 0 one most
+
+
+def test_moves_of_inactive_pairs_do_not_end_a_step_and_keep_the_exact_posterior() -> None:
+    # 5 mixtures for 3 points: most pairs are two inactive mixtures, whose accepted moves (new means, both
+    # still off) let the step go on to later pairs that share no mixture with them. Tolerances: Z_MAX.
+    points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
+    fg = gmm_graph(points, 5, SIGMA, TAU, 0.3)
+    proposal = prior_proposal(GmmPairSetMotif())
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    chains = 32
+    state = gmm_initial_state(fg, torch.Generator().manual_seed(0)).expand(chains, -1).clone()
+    state[:, layout.active_ids] = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0])
+    assert layout.pairs[:2].tolist() == [[1, 4], [2, 3]]  # round-robin order: disjoint pairs first
+    slots = torch.arange(10).expand(chains, 10)
+    torch.manual_seed(0)
+    step = mixture_pair_step(state, proposal, layout, slots, torch.ones(chains, 10, dtype=torch.bool))
+    # each chain: both first pairs stay off with probability 0.49 each (the prior proposal, p = 0.3), and
+    # such a move is always accepted, so about a quarter of the chains make two moves in the step
+    assert int(step.accepted.max()) > 1
+    assert torch.equal(step.consumed >= step.accepted, torch.ones(chains, dtype=torch.bool))
+    kernel = NeuralBlockKernel(fg, [proposal], gibbs_prob=0.0, chains=4, window=6)
+    terms = _posterior_terms(points, 5, SIGMA, TAU, 0.3)
+    z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
+    assert z_patterns.abs().max() < Z_MAX, z_patterns
+    assert z_means.abs().max() < Z_MAX, z_means

@@ -19,7 +19,14 @@ for ``w`` consecutive pairs of each of ``K`` chains at once:
    All ``w`` pairs of a chain are proposed at the same state, so only the first accepted one is
    kept; the pairs after it are proposed again from the new state at the next step. Each chain
    therefore makes exactly the decisions of a pair-by-pair sweep (the *speculative* batches of
-   the general path, per chain), and ``w`` follows the recent acceptance rate.
+   the general path, per chain), and ``w`` follows the recent rate of step-ending accepts.
+
+   One exception keeps a step going: an accepted move of two inactive mixtures that leaves both
+   inactive only redraws their means, and an inactive mean enters no other pair's features or
+   energy (its bit zeroes it everywhere). The later pairs of the step were therefore proposed
+   and scored at the state the sequential sweep would have, unless they contain one of those two
+   mixtures: the step ends before the first such pair (it is proposed again next step). Such
+   moves are most of the accepted ones when many mixtures are off, and each used to end a step.
 
 The fused energy equals the graph's: :func:`supports_fused_mixture` admits a graph only when
 each block variable's factors are its one prior factor and the mixture group's rows
@@ -192,16 +199,19 @@ class StepResult(NamedTuple):
     """One :func:`mixture_pair_step`: the new states and, per chain, what the step decided.
 
     Attributes:
-        state: ``[K, N]`` states (the first accepted pair of each chain written).
-        consumed: ``[K]`` pairs decided (up to and including the first accepted one).
-        accepted: ``[K]`` whether a pair was accepted.
+        state: ``[K, N]`` states (each chain's accepted moves written).
+        consumed: ``[K]`` pairs decided (up to and including the first accepted move that ends the step).
+        accepted: ``[K]`` accepted moves.
         nonfinite: ``[K]`` decided pairs with a broken (NaN or ``+inf``) MH ratio.
+        ended: ``[K]`` whether an accepted move, or a pair that shares a mixture with an earlier
+            accepted inactive-pair move, ended the chain's step before its window did.
     """
 
     state: Tensor
     consumed: Tensor
     accepted: Tensor
     nonfinite: Tensor
+    ended: Tensor
 
 
 class PairContext(NamedTuple):
@@ -242,7 +252,9 @@ def mixture_pair_step(
     valid: Tensor,
     beta: Tensor | None = None,
 ) -> StepResult:
-    """Propose and test ``w`` consecutive pairs of each chain at its current state; keep the first accepted.
+    """Propose and test ``w`` consecutive pairs of each chain at its current state, up to the first accepted move.
+
+    Accepted moves of two inactive mixtures that stay inactive do not end the step (module docstring).
 
     Args:
         state: ``[K, N]`` states.
@@ -286,15 +298,26 @@ def mixture_pair_step(
     log_alpha = change + log_q_rev - log_q_fwd
     accepted = mh_accept(log_alpha).accepted & valid
     broken = nonfinite_ratios(log_alpha) & valid
-    any_accepted = accepted.any(1)
-    first = torch.where(any_accepted, accepted.to(torch.int8).argmax(1), valid.sum(1) - 1)  # last decided slot
-    decided = torch.arange(width)[None, :] <= first[:, None]
-    rows = torch.arange(chains)[any_accepted]
-    if len(rows):
-        chosen = first[any_accepted]
+    bits = [dim, 2 * dim + 1]
+    idle = (current[..., bits] == 0).all(-1) & (proposed[..., bits] == 0).all(-1)  # off before and after
+    quiet = accepted & idle  # moves that change nothing the other pairs read
+    mixtures = layout.pairs[slots]  # [K, w, 2]
+    shares = (mixtures[:, :, None, :, None] == mixtures[:, None, :, None, :]).any((-1, -2))  # [K, w, w]
+    earlier = torch.ones(width, width, dtype=torch.bool).tril(-1)  # [later, earlier]
+    stale = (shares & earlier & quiet[:, None, :]).any(-1) & valid  # proposed before a quiet move it shares
+    ends = stale | (accepted & ~idle)
+    ended = ends.any(1)
+    stop = torch.where(ended, ends.to(torch.int8).argmax(1), valid.sum(1))  # the first slot that ends the step
+    slot = torch.arange(width)[None, :]
+    stop_accepts = ended & ~stale.gather(1, stop.clamp(max=width - 1)[:, None]).squeeze(1)
+    consumed = stop + stop_accepts.long()  # a stale pair is not decided: it is proposed again next step
+    decided = slot < consumed[:, None]
+    applied = accepted & decided
+    if bool(applied.any()):
+        chain, which = applied.nonzero(as_tuple=True)
         state = state.clone()
-        state[rows[:, None], block_ids[rows, chosen]] = proposed[rows, chosen]
-    return StepResult(state, first + 1, any_accepted, (broken & decided).sum(1))
+        state[chain[:, None], block_ids[chain, which]] = proposed[chain, which]
+    return StepResult(state, consumed, applied.sum(1), (broken & decided).sum(1), ended)
 
 
 def _energy_change(
@@ -396,9 +419,9 @@ class FusedMixtureSweep:
                 state = step.state if every else state.index_copy(0, live, step.state)
                 self.discarded += int((valid.sum(1) - step.consumed).sum())  # proposed after a chain's accept
                 position[live] += step.consumed
-                accepted[live] += step.accepted.long()
+                accepted[live] += step.accepted
                 nonfinite = nonfinite + step.nonfinite.sum()
                 decided = int(step.consumed.sum())
-                if decided:
-                    self.rate = 0.9 * self.rate + 0.1 * float(step.accepted.sum()) / decided
+                if decided:  # the width follows the rate of pairs that end a step
+                    self.rate = 0.9 * self.rate + 0.1 * float(step.ended.sum()) / decided
         return state, accepted, nonfinite, chains * total

@@ -285,8 +285,9 @@ class NeuralBlockKernel(GraphKernel):
     When classes are many and rarely accept (e.g. ``gmm_pair``, whose pairs all share the
     points), runs of consecutive classes are proposed and tested in one batch and kept up
     to the first class that accepts: the same chain, with far fewer network passes (on the
-    fused mixture path each chain keeps its own first accepted pair, so chains move through the
-    sweep at their own pace; on the general path, :func:`speculative_block_step`, one chain).
+    fused mixture path each chain keeps its own first accepted pair, and the moves before it that only
+    redraw two inactive mixtures' means, so chains move through the sweep at their own pace; on the
+    general path, :func:`speculative_block_step`, one chain).
     ``window`` sets how many classes a batch holds; by default it follows the recent rate of
     accepting classes (:func:`speculative_width`; one class at a time when most accept).
 
