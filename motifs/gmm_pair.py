@@ -442,7 +442,9 @@ class GmmPairMotif(Motif):
         sel_d2 = d2.gather(-2, order.unsqueeze(-1).expand(order.shape + (d2.shape[-1],)))
         near = torch.logsumexp(-0.5 * sel_d2 + torch.log(sel_present).unsqueeze(-1), -2).clamp(-1e3, 1e3)
         k_others = min(self.mixtures - 2, u_others.shape[-2])
-        rank = torch.topk(v_others * 1e4 + near, k_others, dim=-1).indices
+        # active first, nearest first; ties by index, so the order never depends on an inactive mean
+        nearest = torch.where(v_others > 0, near, torch.full_like(near, -math.inf))
+        rank = torch.sort(nearest, dim=-1, descending=True, stable=True).indices[..., :k_others]
         sel_mu = u_others.gather(-2, rank.unsqueeze(-1).expand(rank.shape + (self.dim,)))
         sel_v = v_others.gather(-1, rank)
         # summaries of everything (selected or not): mass and centroid of the poorly explained

@@ -183,3 +183,21 @@ def test_large_models_show_the_proposal_a_thinned_sample_of_the_points() -> None
     slots = few[0, -10 * 4 :].reshape(10, 4)
     assert torch.allclose(slots[:8, 0] * 4.0, 0.15 * torch.arange(7, -1, -1, dtype=torch.float32), atol=1e-5)
     assert (slots[8:] == 0).all()  # absent slots
+
+
+def test_the_features_never_read_an_inactive_mean() -> None:
+    # Mirror-image active mixtures tie in their distance to the points; the order of tied ones must not
+    # depend on the inactive means (the fused path keeps proposals across moves of inactive pairs).
+    motif = GmmPairMotif()
+    gen = torch.Generator().manual_seed(0)
+    half = torch.randn(20, 2, generator=gen).abs() + 0.5
+    u_points = torch.cat([half, half * torch.tensor([-1.0, 1.0])]).unsqueeze(0)
+    active = torch.tensor([[2.0, 1.0], [-2.0, 1.0], [3.0, -1.0], [-3.0, -1.0]])
+    v_others = torch.cat([torch.ones(4), torch.zeros(10)]).unsqueeze(0)
+    psi, mask = torch.zeros(1, 2), torch.ones(1, 40, dtype=torch.bool)
+    seen = set()
+    for _ in range(50):
+        inactive = 10.0 * torch.randn(10, 2, generator=gen)
+        u_others = torch.cat([active, inactive]).unsqueeze(0)
+        seen.add(tuple(motif.features(u_points, mask, u_others, v_others, psi).reshape(-1).tolist()))
+    assert len(seen) == 1
