@@ -11,7 +11,8 @@ than its training size is seen through a keyhole. This motif shows it everything
 where ``E_j = sum_{k in C} v_k N(x_j; mu_k)`` is how well the other mixtures explain point
 ``j`` and ``M_C`` is their number. So the other mixtures enter only through each point's
 ``E_j`` and through ``M_C``: the set of points ``(x_j, E_j)`` and the count are sufficient
-(a mixture that duplicates another shows up as points whose ``E_j`` is already high).
+(a mixture that duplicates another shows up as points whose ``E_j`` is already high; the
+features floor ``log E_j`` at -30, so points no mixture explains all look alike).
 
 **Features.** A head of ``9 + 3 D`` numbers: ``log(tau / sigma)``, ``logit p``,
 ``log(1 + M_C)``, ``log(n / 100)``, the log mass and centroid of the poorly explained points,
@@ -190,7 +191,8 @@ class GmmPairSetMotif(GmmPairMotif):
         mixture, and a quarter of the models give one mixture a near-duplicate (an active
         copy of an active mixture, ``0.5 sigma`` away). The points pick their mixture
         uniformly among the active ones, as the model does: the network learns the model's
-        conditional, and to the model a large cluster is several mixtures at one place
+        conditional (up to the near-duplicates, which change the means' prior in a quarter of
+        the models; MH corrects both), and to the model a large cluster is several mixtures at one place
         (which the near-duplicates and the prior's close pairs show it). Training on
         unequal cluster weights instead taught a first version to propose what generated
         the data rather than what the model prefers: it stalled below split-merge on
