@@ -26,7 +26,8 @@ for ``w`` consecutive pairs of each of ``K`` chains at once:
    energy (its bit zeroes it everywhere). The later pairs of the step were therefore proposed
    and scored at the state the sequential sweep would have, unless they contain one of those two
    mixtures: the step ends before the first such pair (it is proposed again next step). Such
-   moves are most of the accepted ones when many mixtures are off, and each used to end a step.
+   moves are frequent when many mixtures are off (at m=16-32 with half of them on, the gain was
+   3-12% of pair sweeps per second).
 
 The fused energy equals the graph's: :func:`supports_fused_mixture` admits a graph only when
 each block variable's factors are its one prior factor and the mixture group's rows
