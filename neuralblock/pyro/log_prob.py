@@ -35,8 +35,6 @@ _SOFTPLUS_THRESHOLD = 40.0  # exp(40) is far from float32's overflow (at 88)
 class _BernoulliLogitsLogProb(torch.autograd.Function):
     """``y * l - softplus(l)`` with derivative ``(y - sigmoid(l), l)``, forward mode and vmap included."""
 
-    generate_vmap_rule = True
-
     @staticmethod
     def forward(logits: Tensor, value: Tensor) -> Tensor:
         # softplus is linear from its threshold on (it drops log1p(exp(-l))): at 40 that is below 5e-18,
@@ -46,12 +44,15 @@ class _BernoulliLogitsLogProb(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
         logits, value = inputs
+        ctx.set_materialize_grads(False)  # an input without a tangent (the data) gets None, not a zeros tensor
         ctx.save_for_backward(logits, value)
         ctx.save_for_forward(logits, value)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
         logits, value = ctx.saved_tensors
+        if grad is None:
+            return None, None
         grad_logits = grad * (value - torch.sigmoid(logits)) if ctx.needs_input_grad[0] else None
         grad_value = grad * logits if ctx.needs_input_grad[1] else None
         return grad_logits, grad_value
@@ -59,12 +60,23 @@ class _BernoulliLogitsLogProb(torch.autograd.Function):
     @staticmethod
     def jvp(ctx: Any, logits_tangent: Tensor | None, value_tangent: Tensor | None) -> Tensor:
         logits, value = ctx.saved_tensors
-        out = torch.zeros((), dtype=logits.dtype, device=logits.device)
-        if logits_tangent is not None:
-            out = out + (value - torch.sigmoid(logits)) * logits_tangent
+        out = None if logits_tangent is None else (value - torch.sigmoid(logits)) * logits_tangent
         if value_tangent is not None:
-            out = out + logits * value_tangent
-        return out
+            out = logits * value_tangent if out is None else out + logits * value_tangent
+        return torch.zeros_like(logits) if out is None else out
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, int | None], logits: Tensor, value: Tensor) -> tuple[Tensor, int]:
+        # one call on the batched tensors with the batch dimension last (an unbatched input broadcasts
+        # against it): batched logits usually come from a matrix product whose batch dimension is the
+        # innermost one in memory, so every elementwise operation then runs on contiguous memory, where a
+        # generated rule would expand the data and mix layouts (the coreset projection's jvp(vmap(...)) ran
+        # about 20% slower)
+        logits_dim, value_dim = in_dims
+        logits = logits.unsqueeze(-1) if logits_dim is None else logits.movedim(logits_dim, -1)
+        value = value.unsqueeze(-1) if value_dim is None else value.movedim(value_dim, -1)
+        logits, value = torch.broadcast_tensors(logits, value)  # vmap calls this only with a batched input
+        return _BernoulliLogitsLogProb.apply(logits, value), logits.dim() - 1
 
 
 def site_log_prob(fn: Any, value: Tensor) -> Tensor:
