@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -39,8 +40,10 @@ def _assert_z(draws: torch.Tensor, exact: torch.Tensor, tests: int, chains: int)
     assert z.abs().max() < limit, (mean.tolist(), exact.tolist(), z.tolist(), limit)
 
 
-def test_correlated_badly_scaled_gaussian_moments() -> None:
+@pytest.mark.parametrize("numpy", [True, False], ids=["numpy-graph", "torch-graph"])
+def test_correlated_badly_scaled_gaussian_moments(numpy: bool) -> None:
     # 3 means and 3 variances, scales 0.1 / 1 / 10 with correlation 0.6: the mass matrix has to adapt.
+    # The fused potential runs as its NumPy translation (with the NumPy state on the CPU) or as its torch graph.
     scale = torch.tensor([0.1, 1.0, 10.0])
     corr = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.6], [0.0, 0.6, 1.0]])
     cov = corr * scale[:, None] * scale[None]
@@ -51,12 +54,13 @@ def test_correlated_badly_scaled_gaussian_moments() -> None:
         d = params["z"] - loc
         return 0.5 * d @ precision @ d
 
-    fused = FusedPotential(potential, ["z"], "a Gaussian potential", record_after=1)
+    fused = FusedPotential(potential, ["z"], "a Gaussian potential", record_after=1, numpy=numpy)
 
     def make() -> DirectNUTS:
         return DirectNUTS(potential_fn=fused, initial_params={"z": torch.zeros(3)})
 
     draws = _chains(make, "z", chains=2, samples=1500, warmup=400, seed=0)
+    assert (fused.value_and_grad.call_numpy(np.zeros(3, dtype=np.float32)) is not None) == numpy
     stats = torch.cat([draws, (draws - loc.double()) ** 2], -1)  # means, then variances
     exact = torch.cat([loc, cov.diagonal()]).double()
     _assert_z(stats, exact, tests=6, chains=2)
