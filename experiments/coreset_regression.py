@@ -394,28 +394,30 @@ def warm_up(kind: str) -> None:
 
 
 def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Reference, full-data NUTS, coresets + NUTS (Pyro, and NumPyro if available) for one dataset."""
+    """Reference, full-data NUTS, coresets + NUTS (Pyro, and NumPyro if available) for one dataset.
+
+    Every torch arm is timed before any JAX run (the NumPyro timings, the reference and the coreset-bias
+    runs): the first large torch allocations after a JAX run in the same process were measured 2.5x slower
+    (the projection: 0.62 against 0.25 CPU s), a cost no user who builds a coreset without JAX pays.
+    """
     warm_up(load_kind(name))
     pyro.set_rng_seed(args.seed)
     kind, x, y = load_dataset(name, args.seed)
     model = MODELS[kind]
     init, init_seconds = timed_call(start_point, kind, x, y, args, clock=CLOCK)  # the full-data runs pay for it
-    ref = reference_posterior(kind, x, y, args, init)
-    out: dict[str, Any] = {"kind": kind, "num_data": len(y), "dim": x.shape[1], "reference": ref["method"]}
-    out["reference_mcse_rms_sd"] = float((ref["mcse"] / ref["sd"]).pow(2).mean().sqrt())
+    out: dict[str, Any] = {"kind": kind, "num_data": len(y), "dim": x.shape[1]}
     out["init_seconds"] = init_seconds
-    full_run = pyro_nuts(model, (x, y), args.warmup, args.samples, init, args.jit)
-    out["full_pyro"] = score(full_run, ref, offset=init_seconds)
+    runs = {"full_pyro": (pyro_nuts(model, (x, y), args.warmup, args.samples, init, args.jit), init_seconds)}
     if args.full_direct:
         direct_init = init if init is not None else uniform_start(x.shape[1])
         full_direct = direct_nuts(model, None, (x, y), args.warmup, args.samples, direct_init, args.sampler)
-        out["full_direct"] = score(full_direct, ref, offset=init_seconds)
+        runs["full_direct"] = (full_direct, init_seconds)
     sizes = [m for m in args.sizes if m < len(y)]
     out["sizes"] = sizes
-    out["coresets"] = {}
     built: dict[int, tuple[Coreset, float, Tensor | None]] = {}
+    rows: dict[str, list[tuple[dict[str, Any], dict[str, Any], HilbertCoreset | None]]] = {}
     for method in ("uniform", "fw"):
-        rows = []
+        rows[method] = []
         for size in sizes:
             (core, hilbert, stages, core_init), build_seconds = timed_call(
                 coreset_and_start, method, kind, x, y, size, args, clock=CLOCK
@@ -427,26 +429,42 @@ def run_dataset(name: str, args: argparse.Namespace) -> dict[str, Any]:
             else:
                 run = pyro_nuts(weighted_model(model, core), (x, y), args.warmup, args.samples, core_init, args.jit)
             row = {"size": size, "support": len(core.indices), "build_seconds": build_seconds, **stages}
-            row.update(score(run, ref, offset=build_seconds))
             if hilbert is not None:  # untimed diagnostics of the FW coreset
                 row.update(hilbert_errors(hilbert, kind, x, y, args))
-                if args.reference == "numpyro" and numpyro_available():
-                    row.update(coreset_bias(core, kind, x, y, ref, args, core_init))
-            rows.append(row)
-        out["coresets"][method] = rows
+            rows[method].append((row, run, hilbert))
+    jax_runs: dict[str, Any] = {}
     if sizes and args.numpyro and numpyro_available():
         size = sizes[-1]
         core, build_seconds, core_init = built[size]
-        full = numpyro_nuts(kind, x, y, None, args.warmup, args.samples, args.seed, init)
         dense = core.dense(len(y))
         support = dense > 0
-        coreset_run = numpyro_nuts(
-            kind, x[support], y[support], dense[support], args.warmup, args.samples, args.seed, core_init
-        )
-        out["numpyro"] = {
+        jax_runs = {
             "size": size,
-            "full": score(full, ref, offset=init_seconds),
-            "coreset": {"build_seconds": build_seconds, **score(coreset_run, ref, build_seconds)},
+            "full": numpyro_nuts(kind, x, y, None, args.warmup, args.samples, args.seed, init),
+            "coreset": numpyro_nuts(
+                kind, x[support], y[support], dense[support], args.warmup, args.samples, args.seed, core_init
+            ),
+            "build_seconds": build_seconds,
+        }
+    ref = reference_posterior(kind, x, y, args, init)
+    out["reference"] = ref["method"]
+    out["reference_mcse_rms_sd"] = float((ref["mcse"] / ref["sd"]).pow(2).mean().sqrt())
+    for arm, (run, offset) in runs.items():
+        out[arm] = score(run, ref, offset=offset)
+    out["coresets"] = {}
+    for method, method_rows in rows.items():
+        for row, run, hilbert in method_rows:
+            row.update(score(run, ref, offset=row["build_seconds"]))
+            if hilbert is not None and args.reference == "numpyro" and numpyro_available():
+                core, _, core_init = built[row["size"]]
+                row.update(coreset_bias(core, kind, x, y, ref, args, core_init))
+        out["coresets"][method] = [row for row, _, _ in method_rows]
+    if jax_runs:
+        build_seconds = jax_runs["build_seconds"]
+        out["numpyro"] = {
+            "size": jax_runs["size"],
+            "full": score(jax_runs["full"], ref, offset=init_seconds),
+            "coreset": {"build_seconds": build_seconds, **score(jax_runs["coreset"], ref, build_seconds)},
         }
     return out
 
@@ -456,6 +474,20 @@ def time_ratio(coreset: dict[str, Any], full: dict[str, Any]) -> float | None:
     if coreset["seconds_to_tolerance"] is None or full["seconds_to_tolerance"] is None:
         return None
     return coreset["seconds_to_tolerance"] / full["seconds_to_tolerance"]
+
+
+def ratio_bound(coreset: dict[str, Any], full: dict[str, Any]) -> float | None:
+    """Where only the coreset run reaches the tolerance, its time over the full run's whole time: the full
+    run would need longer than that, so the time ratio lies below this bound (``None`` otherwise)."""
+    if coreset["seconds_to_tolerance"] is None or full["seconds_to_tolerance"] is not None:
+        return None
+    return coreset["seconds_to_tolerance"] / full["total_seconds"]
+
+
+def ratio_cell(coreset: dict[str, Any], full: dict[str, Any]) -> float | str | None:
+    """The time ratio, or ``"< bound"`` where only the coreset run reached the tolerance."""
+    bound = ratio_bound(coreset, full)
+    return time_ratio(coreset, full) if bound is None else f"< {bound:.3g}"
 
 
 def construction_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -612,8 +644,8 @@ def summary_row(name: str, res: dict[str, Any]) -> dict[str, Any]:
             "pi_hat s": fw.get("pi_hat_seconds"),
             "projection s": fw.get("projection_seconds"),
             "FW solve s": fw.get("solve_seconds"),
-            "time ratio (Pyro)": time_ratio(fw, full),
-            "time ratio (direct)": time_ratio(fw, res["full_direct"]) if "full_direct" in res else None,
+            "time ratio (Pyro)": ratio_cell(fw, full),
+            "time ratio (direct)": ratio_cell(fw, res["full_direct"]) if "full_direct" in res else None,
             "total time ratio (Pyro)": fw["total_seconds"] / full["total_seconds"],
         }
     )
@@ -621,7 +653,7 @@ def summary_row(name: str, res: dict[str, Any]) -> dict[str, Any]:
         nfull, ncore = res["numpyro"]["full"], res["numpyro"]["coreset"]
         row["NumPyro full s to 0.1"] = nfull["seconds_to_tolerance"]
         row["NumPyro FW s to 0.1"] = ncore["seconds_to_tolerance"]
-        row["time ratio (NumPyro)"] = time_ratio(ncore, nfull)
+        row["time ratio (NumPyro)"] = ratio_cell(ncore, nfull)
     return row
 
 
@@ -667,7 +699,10 @@ def write_outputs(folder: Path, record: dict[str, Any]) -> None:
         "CPU seconds (construction included for FW). `s to 0.1` = CPU seconds until the running "
         "posterior-mean error stays <= 0.1 sd until the end of the run (empty: never); `time ratio` = FW's "
         "over full data's (`Pyro`: full-data NUTS through the model, as a user runs it; `direct`: full-data "
-        "NUTS on the direct-path potential); `total time ratio` = whole runs (construction included). "
+        "NUTS on the direct-path potential; `< b`: the full-data run never stayed within 0.1 sd, so the ratio is "
+        "below b = FW's time over the full run's whole time); `total time ratio` = whole runs (construction "
+        "included). Every torch arm runs before any JAX run (the NumPyro timings and references): the first "
+        "large torch allocations after JAX in one process were measured 2.5x slower. "
         f"Coreset NUTS runs {CORESET_NUTS[args.get('coreset_nuts', 'model')]}, sampled by {sampler}. "
         "FW build = pi_hat + projection + FW solve (with the coreset's bias check).",
         "",
@@ -730,6 +765,8 @@ def finish(
     if headline and 500 in headline["sizes"]:
         fw = next(r for r in headline["coresets"]["fw"] if r["size"] == 500)
         ratio = time_ratio(fw, headline["full_pyro"])
+        bound = ratio_bound(fw, headline["full_pyro"])
+        judged = ratio if bound is None else bound
         target = {
             "dataset": "synth_lr_1e5",
             "size": 500,
@@ -737,11 +774,12 @@ def finish(
             "fw_bias_rms_sd": fw.get("bias_rms_sd"),
             "fw_bias_mcse_rms_sd": fw.get("bias_mcse_rms_sd"),
             "time_ratio_pyro": ratio,
+            "time_ratio_pyro_below": bound,  # full-data Pyro NUTS never reached the tolerance in its run
             "time_ratio_direct": time_ratio(fw, headline["full_direct"]) if "full_direct" in headline else None,
             "fw_seconds_to_tolerance": fw["seconds_to_tolerance"],
             "full_pyro_seconds_to_tolerance": headline["full_pyro"]["seconds_to_tolerance"],
             "total_time_ratio_pyro": fw["total_seconds"] / headline["full_pyro"]["total_seconds"],
-            "met": ratio is not None and ratio <= 0.2,
+            "met": judged is not None and judged <= 0.2,
         }
     if len(scaling) >= 2:
         per = [row["microseconds_per_datum"] for row in scaling]
