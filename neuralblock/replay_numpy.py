@@ -153,6 +153,10 @@ def _dot(a: Any, b: Any) -> Any:
 
 def _addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     product = a @ b if alpha == 1 else alpha * (a @ b)
+    if beta == 0:  # torch ignores the bias then (NaN and inf included)
+        return product if alpha != 0 else np.zeros_like(product)
+    if alpha == 0:
+        return beta * np.broadcast_to(bias, product.shape).copy()
     return product + (bias if beta == 1 else beta * bias)
 
 
@@ -166,7 +170,6 @@ _UNARY: dict[str, Callable[[Any], Any]] = {
     "rsqrt": lambda x: 1 / np.sqrt(x),
     "reciprocal": lambda x: 1 / x,
     "abs": np.abs,
-    "sign": np.sign,
     "tanh": np.tanh,
     "sin": np.sin,
     "cos": np.cos,
@@ -248,6 +251,17 @@ def _constant(value: Any) -> Any:
     return array.item() if array.ndim == 0 else array
 
 
+_FRESH = {
+    f"aten.{name}"
+    for name in [
+        *("mm", "mv", "bmm", "dot", "addmm", "mul", "div", "add", "sub", "rsub", "pow", "maximum", "minimum"),
+        *("where", "clamp", "clamp_min", "clamp_max", "softplus", "softplus_backward", "sum", "mean", "neg"),
+        *("exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "abs", "tanh", "sin", "cos", "sigmoid"),
+        *("clone", "lift_fresh_copy", "_to_copy", "cat", "stack", "gt", "lt", "ge", "le", "eq"),
+    ]
+}  # operations whose result is a new tensor (never a view of an input)
+
+
 def _out_of_place(node: Any) -> str:
     """The name of a node's operation; an in-place one (``aten.squeeze_.dim``) by its out-of-place name when
     that computes the same: its input is an intermediate result that nothing else reads."""
@@ -258,6 +272,8 @@ def _out_of_place(node: Any) -> str:
     source = node.args[0] if node.args else None
     if source is None or getattr(source, "op", None) != "call_function" or set(source.users) != {node}:
         return name  # the mutation would be visible elsewhere: no counterpart
+    if str(source.target).rpartition(".")[0] not in _FRESH:
+        return name  # a view (select, slice, ...) would carry the mutation to its base: no counterpart
     return f"{packet[:-1]}.{overload}"
 
 
@@ -276,11 +292,12 @@ def numpy_graph(gm: Any) -> Callable[..., tuple[Any, ...]] | None:
         an argument that has no NumPy counterpart here.
     """
     constants: dict[str, Any] = {}
+    names = {node: _out_of_place(node) for node in gm.graph.nodes if node.op == "call_function"}  # before renaming
     for node in gm.graph.nodes:
         if node.op == "call_function":
             if node.target is operator.getitem:
                 continue
-            fn = _OPS.get(_out_of_place(node))
+            fn = _OPS.get(names[node])
             if fn is None:
                 return None
             node.target = fn

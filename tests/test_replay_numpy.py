@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from neuralblock.replay import FusedPotential, ReplayedFunction, copy_graph, simplify_graph
+from neuralblock import replay_numpy
+from neuralblock.replay import FusedPotential, ReplayedFunction, _close, copy_graph, simplify_graph
 from neuralblock.replay_numpy import numpy_graph, torch_dtype
 
 DATA = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
@@ -149,3 +150,35 @@ def test_in_place_operations_translate_only_where_nothing_else_reads_their_input
     gm = make_fx(shared)(x)
     assert any(str(n.target) == "aten.mul_.Tensor" for n in gm.graph.nodes)
     assert numpy_graph(copy_graph(gm)) is None
+
+
+def test_an_in_place_operation_on_a_view_is_not_translated() -> None:
+    weights = torch.tensor([[1.0, 0.5], [-0.5, 2.0]])
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        h = x @ weights
+        h[:, 0].clamp_min_(0.0)  # writes through the view into h
+        return h.sum()
+
+    gm = make_fx(fn)(torch.ones(1, 2))
+    assert any(str(n.target) == "aten.clamp_min_.default" for n in gm.graph.nodes)
+    assert numpy_graph(copy_graph(gm)) is None
+
+
+def test_close_checks_small_components_against_their_own_size() -> None:
+    big = torch.tensor([1e4, 0.5])
+    assert _close((big,), (big.clone(),))
+    assert not _close((torch.tensor([1e4, -0.5]),), (big,))  # a wrong sign hidden by the norm-wise scale
+    assert _close((torch.tensor([200.0, 1.001]),), (torch.tensor([200.0, 1.0]),))  # float32 rounding near zero
+    assert not _close((torch.tensor([1.0, 2.0], dtype=torch.float64) + 1e-9,), (torch.tensor([1.0, 2.0]).double(),))
+
+
+def test_a_translation_that_alone_disagrees_is_dropped_and_the_graph_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = ReplayedFunction(lambda x: torch.sign(x) * 2.0, "a sign", record_after=1, numpy=True)
+    fast(torch.ones(3))
+    wrong = {"aten.sign.default": lambda x: -np.sign(x)}  # a translation unlike torch (the table has no sign)
+    monkeypatch.setattr("neuralblock.replay_numpy._OPS", {**replay_numpy._OPS, **wrong})
+    assert fast.call_numpy(np.ones(3, dtype=np.float32)) is None
+    assert fast.failure is None and fast.verified is not None
+    assert fast(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]  # the torch graph still serves calls
+    assert len(fast._graphs) == 1

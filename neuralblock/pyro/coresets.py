@@ -468,7 +468,9 @@ def _newton_mode(potential: Callable[[Tensor], Tensor], x: Tensor, num_steps: in
         # close to the mode the quadratic model is exact to far below that: take the full Newton step and stop
         resolution = float(torch.finfo(value.dtype).eps) * (1.0 + float(value.abs()))
         if damping == 0.0 and not small and decrement < 2 * resolution:
-            x, converged = x + delta, True
+            if torch.isfinite(safe(x + delta)):  # (a step this short stays where the log joint is finite)
+                x = x + delta
+            converged = True
             break
         if damping == 0.0 and small:
             converged = True
@@ -491,7 +493,8 @@ def _newton_mode(potential: Callable[[Tensor], Tensor], x: Tensor, num_steps: in
         elif clipped:
             radius *= 2
         # a step below the parameters' rounding unit leaves x where it is: no progress is possible any more
-        converged = bool(delta.abs().max() <= float(torch.finfo(x.dtype).eps) * (1.0 + float(x.abs().max())))
+        unit = max(1e-10, float(torch.finfo(x.dtype).eps))  # float64: the old 1e-10; float32: its rounding unit
+        converged = bool(delta.abs().max() <= unit * (1.0 + float(x.abs().max())))
         previous, x, value = x, x + delta, trial
         if converged:  # no progress possible any more at float precision
             break
