@@ -127,22 +127,23 @@ class BlockTableEnergy:
         fg: a graph of table factors.
         blocks: ``LongTensor [I, b]`` block variable ids.
         cardinalities: the block's domains.
+        enumerate_values: precompute the block parts for all ``J`` joint values (:attr:`index`, ``[I, d, J]``);
+            without it only :meth:`at_values` reads energies (blocks with too many joint values to store).
     """
 
-    def __init__(self, fg: FactorGraph, blocks: Tensor, cardinalities: Sequence[int]) -> None:
+    def __init__(
+        self, fg: FactorGraph, blocks: Tensor, cardinalities: Sequence[int], enumerate_values: bool = True
+    ) -> None:
         groups = cast(list[TableGroup], fg.groups)  # the fused path takes graphs of table factors only
         offsets = [0]
         for group in groups:
             offsets.append(offsets[-1] + group._flat.numel())
         self.zero = offsets[-1]
-        cards = torch.tensor(list(cardinalities), dtype=torch.long)
-        values = torch.stack(torch.meshgrid(*[torch.arange(int(k)) for k in cards], indexing="ij"), -1).reshape(
-            -1, len(cards)
-        )
+        size = len(cardinalities)
         num = blocks.shape[0]
         scaffold = fg.scaffold(blocks)
         arity = max([g.scopes.shape[1] for g in groups if g.num_factors] + [1])
-        rows_scopes, rows_strides, rows_index, rows_block = [], [], [], []
+        rows_scopes, rows_strides, rows_first, rows_block_strides, rows_block = [], [], [], [], []
         for group, rows, segment, first in zip(groups, scaffold.group_index, scaffold.group_segment, offsets):
             if rows.numel() == 0:
                 continue
@@ -150,23 +151,27 @@ class BlockTableEnergy:
             strides = group._strides.expand_as(scopes)
             position = (scopes[:, :, None] == blocks[segment][:, None, :]).long()  # [m, a, b]
             in_block = position.sum(-1).bool()
-            block_strides = (strides[:, :, None] * position).sum(1)  # [m, b]
-            index = first + rows[:, None] * group._size + block_strides @ values.T  # [m, J]
             pad = arity - scopes.shape[1]
             rows_scopes.append(torch.nn.functional.pad(scopes * ~in_block, (0, pad)))
             rows_strides.append(torch.nn.functional.pad(strides * ~in_block, (0, pad)))
-            rows_index.append(index)
+            rows_first.append(first + rows * group._size)  # [m] the factor's first entry
+            rows_block_strides.append((strides[:, :, None] * position).sum(1))  # [m, b]
             rows_block.append(segment)
         if not rows_block:  # no block touches a factor: padding only
             empty = torch.zeros(0, dtype=torch.long)
             rows_scopes, rows_strides = [empty.reshape(0, arity)], [empty.reshape(0, arity)]
-            rows_index, rows_block = [empty.reshape(0, len(values))], [empty]
-        self.scopes, self.strides, self.index = pad_by_owner(
+            rows_first, rows_block_strides, rows_block = [empty], [empty.reshape(0, size)], [empty]
+        self.scopes, self.strides, self.first, self.block_strides = pad_by_owner(
             torch.cat(rows_block),
             num,
-            [torch.cat(rows_scopes), torch.cat(rows_strides), torch.cat(rows_index)],
-            [0, 0, self.zero],
-        )
+            [torch.cat(rows_scopes), torch.cat(rows_strides), torch.cat(rows_first), torch.cat(rows_block_strides)],
+            [0, 0, self.zero, 0],
+        )  # padded pairs read the zero entry
+        self.index = torch.zeros(num, self.first.shape[1], 0, dtype=torch.long)  # [I, d, J]: see enumerate_values
+        if enumerate_values:
+            cards = [torch.arange(int(k)) for k in cardinalities]
+            values = torch.stack(torch.meshgrid(*cards, indexing="ij"), -1).reshape(-1, size)
+            self.index = self.first[..., None] + self.block_strides @ values.T
         self.flat = self.flat_tables(fg)
 
     @staticmethod
@@ -176,7 +181,7 @@ class BlockTableEnergy:
 
     def to(self, device: torch.device) -> BlockTableEnergy:
         """Move the index tensors and tables to ``device``."""
-        for name in ("scopes", "strides", "index", "flat"):
+        for name in ("scopes", "strides", "first", "block_strides", "index", "flat"):
             setattr(self, name, getattr(self, name).to(device))
         return self
 
@@ -184,8 +189,33 @@ class BlockTableEnergy:
         """The energy of the blocks at ``rows`` (a view sharing the tables)."""
         out = object.__new__(BlockTableEnergy)
         out.zero, out.flat = self.zero, self.flat
-        out.scopes, out.strides, out.index = self.scopes[rows], self.strides[rows], self.index[rows]
+        for name in ("scopes", "strides", "first", "block_strides", "index"):
+            setattr(out, name, getattr(self, name)[rows])
         return out
+
+    def at_values(self, state: Tensor, blocks: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Scaffold log-density ``[K, I, m]`` of blocks at values ``blocks [K, I, m, b]``, the rest at ``state [K, n]``.
+
+        Args:
+            state: ``[K, n]`` states (their block variables are not read).
+            blocks: ``[K, I, m, b]`` block values (``m`` candidates per block).
+            rows: the ``I`` blocks' rows (default: all).
+
+        Example:
+            >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
+            >>> _ = fg.add_table_factors(torch.tensor([[0, 1]]), torch.tensor([[[0.5, 0.0], [1.0, 2.0]]]))
+            >>> energy = BlockTableEnergy(fg, torch.tensor([[0]]), [2], enumerate_values=False)
+            >>> energy.at_values(torch.tensor([[0.0, 1.0]]), torch.tensor([[[[0], [1]]]])).tolist()
+            [[[0.0, 2.0]]]
+        """
+        scopes, strides, first, block_strides = (
+            (self.scopes, self.strides, self.first, self.block_strides)
+            if rows is None
+            else (self.scopes[rows], self.strides[rows], self.first[rows], self.block_strides[rows])
+        )
+        shift = first + (state[:, scopes].long() * strides).sum(-1)  # [K, I, d]
+        parts = (blocks.long()[:, :, None, :, :] * block_strides[None, :, :, None, :]).sum(-1)  # [K, I, d, m]
+        return self.flat[parts + shift.unsqueeze(-1)].sum(-2)
 
     def __call__(self, flat: Tensor, state: Tensor, joint: Tensor) -> Tensor:
         """Scaffold log-density ``[K, I, m]`` of blocks at joint values ``joint [K, I, m]``, the rest at ``state``."""

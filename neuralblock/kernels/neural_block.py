@@ -43,6 +43,7 @@ from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, 
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
 from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
 from neuralblock.kernels.fused_mixture import FusedMixtureSweep, supports_fused_mixture
+from neuralblock.kernels.fused_sampled import FusedSampledSweep, supports_fused_sampled
 from neuralblock.kernels.gibbs import SoftZeros, resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
@@ -53,7 +54,7 @@ __all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculat
 
 _RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
 _MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold
-_Fused = FusedBlockSweep | FusedContinuousSweep | FusedMixtureSweep
+_Fused = FusedBlockSweep | FusedSampledSweep | FusedContinuousSweep | FusedMixtureSweep
 
 
 @dataclass
@@ -271,7 +272,11 @@ class NeuralBlockKernel(GraphKernel):
     (:mod:`neuralblock.kernels.fused_blocks`): the MDN's proposal is enumerated over the joint
     block values and cached per (instance, context value), the scaffold energy is read from
     the tables, and the classes are padded to one shape so that ``compile=True`` compiles
-    one function per graph. Continuous blocks of a motif with a pure context encoder whose
+    one function per graph. Discrete blocks with more joint values on the same graphs (``crf_tags``
+    with 3 or 4 tags) take the sampled fused path (:mod:`neuralblock.kernels.fused_sampled`): the MDN's
+    mixture parameters are cached per (instance, context value), a block is drawn by inverse CDF and
+    scored by the same steps, and the energy of the two values is read from the tables. Continuous blocks of
+    a motif with a pure context encoder whose
     scaffolds are linear-Gaussian or log-linear-Gaussian rows (e.g. the ``chain`` motif) take
     the fused continuous path (:mod:`neuralblock.kernels.fused_continuous`): one function per
     class gathers the context, whitens, runs the MDN, draws and scores the block both ways,
@@ -371,6 +376,8 @@ class NeuralBlockKernel(GraphKernel):
             fused: _Fused | None = None
             if self.use_fused and supports_fused(fg, instances, motif.block_spec.cardinalities):
                 fused = FusedBlockSweep(fg, proposal, ordered, offsets, self.device, self.compile)
+            elif self.use_fused and supports_fused_sampled(fg, proposal, instances):
+                fused = FusedSampledSweep(fg, proposal, ordered, offsets, self.device)
             elif self.use_fused and supports_fused_continuous(fg, motif, instances):
                 fused = FusedContinuousSweep(fg, proposal, ordered, offsets, self.device, self.compile)
             elif self.use_fused and supports_fused_mixture(fg, motif, instances):
@@ -387,7 +394,7 @@ class NeuralBlockKernel(GraphKernel):
             self.block_classes.append(classes)
             self.sweeps.append(sweep)
             self.num_instances.append(len(instances))
-            if not isinstance(fused, FusedBlockSweep) and self.device.type != "cpu":  # continuous: CPU only for now
+            if not isinstance(fused, FusedBlockSweep | FusedSampledSweep) and self.device.type != "cpu":  # CPU only
                 raise ValueError(
                     f"motif {motif.name}: only discrete blocks on table factors (the fused path) run on "
                     f"{self.device}; use device='cpu'"

@@ -1,0 +1,125 @@
+"""The sampled fused path (crf_tags blocks of more than 512 joint values): exact chains, its proposal, its cache.
+
+Statistical tests compare each variable's and each neighbouring pair's visit frequencies with the exact
+marginals (enumeration) by batch-means z-scores over vectorized chains (20 batches each) with a Bonferroni t
+threshold: false-failure rate at most 1e-3 per test over random seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _stats import bonferroni_t, enumerate_joint  # tests/ is on sys.path under pytest
+from scipy.stats import chi2
+from test_vectorized_chains import run, zero_safe
+
+from motifs.crf import load_crf
+from motifs.crf_tags import CrfTagsMotif
+from neuralblock import NeuralBlockKernel, load_pretrained
+from neuralblock.diagnostics import batch_means_mcse
+from neuralblock.kernels.fused_sampled import FusedSampledSweep, draw_blocks, score_blocks
+from neuralblock.proposals import NeuralBlockProposal
+from neuralblock.proposals.mdn import BlockMixture
+
+ALPHA = 1e-3
+BATCHES = 20
+TOKENS = ["Just", "saw", "Taylor", "Swift", "!"]
+CPU = torch.device("cpu")
+
+
+def pair_indicators(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``[..., n]`` tags -> one-hot of every variable's tag and of every neighbouring pair's tags."""
+    single = torch.nn.functional.one_hot(x.long(), k).flatten(-2)
+    pairs = torch.nn.functional.one_hot(x[..., :-1].long() * k + x[..., 1:].long(), k * k).flatten(-2)
+    return torch.cat([single, pairs], -1).double()
+
+
+def assert_marginals(draws: torch.Tensor, fg, k: int) -> None:
+    states, probs = enumerate_joint(fg)
+    exact = (pair_indicators(states, k) * probs[:, None]).sum(0)
+    mean, mcse = batch_means_mcse(pair_indicators(draws, k), BATCHES)
+    iid = (exact * (1 - exact) / (draws.shape[0] * draws.shape[1])).sqrt()
+    z = zero_safe((mean - exact) / torch.maximum(mcse, iid).clamp_min(1e-12), mean, exact)
+    limit = bonferroni_t(len(exact), draws.shape[0] * BATCHES - 1, ALPHA)
+    assert z.abs().max() <= limit, f"max |z| = {z.abs().max():.2f} > {limit:.2f}"
+
+
+def sharpened(proposal: NeuralBlockProposal, power: float) -> NeuralBlockProposal:
+    """The proposal with every categorical raised to ``power`` (flatter below 1, sharper above): far from the
+    conditional, so the MH correction carries the chain."""
+    plain = proposal.forward
+
+    def forward(features: torch.Tensor) -> BlockMixture:
+        q = plain(features)
+        assert q.discrete_log_probs is not None
+        return BlockMixture(q.mixture_log_weights, q.discrete_log_probs * power, None, None, q.cardinalities)
+
+    proposal.forward = forward  # type: ignore[method-assign]
+    return proposal
+
+
+@pytest.mark.parametrize(("tags", "words", "power"), [(3, 4, 1.0), (3, 4, 0.3), (4, 5, 1.0)])
+def test_the_sampled_path_leaves_the_crf_posterior_invariant(tags: int, words: int, power: float) -> None:
+    """Neural blocks only (no Gibbs half), so every move is the sampled path's. (A sharpened proposal, power > 1,
+    is lighter-tailed than the conditional: an independence-type chain then sticks in rare values and is not
+    geometrically ergodic, so batch means cannot judge it; the general path fails such a test the same way.)"""
+    fg = load_crf().sentence_graph(TOKENS[:words])
+    torch.manual_seed(tags + 10 * words)
+    proposal = sharpened(load_pretrained(f"crf_tags-{tags}"), power)
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, chains=32)
+    draws = run(kernel, 1000)
+    diagnostics = kernel.diagnostics()
+    assert isinstance(kernel.fused[0], FusedSampledSweep) and diagnostics["fused"][proposal.motif.name]
+    assert 0.2 < diagnostics["acceptance_by_proposal"][proposal.motif.name] < 1.0
+    assert_marginals(draws, fg, 13)
+
+
+def test_blocks_are_drawn_with_the_probabilities_they_are_scored_with() -> None:
+    fg = load_crf().sentence_graph(TOKENS[:4])
+    proposal = sharpened(load_pretrained("crf_tags-3"), 0.3)
+    sweep = FusedSampledSweep(fg, proposal, proposal.motif.find_instances(fg), torch.tensor([0, 1, 2]), CPU)
+    state = torch.zeros(1, fg.num_variables)
+    cache = sweep.cache
+    slots = cache.ensure(fg, sweep.class_instances[0], cache.keys(state, sweep.rows[0]), state)
+    values = CrfTagsMotif(tags=3).block_spec.enumerate().long()  # all 2197 joint values
+    log_q = score_blocks(cache, slots, values[None, None])[0, 0]
+    assert abs(float(torch.logsumexp(log_q.double(), 0))) < 1e-5  # a distribution over the joint values
+    draws = 200_000
+    drawn = draw_blocks(
+        cache, slots.expand(draws, 1), torch.rand(draws, 1, 4, generator=torch.Generator().manual_seed(0))
+    )
+    counts = torch.bincount((drawn[:, 0] * torch.tensor([169, 13, 1])).sum(-1), minlength=2197).double()
+    expected = log_q.double().exp() * draws
+    keep = expected >= 5
+    stat = float((((counts - expected) ** 2) / expected)[keep].sum())
+    dof = int(keep.sum()) - 1
+    assert chi2.sf(stat, dof) > 1e-4, (stat, dof)
+    assert float(counts[~keep].sum()) <= max(5.0, 3 * float(expected[~keep].sum()) + 5)
+
+
+def test_the_cache_recomputes_the_same_rows_after_evictions_and_follows_new_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fg = load_crf().sentence_graph(TOKENS)
+    proposal = load_pretrained("crf_tags-3")
+    instances = proposal.motif.find_instances(fg)
+    offsets = torch.arange(len(instances) + 1)
+    state = torch.randint(13, (4, fg.num_variables)).float()
+    full = FusedSampledSweep(fg, proposal, instances, offsets, CPU)
+    full.cache.ensure(fg, full.class_instances[0], full.cache.keys(state, full.rows[0]), state)  # all the room
+    monkeypatch.setattr("neuralblock.kernels.fused_sampled._MAX_CACHE_FLOATS", 4 * 2 * (16 + 16 * 3 * 13))
+    small = FusedSampledSweep(fg, proposal, instances, offsets, CPU)  # 4 keys of room
+    for c in range(len(instances)):
+        keys = full.cache.keys(state, full.rows[c])
+        want_slots = full.cache.ensure(fg, full.class_instances[c], keys, state)  # (storage is allocated lazily)
+        got_slots = small.cache.ensure(fg, small.class_instances[c], keys, state)
+        assert torch.equal(small.cache.var_cdf[got_slots], full.cache.var_cdf[want_slots])
+    assert small.cache.evictions > 0 and full.cache.evictions == 0
+    torch.manual_seed(0)
+    before, *_ = full.sweep(fg, state)
+    fg.groups[0]._flat.add_(0.0)  # the same numbers: refresh recomputes every key to the same rows
+    full.refresh(fg, instances)
+    assert full.cache.used == 0
+    torch.manual_seed(0)
+    after, *_ = full.sweep(fg, state)
+    assert torch.equal(before, after)
