@@ -195,10 +195,11 @@ def draw_blocks(cache: ProposalCache, slots: Tensor, uniforms: Tensor) -> Tensor
 def score_blocks(cache: ProposalCache, slots: Tensor, values: Tensor) -> Tensor:
     """``log q`` of block values ``[K, I, m, b]`` under the rows ``slots [K, I]``: the log-sum-exp over components
     of the CDF steps :func:`draw_blocks` draws with (so the proposal scored is exactly the one drawn)."""
-    steps = cache.var_log[slots]  # [K, I, M, b, k]
-    m, components = values.shape[2], steps.shape[2]
-    index = values[:, :, :, None, :, None].expand(-1, -1, -1, components, -1, -1)  # [K, I, m, M, b, 1]
-    per_component = steps[:, :, None].expand(-1, -1, m, -1, -1, -1).gather(-1, index).squeeze(-1).sum(-1)
+    components, size, width = cache.var_log.shape[1:]
+    # flat offsets of (slot, component, variable) rows: one take reads the K I m M b steps, not whole rows
+    rows = torch.arange(components * size, device=slots.device).view(components, size) * width
+    index = (slots * (components * size * width))[:, :, None, None, None] + rows + values[:, :, :, None, :]
+    per_component = cache.var_log.view(-1).take(index).sum(-1)  # [K, I, m, M]
     return torch.logsumexp(cache.mix_log[slots][:, :, None, :] + per_component, -1)
 
 
