@@ -115,6 +115,37 @@ def _disjoint_context_groups(context: Tensor, largest: int) -> list[Tensor]:
     return [torch.tensor(group, dtype=torch.long) for group in members]
 
 
+def context_keys(
+    context: Tensor, cardinalities: Tensor, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, int, Tensor]:
+    """Keys of (instance, context value): one mixed-radix number per instance's context value, instance after instance.
+
+    Args:
+        context: ``[I, c]`` context variable ids (``-1``: padding).
+        cardinalities: ``[n]`` the graph's variable cardinalities.
+        device: where the index tensors live.
+
+    Returns:
+        ``(context [I, c]`` with padding at 0, ``radix [I, c]`` place values (0 for padding), ``base [I]`` first key of
+        each instance, the number of keys, and the context cardinalities ``[I, c]`` (1 for padding)).
+
+    Example:
+        >>> context, radix, base, count, _ = context_keys(torch.tensor([[0, 1], [1, -1]]), torch.tensor([2, 3]), "cpu")
+        >>> radix.tolist(), base.tolist(), count
+        ([[3, 1], [1, 0]], [0, 6], 9)
+    """
+    cards = torch.where(context >= 0, cardinalities[context.clamp(min=0)], torch.ones_like(context))
+    radix = (_radix(cards) * (context >= 0)).to(device)
+    sizes = cards.prod(-1) if context.shape[1] else torch.ones(len(context), dtype=torch.long)
+    base = (sizes.cumsum(0) - sizes).to(device)
+    return context.clamp(min=0).to(device), radix, base, int(sizes.sum()), cards
+
+
+def key_of(base: Tensor, context: Tensor, radix: Tensor, state: Tensor, rows: Tensor) -> Tensor:
+    """The keys ``[K, I]`` of instances ``rows`` at states ``[K, n]`` (see :func:`context_keys`)."""
+    return base[rows] + (state[:, context[rows]].long() * radix[rows]).sum(-1)
+
+
 class BlockTableEnergy:
     """Scaffold log-density of blocks at chosen joint values, read from the table factors.
 
@@ -329,14 +360,9 @@ class BlockTable:
         self.energy = energy
         self.device = device
         self.values = proposal.motif.block_spec.enumerate().long().to(device)  # [J, b]
-        context = instances.context
-        ctx_cards = torch.where(context >= 0, fg.cardinalities[context.clamp(min=0)], torch.ones_like(context))
-        self.context = context.clamp(min=0).to(device)
-        self.radix = (_radix(ctx_cards) * (context >= 0)).to(device)  # [I, c]
-        self._ctx_cards = ctx_cards
-        sizes = ctx_cards.prod(-1) if context.shape[1] else torch.ones(len(instances), dtype=torch.long)
-        self.base = (sizes.cumsum(0) - sizes).to(device)  # [I] first row of each instance
-        self.rows = int(sizes.sum())
+        self.context, self.radix, self.base, self.rows, self._ctx_cards = context_keys(
+            instances.context, fg.cardinalities, device
+        )
         self.computed = 0  # rows computed by the network (setup and visits)
         width = len(self.values)
         dense = self.rows * width * 2 <= _MAX_CACHE_ENTRIES
@@ -397,7 +423,7 @@ class BlockTable:
 
     def keys(self, state: Tensor, rows: Tensor) -> Tensor:
         """Table row of each (chain, instance): ``[K, I]`` for instances ``rows`` at states ``[K, n]``."""
-        return self.base[rows] + (state[:, self.context[rows]].long() * self.radix[rows]).sum(-1)
+        return key_of(self.base, self.context, self.radix, state, rows)
 
     def prefill(self, fg: FactorGraph, instances: MotifInstances) -> None:
         """Tabulate every context value of every instance (setup time).

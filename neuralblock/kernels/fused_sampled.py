@@ -46,7 +46,8 @@ from neuralblock.kernels.fused_blocks import (
     BlockTableEnergy,
     _draw_cdf,
     _log_steps,
-    _radix,
+    context_keys,
+    key_of,
 )
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
@@ -96,13 +97,7 @@ class ProposalCache:
     ) -> None:
         self.proposal = proposal
         self.device = device
-        context = instances.context
-        ctx_cards = torch.where(context >= 0, cardinalities[context.clamp(min=0)], torch.ones_like(context))
-        self.context = context.clamp(min=0).to(device)
-        self.radix = (_radix(ctx_cards) * (context >= 0)).to(device)  # [I, c]
-        sizes = ctx_cards.prod(-1) if context.shape[1] else torch.ones(len(instances), dtype=torch.long)
-        self.base = (sizes.cumsum(0) - sizes).to(device)  # [I] first key of each instance
-        self.rows = int(sizes.sum())
+        self.context, self.radix, self.base, self.rows, _ = context_keys(instances.context, cardinalities, device)
         self.slot = torch.full((self.rows,), -1, dtype=torch.long, device=device)  # key -> stored row (-1: none)
         self.used = 0  # stored rows in use
         self.max_slots = 0  # set with the storage, once the number of components is known
@@ -112,7 +107,7 @@ class ProposalCache:
 
     def keys(self, state: Tensor, rows: Tensor) -> Tensor:
         """Key of each (chain, instance): ``[K, I]`` for instances ``rows`` at states ``[K, n]``."""
-        return self.base[rows] + (state[:, self.context[rows]].long() * self.radix[rows]).sum(-1)
+        return key_of(self.base, self.context, self.radix, state, rows)
 
     def clear(self) -> None:
         """Forget every key (new parameters, or no room): keys are computed again as chains visit them."""
