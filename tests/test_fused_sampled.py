@@ -58,19 +58,21 @@ def sharpened(proposal: NeuralBlockProposal, power: float) -> NeuralBlockProposa
     return proposal
 
 
-@pytest.mark.parametrize(("tags", "words", "power"), [(3, 4, 1.0), (3, 4, 0.3), (4, 5, 1.0)])
-def test_the_sampled_path_leaves_the_crf_posterior_invariant(tags: int, words: int, power: float) -> None:
-    """Neural blocks only (no Gibbs half), so every move is the sampled path's. (A sharpened proposal, power > 1,
-    is lighter-tailed than the conditional: an independence-type chain then sticks in rare values and is not
-    geometrically ergodic, so batch means cannot judge it; the general path fails such a test the same way.)"""
+@pytest.mark.parametrize(("tags", "words"), [(3, 4), (4, 5)])
+def test_the_sampled_path_leaves_the_crf_posterior_invariant(tags: int, words: int) -> None:
+    """Neural blocks only (no Gibbs half), so every move is the sampled path's, from a flattened proposal (the
+    pretrained one accepts 99.5%: it would hide a wrong energy, e.g. one without the boundary factors, which this
+    test catches). (A sharpened proposal, power > 1, is lighter-tailed than the conditional: an independence-type
+    chain then sticks in rare values and is not geometrically ergodic, so batch means cannot judge it; the general
+    path fails such a test the same way.)"""
     fg = load_crf().sentence_graph(TOKENS[:words])
     torch.manual_seed(tags + 10 * words)
-    proposal = sharpened(load_pretrained(f"crf_tags-{tags}"), power)
-    kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, chains=32)
-    draws = run(kernel, 1000)
+    proposal = sharpened(load_pretrained(f"crf_tags-{tags}"), 0.3)
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, chains=48)
+    draws = run(kernel, 1500)
     diagnostics = kernel.diagnostics()
     assert isinstance(kernel.fused[0], FusedSampledSweep) and diagnostics["fused"][proposal.motif.name]
-    assert 0.2 < diagnostics["acceptance_by_proposal"][proposal.motif.name] < 1.0
+    assert 0.2 < diagnostics["acceptance_by_proposal"][proposal.motif.name] < 0.9
     assert_marginals(draws, fg, 13)
 
 
@@ -97,9 +99,7 @@ def test_blocks_are_drawn_with_the_probabilities_they_are_scored_with() -> None:
     assert float(counts[~keep].sum()) <= max(5.0, 3 * float(expected[~keep].sum()) + 5)
 
 
-def test_the_cache_recomputes_the_same_rows_after_evictions_and_follows_new_parameters(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_cache_recomputes_rows_after_evictions_and_follows_new_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
     fg = load_crf().sentence_graph(TOKENS)
     proposal = load_pretrained("crf_tags-3")
     instances = proposal.motif.find_instances(fg)
@@ -109,17 +109,27 @@ def test_the_cache_recomputes_the_same_rows_after_evictions_and_follows_new_para
     full.cache.ensure(fg, full.class_instances[0], full.cache.keys(state, full.rows[0]), state)  # all the room
     monkeypatch.setattr("neuralblock.kernels.fused_sampled._MAX_CACHE_FLOATS", 4 * 2 * (16 + 16 * 3 * 13))
     small = FusedSampledSweep(fg, proposal, instances, offsets, CPU)  # 4 keys of room
+    grid = 2.0**-24
     for c in range(len(instances)):
         keys = full.cache.keys(state, full.rows[c])
         want_slots = full.cache.ensure(fg, full.class_instances[c], keys, state)  # (storage is allocated lazily)
         got_slots = small.cache.ensure(fg, small.class_instances[c], keys, state)
-        assert torch.equal(small.cache.var_cdf[got_slots], full.cache.var_cdf[want_slots])
+        # the same rows up to the network's batched float32 rounding: a few units of the CDF grid
+        gap = (small.cache.var_cdf[got_slots] - full.cache.var_cdf[want_slots]).abs().max()
+        assert float(gap) <= 8 * grid
     assert small.cache.evictions > 0 and full.cache.evictions == 0
-    torch.manual_seed(0)
-    before, *_ = full.sweep(fg, state)
-    fg.groups[0]._flat.add_(0.0)  # the same numbers: refresh recomputes every key to the same rows
-    full.refresh(fg, instances)
+    # new parameters: after refresh the sweep is the one a sweep built on the new graph makes
+    new = load_crf().sentence_graph(TOKENS)
+    for group in new.groups:
+        group.log_tables.mul_(0.5)
+    monkeypatch.undo()
+    new_instances = proposal.motif.find_instances(new)  # the same windows, the new potentials as features
+    fresh = FusedSampledSweep(new, proposal, new_instances, offsets, CPU)
+    full.refresh(new, new_instances)
     assert full.cache.used == 0
+    for sweep in (full, fresh):
+        torch.manual_seed(0)
+        sweep.out = sweep.sweep(new, state)[0]
+    assert torch.equal(full.out, fresh.out)
     torch.manual_seed(0)
-    after, *_ = full.sweep(fg, state)
-    assert torch.equal(before, after)
+    assert not torch.equal(FusedSampledSweep(fg, proposal, instances, offsets, CPU).sweep(fg, state)[0], fresh.out)

@@ -338,7 +338,8 @@ class BlockTable:
     ``crf_tags`` instances of a whole corpus: 169 context values times 169 block values each),
     rows live in *slots* (:attr:`slot` maps a key to its row of the stored tensors, ``-1``
     while it has none): only visited keys take memory, and when the slots run out every row
-    is forgotten and recomputed on the next visit (the same rows: the chain is unchanged).
+    is forgotten and recomputed on the next visit (the same rows up to the network's float32
+    rounding, which depends on the batch a row is computed in: a few units of the 2^-24 CDF grid).
 
     Args:
         fg: the graph (table factors).

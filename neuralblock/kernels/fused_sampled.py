@@ -14,7 +14,10 @@ and reads the scaffold energy of the two values from the table factors
 the state only through the context, which holds each block's Markov blanket, so the reverse
 proposal reads the same key and the MH ratio is exact. Keys are computed by the network the
 first time a chain visits them and kept in slots (all forgotten and recomputed when the slots run
-out: the same rows, so the chain is unchanged).
+out). A recomputed row equals the first up to the network's float32 rounding, which depends on the
+batch it was computed in (a few units of the 2^-24 CDF grid): every update reads one stored row for
+both directions, so each is exact for that row; across updates the proposal can differ at that
+1e-7 level with the cache's history, as on the table path's slots.
 
 Example:
     >>> import torch
