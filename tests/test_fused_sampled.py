@@ -17,7 +17,9 @@ from motifs.crf import load_crf
 from motifs.crf_tags import CrfTagsMotif
 from neuralblock import NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
-from neuralblock.kernels.fused_sampled import FusedSampledSweep, draw_blocks, score_blocks
+from neuralblock.kernels.fused_blocks import BlockTable
+from neuralblock.kernels.fused_sampled import FusedSampledSweep, draw_blocks, score_blocks, supports_fused_sampled
+from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.proposals.mdn import BlockMixture
 
@@ -133,3 +135,15 @@ def test_the_cache_recomputes_rows_after_evictions_and_follows_new_parameters(mo
     assert torch.equal(full.out, fresh.out)
     torch.manual_seed(0)
     assert not torch.equal(FusedSampledSweep(fg, proposal, instances, offsets, CPU).sweep(fg, state)[0], fresh.out)
+
+
+def test_a_context_holding_a_block_variable_takes_neither_fused_path() -> None:
+    """The reverse proposal must read the key the forward one read: a block variable in the context would change it."""
+    fg = load_crf().sentence_graph(TOKENS[:5])
+    proposal = load_pretrained("crf_tags-3")
+    instances = proposal.motif.find_instances(fg)
+    assert supports_fused_sampled(fg, proposal, instances)
+    context = torch.cat([instances.context, instances.blocks[:, :1]], 1)  # the blanket plus a block variable
+    leaky = MotifInstances(instances.blocks, context, instances.params, instances.extra)
+    assert not supports_fused_sampled(fg, proposal, leaky)
+    assert not BlockTable.fits(fg, leaky, [13, 13, 13])

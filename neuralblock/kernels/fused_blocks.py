@@ -405,8 +405,8 @@ class BlockTable:
         if float(sizes.sum()) > _MAX_KEYS:
             return False
         for block, ctx in zip(instances.blocks.tolist(), context.tolist()):
-            if not set(fg.markov_blanket(block)) <= set(ctx):
-                return False
+            if not set(fg.markov_blanket(block)) <= set(ctx) or set(block) & set(ctx):
+                return False  # (a block variable in the context: the reverse proposal would read another key)
         return True
 
     def clear(self) -> None:

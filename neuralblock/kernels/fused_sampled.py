@@ -267,7 +267,7 @@ class FusedSampledSweep:
         slots = cache.ensure(fg, instances, cache.keys(state, rows), state)  # [K, I]
         chains, count = slots.shape
         blocks = self.blocks[rows]
-        uniforms = torch.rand(chains, count, 1 + blocks.shape[1], device=state.device)
+        uniforms = torch.rand(chains, count, 1 + blocks.shape[1], device=state.device, dtype=cache.mix_cdf.dtype)
         proposed = draw_blocks(cache, slots, uniforms)
         current = state[:, blocks].long()
         both = torch.stack([proposed, current], 2)  # [K, I, 2, b]
