@@ -124,3 +124,13 @@ def test_grid_blocks_exact_reference_draws_block_conditionals() -> None:
         states[:, block] = ((torch.arange(16)[:, None] >> torch.tensor([3, 2, 1, 0])) & 1).float()
         exact = torch.softmax(fg.log_joint(states).double(), 0)
         assert (freq - exact).abs().max() < 0.03  # 5.4 binomial sd at worst (p = 1/2, 8000 draws)
+
+
+@pytest.mark.timeout(300)
+def test_gradient_compile_quick(tmp_path: Path) -> None:
+    rows = _load("gradient_compile").main(["--quick", "--out", str(tmp_path)])
+    assert {row["kernel"] for row in rows} == {"GWG", "PAS", "DMALA"}
+    assert all(row["eager_ms"] > 0 and row["compiled_ms"] > 0 and row["compile_s"] > 0 for row in rows)
+    data = json.loads((tmp_path / "gradient_compile.json").read_text())
+    assert data["rows"] == rows
+    assert (tmp_path / "gradient_compile.md").read_text().startswith("# torch.compile for the gradient-informed")

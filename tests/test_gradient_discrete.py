@@ -200,6 +200,19 @@ def test_exact_distribution_is_invariant(name: str, graph: str, monkeypatch: pyt
     assert z_broken > limit, f"{name} on {graph}: the broken kernel passes (max |z| = {z_broken:.2f})"
 
 
+@pytest.mark.parametrize("name", ["gwg", "pas-random", "dmala"])
+def test_the_compiled_proposal_keeps_the_distribution_exact(name: str) -> None:
+    """``compile=True`` runs the proposal under ``torch.compile``: the same kernel, its first call timed."""
+    make, edges = GRAPHS["categorical"]
+    fg = make()
+    kernel = KERNELS[name](fg, CHAINS, compile=True)
+    final = transitions(kernel, exact_draws(fg, CHAINS), STEPS)
+    z, limit = max_z(fg, final, edges)
+    assert z <= limit, f"compiled {name}: max |z| = {z:.2f} > {limit:.2f}"
+    assert kernel.compile and kernel.diagnostics()["compile_seconds"] > 0.0
+    assert KERNELS[name](fg, CHAINS, compile="auto").compile is False  # on a CPU
+
+
 # -- convergence from a bad start -------------------------------------------------------------------
 @pytest.mark.parametrize("graph", sorted(GRAPHS))
 @pytest.mark.parametrize("name", ["gwg", "pas", "dmala"])
