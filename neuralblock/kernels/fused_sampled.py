@@ -223,8 +223,8 @@ class FusedSampledSweep:
         cards = list(proposal.motif.block_spec.cardinalities)
         self.device = device
         self.instances = instances
-        self.rows = [torch.arange(int(lo), int(hi), device=device) for lo, hi in zip(offsets[:-1], offsets[1:])]
-        self.rows = [rows for rows in self.rows if len(rows)]
+        bounds = zip(offsets[:-1].tolist(), offsets[1:].tolist())
+        self.rows = [torch.arange(lo, hi, device=device) for lo, hi in bounds if hi > lo]  # non-empty classes
         self.class_instances = [instances.select(rows.cpu()) for rows in self.rows]
         self.blocks = instances.blocks.to(device)
         self.energy = BlockTableEnergy(fg, instances.blocks, cards, enumerate_values=False).to(device)
