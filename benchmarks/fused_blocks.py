@@ -9,6 +9,9 @@ Measures, side by side in one run (one torch thread, CPU time per sweep through 
 * the same at ``K = 1``, and ``nb`` at ``K = 1`` on the commit before this work
   (``--baseline``, checked out into a temporary ``git worktree`` and timed in a subprocess);
 * the compiled path (``compile=True``) at ``K = 1`` and ``K = 64`` with its compile time;
+* the torch functions (``_torch`` arms) against the NumPy updates that small CPU states take by default
+  (``numpy = None``: NumPy up to ``NUMPY_MAX_ENTRIES`` state entries; same draws), at ``K = 1`` and for the
+  neural kernel also at ``K = 64``;
 * kernel setup time (the neural kernel tabulates its proposal per context value there);
 * the reduced-precision option: the proposal tables computed by a bf16 network against fp32,
   as a KL divergence and as the exact expected MH acceptance of each table against the exact
@@ -59,8 +62,17 @@ BASELINE = "709019b"  # the last commit before the fused, chain-batched path
 PROPOSAL = "grid-mrf-2x2"
 
 _BASELINE_SNIPPET = """
-import sys, time, torch
+import importlib.metadata, pathlib, sys, time, torch
 torch.set_num_threads(1)
+# motifs installed as entry points since the baseline commit (e.g. gmm_pair_set) are not in its tree: skip them
+_entry_points = importlib.metadata.entry_points
+def _in_tree(**kwargs):
+    found = _entry_points(**kwargs)
+    tree = pathlib.Path.cwd()
+    return importlib.metadata.EntryPoints(
+        e for e in found if (tree / (e.module.replace(".", "/") + ".py")).exists()
+    ) if kwargs.get("group") == "neuralblock.motifs" else found
+importlib.metadata.entry_points = _in_tree
 from neuralblock import NeuralBlockKernel, load_pretrained
 from neuralblock.io import read_uai, uai_grid
 fg = read_uai(uai_grid(sys.argv[1]))
@@ -175,8 +187,10 @@ def sweep_seconds(kernel: Any, budget: float, clock: Callable[[], float] = time.
     return (clock() - start) / sweeps
 
 
-def _build(kind: str, fg: FactorGraph, chains: int, compile: bool, device: str = "cpu") -> tuple[Any, float]:
-    """A set-up kernel and its setup seconds."""
+def _build(
+    kind: str, fg: FactorGraph, chains: int, compile: bool, device: str = "cpu", numpy: bool | None = None
+) -> tuple[Any, float]:
+    """A set-up kernel and its setup seconds (``numpy=False``: the torch update functions, not NumPy's)."""
     start = time.perf_counter()
     if kind == "nb":
         kernel = NeuralBlockKernel(
@@ -185,6 +199,10 @@ def _build(kind: str, fg: FactorGraph, chains: int, compile: bool, device: str =
     else:
         kernel = GibbsKernel(fg, chains=chains, compile=compile, device=device)
     kernel.setup(0)
+    plans = [kernel.plan] if kind == "gibbs" else [kernel.single_site.gibbs_plan, *kernel.fused]
+    for plan in plans:
+        if plan is not None:
+            plan.numpy = numpy
     return kernel, time.perf_counter() - start
 
 
@@ -270,6 +288,8 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
                     arms[f"{kind}_K{chains}"] = _build(kind, fg, chains, False)
                     if args.compile:
                         arms[f"{kind}_K{chains}_compiled"] = _build(kind, fg, chains, True)
+                    if chains == 1 or kind == "nb":
+                        arms[f"{kind}_K{chains}_torch"] = _build(kind, fg, chains, False, numpy=False)
             times: dict[str, list[float]] = {name: [] for name in arms}
             if worktree is not None:
                 times["nb_K1_baseline"] = []
@@ -294,6 +314,9 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
                 f"nb/gibbs per chain-sweep, K={k}": median[f"nb_K{k}"] / median[f"gibbs_K{k}"],
                 "nb/gibbs per sweep, K=1": median["nb_K1"] / median["gibbs_K1"],
                 f"gibbs K={k} / gibbs K=1 per chain-sweep": median[f"gibbs_K{k}"] / median["gibbs_K1"],
+                "nb torch / nb default (NumPy), K=1": median["nb_K1_torch"] / median["nb_K1"],
+                "gibbs torch / gibbs default (NumPy), K=1": median["gibbs_K1_torch"] / median["gibbs_K1"],
+                f"nb torch / nb default, K={k}": median[f"nb_K{k}_torch"] / median[f"nb_K{k}"],
             }
             if args.compile:
                 ratios[f"nb/gibbs per chain-sweep, K={k}, compiled"] = (

@@ -58,7 +58,15 @@ def test_fused_blocks_quick(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "fused_blocks.json").read_text())
     assert (tmp_path / "fused_blocks.md").read_text().startswith("# Fused neural block sweeps")
     row = data["grids"]["Grids_11"]
-    assert set(row["per_chain_sweep_ms"]) == {"nb_K1", "nb_K8", "gibbs_K1", "gibbs_K8"}
+    assert set(row["per_chain_sweep_ms"]) == {
+        "nb_K1",
+        "nb_K8",
+        "gibbs_K1",
+        "gibbs_K8",
+        "nb_K1_torch",
+        "nb_K8_torch",
+        "gibbs_K1_torch",
+    }
     assert all(value > 0 for value in row["per_chain_sweep_ms"].values())
     assert 0.9 < row["acceptance"] <= 1.0  # the shipped proposal on a grid it was not trained on
     precision = data["precision"]

@@ -40,10 +40,12 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, TableGroup
+from neuralblock.kernels.functional import use_numpy
 from neuralblock.kernels.gibbs import SoftZeros, compiled, flat_tables, pad_by_owner
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
@@ -54,6 +56,7 @@ __all__ = [
     "BlockTable",
     "block_log_q_table",
     "fused_class_update",
+    "fused_class_update_numpy",
     "supports_fused",
 ]
 
@@ -66,6 +69,12 @@ _PREFILL_ROWS = 1 << 19  # context values per proposal tabulated at setup (beyon
 _PREFILL_BATCH = 1 << 14  # network rows per forward pass while tabulating
 _TEMPER_CHUNK = 4096  # rows per step while raising a table to the ladder's powers
 _PREFILL_STATE_ENTRIES = 1 << 24  # state entries per batch of enumerated states while tabulating
+NUMPY_MAX_ENTRIES = 8192
+"""Largest state ``[K, n]`` (``K * n`` entries) whose sweeps take :func:`fused_class_update_numpy` by default.
+
+Measured per transition against the torch function on the UAI 10x10 and 20x20 Ising grids with the shipped
+``grid-mrf-2x2`` proposal: 1.6-1.7x faster at ``K = 1``, 1.2-1.7x at ``K = 4``, 1.37x on a 10x10 grid at ``K = 32``,
+1.04-1.17x inside replica exchange (16 x 2 and 4 x 2 chains); 0.97-1.06x at 12,800 entries."""
 
 
 def supports_fused(fg: FactorGraph, instances: MotifInstances, cardinalities: Sequence[int]) -> bool:
@@ -648,6 +657,107 @@ def fused_class_update(
     return state.index_copy(1, block_ids, new), accepted, finite
 
 
+def fused_class_update_numpy(
+    state: np.ndarray,
+    ids: np.ndarray,
+    context_radix: np.ndarray,
+    block_radix: np.ndarray,
+    block_ids: np.ndarray,
+    base: np.ndarray,
+    cdf: np.ndarray,
+    log_ratio: np.ndarray,
+    draws: np.ndarray,
+    log_accept: np.ndarray,
+    values: np.ndarray,
+    energy: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    slot: np.ndarray | None = None,
+    key_offset: np.ndarray | None = None,
+    zeros: np.ndarray | None = None,
+    log_zero: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fused_class_update` on NumPy arrays (CPU states), writing the new block values into ``state`` in place.
+
+    The same arithmetic in the same dtypes, so from the same uniforms it makes the same
+    decisions; NumPy's calls cost a fraction of torch's dispatch on these small arrays (about
+    45 against 85 us per class of a 10x10 grid at 32 chains). The proposal's inverse CDF is the
+    first step above the uniform (``argmax`` of ``cdf > u``: the rows end at 1 and ``u < 1``),
+    which is ``searchsorted(..., right=True)``.
+
+    Returns:
+        The accept indicator ``[K, I]`` and the finite-ratio indicator ``[K, I]``.
+
+    Example:
+        >>> state = np.zeros((1, 2), dtype=np.float32)
+        >>> cdf = np.array([[0.25, 0.5, 0.75, 1.0]], dtype=np.float32)  # one instance, no context, one row
+        >>> args = (np.array([0, 1]), np.zeros(0, np.float32), np.array([2.0, 1.0], np.float32), np.array([0, 1]),
+        ...         np.array([0]), cdf, np.zeros((1, 4), np.float32), np.array([[0.6]], np.float32),
+        ...         np.array([[-1.0]]), np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32))
+        >>> accepted, finite = fused_class_update_numpy(state, *args)
+        >>> state.tolist(), accepted.tolist()  # u = 0.6 draws joint value 2, accepted (equal weights)
+        ([[1.0, 0.0]], [[True]])
+    """
+    with np.errstate(invalid="ignore"):  # inf - inf (both values impossible) and NaN ratios are rejected below
+        return _numpy_class_update(
+            state, ids, context_radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values,
+            energy, beta, slot, key_offset, zeros, log_zero,
+        )  # fmt: skip
+
+
+def _numpy_class_update(
+    state: np.ndarray,
+    ids: np.ndarray,
+    context_radix: np.ndarray,
+    block_radix: np.ndarray,
+    block_ids: np.ndarray,
+    base: np.ndarray,
+    cdf: np.ndarray,
+    log_ratio: np.ndarray,
+    draws: np.ndarray,
+    log_accept: np.ndarray,
+    values: np.ndarray,
+    energy: np.ndarray | None,
+    beta: np.ndarray | None,
+    slot: np.ndarray | None,
+    key_offset: np.ndarray | None,
+    zeros: np.ndarray | None,
+    log_zero: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The body of :func:`fused_class_update_numpy` (NumPy's invalid-value warnings off)."""
+    chains, count = state.shape[0], base.shape[0]
+    width, size = cdf.shape[-1], block_radix.shape[0]
+    read = state[:, ids].reshape(chains, count, -1)  # [K, I, c + b]
+    context, block = read[..., :-size], read[..., -size:]
+    # float place values: keys stay below 2^24, so these sums are exact in any order
+    if context_radix.ndim == 1:
+        keys = base + (context @ context_radix).astype(np.int64)
+    else:
+        keys = base + (context * context_radix).sum(-1).astype(np.int64)
+    current = (block @ block_radix).astype(np.int64)
+    if key_offset is not None:
+        keys = keys + key_offset[:, None]
+    if slot is not None:
+        keys = slot[keys]
+    proposed = (cdf[keys] > draws[..., None]).argmax(-1)  # [K, I]
+    first = keys * width
+    at_proposed, at_current = first + proposed, first + current
+    flat_ratio = log_ratio.reshape(-1)
+    log_alpha = flat_ratio[at_proposed] - flat_ratio[at_current]
+    if energy is not None and beta is not None:
+        flat_energy = energy.reshape(-1)
+        log_alpha = log_alpha + (beta[:, None] - 1) * (flat_energy[at_proposed] - flat_energy[at_current])
+    if zeros is not None and log_zero is not None:
+        flat_zeros = zeros.reshape(-1)
+        gained = flat_zeros[at_proposed] - flat_zeros[at_current]
+        penalty = np.where(gained == 0, np.zeros_like(gained), log_zero[:, None] * gained)  # (-inf * 0 masked out)
+        log_alpha = log_alpha + (penalty if beta is None else beta[:, None] * penalty)
+    finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
+    accepted = (log_accept < log_alpha) & finite
+    chosen = np.where(accepted, proposed, current)
+    state[:, block_ids] = values[chosen.reshape(-1)].reshape(chains, -1)  # repeated (padded) rows write equal values
+    return accepted, finite
+
+
 class _TemperedTables(NamedTuple):
     """Stacked proposal rows of the tempered models of a ladder, ``rows`` per temperature (see :func:`powered_rows`)."""
 
@@ -718,6 +828,11 @@ def powered_rows(table: BlockTable, betas: Tensor, log_zero: Tensor | None = Non
     return _TemperedTables(betas, cdf, log_ratio, table.rows, None if log_zero is None else log_zero.double().cpu())
 
 
+def _numpy_or_none(tensor: Tensor | None) -> np.ndarray | None:
+    """The NumPy view of a CPU tensor, or ``None``."""
+    return None if tensor is None else tensor.numpy()
+
+
 def _draw_cdf(log_q: Tensor, dtype: torch.dtype) -> Tensor:
     """CDF rows ``[R, J]`` of the distributions ``softmax(log_q)``, on the grid of ``torch.rand``'s values in ``dtype``.
 
@@ -756,7 +871,9 @@ class FusedBlockSweep:
         instances: the proposal's instances in sweep order (class by class).
         offsets: ``[C + 1]`` first instance of each class.
         device: where the state lives.
-        compile: run :func:`fused_class_update` under ``torch.compile``.
+        compile: run :func:`fused_class_update` under ``torch.compile``; eager updates of small CPU states run
+            :func:`fused_class_update_numpy` (attribute ``numpy``: ``None`` by size, see :data:`NUMPY_MAX_ENTRIES`;
+            ``True`` or ``False`` to choose).
     """
 
     def __init__(
@@ -792,12 +909,17 @@ class FusedBlockSweep:
         self.block_radix = block_radix[0].to(torch.float32)
         self.base = [self.table.base[rows] for rows in self.rows]
         self._by_dtype: dict[torch.dtype, tuple[list[Tensor], Tensor, Tensor]] = {}
+        self._numpy_by_dtype: dict[
+            torch.dtype, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+        ] = {}
         self.padded = [size < width for size in self.sizes]
         # one draw of every class's random numbers per sweep: padded slots read their class's last real slot
         self.rand_flat = torch.cat([c * width + r for c, r in enumerate(self.rand_index)])
         self.real = (torch.arange(width)[None, :] < torch.tensor(self.sizes)[:, None]).to(device)  # [C, width]
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
+        # eager updates of CPU states in NumPy (the same decisions): True, False (torch's function) or None (by size)
+        self.numpy: bool | None = None
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
@@ -812,6 +934,21 @@ class FusedBlockSweep:
                 self.values.to(dtype),
             )
         return self._by_dtype[dtype]
+
+    def _numpy_class(
+        self, c: int, dtype: torch.dtype
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """NumPy views of class ``c``'s index inputs: ``ids``, place values, block ids and ``base``.
+
+        The arguments of :func:`fused_class_update_numpy` before the proposal rows, made once per dtype.
+        """
+        if dtype not in self._numpy_by_dtype:
+            context_radix, block_radix, _ = self._in_dtype(dtype)
+            self._numpy_by_dtype[dtype] = [
+                (ids.numpy(), radix.numpy(), block_radix.numpy(), block_ids.numpy(), base.numpy())
+                for ids, radix, block_ids, base in zip(self.ids, context_radix, self.block_ids, self.base)
+            ]
+        return self._numpy_by_dtype[dtype][c]
 
     def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
         """Follow new parameter values: new tables and instance parameters, a recomputed block table."""
@@ -889,8 +1026,15 @@ class FusedBlockSweep:
             if table.slot is not None:
                 raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
             chain_log_zero = soft.log_zero.to(state.device, table.cdf.dtype)[soft.entry]
+        on_numpy = not self.compiled and use_numpy(self.numpy, state, NUMPY_MAX_ENTRIES)
+        # NumPy: one copy of the states per sweep, updated in place class by class through a NumPy view (in torch's
+        # aligned memory: NumPy-allocated results slow later torch ops on them)
+        if on_numpy:
+            state = state.clone()
+        work = state.numpy() if on_numpy else None
         context_radix, block_radix, values = self._in_dtype(state.dtype)
-        accepts, broken = [], []
+        accepts: list[Tensor] = []
+        broken: list[Tensor] = []
         for c in range(count):
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
@@ -901,11 +1045,22 @@ class FusedBlockSweep:
                 cdf, log_ratio = self.tempered_rows()
             elif chain_log_zero is not None:
                 log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
-            state, acc, bad = self.update(
-                state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], cdf,
-                log_ratio, draws[c], log_accept[c], values, None if beta_rows is None else energy,
-                beta_rows, table.slot, key_offset, zeros, chain_log_zero,
-            )  # fmt: skip
+            rows = (cdf, log_ratio, draws[c], log_accept[c])
+            extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
+            if work is not None:
+                ids, radix, place, block_ids, base = self._numpy_class(c, state.dtype)
+                cdf_np, ratio_np, draws_np, accept_np = (t.numpy() for t in rows)
+                energy_np, beta_np, slot_np, offset_np, zeros_np, log_zero_np = (_numpy_or_none(t) for t in extra)
+                found = fused_class_update_numpy(
+                    work, ids, radix, place, block_ids, base, cdf_np, ratio_np, draws_np, accept_np, values.numpy(),
+                    energy_np, beta_np, slot_np, offset_np, zeros_np, log_zero_np,
+                )  # fmt: skip
+                acc, bad = torch.from_numpy(found[0]), torch.from_numpy(found[1])
+            else:
+                state, acc, bad = self.update(
+                    state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], *rows,
+                    values, *extra,
+                )  # fmt: skip
             if start is not None:
                 self.compile_seconds = time.perf_counter() - start
             accepts.append(acc)

@@ -252,6 +252,9 @@ class ReplicaExchange(GraphKernel):
             raise ValueError("ReplicaExchange samples discrete latent variables only; this model has continuous ones")
         self.inner.fg = fg
         self.inner._prepare(fg)
+        plan = self.inner.plan if isinstance(self.inner, GibbsKernel) else self.inner.single_site.gibbs_plan
+        if plan is not None:  # NumPy Gibbs sweeps measured 0.91-0.93x here (see gibbs.NUMPY_MAX_ENTRIES)
+            plan.numpy = False
         self._soften(fg)
         self.replica_states = None
         self._tempered = None
