@@ -93,6 +93,17 @@ def test_log_joint_refuses_discrete_values_outside_their_domains() -> None:
     assert fg.log_factors(torch.tensor([1.0, 2.0]))[0].shape == (1,)
 
 
+def test_log_joint_without_checks_equals_the_checked_value_on_valid_states() -> None:
+    """``check=False`` (a kernel's own states) skips validation only: the same values on valid states."""
+    fg = FactorGraph()
+    a, b = fg.add_variable("a", 2), fg.add_variable("b", 3)
+    fg.add_table_factor([a, b], torch.randn(2, 3, generator=torch.Generator().manual_seed(0)))
+    states = torch.tensor([[i, j] for i in range(2) for j in range(3)], dtype=torch.float32)
+    assert torch.equal(fg.log_joint(states, check=False), fg.log_joint(states))
+    with pytest.raises(ValueError, match="not in"):
+        fg.log_joint(torch.tensor([0.0, 3.0]))
+
+
 def test_blocks_sharing_a_variable_without_factors_conflict() -> None:
     fg = FactorGraph()
     fg.add_variables(3, cardinality=2)

@@ -500,15 +500,20 @@ class FactorGraph:
         self._check_domains(state, "value")
         return [g.log_factors(state) for g in self.groups]
 
-    def log_joint(self, state: Tensor) -> Tensor:
+    def log_joint(self, state: Tensor, check: bool = True) -> Tensor:
         """Unnormalized log density of a batch of states ``[..., n]`` -> ``[...]``.
+
+        ``check=False`` skips the validation, for states a kernel made itself (floats of the
+        graph's shape with every discrete value in its domain): on small graphs it is a large
+        part of the call.
 
         Raises:
             ValueError: the shape is wrong, a value is not finite, or a discrete value lies outside
-                its domain.
+                its domain (``check=True``).
         """
-        state = self.check_state(state)
-        self._check_domains(state, "value")
+        if check:
+            state = self.check_state(state)
+            self._check_domains(state, "value")
         total = state.new_zeros(state.shape[:-1])
         for group in self.groups:
             total = total + group.log_factors(state).sum(-1)

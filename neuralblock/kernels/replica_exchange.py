@@ -340,8 +340,10 @@ class ReplicaExchange(GraphKernel):
         if self.replicas > 1:
             flat_states = replicas.reshape(size, n).cpu()
             finite, zeros = (fg, None) if self._split_graphs is None else self._split_graphs
-            log_p = finite.log_joint(flat_states).reshape(self.replicas, self.chains).to(self.device).double()
-            count = None if zeros is None else zeros.log_joint(flat_states).reshape(log_p.shape).to(log_p)
+            # the states are the inner kernel's own (checked at the start): no validation per swap
+            log_p = finite.log_joint(flat_states, check=False).reshape(self.replicas, self.chains)
+            log_p = log_p.to(self.device).double()
+            count = None if zeros is None else zeros.log_joint(flat_states, check=False).reshape(log_p.shape).to(log_p)
             parity = self._steps % 2
             on_device = None if log_zero is None else log_zero.to(self.device)
             replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, on_device)
