@@ -5,8 +5,11 @@ runs the torch function. Each variant of the fused neural update is run both way
 seed: the untempered rows, the tempered rows of replica exchange, the ``beta`` correction,
 softened zeros, rows in slots with evictions and rows filled as chains visit them. So is
 each path of the fused Gibbs update: binary variables, Gumbel-max over more values, masked
-values (mixed cardinalities), tempered chains and softened zeros. Invariance of the NumPy
-paths themselves is tested wherever the fused paths are (they are the default on CPU).
+values (mixed cardinalities), tempered chains and softened zeros. The Gibbs functions may add
+a variable's factor terms in different orders from 5 factors per variable (then the chains
+agree in distribution only), so those cases have at most 4; a 5-factor torus checks the NumPy
+Gibbs path against enumeration. Invariance of the NumPy paths is also tested wherever the
+fused paths are (they are the default for small CPU states).
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_motif_grid import ising_grid
 from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
 from test_replica_exchange import constrained_chain
-from test_vectorized_chains import binary_loop
+from test_vectorized_chains import assert_matches_enumeration, binary_loop, run
 
 import neuralblock.kernels.fused_blocks as fused_blocks
 from neuralblock import FactorGraph, GibbsKernel, NeuralBlockKernel, ReplicaExchange
+from neuralblock.kernels.functional import use_numpy
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, fused_class_update, fused_class_update_numpy
-from neuralblock.kernels.gibbs import GibbsPlan
+from neuralblock.kernels.gibbs import NUMPY_MAX_ENTRIES, GibbsPlan
 from neuralblock.proposals import NeuralBlockProposal
 
 
@@ -99,6 +104,28 @@ def test_numpy_and_torch_gibbs_sweeps_make_the_same_chain(case: str) -> None:
     numpy_states, _ = chain_of_states(GIBBS_CASES[case], 120, use_numpy=True)
     assert torch.equal(torch_states, numpy_states)
     assert len(torch.unique(numpy_states.reshape(len(numpy_states), -1), dim=0)) > 5  # the chains move
+
+
+def test_numpy_gibbs_on_five_factors_per_variable_keeps_the_joint() -> None:
+    """A 3x3 Ising torus (a unary and 4 couplings per variable): the default NumPy sweeps sample the joint."""
+    fg = ising_grid(3, 3, torus=True, coupling=0.8, seed=2)
+    torch.manual_seed(5)
+    kernel = GibbsKernel(fg, chains=8)
+    draws = run(kernel, 1500)
+    assert kernel.plan.numpy is None and kernel.plan.fused[0].index.shape[0] == 5  # by size; depth 5
+    assert use_numpy(None, torch.zeros(8, fg.num_variables), NUMPY_MAX_ENTRIES)
+    assert_matches_enumeration(draws, fg)
+
+
+def test_states_numpy_cannot_hold_take_the_torch_functions() -> None:
+    """bfloat16 states (no NumPy dtype) sweep through torch whatever the setting."""
+    fg = chain_graph(seed=3)
+    plan = GibbsPlan(fg, list(range(fg.num_variables)))
+    state = torch.zeros(2, fg.num_variables, dtype=torch.bfloat16)
+    for setting in (None, True):
+        plan.numpy = setting
+        new, stuck = plan.sweep(fg, state)
+        assert new.dtype == torch.bfloat16 and int(stuck) == 0
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -185,20 +185,26 @@ def speculative_width(rate: float, cap: int, class_cost: float = 0.25) -> int:
     return best
 
 
+_NUMPY_DTYPES = (torch.float32, torch.float64)
+
+
 def use_numpy(setting: bool | None, state: Tensor, max_entries: int) -> bool:
     """Whether an eager update of ``state`` runs its NumPy function: ``setting``, or by size when it is ``None``.
 
     NumPy's calls cost a fraction of torch's dispatch, but its gathers are slower on large
     arrays, and in this project's measurements torch ops run slower just after NumPy work; so
     the automatic rule takes NumPy for CPU states of at most ``max_entries`` entries (a
-    kernel's measured break-even). Only CPU states without autograd qualify.
+    kernel's measured break-even). Only float32 and float64 CPU states without autograd qualify
+    (NumPy has no bfloat16).
 
     Example:
         >>> use_numpy(None, torch.zeros(4, 100), 1024), use_numpy(None, torch.zeros(32, 100), 1024)
         (True, False)
         >>> use_numpy(True, torch.zeros(32, 100), 1024), use_numpy(False, torch.zeros(1, 10), 1024)
         (True, False)
+        >>> use_numpy(True, torch.zeros(1, 10, dtype=torch.bfloat16), 1024)
+        False
     """
-    if state.device.type != "cpu" or state.requires_grad or setting is False:
+    if state.device.type != "cpu" or state.requires_grad or state.dtype not in _NUMPY_DTYPES or setting is False:
         return False
     return setting is True or state.numel() <= max_entries

@@ -257,15 +257,18 @@ def gibbs_class_update_numpy(
 ) -> int:
     """:func:`gibbs_class_update` on NumPy arrays (CPU states), writing the class's new values into ``state`` in place.
 
-    The same arithmetic in the same dtypes and order, so from the same noise it draws the same
-    values; NumPy's calls cost a fraction of torch's dispatch on these small arrays. One
-    difference in the inputs: for classes of more than two values (or masked ones), ``noise``
-    holds standard *Gumbel* draws (``-log E`` of the torch function's exponential draws ``E``,
-    taken by the caller in torch, so both paths round alike). Returns the stuck count.
+    The same arithmetic in the same dtypes, so it samples the same conditionals; NumPy's calls
+    cost a fraction of torch's dispatch on these small arrays. The two libraries may add a
+    variable's factor terms in different orders (seen from 5 factors per variable), so the
+    log-odds can differ in their last bits and, very rarely, a draw with them: the chains are
+    the same in distribution, and draw for draw where the sums agree. One difference in the
+    inputs: for classes of more than two values (or masked ones), ``noise`` holds standard
+    *Gumbel* draws (``-log E`` of the torch function's exponential draws ``E``, taken by the
+    caller in torch, so both paths round alike). Returns the stuck count.
 
     Example:
         >>> state = np.zeros((1, 2), dtype=np.float32)  # x0 alone in its class; one factor [x0, x1], x1 = 0
-        >>> flat = np.log(np.array([0.25, 0.25, 0.75, 0.25, 0.0], dtype=np.float32))  # table rows x0, then 0 pad
+        >>> flat = np.append(np.log(np.array([0.25, 0.25, 0.75, 0.25], dtype=np.float32)), np.float32(0.0))  # + pad
         >>> args = (np.array([0]), np.array([[[1]]]), np.array([[[1.0]]], np.float32), np.array([[[0, 2]]]), None, flat)
         >>> gibbs_class_update_numpy(state, *args, np.array([[0.5]], np.float32)), state.tolist()  # 0.5 < log 3
         (0, [[1.0, 0.0]])
@@ -364,7 +367,7 @@ class GibbsPlan:
             self.values.append(torch.where(grid < card, values, torch.full_like(values, -1.0)))
         self.flat = flat_tables(fg).to(self.device) if self.tables_only else None
         self.update = gibbs_class_update
-        # eager sweeps of CPU states in NumPy (the same draws): True, False (torch's function) or None (by size)
+        # eager sweeps of CPU states in NumPy (the same conditionals): True, False (torch's function) or None (by size)
         self.numpy: bool | None = None
         self._numpy: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] | None = (
             None  # NumPy views of the classes' index tensors
