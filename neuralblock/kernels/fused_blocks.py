@@ -698,64 +698,39 @@ def fused_class_update_numpy(
         ([[1.0, 0.0]], [[True]])
     """
     with np.errstate(invalid="ignore"):  # inf - inf (both values impossible) and NaN ratios are rejected below
-        return _numpy_class_update(
-            state, ids, context_radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values,
-            energy, beta, slot, key_offset, zeros, log_zero,
-        )  # fmt: skip
-
-
-def _numpy_class_update(
-    state: np.ndarray,
-    ids: np.ndarray,
-    context_radix: np.ndarray,
-    block_radix: np.ndarray,
-    block_ids: np.ndarray,
-    base: np.ndarray,
-    cdf: np.ndarray,
-    log_ratio: np.ndarray,
-    draws: np.ndarray,
-    log_accept: np.ndarray,
-    values: np.ndarray,
-    energy: np.ndarray | None,
-    beta: np.ndarray | None,
-    slot: np.ndarray | None,
-    key_offset: np.ndarray | None,
-    zeros: np.ndarray | None,
-    log_zero: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The body of :func:`fused_class_update_numpy` (NumPy's invalid-value warnings off)."""
-    chains, count = state.shape[0], base.shape[0]
-    width, size = cdf.shape[-1], block_radix.shape[0]
-    read = state[:, ids].reshape(chains, count, -1)  # [K, I, c + b]
-    context, block = read[..., :-size], read[..., -size:]
-    # float place values: keys stay below 2^24, so these sums are exact in any order
-    if context_radix.ndim == 1:
-        keys = base + (context @ context_radix).astype(np.int64)
-    else:
-        keys = base + (context * context_radix).sum(-1).astype(np.int64)
-    current = (block @ block_radix).astype(np.int64)
-    if key_offset is not None:
-        keys = keys + key_offset[:, None]
-    if slot is not None:
-        keys = slot[keys]
-    proposed = (cdf[keys] > draws[..., None]).argmax(-1)  # [K, I]
-    first = keys * width
-    at_proposed, at_current = first + proposed, first + current
-    flat_ratio = log_ratio.reshape(-1)
-    log_alpha = flat_ratio[at_proposed] - flat_ratio[at_current]
-    if energy is not None and beta is not None:
-        flat_energy = energy.reshape(-1)
-        log_alpha = log_alpha + (beta[:, None] - 1) * (flat_energy[at_proposed] - flat_energy[at_current])
-    if zeros is not None and log_zero is not None:
-        flat_zeros = zeros.reshape(-1)
-        gained = flat_zeros[at_proposed] - flat_zeros[at_current]
-        penalty = np.where(gained == 0, np.zeros_like(gained), log_zero[:, None] * gained)  # (-inf * 0 masked out)
-        log_alpha = log_alpha + (penalty if beta is None else beta[:, None] * penalty)
-    finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
-    accepted = (log_accept < log_alpha) & finite
-    chosen = np.where(accepted, proposed, current)
-    state[:, block_ids] = values[chosen.reshape(-1)].reshape(chains, -1)  # repeated (padded) rows write equal values
-    return accepted, finite
+        chains, count = state.shape[0], base.shape[0]
+        width, size = cdf.shape[-1], block_radix.shape[0]
+        read = state[:, ids].reshape(chains, count, -1)  # [K, I, c + b]
+        context, block = read[..., :-size], read[..., -size:]
+        # float place values: keys stay below 2^24, so these sums are exact in any order
+        if context_radix.ndim == 1:
+            keys = base + (context @ context_radix).astype(np.int64)
+        else:
+            keys = base + (context * context_radix).sum(-1).astype(np.int64)
+        current = (block @ block_radix).astype(np.int64)
+        if key_offset is not None:
+            keys = keys + key_offset[:, None]
+        if slot is not None:
+            keys = slot[keys]
+        proposed = (cdf[keys] > draws[..., None]).argmax(-1)  # [K, I]
+        first = keys * width
+        at_proposed, at_current = first + proposed, first + current
+        flat_ratio = log_ratio.reshape(-1)
+        log_alpha = flat_ratio[at_proposed] - flat_ratio[at_current]
+        if energy is not None and beta is not None:
+            flat_energy = energy.reshape(-1)
+            log_alpha = log_alpha + (beta[:, None] - 1) * (flat_energy[at_proposed] - flat_energy[at_current])
+        if zeros is not None and log_zero is not None:
+            flat_zeros = zeros.reshape(-1)
+            gained = flat_zeros[at_proposed] - flat_zeros[at_current]
+            penalty = np.where(gained == 0, np.zeros_like(gained), log_zero[:, None] * gained)  # (-inf * 0 masked out)
+            log_alpha = log_alpha + (penalty if beta is None else beta[:, None] * penalty)
+        finite = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
+        accepted = (log_accept < log_alpha) & finite
+        chosen = np.where(accepted, proposed, current)
+        # repeated (padded) rows write equal values
+        state[:, block_ids] = values[chosen.reshape(-1)].reshape(chains, -1)
+        return accepted, finite
 
 
 class _TemperedTables(NamedTuple):
