@@ -1002,8 +1002,8 @@ class FusedBlockSweep:
                 raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
             chain_log_zero = soft.log_zero.to(state.device, table.cdf.dtype)[soft.entry]
         on_numpy = not self.compiled and use_numpy(self.numpy, state, NUMPY_MAX_ENTRIES)
-        # NumPy: one copy of the states per sweep, updated in place class by class through a NumPy view (in torch's
-        # aligned memory: NumPy-allocated results slow later torch ops on them)
+        # NumPy: one copy of the states per sweep (a torch clone: the caller's tensor is never written), updated in
+        # place class by class through a NumPy view
         if on_numpy:
             state = state.clone()
         work = state.numpy() if on_numpy else None

@@ -421,7 +421,7 @@ class GibbsPlan:
                 )
                 for v, f in zip(self.classes, self.fused)
             ]
-        state = state.clone()  # torch's (aligned) memory: NumPy-allocated results slow later torch ops on them
+        state = state.clone()  # updated in place through a NumPy view; the caller's tensor is never written
         work = state.numpy()
         flat_np = flat.numpy()
         beta_np = None if beta is None else beta.numpy()
