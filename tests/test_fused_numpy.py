@@ -40,8 +40,13 @@ def fused_sweeps(kernel: GibbsKernel | NeuralBlockKernel | ReplicaExchange) -> l
     return [p for p in plans if isinstance(p, FusedBlockSweep) or (isinstance(p, GibbsPlan) and p.tables_only)]
 
 
-def chain_of_states(make, steps: int, use_numpy: bool, warmup: int = 20) -> tuple[torch.Tensor, object]:
-    """Every state of ``steps`` transitions of ``make()`` from seed 7, with the NumPy updates on or off."""
+def chain_of_states(
+    make, steps: int, use_numpy: bool, warmup: int = 20, jit: bool = False
+) -> tuple[torch.Tensor, object]:
+    """Every state of ``steps`` transitions of ``make()`` from seed 7, with the NumPy updates on or off.
+
+    ``jit``: the NumPy path runs the compiled loops of :mod:`neuralblock.kernels.jit` (else the NumPy functions).
+    """
     torch.manual_seed(7)
     kernel = make()
     kernel.setup(warmup)
@@ -49,6 +54,7 @@ def chain_of_states(make, steps: int, use_numpy: bool, warmup: int = 20) -> tupl
     assert sweeps, "the test needs a fused path"
     for sweep in sweeps:
         sweep.numpy = use_numpy
+        sweep.jit = jit
     params, states = kernel.initial_params, []
     for _ in range(steps):
         params = kernel.sample(params)

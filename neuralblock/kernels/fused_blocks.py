@@ -47,6 +47,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.functional import use_numpy
 from neuralblock.kernels.gibbs import SoftZeros, compiled, flat_tables, pad_by_owner
+from neuralblock.kernels.jit import NUMBA, block_sweep
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -895,6 +896,10 @@ class FusedBlockSweep:
         self.compiled = compile
         # eager updates of CPU states in NumPy (the same decisions): True, False (torch's function) or None (by size)
         self.numpy: bool | None = None
+        # on the NumPy path, the compiled loop of :mod:`~neuralblock.kernels.jit` (True where Numba is installed)
+        self.jit = NUMBA
+        self._jit_layouts: set[tuple] = set()  # argument layouts this sweep has run (the first run compiles)
+        self._jit_by_dtype: dict[torch.dtype, tuple[np.ndarray, ...]] = {}
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
@@ -924,6 +929,35 @@ class FusedBlockSweep:
                 for ids, radix, block_ids, base in zip(self.ids, context_radix, self.block_ids, self.base)
             ]
         return self._numpy_by_dtype[dtype][c]
+
+    def _jit_arrays(self, dtype: torch.dtype) -> tuple[np.ndarray, ...]:
+        """The classes' index inputs stacked for :func:`~neuralblock.kernels.jit.block_sweep` (made once per dtype).
+
+        ``ids [C, W (c + b)]``, place values ``[C, W, c]``, the block's place values ``[b]``, block ids
+        ``[C, W b]`` and ``base [C, W]``.
+        """
+        if dtype not in self._jit_by_dtype:
+            context_radix, block_radix, _ = self._in_dtype(dtype)
+            width = len(self.rand_index[0])
+            radix = [r.expand(width, -1) if r.dim() == 1 else r for r in context_radix]
+            self._jit_by_dtype[dtype] = (
+                torch.stack(self.ids).numpy(),
+                torch.stack(radix).contiguous().numpy(),
+                block_radix.numpy(),
+                torch.stack(self.block_ids).numpy(),
+                torch.stack(self.base).numpy(),
+            )
+        return self._jit_by_dtype[dtype]
+
+    def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
+        if layout in self._jit_layouts:
+            return block_sweep(*args)  # type: ignore[arg-type]
+        start = time.perf_counter()
+        out = block_sweep(*args)  # type: ignore[arg-type]
+        self.compile_seconds += time.perf_counter() - start
+        self._jit_layouts.add(layout)
+        return out
 
     def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
         """Follow new parameter values: new tables and instance parameters, a recomputed block table."""
@@ -1008,9 +1042,14 @@ class FusedBlockSweep:
             state = state.clone()
         work = state.numpy() if on_numpy else None
         context_radix, block_radix, values = self._in_dtype(state.dtype)
+        on_jit = work is not None and self.jit and NUMBA
+        stacked = self._jit_arrays(state.dtype) if on_jit else None
         accepts: list[Tensor] = []
         broken: list[Tensor] = []
-        for c in range(count):
+        # prefilled tables never change during a sweep: one compiled call runs every class (a table that fills up
+        # during this sweep takes one call per class to its end)
+        whole = on_jit and table.prefilled
+        for c in range(1) if whole else range(count):
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
@@ -1022,6 +1061,18 @@ class FusedBlockSweep:
                 log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
             rows = (cdf, log_ratio, draws[c], log_accept[c])
             extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
+            if stacked is not None:
+                part = slice(None) if whole else slice(c, c + 1)
+                extra_np = tuple(_numpy_or_none(t) for t in extra)
+                found = self._run_jit(
+                    tuple(t is None for t in extra_np) + (state.dtype, cdf.dtype, whole),
+                    work, *(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]),
+                    cdf.numpy(), log_ratio.numpy(), draws[part].numpy(), log_accept[part].numpy(), values.numpy(),
+                    *extra_np,
+                )  # fmt: skip
+                accepts.extend(torch.from_numpy(found[0]).unbind(0))
+                broken.extend(torch.from_numpy(found[1]).unbind(0))
+                continue
             if work is not None:
                 ids, radix, place, block_ids, base = self._numpy_class(c, state.dtype)
                 cdf_np, ratio_np, draws_np, accept_np = (t.numpy() for t in rows)

@@ -27,6 +27,7 @@ from torch import Tensor
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import gibbs_sample, use_numpy
+from neuralblock.kernels.jit import NUMBA, gibbs_class
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 _VALUE_LOOP = 16
@@ -372,6 +373,9 @@ class GibbsPlan:
         self._numpy: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] | None = (
             None  # NumPy views of the classes' index tensors
         )
+        # on the NumPy path, the compiled loop of :mod:`~neuralblock.kernels.jit` (True where Numba is installed)
+        self.jit = NUMBA
+        self._jit_layouts: set[tuple] = set()  # argument layouts run so far (the first run of one compiles)
         self.compile_seconds = 0.0
         self.zeros: Tensor | None = None  # where the flat tables hold a zero (log -inf), if anywhere
         self._soft: tuple[Tensor, Tensor] | None = None  # (log_zero, one copy of the tables per entry)
@@ -427,11 +431,23 @@ class GibbsPlan:
         beta_np = None if beta is None else beta.numpy()
         offset_np = None if offset is None else offset.numpy()
         stuck = 0
+        jit = self.jit and NUMBA
         for vars_, tables, arrays in zip(self.classes, self.fused, self._numpy):
             noise = self._noise(state, vars_, tables)
             if noise.dim() == 3:  # the torch function's Gumbel draws -log E, taken in torch: both paths round alike
                 noise = noise.log_().neg_()
-            stuck += gibbs_class_update_numpy(work, *arrays, flat_np, noise.numpy(), beta_np, offset_np)
+            args = (work, *arrays, flat_np, noise.numpy(), beta_np, offset_np)
+            if not jit:
+                stuck += gibbs_class_update_numpy(*args)
+                continue
+            layout = tuple(None if a is None else (a.dtype, a.ndim) for a in args)
+            if layout in self._jit_layouts:
+                stuck += gibbs_class(*args)
+            else:  # the first run of a layout compiles it (or loads it from Numba's cache)
+                start = time.perf_counter()
+                stuck += gibbs_class(*args)
+                self.compile_seconds += time.perf_counter() - start
+                self._jit_layouts.add(layout)
         return state, stuck
 
     def sweep(

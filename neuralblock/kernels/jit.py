@@ -1,0 +1,253 @@
+"""Compiled CPU loops (Numba) for the fused sweeps: a neural block sweep and a Gibbs colour class in one call each.
+
+The NumPy functions (:func:`~neuralblock.kernels.fused_blocks.fused_class_update_numpy`,
+:func:`~neuralblock.kernels.gibbs.gibbs_class_update_numpy`) cost 15-20 array calls per colour
+class, a few microseconds each, while a class of a 10x10 grid at 32 chains does about 20k
+arithmetic operations: the calls, not the arithmetic, are the time. Here the same arithmetic
+runs as one compiled loop over chains and instances (for neural blocks, over the whole sweep of
+classes), in the same dtypes and the same order of operations, so from the same random numbers
+it makes the same decisions (tests: ``tests/test_fused_jit.py``).
+
+Instances of one class touch disjoint variables (their blocks do not read each other's), so
+updating them one after another is the same as updating them together; a padded slot repeats
+its class's last real instance with the same random numbers, and, run after it, proposes the
+value that instance left, which it accepts (the log ratio is 0 and ``log u < 0``): the same state.
+
+Numba is a dependency; where it cannot be imported (``NUMBA`` is ``False``) the kernels keep
+their NumPy functions. Compiled code is cached on disk (``cache=True``); a kernel's first sweep
+of a new argument layout compiles it (about a second, counted in the kernel's
+``compile_seconds``).
+
+Example:
+    >>> import numpy as np
+    >>> state = np.zeros((1, 2), dtype=np.float32)
+    >>> cdf = np.array([[0.25, 0.5, 0.75, 1.0]], dtype=np.float32)  # one class of one instance, no context, one row
+    >>> out = block_sweep(state, np.array([[0, 1]]), np.zeros((1, 1, 0), np.float32), np.array([2.0, 1.0], np.float32),
+    ...                   np.array([[0, 1]]), np.zeros((1, 1), np.int64), cdf, np.zeros((1, 4), np.float32),
+    ...                   np.array([[[0.6]]], np.float32), np.array([[[-1.0]]]),
+    ...                   np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32))
+    >>> state.tolist(), out[0].tolist()  # u = 0.6 draws joint value 2, accepted (equal weights)
+    ([[1.0, 0.0]], [[[True]]])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NUMBA", "block_sweep", "gibbs_class"]
+
+try:  # pragma: no branch
+    import numba
+
+    NUMBA = True
+except ImportError:  # pragma: no cover - numba is a dependency; a platform without its wheels keeps NumPy
+    numba = None  # type: ignore[assignment]
+    NUMBA = False
+
+
+def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``numba.njit`` (cached on disk) where Numba is installed; else the Python function (used only by tests)."""
+    if not NUMBA:  # pragma: no cover
+        return function
+    return numba.njit(cache=True, nogil=True)(function)
+
+
+@_compiled
+def _block_sweep(
+    state, ids, radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values,
+    energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, finite,
+):  # fmt: skip
+    chains, n_classes, width = state.shape[0], base.shape[0], base.shape[1]
+    size = block_radix.shape[0]
+    context = radix.shape[2]
+    span = context + size
+    n_values = cdf.shape[1]
+    for c in range(n_classes):
+        for k in range(chains):
+            for i in range(width):
+                row = i * span
+                key_sum = 0.0
+                for j in range(context):
+                    key_sum += state[k, ids[c, row + j]] * radix[c, i, j]
+                key = base[c, i] + np.int64(key_sum)
+                current_sum = 0.0
+                for j in range(size):
+                    current_sum += state[k, ids[c, row + context + j]] * block_radix[j]
+                current = np.int64(current_sum)
+                if key_offset is not None:
+                    key = key + key_offset[k]
+                if slot is not None:
+                    key = slot[key]
+                u = draws[c, k, i]
+                proposed = 0  # argmax of an all-False row (the rows end at 1 > u: never taken)
+                for v in range(n_values):
+                    if cdf[key, v] > u:
+                        proposed = v
+                        break
+                log_alpha = log_ratio[key, proposed] - log_ratio[key, current]
+                if energy is not None and beta_m1 is not None:
+                    log_alpha = log_alpha + beta_m1[k] * (energy[key, proposed] - energy[key, current])
+                if zeros is not None and log_zero is not None:
+                    gained = zeros[key, proposed] - zeros[key, current]
+                    penalty = gained - gained if gained == 0 else log_zero[k] * gained
+                    if beta is not None:
+                        penalty = beta[k] * penalty
+                    log_alpha = log_alpha + penalty
+                ok = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
+                take = ok and log_accept[c, k, i] < log_alpha
+                accepted[c, k, i] = take
+                finite[c, k, i] = ok
+                chosen = proposed if take else current
+                for j in range(size):
+                    state[k, block_ids[c, i * size + j]] = values[chosen, j]
+
+
+def block_sweep(
+    state: np.ndarray,
+    ids: np.ndarray,
+    radix: np.ndarray,
+    block_radix: np.ndarray,
+    block_ids: np.ndarray,
+    base: np.ndarray,
+    cdf: np.ndarray,
+    log_ratio: np.ndarray,
+    draws: np.ndarray,
+    log_accept: np.ndarray,
+    values: np.ndarray,
+    energy: np.ndarray | None = None,
+    beta: np.ndarray | None = None,
+    slot: np.ndarray | None = None,
+    key_offset: np.ndarray | None = None,
+    zeros: np.ndarray | None = None,
+    log_zero: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Classes ``C`` of a neural block sweep in turn, in place: :func:`fused_class_update_numpy` of each, compiled.
+
+    Args:
+        state: ``[K, n]`` states (float32 or float64), updated in place.
+        ids: ``[C, W * (c + b)]`` each slot's context variables then block variables.
+        radix: ``[C, W, c]`` the context's place values (state dtype).
+        block_radix: ``[b]`` the block's place values (state dtype).
+        block_ids: ``[C, W * b]`` each slot's block variables.
+        base: ``[C, W]`` each slot's first table row.
+        cdf, log_ratio: ``[R, J]`` proposal rows and ``log w`` rows.
+        draws: ``[C, K, W]`` uniforms of the proposals (rows' dtype).
+        log_accept: ``[C, K, W]`` log uniforms of the tests (float64).
+        values: ``[J, b]`` the joint values (state dtype).
+        energy, beta, slot, key_offset, zeros, log_zero: as in :func:`fused_class_update_numpy`.
+
+    Returns:
+        The accept and finite-ratio indicators, ``[C, K, W]`` each.
+    """
+    shape = base.shape[:1] + state.shape[:1] + base.shape[1:]
+    accepted, finite = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
+    beta_m1 = None if beta is None else beta - 1  # NumPy's rounding of beta - 1 in the rows' dtype, as the NumPy path
+    _block_sweep(
+        state, ids, radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values,
+        energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, finite,
+    )  # fmt: skip
+    return accepted, finite
+
+
+@_compiled
+def _gibbs_class(state, vars_, scopes, strides, index, mask, flat, noise, beta, table_offset, float_strides, cast):
+    chains = state.shape[0]
+    depth, count, arity = scopes.shape
+    n_values = index.shape[2]
+    binary = noise.ndim == 2
+    stuck = 0
+    logits = np.empty(n_values, dtype=flat.dtype)
+    scores = np.empty(n_values, dtype=state.dtype)
+    for k in range(chains):
+        for v in range(count):
+            for j in range(n_values):
+                total = flat[0]  # (typed as the tables; set at d = 0)
+                for d in range(depth):
+                    shift = np.int64(0)
+                    if arity:
+                        if float_strides:
+                            place = state[k, scopes[d, v, 0]] * strides[d, v, 0]
+                            for a in range(1, arity):
+                                place = place + state[k, scopes[d, v, a]] * strides[d, v, a]
+                            shift = np.int64(place)
+                        else:
+                            for a in range(arity):
+                                shift += np.int64(state[k, scopes[d, v, a]]) * np.int64(strides[d, v, a])
+                    if table_offset is not None:
+                        shift += table_offset[k]
+                    term = flat[index[d, v, j] + shift]
+                    total = term if d == 0 else total + term
+                logits[j] = total
+            current = state[k, vars_[v]]
+            if binary and mask is None:  # value 1 iff the noise is below (l_1 - l_0) beta
+                cast[0] = logits[1] - logits[0] if beta is None else (logits[1] - logits[0]) * beta[k]
+            else:
+                for j in range(n_values):
+                    if beta is not None:
+                        logits[j] = logits[j] * beta[k]
+                    if mask is not None:
+                        logits[j] = logits[j] + mask[v, j]
+                if binary:
+                    cast[0] = logits[1] - logits[0]
+            if binary:
+                diff = cast[0]
+                if diff != diff:  # NaN: both values impossible, a stuck variable
+                    stuck += 1
+                    state[k, vars_[v]] = current
+                else:
+                    state[k, vars_[v]] = 1.0 if noise[k, v] < diff else 0.0
+            else:  # Gumbel-max over the values; no finite score keeps the current value
+                for j in range(n_values):
+                    cast[0] = logits[j]
+                    scores[j] = -np.inf if cast[0] != cast[0] else cast[0]
+                best = 0
+                top = scores[0] + noise[k, v, 0]
+                for j in range(1, n_values):
+                    noisy = scores[j] + noise[k, v, j]
+                    if noisy > top:
+                        best, top = j, noisy
+                if math.isfinite(top):
+                    state[k, vars_[v]] = best
+                else:
+                    stuck += 1
+                    state[k, vars_[v]] = current
+    return stuck
+
+
+def gibbs_class(
+    state: np.ndarray,
+    vars_: np.ndarray,
+    scopes: np.ndarray,
+    strides: np.ndarray,
+    index: np.ndarray,
+    mask: np.ndarray | None,
+    flat: np.ndarray,
+    noise: np.ndarray,
+    beta: np.ndarray | None = None,
+    table_offset: np.ndarray | None = None,
+) -> int:
+    """The compiled :func:`~neuralblock.kernels.gibbs.gibbs_class_update_numpy`: one class in place; the stuck count.
+
+    The arguments are the NumPy function's. A variable's factor terms are added in the order of
+    its factors (as NumPy does along that axis), so the conditionals are the NumPy path's.
+
+    Example:
+        >>> state = np.zeros((1, 2), dtype=np.float32)  # x0 alone in its class; one factor [x0, x1], x1 = 0
+        >>> flat = np.append(np.log(np.array([0.25, 0.25, 0.75, 0.25], dtype=np.float32)), np.float32(0.0))
+        >>> args = (np.array([0]), np.array([[[1]]]), np.array([[[1.0]]], np.float32), np.array([[[0, 2]]]), None, flat)
+        >>> gibbs_class(state, *args, np.array([[0.5]], np.float32)), state.tolist()  # 0.5 < log 3
+        (0, [[1.0, 0.0]])
+    """
+    if beta is not None:
+        beta = beta.astype(flat.dtype)  # as the NumPy function: the temperatures in the tables' dtype
+    if mask is not None:
+        mask = mask.astype(flat.dtype, copy=False)
+    float_strides = bool(np.issubdtype(strides.dtype, np.floating))
+    cast = np.empty(1, dtype=state.dtype)  # rounds a value to the state's dtype, as NumPy's astype(state.dtype)
+    return int(
+        _gibbs_class(state, vars_, scopes, strides, index, mask, flat, noise, beta, table_offset, float_strides, cast)
+    )

@@ -1,0 +1,153 @@
+"""The compiled loops (``neuralblock.kernels.jit``) make the NumPy functions' very decisions.
+
+Kernel level: every case of ``test_fused_numpy`` (each variant of the fused neural update and
+of the fused Gibbs update) run from one seed through the NumPy functions and through the
+compiled loops gives the same chain; so does a torus of 5 factors per variable (the compiled
+Gibbs update adds a variable's terms in NumPy's order). Function level: random inputs with
+padded slots, per-instance place values, impossible values, slots, tempered row offsets, the
+``beta`` correction and softened zeros (neural), and binary, Gumbel-max, masked, tempered,
+integer- and float-strided classes (Gibbs). Invariance of the compiled paths is tested wherever
+the fused paths are: they are the default for small CPU states where Numba is installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_fused_numpy import CASES, GIBBS_CASES, chain_of_states, proposal
+from test_motif_grid import ising_grid  # tests/ is on sys.path under pytest
+
+from neuralblock import GibbsKernel
+from neuralblock.kernels import jit
+from neuralblock.kernels.fused_blocks import _draw_cdf, fused_class_update_numpy
+from neuralblock.kernels.gibbs import gibbs_class_update_numpy
+
+pytestmark = pytest.mark.skipif(not jit.NUMBA, reason="Numba is not installed")
+
+
+def assert_same_chain(make, steps: int = 120) -> None:
+    numpy_states, _ = chain_of_states(make, steps, use_numpy=True, jit=False)
+    jit_states, _ = chain_of_states(make, steps, use_numpy=True, jit=True)
+    assert torch.equal(numpy_states, jit_states)
+    assert len(torch.unique(jit_states.reshape(len(jit_states), -1), dim=0)) > 5  # the chains move
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_and_numpy_block_sweeps_make_the_same_chain(case: str) -> None:
+    q = proposal()
+    assert_same_chain(lambda: CASES[case](q))
+
+
+@pytest.mark.parametrize("case", list(GIBBS_CASES))
+def test_compiled_and_numpy_gibbs_sweeps_make_the_same_chain(case: str) -> None:
+    assert_same_chain(GIBBS_CASES[case])
+
+
+def test_compiled_gibbs_adds_five_factor_terms_in_numpy_order() -> None:
+    """A 3x3 Ising torus (a unary and 4 couplings per variable): the same chain, draw for draw."""
+    fg = ising_grid(3, 3, torus=True, coupling=0.8, seed=2)
+    assert_same_chain(lambda: GibbsKernel(fg, chains=4))
+
+
+VARIANTS = ["plain", "slot", "tempered offsets", "beta correction", "soft zeros", "soft zeros, beta"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_block_sweep_equals_the_numpy_function_class_by_class(dtype: type, variant: str) -> None:
+    """Three classes (the last padded: its slot 2 repeats slot 1 and its numbers) against the NumPy function."""
+    rng = np.random.default_rng(VARIANTS.index(variant))
+    chains, n, width, classes, values_n = 4, 14, 3, 3, 4
+    state = rng.integers(0, 2, (chains, n)).astype(dtype)
+    ids, block_ids = np.zeros((classes, width * 4), np.int64), np.zeros((classes, width * 2), np.int64)
+    for c in range(classes):  # slot i: 2 context then 2 block variables, disjoint from the class's other slots
+        own = rng.permutation(n)[: width * 4].reshape(width, 4)
+        if c == 2:
+            own[2] = own[1]  # the padded slot repeats slot 1
+        ids[c], block_ids[c] = own.reshape(-1), own[:, 2:].reshape(-1)
+    radix = np.tile(np.array([2.0, 1.0], dtype), (classes, width, 1))
+    radix[1, :, :] = [1.0, 2.0]  # per-class place values
+    block_radix = np.array([2.0, 1.0], dtype)
+    base = (np.arange(classes * width).reshape(classes, width) % 5 * 4).astype(np.int64)  # keys below 20
+    base[2, 2] = base[2, 1]  # (the padded slot's rows are its original's)
+    rows = 40
+    log_q = torch.from_numpy(rng.normal(size=(rows, values_n)))
+    cdf = _draw_cdf(log_q, torch.float32 if dtype == np.float32 else torch.float64).numpy()
+    log_ratio = rng.normal(size=(rows, values_n)).astype(dtype)
+    log_ratio[::3, 0] = -np.inf  # impossible values: NaN ratios are rejected
+    draws = rng.random((classes, chains, width)).astype(cdf.dtype)
+    draws[2, :, 2] = draws[2, :, 1]  # the padded slot's numbers are its original's
+    log_accept = np.log(rng.random((classes, chains, width)))
+    log_accept[2, :, 2] = log_accept[2, :, 1]
+    values = np.array([[0, 0], [0, 1], [1, 0], [1, 1]], dtype)
+    extra: dict[str, np.ndarray | None] = dict.fromkeys(["energy", "beta", "slot", "key_offset", "zeros", "log_zero"])
+    if variant == "slot":
+        extra["slot"] = rng.permutation(rows)
+    if variant == "tempered offsets":
+        extra["key_offset"] = np.array([0, 20, 0, 20])  # each chain's temperature's rows
+    if variant in ("beta correction", "soft zeros, beta"):
+        extra["beta"] = rng.uniform(0.2, 1.0, chains).astype(cdf.dtype)
+    if variant == "beta correction":
+        extra["energy"] = rng.normal(size=(rows, values_n)).astype(cdf.dtype)
+    if variant.startswith("soft zeros"):
+        extra["zeros"] = rng.integers(0, 3, (rows, values_n)).astype(cdf.dtype)
+        extra["log_zero"] = -rng.uniform(1.0, 4.0, chains).astype(cdf.dtype)
+    expected = state.copy()
+    expected_accepted, expected_finite = [], []
+    for c in range(classes):
+        found = fused_class_update_numpy(
+            expected, ids[c], radix[c], block_radix, block_ids[c], base[c], cdf, log_ratio, draws[c], log_accept[c],
+            values, *extra.values(),
+        )  # fmt: skip
+        expected_accepted.append(found[0])
+        expected_finite.append(found[1])
+    got = state.copy()
+    accepted, finite = jit.block_sweep(
+        got, ids, radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values, *extra.values()
+    )
+    assert np.array_equal(got, expected)
+    real = np.ones((classes, chains, width), bool)
+    real[2, :, 2] = False  # a padded slot's indicators are not counted
+    assert np.array_equal(accepted[real], np.stack(expected_accepted)[real])
+    assert np.array_equal(finite[real], np.stack(expected_finite)[real])
+    assert not finite.all() and accepted.any() and not accepted.all()  # every kind of decision was exercised
+
+
+GIBBS_VARIANTS = ["binary", "binary, tempered", "binary, masked", "gumbel", "gumbel, masked and tempered", "offsets"]
+
+
+@pytest.mark.parametrize("strides_dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("variant", GIBBS_VARIANTS)
+def test_gibbs_class_equals_the_numpy_function(variant: str, strides_dtype: type) -> None:
+    """Random tables (with impossible entries) read through 3 factors per variable: equal states and stuck counts."""
+    rng = np.random.default_rng(GIBBS_VARIANTS.index(variant))
+    chains, n, count, depth, arity = 5, 9, 3, 3, 2
+    kmax = 2 if variant.startswith("binary") or variant == "offsets" else 3
+    state = rng.integers(0, kmax, (chains, n)).astype(np.float32)
+    vars_ = np.array([0, 1, 2])
+    scopes = rng.integers(3, n, (depth, count, arity))
+    strides = np.tile(np.array([kmax, 1]), (depth, count, 1)).astype(strides_dtype)
+    entries = kmax**arity
+    index = (np.arange(depth * count).reshape(depth, count, 1) * entries * kmax) + np.arange(kmax) * entries
+    flat = rng.normal(size=depth * count * entries * kmax + 1).astype(np.float32)
+    flat[rng.random(flat.shape) < 0.15] = -np.inf
+    mask = None
+    if "masked" in variant:
+        mask = np.zeros((count, kmax), np.float32)
+        mask[1, -1] = -np.inf  # variable 1 cannot take the last value
+    if kmax == 2:  # binary: value 1 iff the logistic noise is below the log odds
+        noise = rng.logistic(size=(chains, count)).astype(np.float32)
+    else:
+        noise = rng.gumbel(size=(chains, count, kmax)).astype(np.float32)
+    beta = rng.uniform(0.1, 1.0, chains).astype(np.float32) if "tempered" in variant else None
+    offset = None
+    if variant == "offsets":
+        flat = np.concatenate([flat, rng.normal(size=flat.shape).astype(np.float32)])
+        offset = np.array([0, len(flat) // 2] * 2 + [0])
+    args = (vars_, scopes, strides, index, mask, flat, noise, beta, offset)
+    expected, got = state.copy(), state.copy()
+    stuck_numpy = gibbs_class_update_numpy(expected, *args)
+    stuck_jit = jit.gibbs_class(got, *args)
+    assert np.array_equal(got, expected) and stuck_jit == stuck_numpy
+    assert not np.array_equal(got, state)  # something was drawn
