@@ -17,11 +17,15 @@ import pytest
 import torch
 from test_fused_numpy import CASES, GIBBS_CASES, chain_of_states, proposal
 from test_motif_grid import ising_grid  # tests/ is on sys.path under pytest
+from test_neural_block_kernel import chain_graph
+from test_replica_exchange import constrained_chain
+from test_vectorized_chains import mixed_graph
 
-from neuralblock import GibbsKernel
+from neuralblock import GibbsKernel, ReplicaExchange
 from neuralblock.kernels import jit
 from neuralblock.kernels.fused_blocks import _draw_cdf, fused_class_update_numpy
 from neuralblock.kernels.gibbs import gibbs_class_update_numpy
+from neuralblock.kernels.replica_exchange import swap_replicas
 
 pytestmark = pytest.mark.skipif(not jit.NUMBA, reason="Numba is not installed")
 
@@ -151,3 +155,78 @@ def test_gibbs_class_equals_the_numpy_function(variant: str, strides_dtype: type
     stuck_jit = jit.gibbs_class(got, *args)
     assert np.array_equal(got, expected) and stuck_jit == stuck_numpy
     assert not np.array_equal(got, state)  # something was drawn
+
+
+def dyadic(fg):
+    """``fg`` with its log tables rounded to multiples of 1/8: sums in float32 and float64 are then exact."""
+    for group in fg.groups:
+        finite = torch.isfinite(group.log_tables)
+        group.log_tables[finite] = (group.log_tables[finite] * 8).round() / 8
+    return fg
+
+
+def test_table_log_joint_equals_the_graph_log_joint() -> None:
+    """Unary, pairwise and triple tables with zeros, evidence included: the graph's log joint."""
+    fg = constrained_chain(seed=2)
+    g = torch.Generator().manual_seed(0)
+    fg.add_table_factors(torch.tensor([[0, 2, 4], [1, 3, 5]]), torch.randn(2, 3, 3, 3, generator=g))
+    states = torch.randint(0, 3, (200, fg.num_variables), generator=g).float()
+    expected = fg.log_joint(states).double()
+    got = torch.from_numpy(jit.TableLogJoint(fg)(states.numpy()))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected)) and bool(torch.isinf(got).any())
+    finite = torch.isfinite(expected)
+    assert torch.allclose(got[finite], expected[finite], rtol=1e-6, atol=1e-5)
+    with pytest.raises(ValueError, match="table factors"):
+        jit.TableLogJoint(mixed_graph(seed=1))
+
+
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("parity", [0, 1])
+def test_compiled_swaps_equal_the_torch_swaps(zeros: bool, parity: int) -> None:
+    g = torch.Generator().manual_seed(parity + 2 * zeros)
+    replicas, chains, n = 5, 6, 4
+    states = torch.randint(0, 3, (replicas, chains, n), generator=g).double()
+    log_p = torch.randn(replicas, chains, generator=g, dtype=torch.float64) * 3
+    beta = torch.tensor([1.0, 0.7, 0.5, 0.3, 0.1], dtype=torch.float64)
+    count = torch.randint(0, 3, (replicas, chains), generator=g).double() if zeros else None
+    log_zero = torch.tensor([-torch.inf, -4.0, -3.0, -2.0, -1.0], dtype=torch.float64) if zeros else None
+    torch.manual_seed(11)
+    expected_states, expected_log_p, expected_prob = swap_replicas(states, log_p, beta, parity, count, log_zero)
+    torch.manual_seed(11)
+    log_u = torch.rand(len(range(parity, replicas - 1, 2)), chains, dtype=torch.float64).log()
+    work, work_log_p = states.clone().numpy(), log_p.clone().numpy()
+    prob = jit.swap_replicas(
+        work, work_log_p, beta.numpy(), parity, log_u.numpy(),
+        None if count is None else count.numpy(), None if log_zero is None else log_zero.numpy(),
+    )  # fmt: skip
+    assert np.array_equal(work, expected_states.numpy()) and np.array_equal(work_log_p, expected_log_p.numpy())
+    assert np.array_equal(prob, expected_prob.numpy())
+    assert 0 < (prob == 1).sum() < prob.size or zeros  # both kinds of decision (zeros: impossible swaps as well)
+
+
+@pytest.mark.parametrize("case", ["gibbs", "soft zeros", "neural"])
+def test_compiled_replica_exchange_swaps_make_the_torch_chain(case: str) -> None:
+    """Dyadic tables (exact log joints both ways): the compiled swaps make the torch swaps' chain, draw for draw."""
+    q = proposal()
+    makers = {
+        "gibbs": lambda: ReplicaExchange(dyadic(chain_graph(seed=4)), replicas=4, max_temperature=5.0, chains=3),
+        "soft zeros": lambda: ReplicaExchange(dyadic(constrained_chain(seed=4)), replicas=4, max_temperature=6.0),
+        "neural": lambda: ReplicaExchange(dyadic(chain_graph(seed=4)), [q], replicas=3, max_temperature=4.0, chains=2),
+    }
+
+    def chain(compiled_swaps: bool) -> tuple[torch.Tensor, float]:
+        torch.manual_seed(5)
+        kernel = makers[case]()
+        kernel.setup(20)
+        assert kernel._joints is not None  # the compiled swaps are the default here
+        if not compiled_swaps:
+            kernel._joints = None
+        params, states = kernel.initial_params, []
+        for _ in range(150):
+            params = kernel.sample(params)
+            states.append(params["x"].clone())
+        return torch.stack(states), float(np.mean(kernel.diagnostics()["swap_acceptance"]))
+
+    (compiled, swapped), (plain, _) = chain(True), chain(False)
+    assert torch.equal(compiled, plain)
+    assert len(torch.unique(compiled.reshape(len(compiled), -1), dim=0)) > 1 and swapped > 0.05

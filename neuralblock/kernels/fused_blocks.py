@@ -47,7 +47,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.functional import use_numpy
 from neuralblock.kernels.gibbs import SoftZeros, compiled, flat_tables, pad_by_owner
-from neuralblock.kernels.jit import NUMBA, block_sweep
+from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, block_sweep
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -900,6 +900,7 @@ class FusedBlockSweep:
         self.jit = NUMBA
         self._jit_layouts: set[tuple] = set()  # argument layouts this sweep has run (the first run compiles)
         self._jit_by_dtype: dict[torch.dtype, tuple[np.ndarray, ...]] = {}
+        self._last_offsets: tuple[_TemperedTables, Tensor, Tensor | None] | None = None
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
@@ -948,6 +949,15 @@ class FusedBlockSweep:
                 torch.stack(self.base).numpy(),
             )
         return self._jit_by_dtype[dtype]
+
+    def _offsets(self, tempered: _TemperedTables, beta: Tensor) -> Tensor | None:
+        """``tempered.offsets(beta)``, remembered for the last ``beta`` (the ladder changes in warmup only)."""
+        last = self._last_offsets
+        if last is not None and last[0] is tempered and last[1].shape == beta.shape and torch.equal(last[1], beta):
+            return last[2]
+        found = tempered.offsets(beta)
+        self._last_offsets = (tempered, beta.clone(), found)
+        return found
 
     def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
@@ -1022,10 +1032,10 @@ class FusedBlockSweep:
         tempered, key_offset = self.tempered, None
         if tempered is not None and beta is not None:
             if soft is None and tempered.log_zero is None:
-                key_offset = tempered.offsets(beta)
+                key_offset = self._offsets(tempered, beta)
             elif soft is not None and tempered.log_zero is not None and torch.equal(tempered.log_zero, soft.log_zero):
                 by_entry = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
-                by_beta = tempered.offsets(beta)  # and built for this ladder
+                by_beta = self._offsets(tempered, beta)  # and built for this ladder
                 key_offset = by_entry if by_beta is not None and torch.equal(by_beta, by_entry) else None
         chain_log_zero = None
         if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
@@ -1035,7 +1045,8 @@ class FusedBlockSweep:
             if table.slot is not None:
                 raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
             chain_log_zero = soft.log_zero.to(state.device, table.cdf.dtype)[soft.entry]
-        on_numpy = not self.compiled and use_numpy(self.numpy, state, NUMPY_MAX_ENTRIES)
+        limit = JIT_MAX_ENTRIES if self.jit and NUMBA else NUMPY_MAX_ENTRIES
+        on_numpy = not self.compiled and use_numpy(self.numpy, state, limit)
         # NumPy: one copy of the states per sweep (a torch clone: the caller's tensor is never written), updated in
         # place class by class through a NumPy view
         if on_numpy:
@@ -1046,6 +1057,7 @@ class FusedBlockSweep:
         stacked = self._jit_arrays(state.dtype) if on_jit else None
         accepts: list[Tensor] = []
         broken: list[Tensor] = []
+        found_np: list[tuple[np.ndarray, np.ndarray]] = []  # the compiled path's indicators, [c, K, W] each
         # prefilled tables never change during a sweep: one compiled call runs every class (a table that fills up
         # during this sweep takes one call per class to its end)
         whole = on_jit and table.prefilled
@@ -1070,8 +1082,7 @@ class FusedBlockSweep:
                     cdf.numpy(), log_ratio.numpy(), draws[part].numpy(), log_accept[part].numpy(), values.numpy(),
                     *extra_np,
                 )  # fmt: skip
-                accepts.extend(torch.from_numpy(found[0]).unbind(0))
-                broken.extend(torch.from_numpy(found[1]).unbind(0))
+                found_np.append(found)
                 continue
             if work is not None:
                 ids, radix, place, block_ids, base = self._numpy_class(c, state.dtype)
@@ -1091,6 +1102,12 @@ class FusedBlockSweep:
                 self.compile_seconds = time.perf_counter() - start
             accepts.append(acc)
             broken.append(bad)
+        if found_np:  # padded slots repeat a real one: not counted
+            real_np = self.real.cpu().numpy()[:, None, :]
+            acc_np, fin_np = (np.concatenate(parts) for parts in zip(*found_np))
+            accepted = torch.from_numpy((acc_np & real_np).sum((0, 2)))
+            nonfinite = torch.tensor(int((~fin_np & real_np).sum()))
+            return state, accepted, nonfinite, chains * sum(self.sizes)
         real = self.real.to(state.device)
         accepted = (torch.stack(accepts, 1) & real).sum((1, 2))  # padded slots repeat a real one: not counted
         nonfinite = (~torch.stack(broken, 1) & real).sum()

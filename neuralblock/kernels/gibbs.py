@@ -27,7 +27,7 @@ from torch import Tensor
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import gibbs_sample, use_numpy
-from neuralblock.kernels.jit import NUMBA, gibbs_class
+from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, gibbs_class
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 _VALUE_LOOP = 16
@@ -473,7 +473,8 @@ class GibbsPlan:
                 values, copy = torch.unique(soft.log_zero.to(flat.dtype), return_inverse=True)
                 offset = copy.to(state.device)[soft.entry] * flat.numel()
                 flat = self._soft_tables(flat, self.zeros, values)
-            if self.update is gibbs_class_update and use_numpy(self.numpy, state, NUMPY_MAX_ENTRIES):
+            limit = JIT_MAX_ENTRIES if self.jit and NUMBA else NUMPY_MAX_ENTRIES
+            if self.update is gibbs_class_update and use_numpy(self.numpy, state, limit):
                 state, stuck_count = self._sweep_numpy(state, flat, beta, offset)
                 return state.reshape(shape), stuck + stuck_count
             for vars_, tables in zip(self.classes, self.fused):

@@ -62,6 +62,8 @@ from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_init
 from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel, SoftZeros
+from neuralblock.kernels.jit import NUMBA, TableLogJoint
+from neuralblock.kernels.jit import swap_replicas as swap_replicas_compiled
 from neuralblock.kernels.neural_block import NeuralBlockKernel
 from neuralblock.kernels.vocabulary import KernelDiagnostics
 from neuralblock.proposals import NeuralBlockProposal
@@ -239,6 +241,8 @@ class ReplicaExchange(GraphKernel):
                 model, self.proposals, gibbs_prob=gibbs_prob, chains=size, device=device, compile=compile
             )
         self.replica_states: Tensor | None = None
+        self._joints: tuple[TableLogJoint, TableLogJoint | None] | None = None  # compiled swaps' log joints
+        self._ladder_cache: tuple[tuple, tuple[Tensor, Tensor | None, Tensor, Tensor]] | None = None
         self._reset_stats()
 
     @property
@@ -253,9 +257,10 @@ class ReplicaExchange(GraphKernel):
         self.inner.fg = fg
         self.inner._prepare(fg)
         plan = self.inner.plan if isinstance(self.inner, GibbsKernel) else self.inner.single_site.gibbs_plan
-        if plan is not None:  # NumPy Gibbs sweeps measured 0.91-0.93x here (see gibbs.NUMPY_MAX_ENTRIES)
-            plan.numpy = False
+        if plan is not None and not (plan.jit and NUMBA):  # NumPy Gibbs sweeps measured 0.91-0.93x here (see
+            plan.numpy = False  # gibbs.NUMPY_MAX_ENTRIES); the compiled loops 0.75-0.83x per RE
         self._soften(fg)
+        self._compile_joints(fg)
         self.replica_states = None
         self._tempered = None
         self._swap_rate = torch.full((max(self.replicas - 1, 0),), 0.5, dtype=torch.float64)
@@ -283,6 +288,13 @@ class ReplicaExchange(GraphKernel):
         self.penalty = float(self.zero_penalty) if explicit else _AUTO_ZERO_PENALTY
         self._split_graphs = fg.split_zeros()
 
+    def _compile_joints(self, fg: FactorGraph) -> None:
+        """The swaps' log joints as compiled loops (CPU states, table factors, Numba installed), else ``None``."""
+        self._joints = None
+        if NUMBA and self.device.type == "cpu" and all(isinstance(g, TableGroup) for g in fg.groups) and fg.groups:
+            finite, zeros = (fg, None) if self._split_graphs is None else self._split_graphs
+            self._joints = (TableLogJoint(finite), None if zeros is None else TableLogJoint(zeros))
+
     def zero_log_potentials(self) -> Tensor | None:
         """Each replica's log-potential of a zero table entry, ``[R]`` (float64; ``-inf`` at ``T = 1``), or ``None``.
 
@@ -298,6 +310,7 @@ class ReplicaExchange(GraphKernel):
     def _refresh(self, fg: FactorGraph) -> None:
         self.inner._refresh(fg)
         self._soften(fg)  # the new tables may gain or lose zeros
+        self._compile_joints(fg)
         # new parameter values (a compound sampler changes them at every transition): R tempered tables per change
         # would cost more than they gain, so the replicas keep the untempered proposal from here on
         self._tempered = False
@@ -327,28 +340,21 @@ class ReplicaExchange(GraphKernel):
         replicas = self.replica_states.clone()
         replicas[0] = state  # Pyro's params are the beta = 1 replicas
         size, n = self.replicas * self.chains, fg.num_variables
-        beta = self.betas.to(self.device)
-        log_zero = self.zero_log_potentials()
-        index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major rows
+        beta, log_zero, index, row_beta = self._ladder_tensors(state.dtype)
         self.inner.soft_zeros = None if log_zero is None else SoftZeros(index, log_zero)
         fixed = not warmup or not self.adapt or self.replicas < 3
         if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
             self._tempered = self.inner.temper(self.betas.to(state.dtype), log_zero)
-        self.inner.beta = beta[index].to(state.dtype)
+        self.inner.beta = row_beta
         flat = self.inner._transition(replicas.reshape(size, n), warmup)
         replicas = flat.reshape(self.replicas, self.chains, n)
         if self.replicas > 1:
-            flat_states = replicas.reshape(size, n).cpu()
-            finite, zeros = (fg, None) if self._split_graphs is None else self._split_graphs
-            # the states are the inner kernel's own (checked at the start): no validation per swap
-            log_p = finite.log_joint(flat_states, check=False).reshape(self.replicas, self.chains)
-            log_p = log_p.to(self.device).double()
-            count = None if zeros is None else zeros.log_joint(flat_states, check=False).reshape(log_p.shape).to(log_p)
             parity = self._steps % 2
-            on_device = None if log_zero is None else log_zero.to(self.device)
-            replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, on_device)
+            if self._joints is not None and replicas.dtype in (torch.float32, torch.float64):
+                replicas, mean_prob = self._swap_compiled(replicas.clone(), beta, log_zero, parity)
+            else:
+                replicas, mean_prob = self._swap(fg, replicas, beta, log_zero, parity)
             pairs = torch.arange(parity, self.replicas - 1, 2)
-            mean_prob = prob.mean(-1).double().cpu()
             self._swap_rate[pairs] += _RATE_SMOOTHING * (mean_prob - self._swap_rate[pairs])
             if not warmup:
                 self._swap_attempts[pairs] += 1.0
@@ -358,6 +364,56 @@ class ReplicaExchange(GraphKernel):
         self._steps += 1
         self.replica_states = replicas
         return replicas[0]
+
+    def _ladder_tensors(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+        """``beta [R]``, the zeros' log-potentials ``[R]`` (or ``None``), each row's replica and ``beta`` ``[R K]``.
+
+        Made again only when the ladder, the penalty or the dtype changes (the ladder moves in warmup only).
+        """
+        key = (self.temperatures, self.penalty, dtype)
+        cached = self._ladder_cache
+        if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:]:
+            beta = self.betas.to(self.device)
+            index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major
+            cached = (key, (beta, self.zero_log_potentials(), index, beta[index].to(dtype)))
+            self._ladder_cache = cached
+        return cached[1]
+
+    def _swap(
+        self, fg: FactorGraph, replicas: Tensor, beta: Tensor, log_zero: Tensor | None, parity: int
+    ) -> tuple[Tensor, Tensor]:
+        """Swaps of the pairs of ``parity`` (torch): the replicas after them and each pair's mean acceptance."""
+        size, n = self.replicas * self.chains, fg.num_variables
+        flat_states = replicas.reshape(size, n).cpu()
+        finite, zeros = (fg, None) if self._split_graphs is None else self._split_graphs
+        # the states are the inner kernel's own (checked at the start): no validation per swap
+        log_p = finite.log_joint(flat_states, check=False).reshape(self.replicas, self.chains)
+        log_p = log_p.to(self.device).double()
+        count = None if zeros is None else zeros.log_joint(flat_states, check=False).reshape(log_p.shape).to(log_p)
+        on_device = None if log_zero is None else log_zero.to(self.device)
+        replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, on_device)
+        return replicas, prob.mean(-1).double().cpu()
+
+    def _swap_compiled(
+        self, replicas: Tensor, beta: Tensor, log_zero: Tensor | None, parity: int
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`_swap` through the compiled loops (:func:`~neuralblock.kernels.jit.swap_replicas`), in place.
+
+        The log joints are added in float64 (see :class:`~neuralblock.kernels.jit.TableLogJoint`); the
+        tests' uniforms are the torch path's stream.
+        """
+        assert self._joints is not None
+        finite, zeros = self._joints
+        work = replicas.numpy()
+        flat = work.reshape(self.replicas * self.chains, -1)
+        log_p = finite(flat).reshape(self.replicas, self.chains)
+        count = None if zeros is None else zeros(flat).reshape(self.replicas, self.chains)
+        pairs = len(range(parity, self.replicas - 1, 2))
+        log_u = torch.rand(pairs, self.chains, dtype=torch.float64).log_().numpy()
+        betas = beta.double().numpy()
+        zero_logs = None if log_zero is None else log_zero.double().numpy()
+        prob = swap_replicas_compiled(work, log_p, betas, parity, log_u, count, zero_logs)
+        return replicas, torch.from_numpy(prob.mean(-1))
 
     def _adapt_ladder(self) -> None:
         """One step of the Vousden-Farr-Mandel adaptation towards equal swap rates (``T_1``, ``T_R`` fixed)."""
