@@ -9,9 +9,9 @@ Measures, side by side in one run (one torch thread, CPU time per sweep through 
 * the same at ``K = 1``, and ``nb`` at ``K = 1`` on the commit before this work
   (``--baseline``, checked out into a temporary ``git worktree`` and timed in a subprocess);
 * the compiled path (``compile=True``) at ``K = 1`` and ``K = 64`` with its compile time;
-* the torch functions (``_torch`` arms) against the NumPy updates that small CPU states take by default
-  (``numpy = None``: NumPy up to ``NUMPY_MAX_ENTRIES`` state entries; same draws), at ``K = 1`` and for the
-  neural kernel also at ``K = 64``;
+* the torch functions (``_torch`` arms) and the NumPy functions (``_numpy`` arms) against the compiled loops
+  that CPU states take by default (``numpy = None``: the compiled loops of ``neuralblock.kernels.jit`` up to
+  ``JIT_MAX_ENTRIES`` state entries; same draws), at ``K = 1`` and for the neural kernel also at ``K = 64``;
 * kernel setup time (the neural kernel tabulates its proposal per context value there);
 * the reduced-precision option: the proposal tables computed by a bf16 network against fp32,
   as a KL divergence and as the exact expected MH acceptance of each table against the exact
@@ -188,9 +188,16 @@ def sweep_seconds(kernel: Any, budget: float, clock: Callable[[], float] = time.
 
 
 def _build(
-    kind: str, fg: FactorGraph, chains: int, compile: bool, device: str = "cpu", numpy: bool | None = None
+    kind: str,
+    fg: FactorGraph,
+    chains: int,
+    compile: bool,
+    device: str = "cpu",
+    numpy: bool | None = None,
+    jit: bool = True,
 ) -> tuple[Any, float]:
-    """A set-up kernel and its setup seconds (``numpy=False``: the torch update functions, not NumPy's)."""
+    """A set-up kernel and its setup seconds (``numpy=False``: the torch update functions, not NumPy's;
+    ``jit=False``: the NumPy functions instead of the compiled loops)."""
     start = time.perf_counter()
     if kind == "nb":
         kernel = NeuralBlockKernel(
@@ -203,6 +210,7 @@ def _build(
     for plan in plans:
         if plan is not None:
             plan.numpy = numpy
+            plan.jit = plan.jit and jit
     return kernel, time.perf_counter() - start
 
 
@@ -290,6 +298,7 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
                         arms[f"{kind}_K{chains}_compiled"] = _build(kind, fg, chains, True)
                     if chains == 1 or kind == "nb":
                         arms[f"{kind}_K{chains}_torch"] = _build(kind, fg, chains, False, numpy=False)
+                        arms[f"{kind}_K{chains}_numpy"] = _build(kind, fg, chains, False, numpy=True, jit=False)
             times: dict[str, list[float]] = {name: [] for name in arms}
             if worktree is not None:
                 times["nb_K1_baseline"] = []
@@ -314,9 +323,12 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
                 f"nb/gibbs per chain-sweep, K={k}": median[f"nb_K{k}"] / median[f"gibbs_K{k}"],
                 "nb/gibbs per sweep, K=1": median["nb_K1"] / median["gibbs_K1"],
                 f"gibbs K={k} / gibbs K=1 per chain-sweep": median[f"gibbs_K{k}"] / median["gibbs_K1"],
-                "nb torch / nb default (NumPy), K=1": median["nb_K1_torch"] / median["nb_K1"],
-                "gibbs torch / gibbs default (NumPy), K=1": median["gibbs_K1_torch"] / median["gibbs_K1"],
+                "nb torch / nb default (compiled loops), K=1": median["nb_K1_torch"] / median["nb_K1"],
+                "gibbs torch / gibbs default (compiled loops), K=1": median["gibbs_K1_torch"] / median["gibbs_K1"],
                 f"nb torch / nb default, K={k}": median[f"nb_K{k}_torch"] / median[f"nb_K{k}"],
+                "nb NumPy / nb default (compiled loops), K=1": median["nb_K1_numpy"] / median["nb_K1"],
+                "gibbs NumPy / gibbs default (compiled loops), K=1": median["gibbs_K1_numpy"] / median["gibbs_K1"],
+                f"nb NumPy / nb default, K={k}": median[f"nb_K{k}_numpy"] / median[f"nb_K{k}"],
             }
             if args.compile:
                 ratios[f"nb/gibbs per chain-sweep, K={k}, compiled"] = (
