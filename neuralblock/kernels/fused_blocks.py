@@ -849,7 +849,9 @@ class FusedBlockSweep:
         device: where the state lives.
         compile: run :func:`fused_class_update` under ``torch.compile``; eager updates of small CPU states run
             :func:`fused_class_update_numpy` (attribute ``numpy``: ``None`` by size, see :data:`NUMPY_MAX_ENTRIES`;
-            ``True`` or ``False`` to choose).
+            ``True`` or ``False`` to choose). Where Numba is installed (attribute ``jit``, default ``True``),
+            that path runs the compiled loop of :mod:`~neuralblock.kernels.jit` (a whole sweep in one call; the same
+            draws) for states of up to :data:`~neuralblock.kernels.jit.JIT_MAX_ENTRIES` entries.
     """
 
     def __init__(

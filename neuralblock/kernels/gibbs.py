@@ -336,7 +336,9 @@ class GibbsPlan:
         device: where the plan's index tensors live (the states' device).
         compile: run the fused class update under ``torch.compile``; eager sweeps of small CPU states run
             :func:`gibbs_class_update_numpy` (attribute ``numpy``: ``None`` by size, see :data:`NUMPY_MAX_ENTRIES`;
-            ``True`` or ``False`` to choose).
+            ``True`` or ``False`` to choose). Where Numba is installed (attribute ``jit``, default ``True``),
+            that path runs the compiled loop of :mod:`~neuralblock.kernels.jit` (one call per class; the same draws) for
+            states of up to :data:`~neuralblock.kernels.jit.JIT_MAX_ENTRIES` entries.
     """
 
     def __init__(
