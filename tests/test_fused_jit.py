@@ -30,11 +30,13 @@ from neuralblock.kernels.replica_exchange import swap_replicas
 pytestmark = pytest.mark.skipif(not jit.NUMBA, reason="Numba is not installed")
 
 
-def assert_same_chain(make, steps: int = 120) -> None:
+def assert_same_chain(make, steps: int = 120) -> object:
+    """The NumPy functions' chain and the compiled loops' chain from one seed are equal; returns the latter's kernel."""
     numpy_states, _ = chain_of_states(make, steps, use_numpy=True, jit=False)
-    jit_states, _ = chain_of_states(make, steps, use_numpy=True, jit=True)
+    jit_states, kernel = chain_of_states(make, steps, use_numpy=True, jit=True)
     assert torch.equal(numpy_states, jit_states)
     assert len(torch.unique(jit_states.reshape(len(jit_states), -1), dim=0)) > 5  # the chains move
+    return kernel
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -54,7 +56,7 @@ def test_compiled_gibbs_adds_five_factor_terms_in_numpy_order() -> None:
     assert_same_chain(lambda: GibbsKernel(fg, chains=4))
 
 
-VARIANTS = ["plain", "slot", "tempered offsets", "beta correction", "soft zeros", "soft zeros, beta"]
+VARIANTS = ["plain", "slot", "tempered offsets", "beta correction", "soft zeros", "soft zeros, beta", "zeros at T=1"]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -94,9 +96,11 @@ def test_block_sweep_equals_the_numpy_function_class_by_class(dtype: type, varia
         extra["beta"] = rng.uniform(0.2, 1.0, chains).astype(cdf.dtype)
     if variant == "beta correction":
         extra["energy"] = rng.normal(size=(rows, values_n)).astype(cdf.dtype)
-    if variant.startswith("soft zeros"):
+    if variant.startswith("soft zeros") or variant == "zeros at T=1":
         extra["zeros"] = rng.integers(0, 3, (rows, values_n)).astype(cdf.dtype)
         extra["log_zero"] = -rng.uniform(1.0, 4.0, chains).astype(cdf.dtype)
+    if variant == "zeros at T=1":  # the beta = 1 chains keep their zeros: -inf, and no -inf * 0 where none is gained
+        extra["log_zero"][:2] = -np.inf
     expected = state.copy()
     expected_accepted, expected_finite = [], []
     for c in range(classes):
@@ -121,14 +125,18 @@ def test_block_sweep_equals_the_numpy_function_class_by_class(dtype: type, varia
 GIBBS_VARIANTS = ["binary", "binary, tempered", "binary, masked", "gumbel", "gumbel, masked and tempered", "offsets"]
 
 
-@pytest.mark.parametrize("strides_dtype", [np.float32, np.int64])
+@pytest.mark.parametrize(("strides_dtype", "state_dtype"), [(np.float32, np.float32), (np.int64, np.float64)])
 @pytest.mark.parametrize("variant", GIBBS_VARIANTS)
-def test_gibbs_class_equals_the_numpy_function(variant: str, strides_dtype: type) -> None:
-    """Random tables (with impossible entries) read through 3 factors per variable: equal states and stuck counts."""
+def test_gibbs_class_equals_the_numpy_function(variant: str, strides_dtype: type, state_dtype: type) -> None:
+    """Random tables (with impossible entries) read through 3 factors per variable: equal states and stuck counts.
+
+    float64 states with float32 tables and float64 temperatures: the log-odds in the tables' dtype, the
+    temperatures cast to it, the result rounded to the states' dtype, as the NumPy function does.
+    """
     rng = np.random.default_rng(GIBBS_VARIANTS.index(variant))
     chains, n, count, depth, arity = 5, 9, 3, 3, 2
     kmax = 2 if variant.startswith("binary") or variant == "offsets" else 3
-    state = rng.integers(0, kmax, (chains, n)).astype(np.float32)
+    state = rng.integers(0, kmax, (chains, n)).astype(state_dtype)
     vars_ = np.array([0, 1, 2])
     scopes = rng.integers(3, n, (depth, count, arity))
     strides = np.tile(np.array([kmax, 1]), (depth, count, 1)).astype(strides_dtype)
@@ -141,10 +149,11 @@ def test_gibbs_class_equals_the_numpy_function(variant: str, strides_dtype: type
         mask = np.zeros((count, kmax), np.float32)
         mask[1, -1] = -np.inf  # variable 1 cannot take the last value
     if kmax == 2:  # binary: value 1 iff the logistic noise is below the log odds
-        noise = rng.logistic(size=(chains, count)).astype(np.float32)
+        noise = rng.logistic(size=(chains, count)).astype(state_dtype)
     else:
-        noise = rng.gumbel(size=(chains, count, kmax)).astype(np.float32)
-    beta = rng.uniform(0.1, 1.0, chains).astype(np.float32) if "tempered" in variant else None
+        noise = rng.gumbel(size=(chains, count, kmax)).astype(state_dtype)
+        noise[0, 0, :] = np.inf  # (an impossible value's -inf + inf: NaN, which NumPy's argmax takes: stuck)
+    beta = rng.uniform(0.1, 1.0, chains).astype(state_dtype) if "tempered" in variant else None
     offset = None
     if variant == "offsets":
         flat = np.concatenate([flat, rng.normal(size=flat.shape).astype(np.float32)])
@@ -195,11 +204,12 @@ def test_compiled_swaps_equal_the_torch_swaps(zeros: bool, parity: int) -> None:
     torch.manual_seed(11)
     log_u = torch.rand(len(range(parity, replicas - 1, 2)), chains, dtype=torch.float64).log()
     work, work_log_p = states.clone().numpy(), log_p.clone().numpy()
-    prob = jit.swap_replicas(
+    delta = jit.swap_replicas(
         work, work_log_p, beta.numpy(), parity, log_u.numpy(),
         None if count is None else count.numpy(), None if log_zero is None else log_zero.numpy(),
     )  # fmt: skip
     assert np.array_equal(work, expected_states.numpy()) and np.array_equal(work_log_p, expected_log_p.numpy())
+    prob = torch.from_numpy(delta).clamp(max=0.0).exp().numpy()  # (as ReplicaExchange rounds them)
     assert np.array_equal(prob, expected_prob.numpy())
     assert 0 < (prob == 1).sum() < prob.size or zeros  # both kinds of decision (zeros: impossible swaps as well)
 
@@ -225,8 +235,26 @@ def test_compiled_replica_exchange_swaps_make_the_torch_chain(case: str) -> None
         for _ in range(150):
             params = kernel.sample(params)
             states.append(params["x"].clone())
-        return torch.stack(states), float(np.mean(kernel.diagnostics()["swap_acceptance"]))
+        diagnostics = kernel.diagnostics()
+        return torch.stack(states), (diagnostics["swap_acceptance"], diagnostics["temperatures"])
 
-    (compiled, swapped), (plain, _) = chain(True), chain(False)
-    assert torch.equal(compiled, plain)
-    assert len(torch.unique(compiled.reshape(len(compiled), -1), dim=0)) > 1 and swapped > 0.05
+    (compiled, ladder), (plain, plain_ladder) = chain(True), chain(False)
+    assert torch.equal(compiled, plain) and ladder == plain_ladder  # the same warmup-adapted ladder, to the bit
+    assert len(torch.unique(compiled.reshape(len(compiled), -1), dim=0)) > 1 and float(np.mean(ladder[0])) > 0.05
+
+
+def test_compiled_sweeps_follow_rows_filled_on_visits_and_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables filled as chains visit rows, then rows in slots with evictions: one compiled call per class."""
+    from test_neural_block_kernel import chain_graph as graph
+
+    import neuralblock.kernels.fused_blocks as fused_blocks
+    from neuralblock import NeuralBlockKernel
+
+    q = proposal()
+    monkeypatch.setattr(fused_blocks, "_PREFILL_ROWS", 0)
+    for budget in (None, 27):
+        if budget is not None:
+            monkeypatch.setattr(fused_blocks, "_MAX_CACHE_ENTRIES", budget)
+        kernel = assert_same_chain(lambda: NeuralBlockKernel(graph(seed=6), [q], gibbs_prob=0.1, chains=4), 100)
+        table = kernel.fused[0].table  # type: ignore[attr-defined]
+        assert not table.prefilled and (budget is None or table.evictions > 0)

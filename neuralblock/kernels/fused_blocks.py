@@ -1107,7 +1107,7 @@ class FusedBlockSweep:
         if found_np:  # padded slots repeat a real one: not counted
             real_np = self.real.cpu().numpy()[:, None, :]
             acc_np, fin_np = (np.concatenate(parts) for parts in zip(*found_np))
-            accepted = torch.from_numpy((acc_np & real_np).sum((0, 2)))
+            accepted = torch.from_numpy((acc_np & real_np).sum((0, 2), dtype=np.int64))
             nonfinite = torch.tensor(int((~fin_np & real_np).sum()))
             return state, accepted, nonfinite, chains * sum(self.sizes)
         real = self.real.to(state.device)

@@ -216,8 +216,10 @@ def _gibbs_class(state, vars_, scopes, strides, index, mask, flat, noise, beta, 
                 best = 0
                 top = scores[0] + noise[k, v, 0]
                 for j in range(1, n_values):
+                    if top != top:  # NumPy's argmax takes the first NaN
+                        break
                     noisy = scores[j] + noise[k, v, j]
-                    if noisy > top:
+                    if noisy > top or noisy != noisy:
                         best, top = j, noisy
                 if math.isfinite(top):
                     state[k, vars_[v]] = best
@@ -241,8 +243,10 @@ def gibbs_class(
 ) -> int:
     """The compiled :func:`~neuralblock.kernels.gibbs.gibbs_class_update_numpy`: one class in place; the stuck count.
 
-    The arguments are the NumPy function's. A variable's factor terms are added in the order of
-    its factors (as NumPy does along that axis), so the conditionals are the NumPy path's.
+    The arguments are the NumPy function's. A variable's factor terms are added one after another,
+    in the order of its factors, as NumPy adds them along that axis, except that NumPy sums 8 or more
+    terms pairwise when the class has a single variable (the axis is then contiguous): there the
+    log-odds may differ in the last bit and, very rarely, a draw with them (the same conditionals).
 
     Example:
         >>> state = np.zeros((1, 2), dtype=np.float32)  # x0 alone in its class; one factor [x0, x1], x1 = 0
@@ -297,6 +301,8 @@ class TableLogJoint:
     """
 
     def __init__(self, fg: Any) -> None:
+        import torch
+
         from neuralblock.graph import TableGroup  # (the graph package imports nothing from the kernels)
 
         groups = list(fg.groups)
@@ -310,7 +316,7 @@ class TableLogJoint:
             scopes.append(np.pad(g.scopes.numpy(), ((0, 0), (0, pad)), constant_values=-1))
             strides.append(np.pad(np.tile(g._strides.numpy(), (count, 1)), ((0, 0), (0, pad))))
             offsets.append(start + size * np.arange(count))
-            flats.append(g._flat.detach().double().reshape(-1).numpy())
+            flats.append(g._flat.detach().to(torch.float64, copy=True).reshape(-1).numpy())  # a snapshot
             start += count * size
         self.scopes = np.ascontiguousarray(np.concatenate(scopes).astype(np.int64))
         self.strides = np.ascontiguousarray(np.concatenate(strides).astype(np.int64))
@@ -330,7 +336,7 @@ def _tempered(log_p, zeros, beta, log_zero):
 
 
 @_compiled
-def _swap_replicas(states, log_p, beta, parity, zeros, log_zero, log_u, prob):
+def _swap_replicas(states, log_p, beta, parity, zeros, log_zero, log_u, deltas):
     replicas, chains = log_p.shape
     for pair, first in enumerate(range(parity, replicas - 1, 2)):
         second = first + 1
@@ -346,7 +352,7 @@ def _swap_replicas(states, log_p, beta, parity, zeros, log_zero, log_u, prob):
                 delta = (beta[first] - beta[second]) * (log_p[second, k] - log_p[first, k])
             if delta != delta:
                 delta = -np.inf
-            prob[pair, k] = math.exp(min(delta, 0.0))
+            deltas[pair, k] = delta
             if log_u[pair, k] < delta:
                 for j in range(states.shape[2]):
                     states[first, k, j], states[second, k, j] = states[second, k, j], states[first, k, j]
@@ -365,17 +371,19 @@ def swap_replicas(
     """:func:`~neuralblock.kernels.replica_exchange.swap_replicas`, compiled and in place (float64 ``log_p``).
 
     ``log_u`` holds the log uniforms ``[P, K]`` of the pairs' tests (the torch function draws
-    ``torch.rand_like(delta)`` in float64: the same stream). Returns the pairs' acceptance
-    probabilities ``[P, K]``; ``states [R, K, n]`` and ``log_p [R, K]`` are swapped in place.
+    ``torch.rand_like(delta)`` in float64: the same stream). ``states [R, K, n]`` and ``log_p [R, K]``
+    are swapped in place. Returns each pair's log acceptance ratio ``delta [P, K]`` (``NaN`` made
+    ``-inf``), from which the caller takes the probabilities ``exp(min(delta, 0))`` as the torch
+    function does (libm's and torch's ``exp`` differ in the last bits).
 
     Example:
         >>> states = np.array([[[0.0]], [[1.0]]])  # two replicas, one ensemble
         >>> log_p = np.array([[-5.0], [0.0]])
-        >>> prob = swap_replicas(states, log_p, np.array([1.0, 0.5]), 0, np.log(np.array([[0.3]])))
-        >>> states.ravel().tolist(), prob.tolist()  # the colder replica takes the likelier state
-        ([1.0, 0.0], [[1.0]])
+        >>> delta = swap_replicas(states, log_p, np.array([1.0, 0.5]), 0, np.log(np.array([[0.3]])))
+        >>> states.ravel().tolist(), delta.tolist()  # the colder replica takes the likelier state
+        ([1.0, 0.0], [[2.5]])
     """
     pairs = len(range(parity, log_p.shape[0] - 1, 2))
-    prob = np.zeros((pairs, log_p.shape[1]), dtype=np.float64)
-    _swap_replicas(states, log_p, beta, parity, zeros, log_zero, log_u, prob)
-    return prob
+    deltas = np.zeros((pairs, log_p.shape[1]), dtype=np.float64)
+    _swap_replicas(states, log_p, beta, parity, zeros, log_zero, log_u, deltas)
+    return deltas

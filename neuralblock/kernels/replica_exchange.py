@@ -370,7 +370,7 @@ class ReplicaExchange(GraphKernel):
 
         Made again only when the ladder, the penalty or the dtype changes (the ladder moves in warmup only).
         """
-        key = (self.temperatures, self.penalty, dtype)
+        key = (self.temperatures, self.temperatures._version, self.penalty, dtype)  # (_version: in-place edits)
         cached = self._ladder_cache
         if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:]:
             beta = self.betas.to(self.device)
@@ -412,8 +412,8 @@ class ReplicaExchange(GraphKernel):
         log_u = torch.rand(pairs, self.chains, dtype=torch.float64).log_().numpy()
         betas = beta.double().numpy()
         zero_logs = None if log_zero is None else log_zero.double().numpy()
-        prob = swap_replicas_compiled(work, log_p, betas, parity, log_u, count, zero_logs)
-        return replicas, torch.from_numpy(prob.mean(-1))
+        delta = swap_replicas_compiled(work, log_p, betas, parity, log_u, count, zero_logs)
+        return replicas, torch.from_numpy(delta).clamp(max=0.0).exp().mean(-1)  # as the torch path rounds them
 
     def _adapt_ladder(self) -> None:
         """One step of the Vousden-Farr-Mandel adaptation towards equal swap rates (``T_1``, ``T_R`` fixed)."""
