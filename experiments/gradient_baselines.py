@@ -77,6 +77,7 @@ from neuralblock import (
     PathAuxiliarySampler,
 )
 from neuralblock.diagnostics import RunningMarginals
+from neuralblock.diagnostics.export import import_arviz
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.diagnostics.runs import ErrorTrace, error_at, timed_run
@@ -321,8 +322,7 @@ def log10_rmse(counts: RunningMarginals, exact_spin: Tensor) -> float:
 
 def bulk_ess(draws: Tensor) -> float:
     """Mean over variables of ArviZ's bulk ESS of ``draws [T, chains, d]``; NaN (constant) counts as 1."""
-    import arviz as az
-
+    az = import_arviz()
     values = []
     array = draws.permute(1, 0, 2).double().numpy()  # [chains, T, d]
     with warnings.catch_warnings():

@@ -67,7 +67,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import arviz as az
 import pyro
 import torch
 from torch import Tensor
@@ -87,6 +86,7 @@ from experiments.logistic_models import (
     reference_posterior,
     synthetic,
 )
+from neuralblock.diagnostics.export import import_arviz
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json
 from neuralblock.diagnostics.runs import ClockName, ErrorTrace, TimedRun, first_time, timed_call, timed_run
@@ -263,6 +263,7 @@ def moment_errors(samples: Tensor, ref: dict[str, Any]) -> dict[str, float]:
     sd_err = (s.std(0) - sd) / sd
     out["sd_error_sd"] = float(sd_err.abs().mean())
     if s.shape[0] >= 20:
+        az = import_arviz()
         draws = az.convert_to_dataset({"w": s.numpy()[None]})
         mean_se = torch.from_numpy(az.mcse(draws, method="mean")["w"].values) / sd
         sd_se = torch.from_numpy(az.mcse(draws, method="sd")["w"].values) / sd

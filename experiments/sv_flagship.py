@@ -68,6 +68,7 @@ from experiments.sv_models import (
 )
 from motifs.chain import stochastic_volatility_graph
 from neuralblock import load_pretrained
+from neuralblock.diagnostics.export import import_arviz
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json
 from neuralblock.diagnostics.runs import CLOCKS, TimedRun, timed_run
@@ -293,8 +294,7 @@ def ess_record(draws: dict[str, Tensor], seconds: float, warmup_seconds: float, 
         >>> rec["draws"], 100 < rec["phi"]["ess"] < 400
         (200, True)
     """
-    import arviz as az
-
+    az = import_arviz()
     n = len(next(iter(draws.values())))
     per_iter = seconds / max(n, 1)
     record: dict[str, Any] = {"draws": n, "seconds": seconds, "warmup_seconds": warmup_seconds}

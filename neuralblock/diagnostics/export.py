@@ -33,7 +33,32 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["TensorBoardHook", "to_inference_data"]
+__all__ = ["TensorBoardHook", "import_arviz", "to_inference_data"]
+
+
+def import_arviz() -> Any:
+    """ArviZ, imported quietly and with its Numba path off.
+
+    ArviZ takes a Numba path wherever Numba is installed (a dependency of this package since its
+    compiled sweeps), and in ArviZ 0.2x that path of ``mcse(method="sd")`` fails on NumPy 2
+    (``float()`` of a one-element array); its NumPy path gives the same numbers.
+
+    Raises:
+        ImportError: ArviZ is not installed (``pip install arviz``).
+
+    Example:
+        >>> import_arviz().Numba.numba_flag
+        False
+    """
+    try:
+        with warnings.catch_warnings():  # arviz 0.2x announces its 1.0 refactor on import
+            warnings.simplefilter("ignore", FutureWarning)
+            import arviz as az
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("this needs arviz: pip install arviz") from err
+    if az.Numba.numba_flag:
+        az.Numba.disable_numba()
+    return az
 
 
 def to_inference_data(mcmc: Any, diagnostics: bool = True, observed_data: bool = True) -> Any:
@@ -89,12 +114,7 @@ def to_inference_data(mcmc: Any, diagnostics: bool = True, observed_data: bool =
         >>> idata.sample_stats["acceptance_rate"].dims, idata.observed_data["y"].values.tolist()
         (('chain',), [0.30000001192092896, 0.5])
     """
-    try:
-        with warnings.catch_warnings():  # arviz 0.2x announces its 1.0 refactor on import
-            warnings.simplefilter("ignore", FutureWarning)
-            import arviz as az
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("to_inference_data needs arviz: pip install arviz") from err
+    az = import_arviz()
     samples = mcmc.get_samples(group_by_chain=True)
     if not samples:
         raise ValueError("the MCMC run holds no samples; call mcmc.run(...) first")
