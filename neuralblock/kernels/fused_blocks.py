@@ -47,7 +47,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.functional import use_numpy
 from neuralblock.kernels.gibbs import SoftZeros, compiled, flat_tables, pad_by_owner
-from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, block_sweep
+from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, block_sweep, timed_first_call
 from neuralblock.motif import MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -894,6 +894,7 @@ class FusedBlockSweep:
         # one draw of every class's random numbers per sweep: padded slots read their class's last real slot
         self.rand_flat = torch.cat([c * width + r for c, r in enumerate(self.rand_index)])
         self.real = (torch.arange(width)[None, :] < torch.tensor(self.sizes)[:, None]).to(device)  # [C, width]
+        self._real_numpy = self.real.cpu().numpy()  # (the compiled path counts in NumPy)
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
         # eager updates of CPU states in NumPy (the same decisions): True, False (torch's function) or None (by size)
@@ -963,12 +964,8 @@ class FusedBlockSweep:
 
     def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
-        if layout in self._jit_layouts:
-            return block_sweep(*args)  # type: ignore[arg-type]
-        start = time.perf_counter()
-        out = block_sweep(*args)  # type: ignore[arg-type]
-        self.compile_seconds += time.perf_counter() - start
-        self._jit_layouts.add(layout)
+        out, seconds = timed_first_call(self._jit_layouts, layout, block_sweep, *args)
+        self.compile_seconds += seconds
         return out
 
     def refresh(self, fg: FactorGraph, instances: MotifInstances) -> None:
@@ -1105,7 +1102,7 @@ class FusedBlockSweep:
             accepts.append(acc)
             broken.append(bad)
         if found_np:  # padded slots repeat a real one: not counted
-            real_np = self.real.cpu().numpy()[:, None, :]
+            real_np = self._real_numpy[:, None, :]
             acc_np, fin_np = (np.concatenate(parts) for parts in zip(*found_np))
             accepted = torch.from_numpy((acc_np & real_np).sum((0, 2), dtype=np.int64))
             nonfinite = torch.tensor(int((~fin_np & real_np).sum()))

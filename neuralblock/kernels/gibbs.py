@@ -27,7 +27,7 @@ from torch import Tensor
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
 from neuralblock.kernels.functional import gibbs_sample, use_numpy
-from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, gibbs_class
+from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, gibbs_class, timed_first_call
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
 _VALUE_LOOP = 16
@@ -443,13 +443,9 @@ class GibbsPlan:
                 stuck += gibbs_class_update_numpy(*args)
                 continue
             layout = tuple(None if a is None else (a.dtype, a.ndim) for a in args)
-            if layout in self._jit_layouts:
-                stuck += gibbs_class(*args)
-            else:  # the first run of a layout compiles it (or loads it from Numba's cache)
-                start = time.perf_counter()
-                stuck += gibbs_class(*args)
-                self.compile_seconds += time.perf_counter() - start
-                self._jit_layouts.add(layout)
+            count, seconds = timed_first_call(self._jit_layouts, layout, gibbs_class, *args)  # (the first compiles)
+            stuck += count
+            self.compile_seconds += seconds
         return state, stuck
 
     def sweep(

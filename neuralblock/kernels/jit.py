@@ -33,12 +33,21 @@ Example:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["JIT_MAX_ENTRIES", "NUMBA", "block_sweep", "gibbs_class"]
+__all__ = [
+    "JIT_MAX_ENTRIES",
+    "NUMBA",
+    "TableLogJoint",
+    "block_sweep",
+    "gibbs_class",
+    "swap_replicas",
+    "timed_first_call",
+]
 
 JIT_MAX_ENTRIES = 131072
 """Largest CPU state ``[K, n]`` whose sweeps take the compiled loops by default (where Numba is installed).
@@ -56,6 +65,23 @@ try:  # pragma: no branch
 except ImportError:  # pragma: no cover - numba is a dependency; a platform without its wheels keeps NumPy
     numba = None  # type: ignore[assignment]
     NUMBA = False
+
+
+def timed_first_call(layouts: set[tuple], layout: tuple, function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """``function(*args)`` and the seconds it took if ``layout`` is new to ``layouts`` (it compiles then), else 0.
+
+    Example:
+        >>> seen: set[tuple] = set()
+        >>> out, seconds = timed_first_call(seen, ("f32",), abs, -2)
+        >>> out, seconds > 0, timed_first_call(seen, ("f32",), abs, -3)
+        (2, True, (3, 0.0))
+    """
+    if layout in layouts:
+        return function(*args), 0.0
+    start = time.perf_counter()
+    out = function(*args)
+    layouts.add(layout)
+    return out, time.perf_counter() - start
 
 
 def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:

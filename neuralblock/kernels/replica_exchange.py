@@ -351,7 +351,7 @@ class ReplicaExchange(GraphKernel):
         if self.replicas > 1:
             parity = self._steps % 2
             if self._joints is not None and replicas.dtype in (torch.float32, torch.float64):
-                replicas, mean_prob = self._swap_compiled(replicas.clone(), beta, log_zero, parity)
+                replicas, mean_prob = self._swap_compiled(self._joints, replicas.clone(), beta, log_zero, parity)
             else:
                 replicas, mean_prob = self._swap(fg, replicas, beta, log_zero, parity)
             pairs = torch.arange(parity, self.replicas - 1, 2)
@@ -395,15 +395,19 @@ class ReplicaExchange(GraphKernel):
         return replicas, prob.mean(-1).double().cpu()
 
     def _swap_compiled(
-        self, replicas: Tensor, beta: Tensor, log_zero: Tensor | None, parity: int
+        self,
+        joints: tuple[TableLogJoint, TableLogJoint | None],
+        replicas: Tensor,
+        beta: Tensor,
+        log_zero: Tensor | None,
+        parity: int,
     ) -> tuple[Tensor, Tensor]:
         """:meth:`_swap` through the compiled loops (:func:`~neuralblock.kernels.jit.swap_replicas`), in place.
 
         The log joints are added in float64 (see :class:`~neuralblock.kernels.jit.TableLogJoint`); the
         tests' uniforms are the torch path's stream.
         """
-        assert self._joints is not None
-        finite, zeros = self._joints
+        finite, zeros = joints  # (the finite part and the zero count, see FactorGraph.split_zeros)
         work = replicas.numpy()
         flat = work.reshape(self.replicas * self.chains, -1)
         log_p = finite(flat).reshape(self.replicas, self.chains)
