@@ -333,7 +333,9 @@ class AusterityMH(MCMCKernel):
         self.transforms: dict[str, Any] | None = None  # set by setup (None tells Pyro's MCMC to run one)
         self.sites: list[str] = []
         self.plate: str | None = None
-        self.num_sections = 0
+        self.num_sections = 0  # sections of the target: the plate's, or those of restrict()
+        self._plate_size = 0
+        self._subset: Tensor | None = None  # plate indices of the target's sections (restrict), None: all
         self._fixed: dict[str, Tensor] = {}
         self._init_arg: dict[str, Tensor] | None = None
         self._initial: dict[str, Tensor] | None = None
@@ -387,6 +389,7 @@ class AusterityMH(MCMCKernel):
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
         self.plate, self.num_sections, _ = find_data_plate(trace, self._plate_arg)
+        self._plate_size, self._subset = self.num_sections, None
         latent = [s for s in samples if not s["is_observed"]]
         inside: dict[str, Any] = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
         outside = [s["name"] for s in latent if inside[s["name"]] is None]
@@ -574,23 +577,29 @@ class AusterityMH(MCMCKernel):
         if scale is None and laplace is not None and self.proposal is None:
             scale = laplace
             self._adapt = bool(self.adapt_step_size)
-        if scale is not None:
-            if scale.dim() == 2:
-                if scale.shape != (self.dim, self.dim):
-                    raise ValueError(f"proposal_scale matrix must be {self.dim}x{self.dim}, got {tuple(scale.shape)}")
-                try:
-                    scale = torch.linalg.cholesky(scale)
-                except RuntimeError as err:
-                    raise ValueError("proposal_scale matrix must be symmetric positive definite") from err
-            elif scale.dim() == 1 and scale.shape != (self.dim,):
-                raise ValueError(f"proposal_scale vector must have {self.dim} entries, got {tuple(scale.shape)}")
-            elif scale.dim() > 2 or not bool(torch.isfinite(scale).all()):
-                raise ValueError("proposal_scale must be a finite float, [d] vector or [d, d] matrix")
-            scale = scale.reshape(()) if scale.numel() == 1 and scale.dim() < 2 else scale
-        self._scale = scale
+        self._scale = None if scale is None else self._walk_factor(scale)
         initial = self._step_arg if self._step_arg is not None else 2.38 / math.sqrt(self.dim)
         target = self._target_arg if self._target_arg is not None else (0.44 if self.dim == 1 else 0.234)
         self.adapter = StepSizeAdapter(1, initial, target)
+
+    def _walk_factor(self, scale: Tensor) -> Tensor:
+        """The random walk's factor from a ``proposal_scale``: a scalar, a ``[d]`` vector or a Cholesky factor.
+
+        Raises:
+            ValueError: the scale is not finite, of the wrong size, or a matrix that is not positive definite.
+        """
+        if scale.dim() == 2:
+            if scale.shape != (self.dim, self.dim):
+                raise ValueError(f"proposal_scale matrix must be {self.dim}x{self.dim}, got {tuple(scale.shape)}")
+            try:
+                return torch.linalg.cholesky(scale)
+            except RuntimeError as err:
+                raise ValueError("proposal_scale matrix must be symmetric positive definite") from err
+        if scale.dim() == 1 and scale.shape != (self.dim,):
+            raise ValueError(f"proposal_scale vector must have {self.dim} entries, got {tuple(scale.shape)}")
+        if scale.dim() > 2 or not bool(torch.isfinite(scale).all()):
+            raise ValueError("proposal_scale must be a finite float, [d] vector or [d, d] matrix")
+        return scale.reshape(()) if scale.numel() == 1 else scale
 
     def _setup_control_variate(self, z0: Tensor) -> Tensor | None:
         """Set the control variate's point, gradient and Hessian; return the Laplace covariance of a ``"mode"`` one."""
@@ -654,9 +663,10 @@ class AusterityMH(MCMCKernel):
         try:
             for start in range(0, self.num_sections, _CV_CHUNK):
                 idx = torch.arange(start, min(start + _CV_CHUNK, self.num_sections))
+                plate_idx = self._plate(idx)
 
-                def sections(z: Tensor, idx: Tensor = idx) -> Tensor:
-                    return self.sections.evaluate(self._values(z), idx, with_global=False).sections
+                def sections(z: Tensor, plate_idx: Tensor = plate_idx) -> Tensor:
+                    return self.sections.evaluate(self._values(z), plate_idx, with_global=False).sections
 
                 for j in range(self.dim):
                     rows[idx, j] = torch.func.jvp(sections, (point,), (eye[j],))[1].detach()
@@ -671,7 +681,7 @@ class AusterityMH(MCMCKernel):
         for start in range(0, self.num_sections, _CV_CHUNK):  # one O(N d) pass
             idx = torch.arange(start, min(start + _CV_CHUNK, self.num_sections))
             z = point.clone().requires_grad_(True)
-            total = self.sections.evaluate(self._values(z), idx, with_global=False).sections.sum()
+            total = self.sections.evaluate(self._values(z), self._plate(idx), with_global=False).sections.sum()
             (g,) = torch.autograd.grad(total, z, create_graph=second)
             grad += g.detach()
             if second:
@@ -702,7 +712,7 @@ class AusterityMH(MCMCKernel):
         current = -math.inf
         for _ in range(steps):
             grad, hess = self._likelihood_derivatives(z.to(dtype), second=True)
-            value = float(self.sections.evaluate_full(self._values(z.to(dtype))).sections.double().sum())
+            value = float(self._evaluate_all(self._values(z.to(dtype))).sections.double().sum())
             prior, p_grad, p_hess = self._global_derivatives(z.to(dtype))
             total = value + float(prior)
             if not math.isfinite(total):
@@ -720,7 +730,7 @@ class AusterityMH(MCMCKernel):
                     step = torch.zeros_like(g)
                     break
                 trial = z + step
-                trial_value = float(self.sections.evaluate_full(self._values(trial.to(dtype))).sections.double().sum())
+                trial_value = float(self._evaluate_all(self._values(trial.to(dtype))).sections.double().sum())
                 trial_total = trial_value + float(self._global_derivatives(trial.to(dtype))[0])
                 if math.isfinite(trial_total) and trial_total >= total - 1e-9 * abs(total):
                     break
@@ -768,6 +778,98 @@ class AusterityMH(MCMCKernel):
         """Forget the values fixed by :meth:`condition_on` (before a ``setup`` whose model may have other sites)."""
         self._fixed = {}
         self.sites = []  # setup finds them again; until then condition_on accepts any other site
+
+    def restrict(
+        self,
+        sections: Tensor | None,
+        params: dict[str, Tensor] | None = None,
+        *,
+        proposal_scale: float | Tensor | None = None,
+        step_size: float | None = None,
+    ) -> None:
+        """Target the likelihood of some sections of the plate only: ``p(θ) Π_{i ∈ S} p(section i | θ)``.
+
+        A compound sampler whose global sites see a changing part of the data calls this instead of a
+        new kernel per part: e.g. a mixture of experts, where each cluster's expert ``w_k`` is updated
+        on its own points (``S = {i : z_i = k}``) with one kernel over the whole data set. No model
+        trace: the direct likelihood path's graphs serve every ``S`` (one per size bucket). The cost is
+        O(|S|): the cached exact-MH terms are dropped, and a control variate is rebuilt on ``S`` (the
+        ``"mode"`` default by a few Newton passes over ``S`` from ``params``; given values by one pass).
+        The step adaptation starts again (from ``step_size`` if given).
+
+        Args:
+            sections: plate indices ``S`` (a 1-D integer tensor of distinct indices), or ``None`` for all.
+            params: unconstrained values of :attr:`sites` (the chain's current ones), where a ``"mode"``
+                control variate's search starts (default: the previous control-variate point).
+            proposal_scale: a new random-walk scale (as in the constructor); default: keep the one given.
+            step_size: a new initial random-walk step; default: keep the one given.
+
+        Raises:
+            RuntimeError: before :meth:`setup`.
+            TypeError: ``sections`` is not an integer tensor.
+            ValueError: ``sections`` is empty, not 1-D, repeats an index or leaves ``0..N-1``.
+
+        Example:
+            >>> import pyro, pyro.distributions as dist
+            >>> def model(y):
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+            ...     with pyro.plate("data", len(y)) as idx:
+            ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+            >>> y = torch.cat([torch.zeros(500), torch.full((500,), 5.0)])
+            >>> kernel = AusterityMH(model, epsilon=0.0, normality_check=False)
+            >>> kernel.setup(0, y)
+            >>> kernel.restrict(torch.arange(500, 1000))  # the second half only: mu near 5
+            >>> params = {"mu": torch.tensor(5.0)}
+            >>> for _ in range(200):
+            ...     params = kernel.sample(params)
+            >>> abs(float(params["mu"]) - 5.0) < 0.3, kernel.num_sections
+            (True, 500)
+        """
+        if self.transforms is None:
+            raise RuntimeError("call setup() before restrict()")
+        if sections is not None:
+            if not isinstance(sections, Tensor) or sections.is_floating_point() or sections.is_complex():
+                raise TypeError(f"sections must be an integer tensor of plate indices, got {type(sections).__name__}")
+            if sections.dtype == torch.bool:
+                raise TypeError("sections must hold plate indices, not a mask (use mask.nonzero().flatten())")
+            sections = sections.to(torch.long)
+            if sections.dim() != 1 or sections.numel() == 0:
+                raise ValueError(f"sections must be a non-empty 1-D tensor, got shape {tuple(sections.shape)}")
+            low, high = int(sections.min()), int(sections.max())
+            if low < 0 or high >= self._plate_size:
+                raise ValueError(
+                    f"sections must lie in 0..{self._plate_size - 1} (plate {self.plate!r}); got {low}..{high}"
+                )
+            if sections.unique().numel() != sections.numel():
+                raise ValueError("sections repeat a plate index; each section may enter the likelihood once")
+        if step_size is not None and not (isinstance(step_size, int | float) and step_size > 0):
+            raise ValueError(f"step_size must be a positive number, got {step_size!r}")
+        if proposal_scale is not None:
+            scale = torch.as_tensor(proposal_scale, dtype=torch.float32)
+            self._walk_factor(scale)  # checked before anything changes
+            self._scale_arg = scale
+        self._step_arg = self._step_arg if step_size is None else float(step_size)
+        self._subset = None if sections is None else sections.clone()
+        self.num_sections = self._plate_size if sections is None else sections.numel()
+        self.index_sampler = IndexSampler(self.num_sections)
+        self._version += 1  # the cached exact-MH terms were of the old sections
+        self._bucket_uses = {}
+        start = self._cv_point if params is None else self.layout.flatten_point(params).detach()
+        if start is None:
+            start = self.layout.flatten_point(self.initial_params).detach()
+        laplace = self._setup_control_variate(start)
+        self._stage_replay = self._record_stage()
+        self._setup_proposal(laplace)
+
+    def _plate(self, positions: Tensor) -> Tensor:
+        """Plate indices of the target's sections at ``positions`` (the identity unless :meth:`restrict` set some)."""
+        return positions if self._subset is None else self._subset[positions]
+
+    def _evaluate_all(self, values: dict[str, Tensor]) -> SectionTerms:
+        """Global term and the terms of every section of the target (all the plate's, or :meth:`restrict`'s)."""
+        if self._subset is None:
+            return self.sections.evaluate_full(values)
+        return self.sections.evaluate(values, self._subset)
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         """One austerity MH transition of the global sites."""
@@ -854,7 +956,7 @@ class AusterityMH(MCMCKernel):
         n = max(self._n, 1)
         return {
             "acc": round(self._accepted / n, 3),
-            "frac": round(self._used / (n * max(self.num_sections, 1)), 4),
+            "frac": round(self._fraction / n, 4),
             "stages": round(self._stages / n, 2),
         }
 
@@ -866,7 +968,7 @@ class AusterityMH(MCMCKernel):
         n = max(self._n, 1)
         record: KernelDiagnostics = {
             "acceptance_rate": self._accepted / n,
-            "data_fraction": self._used / (n * max(self.num_sections, 1)),
+            "data_fraction": self._fraction / n,
             "mean_sections_used": self._used / n,
             "mean_stages": self._stages / n,
             "decided_early_fraction": self._early / n,
@@ -941,12 +1043,12 @@ class AusterityMH(MCMCKernel):
             if cached is not None and cached[1] == self._version and torch.equal(cached[0], z):
                 current = cached[2]
         if current is None and self.sections.batched:  # both points in one call
-            both = self.sections.evaluate_many(self._fixed, batch, None)
+            both = self.sections.evaluate_many(self._fixed, batch, self._subset)
             current, new = (SectionTerms(both.global_term[p], both.sections[p]) for p in (0, 1))
         else:
             if current is None:
-                current = self.sections.evaluate_full({**self._fixed, **{s: v[0] for s, v in batch.items()}})
-            new = self.sections.evaluate_full({**self._fixed, **{s: v[1] for s, v in batch.items()}})
+                current = self._evaluate_all({**self._fixed, **{s: v[0] for s, v in batch.items()}})
+            new = self._evaluate_all({**self._fixed, **{s: v[1] for s, v in batch.items()}})
         self._current_full = (z.clone(), self._version, current)
         self._proposed_full = (z_new.clone(), self._version, new)
         return current, new
@@ -973,8 +1075,8 @@ class AusterityMH(MCMCKernel):
             split: list[Callable[[Tensor], SectionTerms]] = []
             point: list[Tensor] = []
 
-            def with_point(idx: Tensor) -> tuple[Tensor, Tensor]:
-                k = idx.numel()
+            def with_point(positions: Tensor) -> tuple[Tensor, Tensor]:
+                idx, k = self._plate(positions), positions.numel()
                 size = bucket_size(k, self.num_sections)  # one recorded graph per bucket of sizes
                 uses = self._bucket_uses[size] = self._bucket_uses.get(size, 0) + 1
                 if k <= _FUSED_MAX_SECTIONS and uses > _RECORD_AFTER_USES and replay is not None and not replay.failure:
@@ -1007,9 +1109,9 @@ class AusterityMH(MCMCKernel):
         batch, log_jacobian = self.layout.constrain(torch.stack([z, z_new]))
         evaluate = self.sections.bind_many(self._fixed, batch)
 
-        def separate(idx: Tensor) -> tuple[Tensor, Tensor]:
-            terms = evaluate(idx)
-            return terms.global_term, terms.sections[1] - terms.sections[0] - self._proxy(idx, z, z_new)
+        def separate(positions: Tensor) -> tuple[Tensor, Tensor]:
+            terms = evaluate(self._plate(positions))
+            return terms.global_term, terms.sections[1] - terms.sections[0] - self._proxy(positions, z, z_new)
 
         return separate, log_jacobian
 
@@ -1049,8 +1151,10 @@ class AusterityMH(MCMCKernel):
         first, second = torch.func.jvp(slope, (point,), (spread,))[:2]
         return terms.global_term, terms.sections[1] - terms.sections[0] - (first + 0.5 * second)
 
-    def _proxy(self, idx: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
+    def _proxy(self, positions: Tensor, z: Tensor, z_new: Tensor) -> Tensor:
         """Second-order Taylor proxy of the drawn sections' log-ratios around ``θ̂`` (0 without one).
+
+        ``positions`` index the target's sections (see :meth:`restrict`), not the plate.
 
         ``c_i = ∇ℓ_i(θ̂)·δ + ½ δᵀ ∇²ℓ_i(θ̂) (z + z' - 2θ̂)`` with ``δ = z' - z``, the exact
         difference of the quadratic expansions at ``z'`` and ``z``; per section by the
@@ -1059,9 +1163,9 @@ class AusterityMH(MCMCKernel):
         if self._cv_point is None:
             return torch.zeros(())
         if self._cv_rows is not None:
-            return self._cv_rows[idx] @ (z_new - z).to(self._cv_rows.dtype)
+            return self._cv_rows[positions] @ (z_new - z).to(self._cv_rows.dtype)
         point = self._cv_point.clone().requires_grad_(True)
-        sections = self.sections.evaluate(self._values(point), idx, with_global=False).sections
+        sections = self.sections.evaluate(self._values(point), self._plate(positions), with_global=False).sections
         return self._proxy_at(sections, point, *self._directions(z, z_new))
 
     def _proxy_at(
@@ -1104,11 +1208,11 @@ class AusterityMH(MCMCKernel):
             for _ in range(trials):
                 proposal = self._propose(z)
                 self.index_sampler.reset()
-                idx = self.index_sampler.draw(n)
+                positions = self.index_sampler.draw(n)
                 batch = self.layout.constrain(torch.stack([z, proposal.value]))[0]
-                sections = self.sections.evaluate_many(self._fixed, batch, idx, with_global=False).sections
-                diff = sections[1] - sections[0]
-                ratios.append((diff - self._proxy(idx, z, proposal.value)).detach())
+                sections = self.sections.evaluate_many(self._fixed, batch, self._plate(positions), with_global=False)
+                diff = sections.sections[1] - sections.sections[0]
+                ratios.append((diff - self._proxy(positions, z, proposal.value)).detach())
         report = normality_report(ratios, self.batch_size)
         if not report.ok:
             warnings.warn(
@@ -1126,6 +1230,7 @@ class AusterityMH(MCMCKernel):
         self._n += 1
         self._accepted += int(info.accept)
         self._used += info.n_used
+        self._fraction += info.n_used / self.num_sections  # (the sections may change: restrict)
         self._stages += info.stages
         self._early += int(info.decided_early)
         self._bound += info.error_bound
@@ -1134,7 +1239,7 @@ class AusterityMH(MCMCKernel):
 
     def _reset_stats(self) -> None:
         self._n = self._accepted = self._used = self._stages = self._early = self._nonfinite = 0
-        self._bound = self._elapsed = self._audit_seconds = self._audit_build_seconds = 0.0
+        self._bound = self._elapsed = self._audit_seconds = self._audit_build_seconds = self._fraction = 0.0
         self._audits = self._audit_errors = self._false_accepts = 0
         self._audit_warned = False
 
