@@ -15,9 +15,11 @@ Sampler (one *cycle*): Gibbs updates of a random ``--z-fraction`` of the ``z_i``
 sweep; 1 is a full sweep) by Neal's algorithm 8 with ``--aux`` auxiliary clusters (``μ_k`` is
 integrated out), an Escobar-West auxiliary-variable update of ``α``, then ``--w-updates``
 random-walk MH transitions of each cluster's ``w_k``, run by the library's
-:class:`~neuralblock.kernels.austerity.AusterityMH` on a per-cluster Pyro logistic model
-(:func:`logistic_model` of the logistic study: the cluster's points are the plate of local
-sections, and their logits broadcast a batch of ``w`` so each test stage is one model run).
+:class:`~neuralblock.kernels.austerity.AusterityMH` on a Pyro logistic model of all the points
+(:func:`logistic_model` of the logistic study, set up once per arm), restricted to the cluster's
+points (:meth:`~neuralblock.kernels.austerity.AusterityMH.restrict`: its likelihood is that of
+those sections of the plate; their logits broadcast a batch of ``w``, so each test stage is one
+graph call).
 The fraction and ``--w-updates`` balance the two kinds of work as the seed does (the experts'
 random walks need many more transitions than the assignments). Arms: **exact MH**
 (``epsilon = 0``: all ``N_k`` points, the current state's terms cached) and **austerity MH** at
@@ -37,11 +39,9 @@ every cluster, a Gumbel-max picks the move): the experts' likelihoods of every p
 cluster, the auxiliary clusters' draws and likelihoods and all Gumbel noise are computed in one
 batch per sweep (``w`` is fixed during the sweep), and a new cluster's column is filled in one
 batch when it is created. The JSON records each arm's time split (z sweep,
-α, w updates) per cycle. AusterityMH's ``sites``/``plate`` are fixed, but its data are the
-model's arguments: the cheapest correct way the library allows to switch clusters is one
-kernel per cluster and cycle, ``setup(0, X̃_k, y_k)`` (one trace and a few checks, O(N_k) once
-per cycle, amortised over the cycle's ``w`` updates); ``condition_on`` holds latent sites, not
-data, so it cannot do this.
+α, w updates) per cycle. Switching the kernel to a cluster costs no model trace: O(N_k) for the
+exact arm (its cached terms are dropped), plus the control variate's mode search on the cluster's
+points (a few Newton passes from the current ``w``) for the austerity arms.
 
 Measured: test accuracy of the posterior predictive (the running average, over cycles after
 the warmup cycles, of each state's predictive probabilities ``p(y* = 1 | x*, state)``, with
@@ -212,6 +212,7 @@ class Arm:
     w_transitions: int = 0
     sections_used: float = 0.0
     sections_total: float = 0.0
+    kernel: AusterityMH | None = None  # set up once on all points; each cluster's updates restrict it
 
 
 class JointDPMState:
@@ -447,17 +448,20 @@ class JointDPMState:
         return (weights * experts).sum(1) / weights.sum(1)
 
 
-def make_kernel(epsilon: float, X1: Tensor, y: Tensor, step: float, args: argparse.Namespace) -> AusterityMH:
-    """AusterityMH (``epsilon = 0``: exact MH) on one cluster's points, set up and ready to sample ``w``.
+def make_kernel(epsilon: float, X1: Tensor, y: Tensor, args: argparse.Namespace) -> AusterityMH:
+    """AusterityMH (``epsilon = 0``: exact MH) for one expert ``w`` on all points, set up; :func:`restrict` it.
 
-    The random walk is shaped by ``(X̃ᵀX̃/4 + I)⁻¹``, the posterior covariance of ``w`` at ``w = 0``
-    (a function of the cluster's points only), times ``step``.
+    Example:
+        >>> data = make_data(200, 10, 2, 2, np.random.default_rng(0))
+        >>> state = JointDPMState(data, Hyper(), np.random.default_rng(0))
+        >>> kernel = make_kernel(0.1, state.X1_torch, state.y_torch, parse_args(["--quick"]))
+        >>> restrict(kernel, state.X1_torch, torch.arange(50), {"w": torch.zeros(3)}, 0.5)
+        >>> kernel.num_sections, kernel.sample({"w": torch.zeros(3)})["w"].shape
+        (50, torch.Size([3]))
     """
-    fisher = X1.T @ X1 / 4.0 + torch.eye(X1.shape[1])
     kernel = AusterityMH(
-        logistic_model, sites=["w"], plate="data", epsilon=epsilon, batch_size=args.batch_size, step_size=step,
-        adapt_step_size=False, normality_check=False, proposal_scale=torch.linalg.inv(fisher),
-        batch_growth=args.batch_growth,
+        logistic_model, sites=["w"], plate="data", epsilon=epsilon, batch_size=args.batch_size,
+        adapt_step_size=False, normality_check=False, batch_growth=args.batch_growth,
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -465,30 +469,48 @@ def make_kernel(epsilon: float, X1: Tensor, y: Tensor, step: float, args: argpar
     return kernel
 
 
+def restrict(kernel: AusterityMH, X1: Tensor, index: Tensor, params: dict[str, Tensor], step: float) -> None:
+    """Point ``kernel`` at one cluster's points ``index`` (:meth:`AusterityMH.restrict`, no model trace).
+
+    The random walk is shaped by ``(X̃ᵀX̃/4 + I)⁻¹`` over the cluster's points, the posterior covariance
+    of ``w`` at ``w = 0`` (a function of ``z`` only, so the move is valid MH given ``z``), times ``step``.
+    """
+    X1k = X1[index]
+    fisher = X1k.T @ X1k / 4.0 + torch.eye(X1.shape[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        kernel.restrict(index, params, proposal_scale=torch.linalg.inv(fisher), step_size=step)
+
+
 def w_updates(arm: Arm, args: argparse.Namespace, adapt_rate: float | None) -> None:
-    """``args.w_updates`` AusterityMH transitions of each cluster's expert (one kernel per cluster and cycle).
+    """``args.w_updates`` AusterityMH transitions of each cluster's expert (the arm's kernel restricted to it).
 
     ``adapt_rate``: during warmup cycles, the Robbins-Monro rate of the per-cluster log step
     (towards acceptance 0.234); ``None`` afterwards (steps frozen).
     """
-    state = arm.state
+    state, kernel = arm.state, arm.kernel
+    if kernel is None:  # set up once (its direct likelihood path's graphs serve every cluster)
+        kernel = arm.kernel = make_kernel(arm.epsilon, state.X1_torch, state.y_torch, args)
     default_step = 2.38 / math.sqrt(state.data.dim + 1)
     for k, idx in state.members().items():
         if math.isnan(state.steps[k]):
             known = state.steps[~np.isnan(state.steps) & (state.counts > 0)]
             state.steps[k] = float(np.median(known)) if len(known) else default_step
-        index = torch.from_numpy(idx)
-        kernel = make_kernel(arm.epsilon, state.X1_torch[index], state.y_torch[index], float(state.steps[k]), args)
         params = {"w": torch.from_numpy(state.W[k]).float()}
+        restrict(kernel, state.X1_torch, torch.from_numpy(idx), params, float(state.steps[k]))
+        before = kernel.diagnostics()
         for _ in range(args.w_updates):
             params = kernel.sample(params)
         state.W[k] = params["w"].double().numpy()
-        diag = kernel.diagnostics()
-        arm.w_transitions += int(diag["transitions"])
-        arm.sections_used += diag["mean_sections_used"] * diag["transitions"]
-        arm.sections_total += len(idx) * diag["transitions"]
+        after = kernel.diagnostics()
+        transitions = after["transitions"] - before["transitions"]
+        accepted = after["acceptance_rate"] * after["transitions"] - before["acceptance_rate"] * before["transitions"]
+        used = after["mean_sections_used"] * after["transitions"] - before["mean_sections_used"] * before["transitions"]
+        arm.w_transitions += round(transitions)
+        arm.sections_used += used
+        arm.sections_total += len(idx) * transitions
         if adapt_rate is not None:
-            state.steps[k] *= math.exp(adapt_rate * (diag["acceptance_rate"] - TARGET_ACCEPT))
+            state.steps[k] *= math.exp(adapt_rate * (accepted / max(transitions, 1.0) - TARGET_ACCEPT))
 
 
 def kernel_costs(arms: list[Arm], args: argparse.Namespace, transitions: int = 200, block: int = 20) -> dict:
@@ -501,10 +523,11 @@ def kernel_costs(arms: list[Arm], args: argparse.Namespace, transitions: int = 2
     state = arms[0].state
     k = int(np.argmax(state.counts))
     index = torch.from_numpy(np.nonzero(state.z == k)[0])
-    X1, y = state.X1_torch[index], state.y_torch[index]
-    step = float(state.steps[k]) if not math.isnan(state.steps[k]) else 2.38 / math.sqrt(X1.shape[1])
+    step = float(state.steps[k]) if not math.isnan(state.steps[k]) else 2.38 / math.sqrt(state.X1_torch.shape[1])
     w0 = torch.from_numpy(state.W[k]).float()
-    kernels = {arm.label: make_kernel(arm.epsilon, X1, y, step, args) for arm in arms}
+    kernels = {arm.label: make_kernel(arm.epsilon, state.X1_torch, state.y_torch, args) for arm in arms}
+    for kernel in kernels.values():
+        restrict(kernel, state.X1_torch, index, {"w": w0}, step)
     params = {label: {"w": w0.clone()} for label in kernels}
     seconds = dict.fromkeys(kernels, 0.0)
     for _ in range(transitions // block):
@@ -522,7 +545,7 @@ def kernel_costs(arms: list[Arm], args: argparse.Namespace, transitions: int = 2
         }
     sections = kernels[arms[0].label].sections
     both = {"w": torch.stack([w0, w0 + 0.01])}
-    for name, idx in (("mini_batch", torch.arange(min(args.batch_size, len(index)))), ("all", None)):
+    for name, idx in (("mini_batch", index[: args.batch_size]), ("all", index)):  # the cluster's points
         _, took = timed_call(lambda idx=idx: [sections.evaluate_many({}, both, idx) for _ in range(100)], clock=CLOCK)
         out[f"ms_per_model_run_{name}"] = 10 * took
     return out
@@ -707,7 +730,6 @@ def targets(seeds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    # --quick: a cycle re-sets up each w_k kernel (about 3 s here with the direct likelihood path's tracing)
     quick = add_table(
         parser,
         """
