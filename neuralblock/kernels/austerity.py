@@ -79,6 +79,14 @@ def _no_more_sections(k: int) -> Tensor:
     raise RuntimeError("the exact test drew every section in its first batch")
 
 
+class _Restriction(NamedTuple):
+    """What :meth:`AusterityMH.restrict` asked for: plate indices, and the walk's scale and step (``None``: keep)."""
+
+    sections: Tensor
+    scale: Tensor | None
+    step: float | None
+
+
 class ProposalInfo(NamedTuple):
     """A proposed move in the flat unconstrained space.
 
@@ -125,6 +133,7 @@ def gaussian_walk_propose(z: Tensor, step_size: float, scale: Tensor | None = No
     """
     noise = torch.randn_like(z)
     if scale is not None:
+        scale = scale.to(z.dtype)  # (a no-op when the dtypes agree)
         noise = scale @ noise if scale.dim() == 2 else scale * noise
     return ProposalInfo(z + step_size * noise, 0.0)
 
@@ -318,7 +327,7 @@ class AusterityMH(MCMCKernel):
         self.proposal = proposal
         self._step_arg, self.adapt_step_size, self._target_arg = step_size, adapt_step_size, target_accept
         self.normality_check = normality_check
-        self._scale_arg = None if proposal_scale is None else torch.as_tensor(proposal_scale, dtype=torch.float32)
+        self._scale_arg = None if proposal_scale is None else torch.as_tensor(proposal_scale)
         self._cv_mode = control_variate == "mode"
         self._cv_arg = (
             None
@@ -336,6 +345,7 @@ class AusterityMH(MCMCKernel):
         self.num_sections = 0  # sections of the target: the plate's, or those of restrict()
         self._plate_size = 0
         self._subset: Tensor | None = None  # plate indices of the target's sections (restrict), None: all
+        self._restriction: _Restriction | None = None  # what restrict() asked for (kept across setup)
         self._fixed: dict[str, Tensor] = {}
         self._init_arg: dict[str, Tensor] | None = None
         self._initial: dict[str, Tensor] | None = None
@@ -388,8 +398,8 @@ class AusterityMH(MCMCKernel):
         nodes: list[Any] = [s for s in trace.nodes.values() if s["type"] == "sample"]  # Pyro's loosely typed sites
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
-        self.plate, self.num_sections, _ = find_data_plate(trace, self._plate_arg)
-        self._plate_size, self._subset = self.num_sections, None
+        self.plate, self._plate_size, _ = find_data_plate(trace, self._plate_arg)
+        self.num_sections, self._subset = self._plate_size, None
         latent = [s for s in samples if not s["is_observed"]]
         inside: dict[str, Any] = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
         outside = [s["name"] for s in latent if inside[s["name"]] is None]
@@ -414,8 +424,8 @@ class AusterityMH(MCMCKernel):
         local_dims = {
             name: inside[name].dim - site["fn"].event_dim for name, site in others.items() if inside[name] is not None
         }
-        self.sections = SectionEvaluator(self._model, self.plate, self.num_sections, args, kwargs, local_dims)
-        self.index_sampler = IndexSampler(self.num_sections)
+        self.sections = SectionEvaluator(self._model, self.plate, self._plate_size, args, kwargs, local_dims)
+        self._set_subset()  # a restriction set before setup (e.g. before MCMC.run) holds from here on
         full: SectionTerms | None = None
         if self._init_arg is not None:
             missing = [s for s in self.sites if s not in self._init_arg]
@@ -570,15 +580,20 @@ class AusterityMH(MCMCKernel):
                 return
         self.sections.check_lazy(self._values(z0))
 
-    def _setup_proposal(self, laplace: Tensor | None = None) -> None:
+    def _setup_proposal(self, laplace: Tensor | None = None, keep_step: bool = False) -> None:
         """Random-walk scale and step adapter (``laplace``: the Laplace covariance of a ``"mode"`` control variate)."""
-        scale = self._scale_arg
+        restriction = self._restriction
+        scale = self._scale_arg if restriction is None or restriction.scale is None else restriction.scale
         self._adapt = self.adapt_step_size if self.adapt_step_size is not None else True
         if scale is None and laplace is not None and self.proposal is None:
             scale = laplace
             self._adapt = bool(self.adapt_step_size)
         self._scale = None if scale is None else self._walk_factor(scale)
         initial = self._step_arg if self._step_arg is not None else 2.38 / math.sqrt(self.dim)
+        if keep_step and hasattr(self, "adapter"):
+            initial = self.step_size
+        elif restriction is not None and restriction.step is not None:
+            initial = restriction.step
         target = self._target_arg if self._target_arg is not None else (0.44 if self.dim == 1 else 0.234)
         self.adapter = StepSizeAdapter(1, initial, target)
 
@@ -619,7 +634,7 @@ class AusterityMH(MCMCKernel):
             ).detach()
         else:
             point = z0.detach().clone()
-        known = self._cv_hess_arg
+        known = self._cv_hess_arg if self._subset is None else None  # (the given Hessian is the whole plate's)
         if known is not None and known.shape != (self.dim, self.dim):
             raise ValueError(f"control_variate_hessian must be {self.dim}x{self.dim}, got {tuple(known.shape)}")
         log_post: Tensor | None
@@ -792,22 +807,26 @@ class AusterityMH(MCMCKernel):
         A compound sampler whose global sites see a changing part of the data calls this instead of a
         new kernel per part: e.g. a mixture of experts, where each cluster's expert ``w_k`` is updated
         on its own points (``S = {i : z_i = k}``) with one kernel over the whole data set. No model
-        trace: the direct likelihood path's graphs serve every ``S`` (one per size bucket). The cost is
-        O(|S|): the cached exact-MH terms are dropped, and a control variate is rebuilt on ``S`` (the
-        ``"mode"`` default by a few Newton passes over ``S`` from ``params``; given values by one pass).
-        The step adaptation starts again (from ``step_size`` if given).
+        trace: the direct likelihood path's graphs serve every ``S`` (one per size bucket: an exact
+        evaluation pads ``|S|`` to the next power of two). After :meth:`setup` the call costs O(|S|):
+        the cached exact-MH terms are dropped, and a control variate is rebuilt on ``S`` (the
+        ``"mode"`` default by a few Newton passes over ``S`` from ``params``; given values by one pass,
+        with the Hessian taken on ``S``). Before :meth:`setup` (e.g. before ``pyro.infer.MCMC.run``, which
+        calls it) the restriction is kept and applied by every later :meth:`setup`; ``None`` lifts it.
 
         Args:
             sections: plate indices ``S`` (a 1-D integer tensor of distinct indices), or ``None`` for all.
             params: unconstrained values of :attr:`sites` (the chain's current ones), where a ``"mode"``
-                control variate's search starts (default: the previous control-variate point).
-            proposal_scale: a new random-walk scale (as in the constructor); default: keep the one given.
-            step_size: a new initial random-walk step; default: keep the one given.
+                control variate's search starts (default: the previous control-variate point); after setup only.
+            proposal_scale: the random walk's scale while this restriction holds (as in the constructor);
+                default: the constructor's (or the Laplace covariance of a ``"mode"`` control variate).
+            step_size: the random walk's step from now on; default: the current step (after setup).
 
         Raises:
-            RuntimeError: before :meth:`setup`.
             TypeError: ``sections`` is not an integer tensor.
-            ValueError: ``sections`` is empty, not 1-D, repeats an index or leaves ``0..N-1``.
+            ValueError: ``sections`` is empty, not 1-D, repeats an index or leaves ``0..N-1``; a bad
+                ``proposal_scale`` or ``step_size``; ``params`` before setup or not of :attr:`sites`.
+                Nothing changes when it raises.
 
         Example:
             >>> import pyro, pyro.distributions as dist
@@ -825,41 +844,69 @@ class AusterityMH(MCMCKernel):
             >>> abs(float(params["mu"]) - 5.0) < 0.3, kernel.num_sections
             (True, 500)
         """
-        if self.transforms is None:
-            raise RuntimeError("call setup() before restrict()")
         if sections is not None:
             if not isinstance(sections, Tensor) or sections.is_floating_point() or sections.is_complex():
                 raise TypeError(f"sections must be an integer tensor of plate indices, got {type(sections).__name__}")
             if sections.dtype == torch.bool:
                 raise TypeError("sections must hold plate indices, not a mask (use mask.nonzero().flatten())")
-            sections = sections.to(torch.long)
+            sections = sections.to("cpu", torch.long)  # CPU indices serve CPU and CUDA data alike
             if sections.dim() != 1 or sections.numel() == 0:
                 raise ValueError(f"sections must be a non-empty 1-D tensor, got shape {tuple(sections.shape)}")
-            low, high = int(sections.min()), int(sections.max())
-            if low < 0 or high >= self._plate_size:
-                raise ValueError(
-                    f"sections must lie in 0..{self._plate_size - 1} (plate {self.plate!r}); got {low}..{high}"
-                )
+            if int(sections.min()) < 0:
+                raise ValueError(f"sections must be plate indices >= 0, got {int(sections.min())}")
             if sections.unique().numel() != sections.numel():
                 raise ValueError("sections repeat a plate index; each section may enter the likelihood once")
-        if step_size is not None and not (isinstance(step_size, int | float) and step_size > 0):
-            raise ValueError(f"step_size must be a positive number, got {step_size!r}")
-        if proposal_scale is not None:
-            scale = torch.as_tensor(proposal_scale, dtype=torch.float32)
-            self._walk_factor(scale)  # checked before anything changes
-            self._scale_arg = scale
-        self._step_arg = self._step_arg if step_size is None else float(step_size)
-        self._subset = None if sections is None else sections.clone()
-        self.num_sections = self._plate_size if sections is None else sections.numel()
+        if step_size is not None and (
+            isinstance(step_size, bool)
+            or not isinstance(step_size, int | float)
+            or not (math.isfinite(step_size) and step_size > 0)
+        ):
+            raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
+        scale = None if proposal_scale is None else torch.as_tensor(proposal_scale)
+        restriction = None if sections is None else _Restriction(sections.clone(), scale, step_size)
+        if self.transforms is None:  # before setup: kept for every setup (Pyro's MCMC calls it)
+            if params is not None:
+                raise ValueError("restrict: params can be given only after setup (the control variate is built there)")
+            self._restriction = restriction
+            return
+        start: Tensor | None = self._cv_point
+        if params is not None:
+            if set(params) != set(self.sites):
+                raise ValueError(f"restrict: params must hold exactly the sites {self.sites}, got {sorted(params)}")
+            start = self.layout.flatten_point(params).detach()
+        if start is None:
+            start = self.layout.flatten_point(self.initial_params).detach()
+        before = dict(self.__dict__)  # attributes are replaced, not mutated: a shallow copy restores them
+        try:
+            self._restriction = restriction
+            self._set_subset()
+            laplace = self._setup_control_variate(start)
+            if self._stage_replay is None:  # (a recorded stage takes the plate indices as input: it serves any S)
+                self._stage_replay = self._record_stage()
+            self._setup_proposal(laplace, keep_step=step_size is None)
+        except Exception:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+
+    def _set_subset(self) -> None:
+        """Make :attr:`_restriction`'s sections the target's (all the plate's without one); new index draws.
+
+        Raises:
+            ValueError: the restriction reaches beyond the plate.
+        """
+        restriction = self._restriction
+        if restriction is not None and int(restriction.sections.max()) >= self._plate_size:
+            raise ValueError(
+                f"sections must lie in 0..{self._plate_size - 1} (plate {self.plate!r}); "
+                f"got {int(restriction.sections.max())}"
+            )
+        self._subset = None if restriction is None else restriction.sections
+        self.num_sections = self._plate_size if restriction is None else restriction.sections.numel()
         self.index_sampler = IndexSampler(self.num_sections)
         self._version += 1  # the cached exact-MH terms were of the old sections
         self._bucket_uses = {}
-        start = self._cv_point if params is None else self.layout.flatten_point(params).detach()
-        if start is None:
-            start = self.layout.flatten_point(self.initial_params).detach()
-        laplace = self._setup_control_variate(start)
-        self._stage_replay = self._record_stage()
-        self._setup_proposal(laplace)
+        self.normality = None  # a later check describes the new sections
 
     def _plate(self, positions: Tensor) -> Tensor:
         """Plate indices of the target's sections at ``positions`` (the identity unless :meth:`restrict` set some)."""
