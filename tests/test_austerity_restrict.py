@@ -251,3 +251,5 @@ def test_restrict_keeps_the_step_and_its_scale_holds_for_that_restriction_only()
     assert kernel.step_size == pytest.approx(0.7) and float(kernel._scale) == 5.0
     kernel.restrict(torch.arange(100), start)
     assert kernel.step_size == pytest.approx(0.7) and kernel._scale is None  # the constructor's walk again
+    kernel.restrict(None, start, proposal_scale=2.0, step_size=0.4)  # the whole plate, with its own walk
+    assert kernel.num_sections == N and kernel.step_size == pytest.approx(0.4) and float(kernel._scale) == 2.0

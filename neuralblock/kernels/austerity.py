@@ -82,7 +82,7 @@ def _no_more_sections(k: int) -> Tensor:
 class _Restriction(NamedTuple):
     """What :meth:`AusterityMH.restrict` asked for: plate indices, and the walk's scale and step (``None``: keep)."""
 
-    sections: Tensor
+    sections: Tensor | None  # None: the whole plate
     scale: Tensor | None
     step: float | None
 
@@ -481,7 +481,8 @@ class AusterityMH(MCMCKernel):
             ValueError: naming the sites (and their values) that make the start impossible.
         """
         initial = self._initial
-        assert initial is not None  # set by setup before it checks the start
+        if initial is None:  # pragma: no cover - setup sets it before it checks the start
+            raise RuntimeError("AusterityMH: the start is checked before initial_params were set")
         bad = [s for s in self.sites if not bool(torch.isfinite(initial[s]).all())]
         if bad:
             raise ValueError(
@@ -863,7 +864,8 @@ class AusterityMH(MCMCKernel):
         ):
             raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
         scale = None if proposal_scale is None else torch.as_tensor(proposal_scale)
-        restriction = None if sections is None else _Restriction(sections.clone(), scale, step_size)
+        given = sections is not None or scale is not None or step_size is not None
+        restriction = _Restriction(None if sections is None else sections.clone(), scale, step_size) if given else None
         if self.transforms is None:  # before setup: kept for every setup (Pyro's MCMC calls it)
             if params is not None:
                 raise ValueError("restrict: params can be given only after setup (the control variate is built there)")
@@ -895,14 +897,13 @@ class AusterityMH(MCMCKernel):
         Raises:
             ValueError: the restriction reaches beyond the plate.
         """
-        restriction = self._restriction
-        if restriction is not None and int(restriction.sections.max()) >= self._plate_size:
+        subset = None if self._restriction is None else self._restriction.sections
+        if subset is not None and int(subset.max()) >= self._plate_size:
             raise ValueError(
-                f"sections must lie in 0..{self._plate_size - 1} (plate {self.plate!r}); "
-                f"got {int(restriction.sections.max())}"
+                f"sections must lie in 0..{self._plate_size - 1} (plate {self.plate!r}); got {int(subset.max())}"
             )
-        self._subset = None if restriction is None else restriction.sections
-        self.num_sections = self._plate_size if restriction is None else restriction.sections.numel()
+        self._subset = subset
+        self.num_sections = self._plate_size if subset is None else subset.numel()
         self.index_sampler = IndexSampler(self.num_sections)
         self._version += 1  # the cached exact-MH terms were of the old sections
         self._bucket_uses = {}
