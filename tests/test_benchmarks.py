@@ -145,3 +145,19 @@ def test_gradient_compile_quick(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "gradient_compile.json").read_text())
     assert data["rows"] == rows
     assert (tmp_path / "gradient_compile.md").read_text().startswith("# torch.compile for the gradient-informed")
+
+
+@pytest.mark.timeout(120)
+def test_joint_dpm_floor(tmp_path: Path) -> None:
+    bench = _load("joint_dpm_floor")
+    result = bench.main(["--repeats", "1", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "joint_dpm_floor.json").read_text())
+    assert (tmp_path / "joint_dpm_floor.md").read_text().startswith("# JointDPM flagship")
+    assert len(data["seeds"]) == 3 and result["smallest_floor"] == data["smallest_floor"]
+    for row in data["seeds"]:
+        clusters = round(row["clusters"])
+        assert row["z_units"] == row["points_updated"] * (clusters + row["aux"])
+        assert row["w_units"] == row["w_updates"] * row["n"]
+        assert 0 < row["floor_free_experts"] <= row["floor_at_data_fraction"] < 1
+        assert 0 < row["floor_units"] < 1
+    assert data["reachable"] == (data["smallest_floor"] <= bench.TARGET)
