@@ -34,7 +34,8 @@ def test_quick_mode_writes_outputs(tmp_path: Path) -> None:
     assert len(rows) == len(study.FAMILIES) * len(study.KERNELS)
     for row in rows:
         if row["kernel"] == "Gibbs":  # every gain is a ratio against Gibbs itself
-            assert row["rmse_gain_time"] == row["rmse_gain_updates"] == row["ess_gain_time"] == 1.0
+            assert row["rmse_gain_time"] == row["rmse_gain_updates"] == row["rmse_gain_iterations"] == 1.0
+            assert row["ess_gain_time"] == 1.0
     verdicts = saved["verdicts"]
     assert {(v["kernel"], v["family"]) for v in verdicts} == set(study.PAPER_CLAIMS)
     assert all(v["reproduces"].split(" ")[0] in {"yes", "no"} for v in verdicts)
@@ -68,11 +69,52 @@ def _row(kernel: str, gain_updates: float, gain_time: float) -> dict[str, object
         "kernel": kernel,
         "family": "ising-ferro",
         "rmse_gain_updates": gain_updates,
+        "rmse_gain_iterations": gain_updates,
         "rmse_gain_time": gain_time,
         "updates_per_s": 100.0 if kernel == "Gibbs" else 10.0,
         "acceptance": 0.5,
         "changes_per_step": 1.0,
     }
+
+
+def test_iterations_count_a_kernel_step_and_one_gibbs_site() -> None:
+    # DMALA: 100 proposals per step; Gibbs: a 100-site sweep per step, each site one iteration (the papers' bg-1)
+    dmala = {
+        "kernel": "DMALA",
+        "updates": [100.0, 1000.0, 5000.0],
+        "errors": [-0.5, -1.0, -2.0],
+        "updates_per_step": 100.0,
+    }
+    gibbs = {"kernel": "Gibbs", "updates": [10.0, 40.0, 200.0], "errors": [-0.4, -0.6, -3.0], "updates_per_step": 100.0}
+    assert study.iterations(dmala) == [1.0, 10.0, 50.0] and study.iterations(gibbs) == [10.0, 40.0, 200.0]
+    # the budget is the fewer final iterations (DMALA's 50): Gibbs at 40 sites, DMALA at its last step
+    assert study.error_at_iterations(gibbs, dmala) == -0.6
+    assert study.error_at_iterations(dmala, gibbs) == -2.0
+    rows = study.summarise(
+        {
+            "config": {"kernels": ["Gibbs", "DMALA"]},
+            "families": {
+                "ising-ferro": {
+                    "runs": [
+                        {
+                            **run,
+                            "seed": 0,
+                            "final_log10_rmse": run["errors"][-1],
+                            "ess_per_second": 1.0,
+                            "ess": 1.0,
+                            "summary": {"samples": 1},
+                            "steps_per_second": 1.0,
+                            "acceptance_rate": 0.5,
+                            "final_marginal_error": 0.1,
+                            "changes_per_step": 1.0,
+                        }  # fmt: skip
+                        for run in (gibbs, dmala)
+                    ]
+                }
+            },
+        }
+    )
+    assert rows[1]["kernel"] == "DMALA" and math.isclose(rows[1]["rmse_gain_iterations"], 10**1.4)
 
 
 def test_verdicts_compare_the_size_where_the_paper_gives_a_figure() -> None:
