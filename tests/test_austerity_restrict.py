@@ -253,3 +253,23 @@ def test_restrict_keeps_the_step_and_its_scale_holds_for_that_restriction_only()
     assert kernel.step_size == pytest.approx(0.7) and kernel._scale is None  # the constructor's walk again
     kernel.restrict(None, start, proposal_scale=2.0, step_size=0.4)  # the whole plate, with its own walk
     assert kernel.num_sections == N and kernel.step_size == pytest.approx(0.4) and float(kernel._scale) == 2.0
+
+
+def test_the_mode_search_of_a_restriction_costs_one_pass_from_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restricting from the subset's mode finds it there (one pass); from afar, Newton steps still reach it."""
+    kernel = _kernel(logistic, X, Y, epsilon=0.1, batch_size=20)
+    start = {"w": torch.tensor([0.5, -0.2, 0.1], dtype=torch.float64)}
+    kernel.restrict(SUBSET, start)
+    mode = kernel._cv_point.clone()
+    w = mode.clone().requires_grad_(True)  # the subset's log posterior is flat there
+    log_post = dist.Normal(0.0, 1.0).log_prob(w).sum() + dist.Bernoulli(logits=X[SUBSET] @ w).log_prob(Y[SUBSET]).sum()
+    (grad,) = torch.autograd.grad(log_post, w)
+    assert float(grad.abs().max()) < 1e-3  # a Newton step from there would gain under 1e-8 nats
+    passes = []
+    original = kernel._likelihood_derivatives
+    monkeypatch.setattr(kernel, "_likelihood_derivatives", lambda *a, **k: passes.append(1) or original(*a, **k))
+    kernel.restrict(SUBSET, {"w": mode})
+    assert len(passes) == 1 and torch.allclose(kernel._cv_point, mode, atol=1e-9)
+    passes.clear()
+    kernel.restrict(SUBSET, {"w": mode + 0.3})  # several posterior sds away
+    assert 2 <= len(passes) <= 8 and torch.allclose(kernel._cv_point, mode, atol=1e-4)

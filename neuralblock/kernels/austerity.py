@@ -73,6 +73,7 @@ _UNIFORM_RADIUS = 2.0  # as Pyro's init_to_uniform: uniform in (-2, 2) of the un
 _CV_ROWS_MAX = 50_000_000  # per-section gradients of the default control variate kept up to N·d entries
 _FUSED_MAX_SECTIONS = 4096  # larger stages run θ̂ apart from z and z' (autograd over one point, not three)
 _RECORD_AFTER_USES = 50  # a stage size (bucket) is recorded into one graph once this many stages had it
+_MODE_GAIN = 1e-8  # nats: the mode search stops where a Newton step would gain less
 
 
 def _no_more_sections(k: int) -> Tensor:
@@ -651,7 +652,7 @@ class AusterityMH(MCMCKernel):
                 return None
             point = mode
         else:
-            grad, hess = self._likelihood_derivatives(point, second=known is None)
+            _, grad, hess = self._likelihood_derivatives(point, second=known is None)
             log_post = None
         hess = known.to(point.dtype) if known is not None else hess
         self._cv_point, self._cv_grad, self._cv_hess = point, grad, 0.5 * (hess + hess.T)
@@ -666,11 +667,12 @@ class AusterityMH(MCMCKernel):
             return None
 
     def _section_gradients(self, point: Tensor) -> Tensor | None:
-        """Per-section gradients ``[N, d]`` at ``point`` (forward-mode, ``d`` passes), or ``None`` if too large.
+        """Per-section gradients ``[N, d]`` at ``point`` (forward mode, all ``d`` directions at once), or ``None``.
 
         With them the control variate's proxy of a drawn section is the first-order ``∇ℓ_i(θ̂)·(z' - z)``, a
         gather and a dot product per stage instead of double-backward passes; its residuals still shrink
         like ``1/N`` for proposals scaled to the posterior (both ``z - θ̂`` and ``z' - z`` are ``O(1/√N)``).
+        ``None`` when they would be too large, or when the model has an op without forward-mode AD.
         """
         if self.num_sections * self.dim > _CV_ROWS_MAX or self.sections.direct is None:
             return None
@@ -684,25 +686,34 @@ class AusterityMH(MCMCKernel):
                 def sections(z: Tensor, plate_idx: Tensor = plate_idx) -> Tensor:
                     return self.sections.evaluate(self._values(z), plate_idx, with_global=False).sections
 
-                for j in range(self.dim):
-                    rows[idx, j] = torch.func.jvp(sections, (point,), (eye[j],))[1].detach()
+                sections(point)  # builds the direct graph outside the transforms (it cannot trace dual tensors)
+                try:  # the d directions in one batched call
+                    rows[idx] = torch.func.jacfwd(sections)(point).detach()
+                except (RuntimeError, NotImplementedError):  # a graph vmap cannot batch: one direction at a time
+                    for j in range(self.dim):
+                        rows[idx, j] = torch.func.jvp(sections, (point,), (eye[j],))[1].detach()
         except (RuntimeError, NotImplementedError):  # an op without forward-mode AD: keep second-order proxies
             return None
         return rows
 
-    def _likelihood_derivatives(self, point: Tensor, second: bool = True) -> tuple[Tensor, Tensor]:
-        """Gradient and Hessian (zeros unless ``second``) of the summed section log-likelihoods at ``point``."""
+    def _likelihood_derivatives(self, point: Tensor, second: bool = True) -> tuple[float, Tensor, Tensor]:
+        """The summed section log-likelihoods at ``point`` (a float64 sum), their gradient and Hessian.
+
+        The Hessian is zeros unless ``second``. One O(N d) pass (in chunks).
+        """
+        value = 0.0
         grad = torch.zeros(self.dim, dtype=point.dtype)
         hess = torch.zeros(self.dim, self.dim, dtype=point.dtype)
-        for start in range(0, self.num_sections, _CV_CHUNK):  # one O(N d) pass
+        for start in range(0, self.num_sections, _CV_CHUNK):
             idx = torch.arange(start, min(start + _CV_CHUNK, self.num_sections))
             z = point.clone().requires_grad_(True)
-            total = self.sections.evaluate(self._values(z), self._plate(idx), with_global=False).sections.sum()
-            (g,) = torch.autograd.grad(total, z, create_graph=second)
+            sections = self.sections.evaluate(self._values(z), self._plate(idx), with_global=False).sections
+            value += float(sections.detach().double().sum())
+            (g,) = torch.autograd.grad(sections.sum(), z, create_graph=second)
             grad += g.detach()
             if second:
                 hess += torch.stack([_grad_or_zero(g[j], z, retain_graph=True) for j in range(self.dim)])
-        return grad, hess
+        return value, grad, hess
 
     def _global_derivatives(self, point: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log prior plus log-Jacobian at ``point``, with its gradient and Hessian (O(d²), no data)."""
@@ -721,44 +732,60 @@ class AusterityMH(MCMCKernel):
     def _find_mode(self, point: Tensor, steps: int = 30) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
         """Damped Newton ascent of the log posterior from ``point``.
 
+        Each iterate costs one pass over the sections (value, gradient and Hessian together) and one of the
+        prior; a step is kept when the log posterior does not fall (else it is damped, Levenberg-Marquardt,
+        and retried from the same iterate). The search stops at an iterate whose undamped Newton step
+        would gain under :data:`_MODE_GAIN` nats (half the squared Newton decrement), or after ``steps``
+        kept steps, or when a step no longer changes the density. A step that lowers the density by no more
+        than its rounding is kept (near the mode a float32 sum cannot tell a Newton step's gain). A warm
+        start at the mode costs one pass.
+
         Returns ``(mode, likelihood gradient, likelihood Hessian, log-posterior Hessian)`` at the mode, or
         ``None`` for the mode when the search met a non-finite density.
         """
-        dtype, z = point.dtype, point.double()
-        current = -math.inf
-        for _ in range(steps):
-            grad, hess = self._likelihood_derivatives(z.to(dtype), second=True)
-            value = float(self._evaluate_all(self._values(z.to(dtype))).sections.double().sum())
+        dtype = point.dtype
+        eye = torch.eye(self.dim, dtype=torch.float64)
+
+        def at(z: Tensor) -> tuple[float, Tensor, Tensor, Tensor, Tensor]:
+            value, grad, hess = self._likelihood_derivatives(z.to(dtype), second=True)
             prior, p_grad, p_hess = self._global_derivatives(z.to(dtype))
-            total = value + float(prior)
-            if not math.isfinite(total):
-                return None, grad, hess, hess
-            g, h = (grad + p_grad).double(), 0.5 * ((hess + p_hess) + (hess + p_hess).T).double()
-            eye = torch.eye(self.dim, dtype=torch.float64)
+            return value + float(prior), grad, hess, grad + p_grad, hess + p_hess
+
+        z = point.double()
+        total, grad, hess, post_grad, post_hess = at(z)
+        if not math.isfinite(total):
+            return None, grad, hess, post_hess
+        rounding = 1e-8  # a step may lower the log density this much (relative): a float32 sum's rounding
+        damping, accepted, trials = 0.0, 0, 0
+        while accepted < steps and trials < 10 * steps:
+            g = post_grad.double()
+            h = 0.5 * (post_hess + post_hess.T).double()
             scale = float(h.abs().max()) + 1e-12
-            damping = 0.0 if bool((torch.linalg.eigvalsh(h) < 0).all()) else 1e-3 * scale
-            while True:  # Levenberg-Marquardt damping until the step is an ascent direction of a finite density
-                try:
-                    step = torch.linalg.solve(-(h - damping * eye), g)
-                except RuntimeError:
-                    step = g / scale
-                if damping > 1e6 * scale:
-                    step = torch.zeros_like(g)
-                    break
-                trial = z + step
-                trial_value = float(self._evaluate_all(self._values(trial.to(dtype))).sections.double().sum())
-                trial_total = trial_value + float(self._global_derivatives(trial.to(dtype))[0])
-                if math.isfinite(trial_total) and trial_total >= total - 1e-9 * abs(total):
-                    break
-                damping = max(10.0 * damping, 1e-3 * scale)
-            z = z + step
-            if float(step.abs().max()) < 1e-6 or abs(total - current) < 1e-10 * (1.0 + abs(total)):
+            concave = bool((torch.linalg.eigvalsh(h) < 0).all())
+            if concave and damping == 0.0:
+                newton = torch.linalg.solve(-h, g)
+                if 0.5 * float(g @ newton) < _MODE_GAIN:
+                    break  # converged at z: its derivatives are the ones returned
+            elif damping == 0.0:
+                damping = 1e-3 * scale
+            if damping > 1e6 * scale:
+                break  # no ascent step left: z is as good as this search gets
+            try:
+                step = torch.linalg.solve(-(h - damping * eye), g)
+            except RuntimeError:
+                step = g / scale
+            trial = z + step
+            trial_total, *derivatives = at(trial)
+            trials += 1
+            if not (math.isfinite(trial_total) and trial_total >= total - rounding * (1.0 + abs(total))):
+                damping = max(10.0 * damping, 1e-3 * scale)  # retry from z with a shorter step
+                continue
+            unchanged = float(step.abs().max()) < 1e-9 or abs(trial_total - total) < 1e-12 * (1.0 + abs(total))
+            z, total, damping, accepted = trial, trial_total, 0.0, accepted + 1
+            grad, hess, post_grad, post_hess = derivatives
+            if unchanged:
                 break
-            current = total
-        mode = z.to(dtype)
-        grad, hess = self._likelihood_derivatives(mode, second=True)
-        p_hess = self._global_derivatives(mode)[2]
-        return mode, grad, hess, hess + p_hess
+        return z.to(dtype), grad, hess, post_hess
 
     def condition_on(self, values: dict[str, Tensor]) -> None:
         """Hold the model's other latent sites at ``values`` (constrained) for later transitions.
