@@ -149,6 +149,55 @@ def test_condition_on_holds_global_and_local_latents_fixed() -> None:
         kernel.condition_on({"nope": torch.tensor(0.0)})
 
 
+def normal_mean(y: torch.Tensor) -> None:
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(mu, 1.3), obs=y[idx])
+
+
+def test_a_conditioned_default_keeps_the_laplace_walk_and_drops_only_the_proxy() -> None:
+    """condition_on drops the "mode" control variate (its O(N) sum depends on the held values), not the walk's shape.
+
+    Before setup the walk is the Laplace covariance of mu's conditional (here exactly Gaussian: variance
+    1 / precision); after setup the proxy set up on other values is dropped, so no stale sum enters a test.
+    """
+    tau, z = torch.tensor(4.0), 0.5 * torch.randn(N)
+    y = 1.5 + z + tau.rsqrt() * torch.randn(N)
+    kernel = AusterityMH(held_fixed, sites=["mu"], epsilon=0.05, batch_size=100, normality_check=False)
+    kernel.condition_on({"tau": tau, "z": z})
+    kernel.setup(0, y)
+    precision = 0.01 + N * float(tau)
+    assert kernel._cv_point is None and kernel._scale is not None
+    assert math.isclose(float(kernel._scale), precision**-0.5, rel_tol=1e-3)
+    assert not kernel._adapt and math.isclose(kernel.step_size, 2.38, rel_tol=1e-6)
+    unconditioned = AusterityMH(normal_mean, epsilon=0.05, batch_size=100, normality_check=False)
+    unconditioned.setup(0, DATA)
+    assert unconditioned._cv_point is not None
+    unconditioned.condition_on({})  # e.g. a compound sampler's first sweep, after setup
+    assert unconditioned._cv_point is None and unconditioned._cv_rows is None
+    assert float(unconditioned._proxy_sum(torch.zeros(1), torch.ones(1))) == 0.0
+
+
+def test_a_chain_that_hardly_moves_after_warmup_is_warned_about() -> None:
+    kernel = AusterityMH(  # steps of 50 posterior sds, from the posterior's bulk
+        normal_mean, epsilon=0.05, batch_size=100, normality_check=False, step_size=50.0, adapt_step_size=False
+    )
+    kernel.initial_params = {"mu": DATA.mean()}
+    kernel.setup(0, DATA)
+    params = kernel.initial_params
+    with pytest.warns(RuntimeWarning, match="hardly moving"):
+        for _ in range(50):
+            params = kernel.sample(params)
+    assert kernel.diagnostics()["acceptance_rate"] < 0.01
+    tuned = AusterityMH(normal_mean, epsilon=0.05, batch_size=100, normality_check=False)
+    tuned.setup(0, DATA)
+    params = tuned.initial_params
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(60):
+            params = tuned.sample(params)
+
+
 def test_full_data_model_is_sublinear_through_the_direct_path() -> None:
     # a plain obs=y plate: the direct path re-indexes the data, so a transition touches only its sections
     kernel = AusterityMH(logistic_full, epsilon=0.05, batch_size=50, normality_check=False)

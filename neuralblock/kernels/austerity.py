@@ -73,6 +73,7 @@ _UNIFORM_RADIUS = 2.0  # as Pyro's init_to_uniform: uniform in (-2, 2) of the un
 _CV_ROWS_MAX = 50_000_000  # per-section gradients of the default control variate kept up to N·d entries
 _FUSED_MAX_SECTIONS = 4096  # larger stages run θ̂ apart from z and z' (autograd over one point, not three)
 _RECORD_AFTER_USES = 50  # a stage size (bucket) is recorded into one graph once this many stages had it
+_STUCK_CHECKS = (50, 500)  # post-warmup transitions after which an acceptance under 1% is warned about
 _MODE_GAIN = 1e-8  # nats: the mode search stops where a Newton step would gain less
 
 
@@ -242,7 +243,8 @@ class AusterityMH(MCMCKernel):
             given, also shapes the random walk by the Laplace covariance there. ``None``: no control
             variate (the seed paper's test, which is biased on correlated or heavy-tailed data:
             see the bias bench). Not used with :meth:`condition_on` (a ``"mode"`` default is
-            dropped when it is called; given values raise).
+            dropped when it is called, given values raise); a ``"mode"`` default conditioned before ``setup``
+            still shapes the walk by the Laplace covariance of the conditional at setup.
         control_variate_hessian: the Hessian ``[d, d]`` of the summed section log-likelihoods at
             the control-variate point, in the flat unconstrained coordinates, if already known; skips the
             ``d`` autograd passes over the data at setup. The likelihood's alone: a Laplace fit's Hessian of
@@ -330,6 +332,7 @@ class AusterityMH(MCMCKernel):
         self.normality_check = normality_check
         self._scale_arg = None if proposal_scale is None else torch.as_tensor(proposal_scale)
         self._cv_mode = control_variate == "mode"
+        self._laplace_walk = self._cv_mode  # a "mode" default shapes the walk even once condition_on drops the proxy
         self._cv_arg = (
             None
             if control_variate is None or isinstance(control_variate, str)
@@ -343,6 +346,7 @@ class AusterityMH(MCMCKernel):
         self.transforms: dict[str, Any] | None = None  # set by setup (None tells Pyro's MCMC to run one)
         self.sites: list[str] = []
         self.plate: str | None = None
+        self._stuck_warned = False  # (per setup: see _reset_stats)
         self.num_sections = 0  # sections of the target: the plate's, or those of restrict()
         self._plate_size = 0
         self._subset: Tensor | None = None  # plate indices of the target's sections (restrict), None: all
@@ -625,6 +629,8 @@ class AusterityMH(MCMCKernel):
         self._cv_grad: Tensor | None = None
         self._cv_hess: Tensor | None = None
         if self._cv_arg is None and (not self._cv_mode or self.epsilon == 0):  # exact MH needs no proxy
+            if self._laplace_walk and not self._cv_mode and self.epsilon > 0:  # dropped by condition_on
+                return self._laplace_covariance(z0)
             return None
         if self._cv_arg is not None:
             missing = [s for s in self.sites if s not in self._cv_arg]
@@ -666,6 +672,23 @@ class AusterityMH(MCMCKernel):
         except RuntimeError:
             return None
 
+    def _laplace_covariance(self, z0: Tensor) -> Tensor | None:
+        """The Laplace covariance at the posterior mode found from ``z0`` (the other sites held), or ``None``.
+
+        The walk's shape where the control variate is dropped (:meth:`condition_on`): its O(N) proxy sum would
+        depend on the other sites' values, but a proposal scale fixed at setup keeps MH exact, and the data
+        usually set the posterior's scale far more than those values do.
+        """
+        mode, _, _, log_post = self._find_mode(z0.detach().clone())
+        if mode is None:
+            return None
+        try:
+            covariance = torch.linalg.inv(-log_post.double())
+            torch.linalg.cholesky(covariance)
+        except RuntimeError:  # not a maximum: keep the plain walk
+            return None
+        return covariance.to(z0.dtype)
+
     def _section_gradients(self, point: Tensor) -> Tensor | None:
         """Per-section gradients ``[N, d]`` at ``point`` (forward mode, all ``d`` directions at once), or ``None``.
 
@@ -687,11 +710,13 @@ class AusterityMH(MCMCKernel):
                     return self.sections.evaluate(self._values(z), plate_idx, with_global=False).sections
 
                 sections(point)  # builds the direct graph outside the transforms (it cannot trace dual tensors)
-                try:  # the d directions in one batched call
-                    rows[idx] = torch.func.jacfwd(sections)(point).detach()
-                except (RuntimeError, NotImplementedError):  # a graph vmap cannot batch: one direction at a time
-                    for j in range(self.dim):
-                        rows[idx, j] = torch.func.jvp(sections, (point,), (eye[j],))[1].detach()
+                with warnings.catch_warnings():  # torch's first forward-mode call scripts its decompositions
+                    warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
+                    try:  # the d directions in one batched call
+                        rows[idx] = torch.func.jacfwd(sections)(point).detach()
+                    except (RuntimeError, NotImplementedError):  # a graph vmap cannot batch: one at a time
+                        for j in range(self.dim):
+                            rows[idx, j] = torch.func.jvp(sections, (point,), (eye[j],))[1].detach()
         except (RuntimeError, NotImplementedError):  # an op without forward-mode AD: keep second-order proxies
             return None
         return rows
@@ -806,6 +831,8 @@ class AusterityMH(MCMCKernel):
         if self._cv_arg is not None:
             raise ValueError("condition_on cannot be combined with control_variate (its O(N) sum depends on them)")
         self._cv_mode = False  # the default control variate is dropped: its O(N) sum would depend on these values
+        self._cv_point = self._cv_grad = self._cv_hess = self._cv_rows = None  # (set up before: dropped now)
+        self._stage_replay = None
         own = [k for k in values if k in self.sites]
         if own:
             raise ValueError(f"condition_on got sites {own} that this kernel updates")
@@ -974,8 +1001,22 @@ class AusterityMH(MCMCKernel):
                 self._audit_estimate = audit_seconds
             elapsed += audit_seconds
         self._record(info, warmup, elapsed)
+        self._warn_if_stuck(warmup)
         self._t += 1
         return self.layout.unflatten((proposal.value if info.accept else z).detach())
+
+    def _warn_if_stuck(self, warmup: bool) -> None:
+        """Warn once when under 1% of the first 50 (or 500) proposals after warmup were accepted."""
+        if warmup or self._stuck_warned or self._n not in _STUCK_CHECKS or self._accepted >= 0.01 * self._n:
+            return
+        self._stuck_warned = True
+        warnings.warn(
+            f"AusterityMH accepted {self._accepted} of its first {self._n} proposals after warmup (step size "
+            f"{self.step_size:.3g}): the chain of {self.sites} is hardly moving. Give proposal_scale (e.g. a "
+            "Laplace covariance of these sites), more warmup_steps for the step to adapt, or a smaller step_size",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _graph_count(self) -> int:
         """How many graphs the direct likelihood path has built (0 without one)."""
@@ -1317,6 +1358,7 @@ class AusterityMH(MCMCKernel):
         self._bound = self._elapsed = self._audit_seconds = self._audit_build_seconds = self._fraction = 0.0
         self._audits = self._audit_errors = self._false_accepts = 0
         self._audit_warned = False
+        self._stuck_warned = False
 
     def _values(self, z: Tensor) -> dict[str, Tensor]:
         """Constrained values of every latent site: the updated ones at flat ``z``, the others held fixed."""
