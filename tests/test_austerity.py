@@ -318,6 +318,20 @@ def test_bad_input_raises() -> None:
         AusterityMH(logistic, sites=["nope"]).setup(0, X, Y)
     with pytest.raises(ValueError, match="proposal_scale"):
         AusterityMH(logistic, proposal_scale=torch.ones(2)).setup(0, X, Y)
+    with pytest.raises(ValueError, match=r"raised IndexError .* as long as the plate"):
+        AusterityMH(logistic).setup(0, X, Y[: N - 10])
+    nan_x = X.clone()
+    nan_x[7, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"'y' \(flat entries \[7\]\) have NaN log-densities"):
+        AusterityMH(logistic).setup(0, nan_x, Y)
+    with pytest.raises(ValueError, match=r"subsamples \(size 400, subsample_size 50\).*draws its own sections"):
+        AusterityMH(subsampled_logistic).setup(0, X, Y)
+
+
+def subsampled_logistic(x: torch.Tensor, y: torch.Tensor) -> None:
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=50) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
 
 
 def test_two_chains_and_pickle() -> None:

@@ -172,6 +172,10 @@ def test_kernel_rejects_bad_inputs() -> None:
             RandomWalkMH(fg, target_accept=bad)
     with pytest.raises(TypeError, match="FactorGraph or a Pyro model"):
         GibbsKernel(42)
+    with pytest.raises(TypeError, match="takes no model arguments"):  # e.g. MCMC(kernel).run(data): nowhere to go
+        RandomWalkMH(fg).setup(0, torch.zeros(3))
+    with pytest.raises(TypeError, match="takes no model arguments"):
+        MCMC(RandomWalkMH(fg), num_samples=2, warmup_steps=0, disable_progbar=True).run(torch.zeros(3))
     kernel = RandomWalkMH(fg)
     kernel.setup(0)
     with pytest.raises(ValueError, match="NaN or inf"):

@@ -206,6 +206,13 @@ def test_rejects_bad_configuration() -> None:
         NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=1.5)
     with pytest.raises(TypeError, match="NeuralBlockProposal"):
         NeuralBlockKernel(fg, proposals=["grid"])
+    with pytest.raises(TypeError, match=r"pass \[proposal\]"):
+        NeuralBlockKernel(fg, proposals=proposal)
+    for wrong_type in ("0.5", True, torch.ones(2)):
+        with pytest.raises(TypeError, match="gibbs_prob must be a number"):
+            NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=wrong_type)
+    with pytest.raises(ValueError, match="gibbs_prob"):
+        NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=float("nan"))
     for bad in (-1.0, 0.0, float("nan"), "big"):
         with pytest.raises(ValueError, match="step_size"):
             NeuralBlockKernel(fg, proposals=[proposal], step_size=bad)

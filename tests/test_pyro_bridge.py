@@ -403,6 +403,11 @@ def delta_latent() -> None:
     pyro.sample("d", dist.Delta(torch.tensor(1.0)))
 
 
+def invalid_observation() -> None:
+    a = pyro.sample("a", dist.Bernoulli(0.5))
+    pyro.sample("o", dist.Bernoulli(0.2 + 0.6 * a), obs=torch.tensor(2.0))
+
+
 def bad_batch_shape() -> None:
     x = pyro.sample("x", dist.Categorical(torch.tensor([0.5, 0.5])))
     pyro.sample("y", dist.Normal(torch.eye(2)[x], 1.0), obs=torch.zeros(2))
@@ -421,6 +426,7 @@ def bad_batch_shape() -> None:
         (dependent_support, (), ValueError, r"support of latent site 'u' depends on the latent sites \['s'\]"),
         (delta_latent, (), ValueError, r"latent site 'd' has a Delta distribution"),
         (bad_batch_shape, (), ValueError, r"site 'y' has a log-probability of shape \(2, 1, 2\) under enum"),
+        (invalid_observation, (), ValueError, r"observed site 'o' has value\(s\) .*2.* outside the support"),
         ("not a model", (), TypeError, r"model must be callable, got str"),
     ],
 )

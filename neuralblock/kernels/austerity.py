@@ -394,16 +394,22 @@ class AusterityMH(MCMCKernel):
         self._current_full = self._proposed_full = None
         traced_at = time.perf_counter()
         try:
-            trace = poutine.trace(self._model).get_trace(*args, **kwargs)
-        except ValueError:  # e.g. a prior draw in a NaN region under validation: the start search below repairs it
-            with pyro.validation_enabled(False):
+            try:
                 trace = poutine.trace(self._model).get_trace(*args, **kwargs)
+            except ValueError:  # e.g. a prior draw in a NaN region under validation: the start search below repairs it
+                with pyro.validation_enabled(False):
+                    trace = poutine.trace(self._model).get_trace(*args, **kwargs)
+        except IndexError as err:
+            raise ValueError(
+                f"AusterityMH: the model's first run on its arguments raised IndexError ({err}); is every array "
+                "that the data plate's indices read as long as the plate?"
+            ) from err
         # an audit evaluates all N sections at two points: about two full model runs like this one
         self._audit_estimate = 2.0 * (time.perf_counter() - traced_at)
         nodes: list[Any] = [s for s in trace.nodes.values() if s["type"] == "sample"]  # Pyro's loosely typed sites
         subsample = {s["name"]: s for s in nodes if is_subsample_site(s)}
         samples = [s for s in nodes if s["name"] not in subsample]
-        self.plate, self._plate_size, _ = find_data_plate(trace, self._plate_arg)
+        self.plate, self._plate_size, _ = find_data_plate(trace, self._plate_arg, owner="AusterityMH")
         self.num_sections, self._subset = self._plate_size, None
         latent = [s for s in samples if not s["is_observed"]]
         inside: dict[str, Any] = {s["name"]: site_plate_frame(s, self.plate) for s in latent}
@@ -553,6 +559,7 @@ class AusterityMH(MCMCKernel):
             for s in self.sites
         )
         bad: list[str] = []
+        nan: list[str] = []
         try:
             with pyro.validation_enabled(False):
                 trace = poutine.trace(poutine.condition(self._model, data=values)).get_trace(*args, **kwargs)
@@ -560,10 +567,19 @@ class AusterityMH(MCMCKernel):
             for name, site in sites.items():
                 if site["type"] != "sample" or site_is_subsample(site):
                     continue
-                if not bool(torch.isfinite(site["fn"].log_prob(site["value"]).sum())):
+                log_prob = site["fn"].log_prob(site["value"])
+                if not bool(torch.isfinite(log_prob.sum())):
                     bad.append(name)
+                if bool(torch.isnan(log_prob).any()) and site["is_observed"]:
+                    where = torch.isnan(log_prob.reshape(-1)).nonzero().flatten()[:5].tolist()
+                    nan.append(f"{name!r} (flat entries {where})")
         except (ValueError, RuntimeError) as err:
             return f"the model fails at ({shown}): {err}"
+        if nan:  # NaN, not -inf: the data or covariates of those entries, whatever the parameters
+            return (
+                f"sites {bad} at ({shown}); the observed site(s) {', '.join(nan)} have NaN log-densities: "
+                "their observations or covariates hold NaN or inf"
+            )
         return f"sites {bad} at ({shown})" if bad else f"the log-Jacobian at ({shown})"
 
     def _check_lazy(self, z0: Tensor, nodes: list[dict] | None, by_name: dict[str, dict]) -> None:

@@ -36,7 +36,7 @@ from neuralblock.kernels.conditioning import ConditionedModel, values_changed
 from neuralblock.kernels.vocabulary import per_second
 from neuralblock.pyro.compile import PyroGraph, params_to_state, prior_states, state_to_params
 
-__all__ = ["GraphKernel", "discrete_latent_variables", "find_valid_start", "sequential_init"]
+__all__ = ["GraphKernel", "check_probability", "discrete_latent_variables", "find_valid_start", "sequential_init"]
 
 STATE_SITE = "x"
 
@@ -210,7 +210,18 @@ class GraphKernel(MCMCKernel):
         return cast(Callable, self._source) if self._conditioned is None else self._conditioned
 
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
-        """Build the graph (for Pyro models), the blocks and a valid initial state of every chain."""
+        """Build the graph (for Pyro models), the blocks and a valid initial state of every chain.
+
+        Raises:
+            TypeError: model arguments given to a kernel built on a :class:`FactorGraph` (it has no model to
+                pass them to: its evidence is in the graph).
+        """
+        if not self.from_pyro and (args or kwargs):
+            raise TypeError(
+                f"{type(self).__name__} was built on a FactorGraph, which takes no model arguments; got "
+                f"{len(args)} positional and {sorted(kwargs)} keyword ones (build the kernel on a Pyro model to "
+                "pass data to it, or put the evidence in the graph)"
+            )
         if self.fg is None or (self.from_pyro and (args or kwargs)):
             from neuralblock.pyro import from_pyro_model
 
@@ -412,6 +423,27 @@ class GraphKernel(MCMCKernel):
     @abstractmethod
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         """Return the next state."""
+
+
+def check_probability(name: str, value: object) -> float:
+    """``value`` as a float in ``[0, 1]``, or a clear error naming ``name``.
+
+    Example:
+        >>> check_probability("gibbs_prob", 0.5)
+        0.5
+
+    Raises:
+        TypeError: not a real number (a string, a bool, a tensor of several values).
+        ValueError: NaN or outside ``[0, 1]``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        raise TypeError(f"{name} must be a number in [0, 1], got {type(value).__name__} {value!r}")
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise TypeError(f"{name} must be a number in [0, 1], got a tensor of shape {tuple(value.shape)}")
+    number = float(value)
+    if not 0.0 <= number <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return number
 
 
 def discrete_latent_variables(

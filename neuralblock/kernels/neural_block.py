@@ -38,7 +38,7 @@ from torch import Tensor
 
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.graph.supports import is_real
-from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, speculative_width
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
 from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
@@ -327,14 +327,15 @@ class NeuralBlockKernel(GraphKernel):
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self.use_fused = bool(fused)
+        if isinstance(proposals, NeuralBlockProposal):
+            raise TypeError("proposals must be a list of NeuralBlockProposal objects: pass [proposal]")
         proposals = list(proposals)
         if not proposals:
             raise ValueError("NeuralBlockKernel needs at least one proposal")
         for p in proposals:
             if not isinstance(p, NeuralBlockProposal):
                 raise TypeError(f"proposals must be NeuralBlockProposal objects, got {type(p).__name__}")
-        if not 0.0 <= gibbs_prob <= 1.0:
-            raise ValueError(f"gibbs_prob must be in [0, 1], got {gibbs_prob}")
+        gibbs_prob = check_probability("gibbs_prob", gibbs_prob)
         if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
         self.proposals = [p.eval().to(self.device) for p in proposals]

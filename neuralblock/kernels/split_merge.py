@@ -66,7 +66,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup
-from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
@@ -683,8 +683,7 @@ class SplitMergeGMM(GraphKernel):
                 f"got {type(model).__name__}"
             )
         super().__init__(model, chains=chains)
-        if not 0.0 <= gibbs_prob <= 1.0:
-            raise ValueError(f"gibbs_prob must be in [0, 1], got {gibbs_prob}")
+        gibbs_prob = check_probability("gibbs_prob", gibbs_prob)
         if moves_per_sweep is not None and (int(moves_per_sweep) != moves_per_sweep or moves_per_sweep < 1):
             raise ValueError(f"moves_per_sweep must be a positive integer or None, got {moves_per_sweep}")
         if not step_size > 0:

@@ -255,6 +255,28 @@ def _nan_sites(trace: poutine.Trace) -> list[str]:
     return bad
 
 
+def _check_observations(trace: poutine.Trace) -> None:
+    """Every observed value lies in its distribution's support (an invalid one would score as garbage).
+
+    Raises:
+        ValueError: names the site, its first offending values and the support.
+    """
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
+            continue
+        value, fn = torch.as_tensor(site["value"]), cast(Any, site["fn"])
+        try:
+            inside = fn.support.check(value)
+        except (NotImplementedError, RuntimeError, TypeError):  # a support that cannot check this value's shape
+            continue
+        if not bool(torch.as_tensor(inside).all()):
+            shown = value.reshape(-1)[~torch.as_tensor(inside).reshape(-1)][:3].tolist() if value.dim() else value
+            raise ValueError(
+                f"observed site {name!r} has value(s) {shown} outside the support of its "
+                f"{type(fn).__name__} ({fn.support})"
+            )
+
+
 def _defined_trace(model: Callable[..., Any], args: tuple, kwargs: dict) -> poutine.Trace:
     """A prior draw of the model whose log density is not NaN.
 
@@ -728,6 +750,7 @@ def from_pyro_model(model: Callable[..., Any], *args: Any, **kwargs: Any) -> Fac
     if not callable(model):
         raise TypeError(f"model must be callable, got {type(model).__name__}")
     trace = _defined_trace(model, args, kwargs)
+    _check_observations(trace)
     if is_all_discrete(trace):
         return compile_pyro_model(model, args, kwargs)
 

@@ -51,7 +51,8 @@ def find_data_plate(trace: Any, plate: str | None = None, *, shared: bool = Fals
 
     Raises:
         ValueError: ``plate`` is not a plate of the model (or, with ``shared``, holds no observed
-            site), or the plate cannot be told: the message lists the candidates and asks for ``plate=``.
+            site), or the plate cannot be told: the message lists the candidates and asks for ``plate=``;
+            or the plate subsamples (``subsample_size``): the kernels draw their own sections.
 
     Example:
         >>> import pyro, pyro.distributions as dist
@@ -88,6 +89,13 @@ def find_data_plate(trace: Any, plate: str | None = None, *, shared: bool = Fals
         name = found[0]
     if name not in plates:
         raise ValueError(f"the data plate {name!r} must be a pyro.plate with a size")
+    subsample = plates[name]["fn"]
+    if subsample.subsample_size is not None and int(subsample.subsample_size) < int(subsample.size):
+        raise ValueError(
+            f"the data plate {name!r} subsamples (size {int(subsample.size)}, subsample_size "
+            f"{int(subsample.subsample_size)}): {owner or 'the kernel'} draws its own sections; drop subsample_size "
+            f"and index the data by the plate's indices (with pyro.plate({name!r}, N) as idx: ... y[idx])"
+        )
     frame = frames.get(name)
     return DataPlate(name, int(plates[name]["fn"].size), None if frame is None else frame.dim)
 
