@@ -169,7 +169,14 @@ def test_a_conditioned_default_keeps_the_laplace_walk_and_drops_only_the_proxy()
     precision = 0.01 + N * float(tau)
     assert kernel._cv_point is None and kernel._scale is not None
     assert math.isclose(float(kernel._scale), precision**-0.5, rel_tol=1e-3)
-    assert not kernel._adapt and math.isclose(kernel.step_size, 2.38, rel_tol=1e-6)
+    assert kernel._adapt and math.isclose(kernel.step_size, 2.38, rel_tol=1e-6)  # (the held values move later)
+    given = AusterityMH(held_fixed, sites=["mu"], epsilon=0.05, proposal_scale=0.1, normality_check=False)
+    given.condition_on({"tau": tau, "z": z})
+    searches = []
+    search = given._find_mode
+    given._find_mode = lambda *a, **k: searches.append(1) or search(*a, **k)  # type: ignore[method-assign]
+    given.setup(0, y)
+    assert math.isclose(float(given._scale), 0.1, rel_tol=1e-6) and not searches  # a given scale: no mode search
     unconditioned = AusterityMH(normal_mean, epsilon=0.05, batch_size=100, normality_check=False)
     unconditioned.setup(0, DATA)
     assert unconditioned._cv_point is not None

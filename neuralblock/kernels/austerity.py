@@ -244,7 +244,7 @@ class AusterityMH(MCMCKernel):
             variate (the seed paper's test, which is biased on correlated or heavy-tailed data:
             see the bias bench). Not used with :meth:`condition_on` (a ``"mode"`` default is
             dropped when it is called, given values raise); a ``"mode"`` default conditioned before ``setup``
-            still shapes the walk by the Laplace covariance of the conditional at setup.
+            still shapes the walk by the Laplace covariance of the conditional at setup (its step then adapted).
         control_variate_hessian: the Hessian ``[d, d]`` of the summed section log-likelihoods at
             the control-variate point, in the flat unconstrained coordinates, if already known; skips the
             ``d`` autograd passes over the data at setup. The likelihood's alone: a Laplace fit's Hessian of
@@ -609,7 +609,8 @@ class AusterityMH(MCMCKernel):
         self._adapt = self.adapt_step_size if self.adapt_step_size is not None else True
         if scale is None and laplace is not None and self.proposal is None:
             scale = laplace
-            self._adapt = bool(self.adapt_step_size)
+            # at the mode the Laplace walk needs no tuning; a conditional's shape at setup may need its step tuned
+            self._adapt = bool(self.adapt_step_size) if self._cv_mode else self.adapt_step_size is not False
         self._scale = None if scale is None else self._walk_factor(scale)
         initial = self._step_arg if self._step_arg is not None else 2.38 / math.sqrt(self.dim)
         if keep_step and hasattr(self, "adapter"):
@@ -645,7 +646,7 @@ class AusterityMH(MCMCKernel):
         self._cv_grad: Tensor | None = None
         self._cv_hess: Tensor | None = None
         if self._cv_arg is None and (not self._cv_mode or self.epsilon == 0):  # exact MH needs no proxy
-            if self._laplace_walk and not self._cv_mode and self.epsilon > 0:  # dropped by condition_on
+            if self._conditioned_laplace():  # the proxy was dropped by condition_on; the walk's shape is not
                 return self._laplace_covariance(z0)
             return None
         if self._cv_arg is not None:
@@ -688,12 +689,20 @@ class AusterityMH(MCMCKernel):
         except RuntimeError:
             return None
 
+    def _conditioned_laplace(self) -> bool:
+        """Whether the walk takes the Laplace shape of the conditional at setup (a ``"mode"`` default dropped by
+        :meth:`condition_on`, an approximate test, no ``proposal_scale`` or ``proposal`` given)."""
+        return (
+            self._laplace_walk and not self._cv_mode and self.epsilon > 0
+            and self._scale_arg is None and self.proposal is None
+        )  # fmt: skip
+
     def _laplace_covariance(self, z0: Tensor) -> Tensor | None:
         """The Laplace covariance at the posterior mode found from ``z0`` (the other sites held), or ``None``.
 
         The walk's shape where the control variate is dropped (:meth:`condition_on`): its O(N) proxy sum would
-        depend on the other sites' values, but a proposal scale fixed at setup keeps MH exact, and the data
-        usually set the posterior's scale far more than those values do.
+        depend on the other sites' values, but a proposal scale fixed at setup keeps MH exact; the step is
+        still adapted during warmup (on exact decisions), since those values move after setup.
         """
         mode, _, _, log_post = self._find_mode(z0.detach().clone())
         if mode is None:
