@@ -26,7 +26,8 @@ def test_joint_dpm_quick_writes_outputs(tmp_path: Path) -> None:
         assert math.isclose(sum(run["time_split"].values()), 1.0, rel_tol=1e-6)
         assert run["w_transitions"] > 0 and run["final_clusters"] >= 1
         fraction = run["data_fraction_per_w_update"]
-        assert fraction == 1.0 if label == "exact MH" else 0.0 < fraction <= 1.0
+        # (sums of per-cluster means times counts: equal to 1 up to rounding for exact MH)
+        assert math.isclose(fraction, 1.0, rel_tol=1e-9) if label == "exact MH" else 0.0 < fraction <= 1.0 + 1e-9
     costs = seed["kernel_costs"]
     assert costs["exact MH"]["data_fraction"] == 1.0 and costs["ms_per_model_run_all"] > 0
     assert all(

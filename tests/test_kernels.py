@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -157,6 +158,30 @@ def test_warmup_is_counted_by_the_kernel() -> None:
     mcmc.run()
     assert kernel.diagnostics()["mean_step_size"] < 5.0
     assert kernel._t == 350
+
+
+def _mixture(obs: torch.Tensor) -> None:
+    import pyro
+    import pyro.distributions as dist
+
+    p = pyro.sample("p", dist.Beta(2.0, 2.0))
+    for i in range(len(obs)):
+        z = pyro.sample(f"z{i}", dist.Bernoulli(p))
+        pyro.sample(f"y{i}", dist.Normal(2.0 * z - 1.0, 0.7), obs=obs[i])
+
+
+def test_a_kernel_run_alone_warns_about_the_latent_sites_it_leaves_at_their_start() -> None:
+    from neuralblock import CompoundKernel
+
+    obs = torch.tensor([1.0, 0.7, -1.2])
+    with pytest.warns(RuntimeWarning, match=r"GibbsKernel leaves 1 latent variable\(s\) at their start \(\['p'\]\)"):
+        GibbsKernel(_mixture).setup(0, obs)
+    with pytest.warns(RuntimeWarning, match=r"RandomWalkMH leaves 3 latent variable\(s\).*'z0', 'z1', 'z2'"):
+        RandomWalkMH(_mixture).setup(0, obs)
+    with warnings.catch_warnings():  # in a compound sampler the other sites are another block's; or asked for
+        warnings.simplefilter("error", RuntimeWarning)
+        CompoundKernel([(GibbsKernel(_mixture), None), (RandomWalkMH(_mixture), ["p"])]).setup(0, obs)
+        GibbsKernel(_mixture, variables=["z0", "z1", "z2"]).setup(0, obs)
 
 
 def test_kernel_rejects_bad_inputs() -> None:

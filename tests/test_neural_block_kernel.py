@@ -208,6 +208,8 @@ def test_rejects_bad_configuration() -> None:
         NeuralBlockKernel(fg, proposals=["grid"])
     with pytest.raises(TypeError, match=r"pass \[proposal\]"):
         NeuralBlockKernel(fg, proposals=proposal)
+    with pytest.raises(TypeError, match="a list of NeuralBlockProposal objects, got NoneType"):
+        NeuralBlockKernel(fg, proposals=None)
     for wrong_type in ("0.5", True, torch.ones(2)):
         with pytest.raises(TypeError, match="gibbs_prob must be a number"):
             NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=wrong_type)

@@ -252,7 +252,22 @@ def test_cli_trains_and_maps_options(tmp_path, capsys, monkeypatch):
     assert sidecar["motif"]["options"] == {"scale": 1.5, "seed": 0, "enumerable": True}
     assert sidecar["network"]["hidden"] == [8, 8]
     assert (tmp_path / "toy-cli.ckpt").exists()
-    assert "wrote" in capsys.readouterr().out
+    assert f"wrote {out}.safetensors and {out}.json" in capsys.readouterr().out
+
+
+def test_cli_names_the_files_it_wrote_for_an_out_with_a_suffix(tmp_path, capsys):
+    argv = ["--motif", "toy", "--steps", "2", "--batch-size", "8", "--hidden", "8", "--val-size", "8", "--no-progress"]
+    code = main([*argv, "--out", str(tmp_path / "named.json"), "--logdir", str(tmp_path / "runs")])
+    assert code == 0 and (tmp_path / "named.safetensors").exists() and (tmp_path / "named.json").exists()
+    assert f"wrote {tmp_path / 'named.safetensors'} and {tmp_path / 'named.json'}" in capsys.readouterr().out
+
+
+def test_a_user_library_that_is_not_a_folder_is_named(tmp_path, monkeypatch):
+    from neuralblock import load_pretrained
+
+    monkeypatch.setenv("NEURALBLOCK_LIBRARY", str(tmp_path / "mistyped"))
+    with pytest.raises(ValueError, match=r"NEURALBLOCK_LIBRARY='.*mistyped' is not a folder"):
+        load_pretrained("mine")
 
 
 def test_parse_option_value():

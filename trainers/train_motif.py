@@ -28,6 +28,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import torch  # noqa: E402
 
+from neuralblock.proposals.proposal import proposal_files  # noqa: E402
 from trainers.library import library_folder, register_proposal  # noqa: E402
 from trainers.trainer import MAX_SEED, ConfigError, TrainConfig, check_resume, check_writable, train  # noqa: E402
 
@@ -429,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     del proposal
     if os.environ.get("RANK", "0") == "0":
         summary = {k: v for k, v in metrics.items() if k != "history"}
-        print(f"wrote {config.out}.safetensors and {config.out}.json")
+        weights, sidecar = proposal_files(config.out)
+        print(f"wrote {weights} and {sidecar}")
         if args.register and metrics.get("finished"):
             index = library_folder(args.library) / "index.json"
             register_proposal(config.out, args.register, index_path=index)

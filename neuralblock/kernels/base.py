@@ -22,6 +22,7 @@ own shape. Pyro's ``num_chains`` (processes) multiplies with ``chains``.
 from __future__ import annotations
 
 import time
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import cast
@@ -36,7 +37,14 @@ from neuralblock.kernels.conditioning import ConditionedModel, values_changed
 from neuralblock.kernels.vocabulary import per_second
 from neuralblock.pyro.compile import PyroGraph, params_to_state, prior_states, state_to_params
 
-__all__ = ["GraphKernel", "check_probability", "discrete_latent_variables", "find_valid_start", "sequential_init"]
+__all__ = [
+    "GraphKernel",
+    "check_probability",
+    "discrete_latent_variables",
+    "find_valid_start",
+    "sequential_init",
+    "warn_frozen",
+]
 
 STATE_SITE = "x"
 
@@ -444,6 +452,26 @@ def check_probability(name: str, value: object) -> float:
     if not 0.0 <= number <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
     return number
+
+
+def warn_frozen(fg: FactorGraph, updated: list[int], kernel: str, standalone: bool, other: str) -> None:
+    """Warn when a kernel run on its own leaves latent variables it does not update at their start.
+
+    ``standalone``: the kernel chose its variables itself and no compound sampler conditions it (inside a
+    ``CompoundKernel`` the other sites are another block's). ``other``: what to use for them.
+    """
+    if not standalone:
+        return
+    frozen = sorted(set(fg.latent.tolist()) - set(updated))
+    if frozen:
+        names = [fg.names[v] for v in frozen]
+        warnings.warn(
+            f"{kernel} leaves {len(frozen)} latent variable(s) at their start ({names[:5]}"
+            f"{', ...' if len(names) > 5 else ''}): their draws will be constant. Sample them too (a CompoundKernel "
+            f"with {other}), or pass variables= to say that holding them is intended",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def discrete_latent_variables(

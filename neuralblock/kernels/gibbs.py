@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
-from neuralblock.kernels.base import GraphKernel, discrete_latent_variables
+from neuralblock.kernels.base import GraphKernel, discrete_latent_variables, warn_frozen
 from neuralblock.kernels.functional import gibbs_sample, use_numpy
 from neuralblock.kernels.jit import JIT_MAX_ENTRIES, NUMBA, gibbs_class, timed_first_call
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
@@ -586,6 +586,8 @@ class GibbsKernel(GraphKernel):
         variables = discrete_latent_variables(fg, self._variables_arg, "GibbsKernel")
         if not variables:
             raise ValueError("GibbsKernel found no discrete latent variable to update")
+        standalone = self._variables_arg is None and self._conditioned is None and type(self) is GibbsKernel
+        warn_frozen(fg, variables, "GibbsKernel", standalone, "RandomWalkMH or NUTS(ConditionedModel(model))")
         self.variables = variables
         self.plan = GibbsPlan(fg, variables, self.device, compile=self.compile)
 

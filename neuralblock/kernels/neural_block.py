@@ -329,6 +329,8 @@ class NeuralBlockKernel(GraphKernel):
         self.use_fused = bool(fused)
         if isinstance(proposals, NeuralBlockProposal):
             raise TypeError("proposals must be a list of NeuralBlockProposal objects: pass [proposal]")
+        if not isinstance(proposals, Sequence):
+            raise TypeError(f"proposals must be a list of NeuralBlockProposal objects, got {type(proposals).__name__}")
         proposals = list(proposals)
         if not proposals:
             raise ValueError("NeuralBlockKernel needs at least one proposal")

@@ -59,6 +59,7 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
+from neuralblock.kernels.conditioning import ConditionedModel
 from neuralblock.kernels.vocabulary import KernelDiagnostics
 from neuralblock.replay import FusedPotential
 from neuralblock.replay_numpy import NUMPY_DTYPES
@@ -175,7 +176,9 @@ class DirectNUTS(MCMCKernel):
     """The No-U-Turn sampler on a flat parameter vector, with one value-and-gradient call per leapfrog.
 
     Args:
-        model: a Pyro model (give either ``model`` or ``potential_fn``).
+        model: a Pyro model (give either ``model`` or ``potential_fn``). On a
+            :class:`~neuralblock.kernels.conditioning.ConditionedModel` (the global slot of a ``CompoundKernel``)
+            the potential is Pyro's, one model run per leapfrog step, which reads the held values as they move.
         potential_fn: ``{site: unconstrained value} -> scalar`` minus the log density, as for
             Pyro's NUTS; a :class:`~neuralblock.replay.FusedPotential` is called through its
             ``value_and_grad``.
@@ -255,7 +258,7 @@ class DirectNUTS(MCMCKernel):
         potential, grad = self._value_and_grad(z)
         if not (math.isfinite(potential) and math.isfinite(float((grad * 0).sum()))):
             raise ValueError(f"DirectNUTS: the potential or its gradient is not finite at the start ({potential})")
-        self._z, self._potential, self._grad = z, potential, grad
+        self._z, self._potential, self._grad, self._stale = z, potential, grad, False
         self._inverse_mass = z * 0 + 1
         self._schedule = WindowSchedule.for_warmup(self._warmup_steps)
         self._iteration = 0
@@ -270,8 +273,8 @@ class DirectNUTS(MCMCKernel):
         start = time.perf_counter()
         flat = torch.cat([params[s].detach().reshape(-1).to(self._dtype) for s in self._sites])
         z = flat.cpu().numpy() if self._numpy else flat.to(self._device)
-        if not bool((z == self._z).all()):  # the caller moved the state (e.g. another kernel): re-evaluate
-            self._z = z
+        if self._stale or not bool((z == self._z).all()):  # the state or the held sites moved: re-evaluate
+            self._z, self._stale = z, False
             self._potential, self._grad = self._value_and_grad(z)
         tree_accept, leaves, diverging = self._iterate()
         warmup = self._iteration < self._warmup_steps
@@ -287,6 +290,14 @@ class DirectNUTS(MCMCKernel):
         self._iteration += 1
         self._last_accept = tree_accept
         return self._params(self._z)
+
+    def clear_cache(self) -> None:
+        """Forget the potential cached at the current state: the sites a compound sampler holds fixed moved.
+
+        :func:`~neuralblock.kernels.conditioning.set_conditioning` calls it for a kernel built on a
+        :class:`~neuralblock.kernels.conditioning.ConditionedModel`.
+        """
+        self._stale = True
 
     def logging(self) -> dict[str, float]:
         """Step size and the last iteration's acceptance statistic (for Pyro's progress bar)."""
@@ -314,6 +325,9 @@ class DirectNUTS(MCMCKernel):
         self.transforms = transforms
         if self._initial_params is None:
             self._initial_params = {k: v.detach() for k, v in init.items()}
+        if isinstance(model, ConditionedModel):  # its held values change between calls: a traced graph freezes them
+            self.potential_fn = pyro_potential
+            return
         try:
             self.potential_fn = LogLikelihood(model, *args, **kwargs).potential_fn(
                 {name: transforms[name] for name in init}

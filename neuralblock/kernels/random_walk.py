@@ -41,7 +41,7 @@ from torch.distributions import Transform, biject_to
 
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.kernels.adaptation import StepSizeAdapter
-from neuralblock.kernels.base import GraphKernel
+from neuralblock.kernels.base import GraphKernel, warn_frozen
 from neuralblock.kernels.functional import mh_decide, random_walk_propose
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.pyro.compile import fixed_sites_at, replay_with_fixed_sites
@@ -267,6 +267,8 @@ class RandomWalkMH(GraphKernel):
         variables = continuous_latent(fg, self._variables_arg, "RandomWalkMH")
         if not variables:
             raise ValueError("RandomWalkMH found no continuous latent variable to update")
+        standalone = self._variables_arg is None and self._conditioned is None and type(self) is RandomWalkMH
+        warn_frozen(fg, variables, "RandomWalkMH", standalone, "GibbsKernel")
         self.variables = variables
         self.plan = RandomWalkPlan(fg, variables, self.initial_step_size, self.target_accept)
 

@@ -124,7 +124,11 @@ def load_pretrained(name: str, device: str | torch.device | None = None) -> Neur
     found = _find(name)
     if found is None:
         known = ", ".join(list_pretrained()) or "(none)"
-        raise ValueError(f"no pretrained proposal {name!r}; known: {known}")
+        user = user_library_dir()
+        hint = ""
+        if user is not None and not user.is_dir():  # a mistyped NEURALBLOCK_LIBRARY would otherwise go unnoticed
+            hint = f"; {LIBRARY_ENV}={str(user)!r} is not a folder"
+        raise ValueError(f"no pretrained proposal {name!r}; known: {known}{hint}")
     folder, entry = found
     return NeuralBlockProposal.load(folder / entry["file"], device=device)
 
