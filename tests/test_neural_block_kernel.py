@@ -335,3 +335,21 @@ def test_gibbs_prob_zero_warns_when_variables_lie_in_no_block() -> None:
     kernel = NeuralBlockKernel(fg, proposals=[load_pretrained("chain")], gibbs_prob=0.0)
     with pytest.warns(RuntimeWarning, match="not ergodic"):
         kernel.setup(0)
+
+
+def _grid_with_offset(y: torch.Tensor) -> None:
+    import pyro
+    import pyro.distributions as dist
+
+    theta = pyro.sample("theta", dist.Normal(0.0, 1.0))
+    a = pyro.sample("a", dist.Bernoulli(logits=theta))
+    b = pyro.sample("b", dist.Bernoulli(logits=theta + a))
+    pyro.sample("y", dist.Normal(theta + b, 1.0), obs=y)
+
+
+def test_a_model_whose_continuous_sites_hide_the_tables_says_how_to_hold_them() -> None:
+    from neuralblock import load_pretrained
+
+    proposal = load_pretrained("grid-bn-2x2")
+    with pytest.raises(ValueError, match=r"continuous latent sites \['theta'\] keep .* CompoundKernel"):
+        NeuralBlockKernel(_grid_with_offset, proposals=[proposal]).setup(0, torch.tensor(0.5))

@@ -276,3 +276,9 @@ def test_mdn_scale_groups_give_each_group_its_own_scale() -> None:
     assert torch.allclose(q.log_prob(value), direct, atol=1e-5)
     with pytest.raises(ValueError, match="scale_groups"):
         MixtureDensityNetwork(2, [0, 0], components=1, scale_groups=[1, 1])
+
+
+def test_loading_a_folder_says_a_proposals_path_is_its_stem(tmp_path) -> None:
+    (tmp_path / "mine.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"is a folder; give a proposal's path without suffix.*holds mine"):
+        NeuralBlockProposal.load(tmp_path)

@@ -404,7 +404,17 @@ class NeuralBlockKernel(GraphKernel):
                 )
         if sum(self.num_instances) == 0:
             wanted = "; ".join(f"{p.motif.name} looks for {p.motif.describe()}" for p in self.proposals)
-            raise ValueError(f"no instance of the proposals' motifs was found in this model: {wanted}; {_summary(fg)}")
+            hint = ""
+            continuous = [fg.names[v] for v in fg.latent.tolist() if fg.cardinality(v) == 0]
+            if continuous and self.from_pyro and any(fg.cardinality(v) > 0 for v in fg.latent.tolist()):
+                hint = (  # the discrete sites' tables exist only once the continuous ones are held fixed
+                    f" (the continuous latent sites {continuous[:5]} keep the discrete sites' factors from being "
+                    "tables: sample them in another block of a CompoundKernel, e.g. [(NeuralBlockKernel(model, "
+                    "proposals=...), None), (RandomWalkMH(model), [those sites])])"
+                )
+            raise ValueError(
+                f"no instance of the proposals' motifs was found in this model: {wanted}; {_summary(fg)}{hint}"
+            )
         self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel", self.device, self.compile)
         if self.gibbs_prob == 0.0:
             covered = set()

@@ -122,6 +122,21 @@ def proposal_files(path: str | os.PathLike) -> tuple[Path, Path]:
     return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
 
 
+def _not_a_folder(path: str | os.PathLike) -> None:
+    """Refuse a folder where a proposal's path is read (the message lists the proposals in it).
+
+    Raises:
+        FileNotFoundError: ``path`` is a folder.
+    """
+    base = Path(path)
+    if base.is_dir():  # e.g. pretrained/ or a training run's folder: the files' stem is needed
+        stems = sorted({p.stem for p in base.glob("*.safetensors")})[:5]
+        raise FileNotFoundError(
+            f"{base} is a folder; give a proposal's path without suffix (folder/name for folder/name.safetensors "
+            f"and folder/name.json){'; it holds ' + ', '.join(stems) if stems else ''}"
+        )
+
+
 def _json_int(text: str) -> int:
     """``parse_int`` for sidecars: refuse integers longer than :data:`MAX_JSON_INT_DIGITS` digits."""
     if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
@@ -235,6 +250,7 @@ class NeuralBlockProposal(nn.Module):
     @classmethod
     def read_sidecar(cls, path: str | os.PathLike) -> dict[str, Any]:
         """Parse and check the structure of a sidecar file."""
+        _not_a_folder(path)
         _, sidecar_path = proposal_files(path)
         data = read_bounded(sidecar_path, MAX_SIDECAR_BYTES, "proposal sidecar")
         try:
