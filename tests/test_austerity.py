@@ -180,9 +180,19 @@ def test_a_conditioned_default_keeps_the_laplace_walk_and_drops_only_the_proxy()
     unconditioned = AusterityMH(normal_mean, epsilon=0.05, batch_size=100, normality_check=False)
     unconditioned.setup(0, DATA)
     assert unconditioned._cv_point is not None
-    unconditioned.condition_on({})  # e.g. a compound sampler's first sweep, after setup
-    assert unconditioned._cv_point is None and unconditioned._cv_rows is None
-    assert float(unconditioned._proxy_sum(torch.zeros(1), torch.ones(1))) == 0.0
+    unconditioned.condition_on({})  # nothing held: the proxy stays valid
+    assert unconditioned._cv_point is not None
+    conditioned_after = AusterityMH(held_fixed, sites=["mu"], epsilon=0.05, batch_size=100, normality_check=False)
+    conditioned_after.setup(0, y)
+    assert conditioned_after._cv_point is not None
+    conditioned_after.condition_on({"tau": tau, "z": z})  # e.g. a compound sampler's first sweep, after setup
+    assert conditioned_after._cv_point is None and conditioned_after._cv_rows is None
+    assert float(conditioned_after._proxy_sum(torch.zeros(1), torch.ones(1))) == 0.0
+    searches = []
+    search = kernel._find_mode
+    kernel._find_mode = lambda *a, **k: searches.append(1) or search(*a, **k)  # type: ignore[method-assign]
+    kernel.restrict(torch.arange(50), {"mu": torch.tensor(1.5)}, proposal_scale=0.2)
+    assert not searches and math.isclose(float(kernel._scale), 0.2, rel_tol=1e-6)  # the given scale: no search
 
 
 def test_a_chain_that_hardly_moves_after_warmup_is_warned_about() -> None:

@@ -282,3 +282,10 @@ def test_loading_a_folder_says_a_proposals_path_is_its_stem(tmp_path) -> None:
     (tmp_path / "mine.safetensors").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match=r"is a folder; give a proposal's path without suffix.*holds mine"):
         NeuralBlockProposal.load(tmp_path)
+
+
+def test_a_folder_named_like_a_proposal_beside_its_files_does_not_hide_them(tmp_path) -> None:
+    proposal = load_pretrained("chain")
+    proposal.save(tmp_path / "chain")
+    (tmp_path / "chain").mkdir()  # e.g. train-motif's default logdir runs/<name of --out>
+    assert NeuralBlockProposal.load(tmp_path / "chain").motif.name == "chain"

@@ -685,9 +685,11 @@ class AusterityMH(MCMCKernel):
         if log_post is None:
             return None
         try:  # the Laplace covariance: minus the inverse Hessian of the log posterior at the mode
-            return torch.linalg.inv(-log_post.double()).to(point.dtype)
+            covariance = torch.linalg.inv(-log_post.double())
+            torch.linalg.cholesky(covariance.to(point.dtype).double())  # a maximum (else the plain walk)
         except RuntimeError:
             return None
+        return covariance.to(point.dtype)
 
     def _conditioned_laplace(self) -> bool:
         """Whether the walk takes the Laplace shape of the conditional at setup (a ``"mode"`` default dropped by
@@ -695,6 +697,7 @@ class AusterityMH(MCMCKernel):
         return (
             self._laplace_walk and not self._cv_mode and self.epsilon > 0
             and self._scale_arg is None and self.proposal is None
+            and (self._restriction is None or self._restriction.scale is None)
         )  # fmt: skip
 
     def _laplace_covariance(self, z0: Tensor) -> Tensor | None:
@@ -709,7 +712,7 @@ class AusterityMH(MCMCKernel):
             return None
         try:
             covariance = torch.linalg.inv(-log_post.double())
-            torch.linalg.cholesky(covariance)
+            torch.linalg.cholesky(covariance.to(z0.dtype).double())
         except RuntimeError:  # not a maximum: keep the plain walk
             return None
         return covariance.to(z0.dtype)
@@ -855,9 +858,10 @@ class AusterityMH(MCMCKernel):
             raise TypeError(f"values must be a dict of site -> tensor, got {type(values).__name__}")
         if self._cv_arg is not None:
             raise ValueError("condition_on cannot be combined with control_variate (its O(N) sum depends on them)")
-        self._cv_mode = False  # the default control variate is dropped: its O(N) sum would depend on these values
-        self._cv_point = self._cv_grad = self._cv_hess = self._cv_rows = None  # (set up before: dropped now)
-        self._stage_replay = None
+        if values:  # the default control variate is dropped: its O(N) sum would depend on these values
+            self._cv_mode = False
+            self._cv_point = self._cv_grad = self._cv_hess = self._cv_rows = None  # (set up before: dropped now)
+            self._stage_replay = None
         own = [k for k in values if k in self.sites]
         if own:
             raise ValueError(f"condition_on got sites {own} that this kernel updates")

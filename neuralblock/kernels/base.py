@@ -21,6 +21,7 @@ own shape. Pyro's ``num_chains`` (processes) multiplies with ``chains``.
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 from abc import abstractmethod
@@ -444,7 +445,7 @@ def check_probability(name: str, value: object) -> float:
         TypeError: not a real number (a string, a bool, a tensor of several values).
         ValueError: NaN or outside ``[0, 1]``.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)):
         raise TypeError(f"{name} must be a number in [0, 1], got {type(value).__name__} {value!r}")
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         raise TypeError(f"{name} must be a number in [0, 1], got a tensor of shape {tuple(value.shape)}")

@@ -329,9 +329,12 @@ class NeuralBlockKernel(GraphKernel):
         self.use_fused = bool(fused)
         if isinstance(proposals, NeuralBlockProposal):
             raise TypeError("proposals must be a list of NeuralBlockProposal objects: pass [proposal]")
-        if not isinstance(proposals, Sequence):
-            raise TypeError(f"proposals must be a list of NeuralBlockProposal objects, got {type(proposals).__name__}")
-        proposals = list(proposals)
+        try:
+            proposals = list(proposals)
+        except TypeError as err:
+            raise TypeError(
+                f"proposals must be a list of NeuralBlockProposal objects, got {type(proposals).__name__}"
+            ) from err
         if not proposals:
             raise ValueError("NeuralBlockKernel needs at least one proposal")
         for p in proposals:

@@ -129,7 +129,7 @@ def _not_a_folder(path: str | os.PathLike) -> None:
         FileNotFoundError: ``path`` is a folder.
     """
     base = Path(path)
-    if base.is_dir():  # e.g. pretrained/ or a training run's folder: the files' stem is needed
+    if base.is_dir() and not proposal_files(base)[1].exists():  # a folder, and no files of that stem beside it
         stems = sorted({p.stem for p in base.glob("*.safetensors")})[:5]
         raise FileNotFoundError(
             f"{base} is a folder; give a proposal's path without suffix (folder/name for folder/name.safetensors "

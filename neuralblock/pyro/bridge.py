@@ -264,13 +264,16 @@ def _check_observations(trace: poutine.Trace) -> None:
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
             continue
+        if site.get("mask") is not None or (site.get("infer") or {}).get("_deterministic"):  # masked: not scored
+            continue
         value, fn = torch.as_tensor(site["value"]), cast(Any, site["fn"])
         try:
-            inside = fn.support.check(value)
-        except (NotImplementedError, RuntimeError, TypeError):  # a support that cannot check this value's shape
+            inside = torch.as_tensor(fn.support.check(value))
+        except (NotImplementedError, RuntimeError, TypeError, ValueError):  # a support that cannot check this value
             continue
-        if not bool(torch.as_tensor(inside).all()):
-            shown = value.reshape(-1)[~torch.as_tensor(inside).reshape(-1)][:3].tolist() if value.dim() else value
+        if not bool(inside.all()):
+            flat = value.reshape(-1)
+            shown = flat[~inside.reshape(-1)][:3].tolist() if inside.numel() == flat.numel() else flat[:3].tolist()
             raise ValueError(
                 f"observed site {name!r} has value(s) {shown} outside the support of its "
                 f"{type(fn).__name__} ({fn.support})"
