@@ -148,10 +148,9 @@ def test_loading_rejects_non_finite_weights_and_malformed_sidecars(tmp_path) -> 
         NeuralBlockProposal.load(tmp_path / "p")
 
 
+@pytest.mark.timeout(60)  # a reader that followed /dev/zero would hang: fail fast instead
 def test_unbounded_or_odd_files_are_refused_before_reading(tmp_path) -> None:
     """Issue 23: /dev/zero links, directories, oversized files, huge integers and a motif name."""
-    import time
-
     proposal = NeuralBlockProposal(motifs.get("grid", family="mrf", size=2), components=2, hidden=(8,))
     proposal.save(tmp_path / "p")
     good_sidecar = (tmp_path / "p.json").read_bytes()
@@ -159,10 +158,8 @@ def test_unbounded_or_odd_files_are_refused_before_reading(tmp_path) -> None:
         saved = (tmp_path / name).read_bytes()
         (tmp_path / name).unlink()
         (tmp_path / name).symlink_to("/dev/zero")
-        start = time.perf_counter()
-        with pytest.raises(ValueError, match=rf"{label} .*{name} is not a regular file"):
+        with pytest.raises(ValueError, match=rf"{label} .*{name} is not a regular file"):  # refused, not read
             NeuralBlockProposal.load(tmp_path / "p")
-        assert time.perf_counter() - start < 1.0
         (tmp_path / name).unlink()
         (tmp_path / name).mkdir()
         with pytest.raises(ValueError, match=rf"{label} .*{name} is a directory, expected a file"):

@@ -682,14 +682,7 @@ class AusterityMH(MCMCKernel):
         self._cv_rows = self._section_gradients(point) if self._cv_mode and self._cv_arg is None else None
         if self._cv_rows is not None:  # first-order proxies: their exact sum has no Hessian term
             self._cv_grad, self._cv_hess = self._cv_rows.sum(0).to(point.dtype), torch.zeros_like(self._cv_hess)
-        if log_post is None:
-            return None
-        try:  # the Laplace covariance: minus the inverse Hessian of the log posterior at the mode
-            covariance = torch.linalg.inv(-log_post.double())
-            torch.linalg.cholesky(covariance.to(point.dtype).double())  # a maximum (else the plain walk)
-        except RuntimeError:
-            return None
-        return covariance.to(point.dtype)
+        return None if log_post is None else _laplace(log_post, point.dtype)
 
     def _conditioned_laplace(self) -> bool:
         """Whether the walk takes the Laplace shape of the conditional at setup (a ``"mode"`` default dropped by
@@ -708,14 +701,7 @@ class AusterityMH(MCMCKernel):
         still adapted during warmup (on exact decisions), since those values move after setup.
         """
         mode, _, _, log_post = self._find_mode(z0.detach().clone())
-        if mode is None:
-            return None
-        try:
-            covariance = torch.linalg.inv(-log_post.double())
-            torch.linalg.cholesky(covariance.to(z0.dtype).double())
-        except RuntimeError:  # not a maximum: keep the plain walk
-            return None
-        return covariance.to(z0.dtype)
+        return None if mode is None else _laplace(log_post, z0.dtype)
 
     def _section_gradients(self, point: Tensor) -> Tensor | None:
         """Per-section gradients ``[N, d]`` at ``point`` (forward mode, all ``d`` directions at once), or ``None``.
@@ -1392,6 +1378,17 @@ class AusterityMH(MCMCKernel):
     def _values(self, z: Tensor) -> dict[str, Tensor]:
         """Constrained values of every latent site: the updated ones at flat ``z``, the others held fixed."""
         return self.layout.constrain_point(z, self._fixed)
+
+
+def _laplace(log_post_hessian: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """Minus the inverse of a log-posterior Hessian, in ``dtype``; ``None`` unless it is positive definite there
+    (not a maximum: the walk keeps its plain shape)."""
+    try:
+        covariance = torch.linalg.inv(-log_post_hessian.double()).to(dtype)
+        torch.linalg.cholesky(covariance.double())
+    except RuntimeError:
+        return None
+    return covariance
 
 
 def _grad_or_zero(output: Tensor, wrt: Tensor, **kwargs: Any) -> Tensor:
