@@ -93,6 +93,7 @@ def run_instance(name: str, args: argparse.Namespace) -> dict[str, Any]:
             chains=args.chains,
             adapt=False,
             tempered_proposals=tempered,
+            neural_replicas=None,  # every temperature's block acceptance
         )
         MCMC(kernel, num_samples=args.samples, warmup_steps=args.warmup, disable_progbar=True).run()
         diagnostics = kernel.diagnostics()

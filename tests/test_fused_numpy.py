@@ -71,11 +71,21 @@ CASES = {
     "plain": lambda q: NeuralBlockKernel(chain_graph(seed=4, evidence=True), [q], gibbs_prob=0.2, chains=6),
     "one chain": lambda q: NeuralBlockKernel(chain_graph(seed=5), [q], gibbs_prob=0.0, chains=1),
     # warmup: untempered rows with the beta correction; after it: each temperature's own rows
-    "tempered": lambda q: ReplicaExchange(chain_graph(seed=4), [q], replicas=3, max_temperature=4.0, chains=2),
+    "tempered": lambda q: ReplicaExchange(
+        chain_graph(seed=4), [q], replicas=3, max_temperature=4.0, chains=2, neural_replicas=None
+    ),
+    "coldest replica neural, covers": lambda q: ReplicaExchange(
+        chain_graph(seed=4), [q], replicas=4, chains=2, neural_replicas=1
+    ),
     "untempered rows": lambda q: ReplicaExchange(
         chain_graph(seed=4), [q], replicas=3, max_temperature=4.0, chains=2, tempered_proposals=False
     ),
-    "soft zeros": lambda q: ReplicaExchange(constrained_chain(seed=4), [q], replicas=4, max_temperature=6.0, chains=2),
+    "soft zeros": lambda q: ReplicaExchange(
+        constrained_chain(seed=4), [q], replicas=4, max_temperature=6.0, chains=2, neural_replicas=None
+    ),
+    "soft zeros, T = 1 neural": lambda q: ReplicaExchange(
+        constrained_chain(seed=4), [q], replicas=4, max_temperature=6.0, chains=2
+    ),
     "soft zeros, untempered": lambda q: ReplicaExchange(
         constrained_chain(seed=4), [q], replicas=4, max_temperature=6.0, chains=2, tempered_proposals=False
     ),

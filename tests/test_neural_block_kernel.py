@@ -21,7 +21,7 @@ from torch.distributions import constraints
 from neuralblock import FactorGraph, NeuralBlockKernel, load_pretrained
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.kernels.base import sequential_init
-from neuralblock.kernels.neural_block import speculative_block_step, speculative_width
+from neuralblock.kernels.neural_block import disjoint_covers, speculative_block_step, speculative_width
 from neuralblock.motif import BlockSpec, Motif, MotifInstances, register_motif
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -67,16 +67,18 @@ def chain_graph(seed: int, evidence: bool = False) -> FactorGraph:
 
 
 @pytest.mark.parametrize(
-    ("gibbs_prob", "evidence", "window", "fused", "chains"),
+    ("gibbs_prob", "evidence", "window", "fused", "chains", "cover"),
     [
-        (0.0, False, None, True, 1),  # fused path (tabulated proposal), one chain per run
-        (0.3, True, None, True, 4),  # fused path, 4 vectorized chains
-        (0.0, False, 3, False, 1),  # general path, speculative batches of classes
-        (0.0, False, None, False, 4),  # general path, 4 vectorized chains
+        (0.0, False, None, True, 1, False),  # fused path (tabulated proposal), one chain per run
+        (0.3, True, None, True, 4, False),  # fused path, 4 vectorized chains
+        (0.0, False, 3, False, 1, False),  # general path, speculative batches of classes
+        (0.0, False, None, False, 4, False),  # general path, 4 vectorized chains
+        (0.0, False, None, True, 4, True),  # fused path, one cover of disjoint blocks per sweep, in turn
+        (0.0, False, 2, False, 1, True),  # general path, covers, speculative batches within a cover
     ],
 )
 def test_neural_block_kernel_leaves_joint_invariant(
-    gibbs_prob: float, evidence: bool, window: int | None, fused: bool, chains: int
+    gibbs_prob: float, evidence: bool, window: int | None, fused: bool, chains: int, cover: bool
 ) -> None:
     fg = chain_graph(seed=4, evidence=evidence)
     states, probs = enumerate_joint(fg)
@@ -85,7 +87,7 @@ def test_neural_block_kernel_leaves_joint_invariant(
     runs = []
     for _ in range(4 // chains):
         kernel = NeuralBlockKernel(
-            fg, proposals=[proposal], gibbs_prob=gibbs_prob, window=window, fused=fused, chains=chains
+            fg, proposals=[proposal], gibbs_prob=gibbs_prob, window=window, fused=fused, chains=chains, cover=cover
         )
         mcmc = MCMC(kernel, num_samples=1500, warmup_steps=100, disable_progbar=True)
         mcmc.run()
@@ -103,6 +105,44 @@ def test_neural_block_kernel_leaves_joint_invariant(
     assert 0.0 < acceptance < 1.0
     if window is not None:  # classes were batched speculatively (some draws discarded after an accept)
         assert kernel.diagnostics()["discarded_proposals"] > 0
+
+
+def test_covers_are_maximal_disjoint_sets_that_hold_every_instance() -> None:
+    from motifs.grid import GridMotif
+    from neuralblock.io import read_uai, uai_grid
+
+    grid_blocks = GridMotif("mrf").find_instances(read_uai(uai_grid("Grids_12"))).blocks
+    for blocks in (grid_blocks, torch.randint(0, 30, (60, 3))):
+        blocks = blocks[(blocks.sort(-1).values.diff(dim=-1) > 0).all(-1)]  # (random rows: distinct variables)
+        covers = disjoint_covers(blocks)
+        assert torch.equal(torch.cat(covers).unique(), torch.arange(len(blocks)))  # every instance in some cover
+        for cover in covers:
+            held = blocks[cover].reshape(-1)
+            assert len(held.unique()) == len(held)  # disjoint
+            outside = torch.ones(len(blocks), dtype=torch.bool)
+            outside[cover] = False
+            assert torch.isin(blocks[outside], held).any(-1).all()  # maximal: every other block meets the cover
+    grid = disjoint_covers(grid_blocks)
+    assert [len(c) for c in grid] == [25, 20, 20, 16]  # the four tilings of a 10x10 grid by 2x2 windows
+
+
+def test_cover_sweeps_update_one_cover_in_turn() -> None:
+    fg = chain_graph(seed=4)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, cover=True, chains=3)
+    kernel.setup(0)
+    assert len(kernel.cover_classes[0]) == 2  # windows (0,1), (2,3), (4,5) and windows (1,2), (3,4)
+    params = kernel.initial_params
+    for _ in range(4):
+        params = kernel.sample(params)
+    assert kernel.diagnostics()["acceptance_by_proposal"]["test-chain-window"] > 0
+    assert kernel._proposed[0] == 3 * (3 + 2 + 3 + 2)  # chains x (blocks of cover 1, of cover 2, ...)
+    with pytest.raises(TypeError, match="cover"):
+        NeuralBlockKernel(fg, proposals=[proposal], cover="yes")  # type: ignore[arg-type]
+    fused = kernel.fused[0]
+    assert fused is not None
+    with pytest.raises(ValueError, match="classes"):
+        fused.sweep(fg, params["x"], classes=(2, 1))  # type: ignore[call-arg]
 
 
 def test_speculative_step_keeps_classes_up_to_the_first_accept() -> None:

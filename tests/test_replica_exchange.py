@@ -27,12 +27,15 @@ def coupled_chain(seed: int) -> FactorGraph:
     return fg
 
 
-@pytest.mark.parametrize("inner", ["gibbs", "neural"])
+@pytest.mark.parametrize("inner", ["gibbs", "neural", "neural, covers"])
 def test_beta_one_replica_samples_the_target(inner: str) -> None:
     fg = coupled_chain(seed=4)
     torch.manual_seed(7)
     proposals = None if inner == "gibbs" else [NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))]
-    kernel = ReplicaExchange(fg, proposals=proposals, replicas=4, max_temperature=6.0, chains=8, adapt=True)
+    covers = inner.endswith("covers")  # and neural sweeps in the two coldest replicas only
+    kernel = ReplicaExchange(
+        fg, proposals, replicas=4, max_temperature=6.0, chains=8, cover=covers, neural_replicas=2 if covers else None
+    )
     mcmc = MCMC(kernel, num_samples=1000, warmup_steps=150, disable_progbar=True)
     mcmc.run()
     x = mcmc.get_samples()["x"]  # [S, K, n]
@@ -42,8 +45,9 @@ def test_beta_one_replica_samples_the_target(inner: str) -> None:
     assert len(diag["temperatures"]) == 4 and diag["temperatures"][0] == 1.0
     assert diag["temperatures"][-1] == pytest.approx(6.0)
     assert all(0.0 < rate <= 1.0 for rate in diag["swap_acceptance"])
-    if inner == "neural":
-        assert len(diag["block_acceptance_by_temperature"]) == 4
+    if inner.startswith("neural"):
+        acceptance = torch.tensor(diag["block_acceptance_by_temperature"])
+        assert len(acceptance) == 4 and bool(acceptance[2:].isnan().all()) == covers
         assert diag["tempered_proposals"]  # built on the adapted ladder after warmup, then used
 
 
@@ -55,7 +59,7 @@ def test_every_replica_samples_its_tempered_target() -> None:
     temperatures = [1.0, 2.0, 5.0]
     torch.manual_seed(1)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
-    kernel = ReplicaExchange(fg, [proposal], temperatures=temperatures, chains=8, adapt=False)
+    kernel = ReplicaExchange(fg, [proposal], temperatures=temperatures, chains=8, adapt=False, neural_replicas=None)
     kernel.setup(0)
     params = kernel.initial_params
     draws = []
@@ -84,7 +88,7 @@ def test_tempered_rows_hold_the_powered_proposal_and_the_tempered_energy() -> No
     fg = coupled_chain(seed=5)
     torch.manual_seed(2)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
-    kernel = ReplicaExchange(fg, [proposal], temperatures=[1.0, 3.0, 7.0], chains=2, adapt=False)
+    kernel = ReplicaExchange(fg, [proposal], temperatures=[1.0, 3.0, 7.0], chains=2, adapt=False, neural_replicas=None)
     kernel.setup(0)
     kernel.sample(kernel.initial_params)
     fused = kernel.inner.fused[0]
@@ -250,8 +254,13 @@ def test_softened_replicas_cross_hard_zeros_and_keep_the_target(inner: str) -> N
     assert torch.equal(frozen.replica_states[..., 0].sort(0).values, start)
 
 
-@pytest.mark.parametrize("tempered_proposals", [True, False])
-def test_every_softened_replica_samples_its_target(tempered_proposals: bool) -> None:
+@pytest.mark.parametrize(
+    ("tempered_proposals", "cover", "neural_replicas"),
+    [(True, False, None), (False, False, None), (True, True, "auto")],
+)
+def test_every_softened_replica_samples_its_target(
+    tempered_proposals: bool, cover: bool, neural_replicas: str | None
+) -> None:
     """Replica r follows exp(beta_r (F + log_zero_r Z)): p itself at T = 1 (powered rows, or untempered rows)."""
     from scipy import stats
 
@@ -263,7 +272,7 @@ def test_every_softened_replica_samples_its_target(tempered_proposals: bool) -> 
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
     kernel = ReplicaExchange(
         fg, [proposal], temperatures=temperatures, chains=8, adapt=False, zero_penalty=1.0,
-        tempered_proposals=tempered_proposals, gibbs_prob=0.3,
+        tempered_proposals=tempered_proposals, gibbs_prob=0.3, cover=cover, neural_replicas=neural_replicas,
     )  # fmt: skip
     kernel.setup(0)
     log_zero = kernel.zero_log_potentials()
@@ -289,6 +298,9 @@ def test_every_softened_replica_samples_its_target(tempered_proposals: bool) -> 
     diag = kernel.diagnostics()
     assert diag["tempered_proposals"] == tempered_proposals and diag["zero_penalty"] == 1.0
     assert (diag["tempered_sweeps"] > 300) == tempered_proposals
+    acceptance = torch.tensor(diag["block_acceptance_by_temperature"])
+    assert 0 < acceptance[0] < 1  # the T = 1 replicas always take neural sweeps
+    assert bool(acceptance[1:].isnan().all()) == (neural_replicas == "auto")  # "auto": the softened ones take Gibbs
 
 
 def test_ladder_adaptation_holds_the_first_gap_with_hard_zeros() -> None:

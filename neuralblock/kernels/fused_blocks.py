@@ -891,10 +891,9 @@ class FusedBlockSweep:
             torch.dtype, list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
         ] = {}
         self.padded = [size < width for size in self.sizes]
-        # one draw of every class's random numbers per sweep: padded slots read their class's last real slot
-        self.rand_flat = torch.cat([c * width + r for c, r in enumerate(self.rand_index)])
+        # one draw of the swept classes' random numbers per sweep: padded slots read their class's last real slot
+        self._positions: dict[tuple[int, int, torch.device], Tensor | None] = {}  # by (first, last, device)
         self.real = (torch.arange(width)[None, :] < torch.tensor(self.sizes)[:, None]).to(device)  # [C, width]
-        self._real_numpy = self.real.cpu().numpy()  # (the compiled path counts in NumPy)
         self.update = compiled(fused_class_update) if compile else fused_class_update
         self.compiled = compile
         # eager updates of CPU states in NumPy (the same decisions): True, False (torch's function) or None (by size)
@@ -904,6 +903,7 @@ class FusedBlockSweep:
         self._jit_layouts: set[tuple] = set()  # argument layouts this sweep has run (the first run compiles)
         self._jit_by_dtype: dict[torch.dtype, tuple[np.ndarray, ...]] = {}
         self._last_offsets: tuple[_TemperedTables, Tensor, Tensor | None] | None = None
+        self._chain_cache: tuple[tuple, tuple, tuple[Tensor | None, Tensor | None, Tensor | None]] | None = None
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
@@ -938,7 +938,7 @@ class FusedBlockSweep:
         """The classes' index inputs stacked for :func:`~neuralblock.kernels.jit.block_sweep` (made once per dtype).
 
         ``ids [C, W (c + b)]``, place values ``[C, W, c]``, the block's place values ``[b]``, block ids
-        ``[C, W b]`` and ``base [C, W]``.
+        ``[C, W b]``, ``base [C, W]`` and the classes' sizes ``[C]``.
         """
         if dtype not in self._jit_by_dtype:
             context_radix, block_radix, _ = self._in_dtype(dtype)
@@ -950,6 +950,7 @@ class FusedBlockSweep:
                 block_radix.numpy(),
                 torch.stack(self.block_ids).numpy(),
                 torch.stack(self.base).numpy(),
+                np.array(self.sizes, dtype=np.int64),
             )
         return self._jit_by_dtype[dtype]
 
@@ -962,7 +963,43 @@ class FusedBlockSweep:
         self._last_offsets = (tempered, beta.clone(), found)
         return found
 
-    def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    def _chain_rows(
+        self, beta: Tensor | None, soft: SoftZeros | None, device: torch.device
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """Each chain's ``beta`` correction, first tempered row and zeros' log-potential (``None`` where unused).
+
+        Remembered for the last inputs (the same tensors, unchanged: a replica-exchange ladder moves in warmup only).
+        """
+        inputs = (self.tempered, beta, *(soft or (None, None)))  # (a SoftZeros is made per transition)
+        versions = tuple(t._version for t in inputs[1:] if t is not None)
+        last = self._chain_cache
+        if last is not None and all(a is b for a, b in zip(last[0], inputs)) and last[1] == versions:
+            return last[2]
+        table, tempered, key_offset = self.table, self.tempered, None
+        beta_rows = None if beta is None else beta.to(table.cdf.dtype)
+        if tempered is not None and beta is not None:
+            if soft is None and tempered.log_zero is None:
+                key_offset = self._offsets(tempered, beta)
+            elif (
+                soft is not None
+                and tempered.log_zero is not None
+                and torch.equal(tempered.log_zero, soft.log_zero[: len(tempered.log_zero)])  # (a ladder's coldest part)
+            ):
+                by_entry = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
+                by_beta = self._offsets(tempered, beta)  # and built for this ladder
+                key_offset = by_entry if by_beta is not None and torch.equal(by_beta, by_entry) else None
+        chain_log_zero = None
+        if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
+            beta_rows = None
+        elif soft is not None:  # the rows' finite parts, with the beta and zero-count corrections
+            if table.slot is not None:
+                raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
+            chain_log_zero = soft.log_zero.to(device, table.cdf.dtype)[soft.entry]
+        found = (beta_rows, key_offset, chain_log_zero)
+        self._chain_cache = (inputs, versions, found)
+        return found
+
+    def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, int]:
         """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
         out, seconds = timed_first_call(self._jit_layouts, layout, block_sweep, *args)
         self.compile_seconds += seconds
@@ -1003,64 +1040,76 @@ class FusedBlockSweep:
             raise RuntimeError("temper() has not built tempered tables")
         return self.tempered.cdf, self.tempered.log_ratio
 
+    def _rand_positions(self, first: int, last: int, device: torch.device) -> Tensor | None:
+        """Where classes ``first..last - 1`` read their uniforms in one draw of theirs (``None``: no class padded)."""
+        key = (first, last, device)
+        if key not in self._positions:
+            width = len(self.rand_index[0])
+            found = None
+            if any(self.padded[first:last]):
+                found = torch.cat([(c - first) * width + self.rand_index[c].cpu() for c in range(first, last)])
+                found = found.to(device)
+            self._positions[key] = found
+        return self._positions[key]
+
     def sweep(
-        self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None, soft: SoftZeros | None = None
+        self,
+        fg: FactorGraph,
+        state: Tensor,
+        beta: Tensor | None = None,
+        soft: SoftZeros | None = None,
+        classes: tuple[int, int] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, int]:
-        """Update every class once.
+        """Update every class once (or the classes ``first..last - 1`` of ``classes``, in order).
 
         Args:
             fg: the graph.
             state: ``[K, n]`` states.
             beta: optional ``[K]`` inverse temperatures (targets ``p(x)^beta``).
             soft: optional log-potentials of the zero table entries per chain (:class:`SoftZeros`).
+            classes: ``(first, last)``: update only these consecutive classes (e.g. one cover of the
+                instances, see :class:`~neuralblock.kernels.neural_block.NeuralBlockKernel`'s ``cover``).
 
         Returns:
             The states, accepted blocks per chain ``[K]``, the non-finite count and the proposals made.
         """
         chains = state.shape[0]
         table = self.table
-        count, width = len(self.sizes), len(self.rand_index[0])
-        draws = torch.rand(chains, count * width, device=state.device, dtype=table.cdf.dtype)
-        accept = torch.rand(chains, count * width, device=state.device, dtype=torch.float64)  # double-precision test
-        if any(self.padded):
-            draws, accept = (u.index_select(1, self.rand_flat.to(state.device)) for u in (draws, accept))
-        draws = draws.reshape(chains, count, width).transpose(0, 1).contiguous()  # [C, K, width]: classes contiguous
-        log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
-        beta_rows = None if beta is None else beta.to(table.cdf.dtype)
-        soft = soft if table.has_zeros else None  # the zeros' potentials matter only where there are zeros
-        tempered, key_offset = self.tempered, None
-        if tempered is not None and beta is not None:
-            if soft is None and tempered.log_zero is None:
-                key_offset = self._offsets(tempered, beta)
-            elif soft is not None and tempered.log_zero is not None and torch.equal(tempered.log_zero, soft.log_zero):
-                by_entry = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
-                by_beta = self._offsets(tempered, beta)  # and built for this ladder
-                key_offset = by_entry if by_beta is not None and torch.equal(by_beta, by_entry) else None
-        chain_log_zero = None
-        if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
-            beta_rows = None
-            self.tempered_sweeps += 1
-        elif soft is not None:  # the rows' finite parts, with the beta and zero-count corrections
-            if table.slot is not None:
-                raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
-            chain_log_zero = soft.log_zero.to(state.device, table.cdf.dtype)[soft.entry]
+        first, last = (0, len(self.sizes)) if classes is None else classes
+        if not 0 <= first < last <= len(self.sizes):
+            raise ValueError(f"classes must be a range within 0..{len(self.sizes)}, got {classes!r}")
+        count, width = last - first, len(self.rand_index[0])
         limit = JIT_MAX_ENTRIES if self.jit and NUMBA else NUMPY_MAX_ENTRIES
         on_numpy = not self.compiled and use_numpy(self.numpy, state, limit)
+        on_jit = on_numpy and self.jit and NUMBA
+        draws = torch.rand(chains, count * width, device=state.device, dtype=table.cdf.dtype)
+        accept = torch.rand(chains, count * width, device=state.device, dtype=torch.float64)  # double-precision test
+        if on_jit:  # the compiled loop reads them as drawn, [K, C width], and skips padded slots
+            log_accept = accept.log_()
+        else:
+            positions = self._rand_positions(first, last, state.device)
+            if positions is not None:
+                draws, accept = (u.index_select(1, positions) for u in (draws, accept))
+            draws = draws.reshape(chains, count, width).transpose(0, 1).contiguous()  # [C, K, width]
+            log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
+        soft = soft if table.has_zeros else None  # the zeros' potentials matter only where there are zeros
+        beta_rows, key_offset, chain_log_zero = self._chain_rows(beta, soft, state.device)
+        if key_offset is not None:
+            self.tempered_sweeps += 1
         # NumPy: one copy of the states per sweep (a torch clone: the caller's tensor is never written), updated in
         # place class by class through a NumPy view
         if on_numpy:
             state = state.clone()
         work = state.numpy() if on_numpy else None
         context_radix, block_radix, values = self._in_dtype(state.dtype)
-        on_jit = work is not None and self.jit and NUMBA
         stacked = self._jit_arrays(state.dtype) if on_jit else None
         accepts: list[Tensor] = []
         broken: list[Tensor] = []
-        found_np: list[tuple[np.ndarray, np.ndarray]] = []  # the compiled path's indicators, [c, K, W] each
+        found_np: list[tuple[np.ndarray, int]] = []  # the compiled path's counts: accepted per chain, non-finite
         # prefilled tables never change during a sweep: one compiled call runs every class (a table that fills up
         # during this sweep takes one call per class to its end)
         whole = on_jit and table.prefilled
-        for c in range(1) if whole else range(count):
+        for c in range(first, first + 1) if whole else range(first, last):
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
@@ -1070,28 +1119,29 @@ class FusedBlockSweep:
                 cdf, log_ratio = self.tempered_rows()
             elif chain_log_zero is not None:
                 log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
-            rows = (cdf, log_ratio, draws[c], log_accept[c])
             extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
             if stacked is not None:
-                part = slice(None) if whole else slice(c, c + 1)
+                part = slice(first, last) if whole else slice(c, c + 1)
+                own = slice(0, count * width) if whole else slice((c - first) * width, (c - first + 1) * width)
                 extra_np = tuple(_numpy_or_none(t) for t in extra)
                 found = self._run_jit(
                     tuple(t is None for t in extra_np) + (state.dtype, cdf.dtype, whole),
                     work, *(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]),
-                    cdf.numpy(), log_ratio.numpy(), draws[part].numpy(), log_accept[part].numpy(), values.numpy(),
-                    *extra_np,
+                    cdf.numpy(), log_ratio.numpy(), np.ascontiguousarray(draws[:, own].numpy()),
+                    np.ascontiguousarray(log_accept[:, own].numpy()), values.numpy(), *extra_np,
                 )  # fmt: skip
                 found_np.append(found)
                 continue
+            rows = (cdf, log_ratio, draws[c - first], log_accept[c - first])
             if work is not None:
                 ids, radix, place, block_ids, base = self._numpy_class(c, state.dtype)
                 cdf_np, ratio_np, draws_np, accept_np = (t.numpy() for t in rows)
                 energy_np, beta_np, slot_np, offset_np, zeros_np, log_zero_np = (_numpy_or_none(t) for t in extra)
-                found = fused_class_update_numpy(
+                acc_np, fin_np = fused_class_update_numpy(
                     work, ids, radix, place, block_ids, base, cdf_np, ratio_np, draws_np, accept_np, values.numpy(),
                     energy_np, beta_np, slot_np, offset_np, zeros_np, log_zero_np,
                 )  # fmt: skip
-                acc, bad = torch.from_numpy(found[0]), torch.from_numpy(found[1])
+                acc, bad = torch.from_numpy(acc_np), torch.from_numpy(fin_np)
             else:
                 state, acc, bad = self.update(
                     state, self.ids[c], context_radix[c], block_radix, self.block_ids[c], self.base[c], *rows,
@@ -1101,13 +1151,11 @@ class FusedBlockSweep:
                 self.compile_seconds = time.perf_counter() - start
             accepts.append(acc)
             broken.append(bad)
-        if found_np:  # padded slots repeat a real one: not counted
-            real_np = self._real_numpy[:, None, :]
-            acc_np, fin_np = (np.concatenate(parts) for parts in zip(*found_np))
-            accepted = torch.from_numpy((acc_np & real_np).sum((0, 2), dtype=np.int64))
-            nonfinite = torch.tensor(int((~fin_np & real_np).sum()))
-            return state, accepted, nonfinite, chains * sum(self.sizes)
-        real = self.real.to(state.device)
+        proposed = chains * sum(self.sizes[first:last])
+        if found_np:  # (padded slots were skipped)
+            counts = found_np[0][0] if len(found_np) == 1 else np.sum([f[0] for f in found_np], 0)
+            return state, torch.from_numpy(counts), torch.tensor(sum(f[1] for f in found_np)), proposed
+        real = self.real[first:last].to(state.device)
         accepted = (torch.stack(accepts, 1) & real).sum((1, 2))  # padded slots repeat a real one: not counted
         nonfinite = (~torch.stack(broken, 1) & real).sum()
-        return state, accepted, nonfinite, chains * sum(self.sizes)
+        return state, accepted, nonfinite, proposed

@@ -23,11 +23,11 @@ Example:
     >>> state = np.zeros((1, 2), dtype=np.float32)
     >>> cdf = np.array([[0.25, 0.5, 0.75, 1.0]], dtype=np.float32)  # one class of one instance, no context, one row
     >>> out = block_sweep(state, np.array([[0, 1]]), np.zeros((1, 1, 0), np.float32), np.array([2.0, 1.0], np.float32),
-    ...                   np.array([[0, 1]]), np.zeros((1, 1), np.int64), cdf, np.zeros((1, 4), np.float32),
-    ...                   np.array([[[0.6]]], np.float32), np.array([[[-1.0]]]),
+    ...                   np.array([[0, 1]]), np.zeros((1, 1), np.int64), np.array([1]), cdf,
+    ...                   np.zeros((1, 4), np.float32), np.array([[0.6]], np.float32), np.array([[-1.0]]),
     ...                   np.array([[0, 0], [0, 1], [1, 0], [1, 1]], np.float32))
     >>> state.tolist(), out[0].tolist()  # u = 0.6 draws joint value 2, accepted (equal weights)
-    ([[1.0, 0.0]], [[[True]]])
+    ([[1.0, 0.0]], [1])
 """
 
 from __future__ import annotations
@@ -93,17 +93,19 @@ def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
 
 @_compiled
 def _block_sweep(
-    state, ids, radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values,
-    energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, finite,
+    state, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values,
+    energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted,
 ):  # fmt: skip
     chains, n_classes, width = state.shape[0], base.shape[0], base.shape[1]
     size = block_radix.shape[0]
     context = radix.shape[2]
     span = context + size
     n_values = cdf.shape[1]
+    nonfinite = 0
     for c in range(n_classes):
         for k in range(chains):
-            for i in range(width):
+            for i in range(sizes[c]):  # (padded slots would repeat slot sizes[c] - 1: skipped)
+                at = c * width + i
                 row = i * span
                 key_sum = 0.0
                 for j in range(context):
@@ -117,7 +119,7 @@ def _block_sweep(
                     key = key + key_offset[k]
                 if slot is not None:
                     key = slot[key]
-                u = draws[c, k, i]
+                u = draws[k, at]
                 proposed = 0  # argmax of an all-False row (the rows end at 1 > u: never taken)
                 for v in range(n_values):
                     if cdf[key, v] > u:
@@ -133,12 +135,13 @@ def _block_sweep(
                         penalty = beta[k] * penalty
                     log_alpha = log_alpha + penalty
                 ok = log_alpha < math.inf  # NaN and +inf (a current value of zero density) are rejected
-                take = ok and log_accept[c, k, i] < log_alpha
-                accepted[c, k, i] = take
-                finite[c, k, i] = ok
+                take = ok and log_accept[k, at] < log_alpha
+                accepted[k] += take
+                nonfinite += not ok
                 chosen = proposed if take else current
                 for j in range(size):
                     state[k, block_ids[c, i * size + j]] = values[chosen, j]
+    return nonfinite
 
 
 def block_sweep(
@@ -148,6 +151,7 @@ def block_sweep(
     block_radix: np.ndarray,
     block_ids: np.ndarray,
     base: np.ndarray,
+    sizes: np.ndarray,
     cdf: np.ndarray,
     log_ratio: np.ndarray,
     draws: np.ndarray,
@@ -159,8 +163,12 @@ def block_sweep(
     key_offset: np.ndarray | None = None,
     zeros: np.ndarray | None = None,
     log_zero: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, int]:
     """Classes ``C`` of a neural block sweep in turn, in place: :func:`fused_class_update_numpy` of each, compiled.
+
+    The uniforms come as drawn, chain by chain (slot ``i`` of class ``c`` reads column ``c W + i``), and the
+    padded slots of a class (``i >= sizes[c]``, which would repeat its last real slot and its numbers) are
+    skipped, so the state and the counts are those of the NumPy function on the padded classes.
 
     Args:
         state: ``[K, n]`` states (float32 or float64), updated in place.
@@ -169,23 +177,23 @@ def block_sweep(
         block_radix: ``[b]`` the block's place values (state dtype).
         block_ids: ``[C, W * b]`` each slot's block variables.
         base: ``[C, W]`` each slot's first table row.
+        sizes: ``[C]`` (int64) each class's real slots.
         cdf, log_ratio: ``[R, J]`` proposal rows and ``log w`` rows.
-        draws: ``[C, K, W]`` uniforms of the proposals (rows' dtype).
-        log_accept: ``[C, K, W]`` log uniforms of the tests (float64).
+        draws: ``[K, C W]`` uniforms of the proposals (rows' dtype).
+        log_accept: ``[K, C W]`` log uniforms of the tests (float64).
         values: ``[J, b]`` the joint values (state dtype).
         energy, beta, slot, key_offset, zeros, log_zero: as in :func:`fused_class_update_numpy`.
 
     Returns:
-        The accept and finite-ratio indicators, ``[C, K, W]`` each.
+        Accepted blocks per chain ``[K]`` (int64) and the number of non-finite ratios (rejected).
     """
-    shape = base.shape[:1] + state.shape[:1] + base.shape[1:]
-    accepted, finite = np.empty(shape, dtype=np.bool_), np.empty(shape, dtype=np.bool_)
+    accepted = np.zeros(state.shape[0], dtype=np.int64)
     beta_m1 = None if beta is None else beta - 1  # NumPy's rounding of beta - 1 in the rows' dtype, as the NumPy path
-    _block_sweep(
-        state, ids, radix, block_radix, block_ids, base, cdf, log_ratio, draws, log_accept, values,
-        energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, finite,
+    nonfinite = _block_sweep(
+        state, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values,
+        energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted,
     )  # fmt: skip
-    return accepted, finite
+    return accepted, int(nonfinite)
 
 
 @_compiled

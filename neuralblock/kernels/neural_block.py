@@ -50,11 +50,19 @@ from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
-__all__ = ["NeuralBlockKernel", "neural_block_step", "propose_blocks", "speculative_block_step", "speculative_width"]
+__all__ = [
+    "NeuralBlockKernel",
+    "disjoint_covers",
+    "neural_block_step",
+    "propose_blocks",
+    "speculative_block_step",
+    "speculative_width",
+]
 
 _RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
 _MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold
 _Fused = FusedBlockSweep | FusedSampledSweep | FusedContinuousSweep | FusedMixtureSweep
+_RowPart = tuple[Tensor, Tensor | None, SoftZeros | None]  # some chains, their beta and their SoftZeros
 
 
 @dataclass
@@ -227,6 +235,40 @@ def speculative_block_step(
     return new_state, last + 1, MHInfo(info.accepted[used], info.accept_prob[used], nonfinite)
 
 
+def disjoint_covers(blocks: Tensor) -> list[Tensor]:
+    """Split instances into maximal sets of disjoint blocks ("covers"), until every instance is in one.
+
+    Each cover is built greedily: first the instances no earlier cover holds, then the others, each
+    taken when it shares no variable with the blocks taken so far. On a grid of 2x2 windows this gives
+    the four tilings, each updating every variable once; on a chain of pairs, the two tilings.
+    Setup-time Python (one pass over the instances per cover).
+
+    Args:
+        blocks: ``[I, b]`` variable ids of each instance's block.
+
+    Returns:
+        Instance indices of each cover (together they hold every instance at least once).
+
+    Example:
+        >>> [c.tolist() for c in disjoint_covers(torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]]))]
+        [[0, 2], [1, 3]]
+    """
+    rows = [tuple(row) for row in blocks.tolist()]
+    held = [False] * len(rows)
+    covers: list[Tensor] = []
+    while not all(held):
+        taken: set[int] = set()
+        chosen = []
+        for i in [i for i in range(len(rows)) if not held[i]] + [i for i in range(len(rows)) if held[i]]:
+            if taken.isdisjoint(rows[i]):
+                taken.update(rows[i])
+                chosen.append(i)
+        for i in chosen:
+            held[i] = True
+        covers.append(torch.tensor(sorted(chosen), dtype=torch.long))
+    return covers
+
+
 def _check_blocks(fg: FactorGraph, motif: Motif, instances: MotifInstances, latent: set[int]) -> None:
     """Reject instances the neural block step cannot update exactly, naming the motif and the problem."""
     blocks, context, n = instances.blocks, instances.context, fg.num_variables
@@ -309,6 +351,12 @@ class NeuralBlockKernel(GraphKernel):
         compile: run the fused updates under ``torch.compile`` (``"auto"``: on GPUs only).
         fused: use the fused path where it applies (``False`` forces the general path, e.g.
             to compare the two).
+        cover: each neural sweep updates one *cover* of a proposal's instances, a maximal set of
+            disjoint blocks (:func:`disjoint_covers`; on a grid of 2x2 windows, one of the four
+            tilings), taking the covers in turn, instead of every instance (``False``; on a grid
+            each variable then lies in four overlapping windows). A cover sweep costs a fraction of a
+            full one and still moves every variable once; each is an exact MH kernel, so any order
+            of them leaves the target invariant. On the fused block path and the general path.
     """
 
     batched_state = True
@@ -324,9 +372,14 @@ class NeuralBlockKernel(GraphKernel):
         device: str | torch.device | None = None,
         compile: bool | str = "auto",
         fused: bool = True,
+        cover: bool = False,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self.use_fused = bool(fused)
+        if not isinstance(cover, bool):
+            raise TypeError(f"cover must be True or False, got {cover!r}")
+        self.cover = cover
+        self.cover_classes: list[list[tuple[int, int]]] = []  # per proposal: each cover's classes (first, last)
         if isinstance(proposals, NeuralBlockProposal):
             raise TypeError("proposals must be a list of NeuralBlockProposal objects: pass [proposal]")
         try:
@@ -352,6 +405,9 @@ class NeuralBlockKernel(GraphKernel):
         self.compile = resolve_compile(compile, self.device)
         self.beta: Tensor | None = None  # per-chain inverse temperatures (set by ReplicaExchange)
         self.soft_zeros: SoftZeros | None = None  # per-chain log-potentials of zero entries (ReplicaExchange)
+        # chains that take the neural sweeps (None: all); the others take a single-site sweep instead (ReplicaExchange)
+        self.neural_rows: Tensor | None = None
+        self._row_split: tuple[tuple, tuple, tuple[_RowPart, _RowPart]] | None = None  # (inputs, versions, parts)
         self.num_instances: list[int] = []  # set at setup
         self.fused: list[_Fused | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
@@ -367,6 +423,7 @@ class NeuralBlockKernel(GraphKernel):
         self.sweeps: list[_Sweep | None] = []  # None where the proposal takes a fused path
         self.fused = []
         self.num_instances = []
+        self.cover_classes = []
         for proposal in self.proposals:
             motif = proposal.motif
             instances = motif.find_instances(fg)
@@ -374,7 +431,8 @@ class NeuralBlockKernel(GraphKernel):
             if blocks.dim() != 2 or blocks.shape[1] != motif.block_spec.size:
                 raise ValueError(f"motif {motif.name} returned blocks of shape {tuple(blocks.shape)}")
             _check_blocks(fg, motif, instances, latent)
-            colouring = fg.color_blocks(blocks, reads=instances.context)
+            colouring, bounds = self._colour(fg, instances)
+            self.cover_classes.append(bounds)
             sizes = torch.tensor([len(members) for members in colouring], dtype=torch.long)
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
             ordered = instances.select(order)
@@ -388,6 +446,11 @@ class NeuralBlockKernel(GraphKernel):
                 fused = FusedContinuousSweep(fg, proposal, ordered, offsets, self.device, self.compile)
             elif self.use_fused and supports_fused_mixture(fg, motif, instances):
                 fused = FusedMixtureSweep(fg, proposal, ordered, self.window)
+            if len(bounds) > 1 and not (fused is None or isinstance(fused, FusedBlockSweep)):
+                raise ValueError(
+                    f"cover=True: proposal {motif.name} takes the {type(fused).__name__} path, which updates every "
+                    "instance in a sweep; covers run on the fused block path and the general path (fused=False)"
+                )
             self.fused.append(fused)
             classes, sweep = [], None
             if fused is None:
@@ -431,6 +494,19 @@ class NeuralBlockKernel(GraphKernel):
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+    def _colour(self, fg: FactorGraph, instances: MotifInstances) -> tuple[list[Tensor], list[tuple[int, int]]]:
+        """Colour classes of the instances (cover by cover with ``cover``) and each cover's ``(first, last)`` class."""
+        covers = disjoint_covers(instances.blocks) if self.cover and len(instances) else [None]
+        colouring: list[Tensor] = []
+        bounds = []
+        for members in covers:
+            blocks = instances.blocks if members is None else instances.blocks[members]
+            reads = instances.context if members is None else instances.context[members]
+            classes = fg.color_blocks(blocks, reads=reads)
+            bounds.append((len(colouring), len(colouring) + len(classes)))
+            colouring += classes if members is None else [members[c] for c in classes]
+        return colouring, bounds
 
     def _refresh(self, fg: FactorGraph) -> None:
         """Re-read the instances' parameters (same blocks, classes, scaffolds and step sizes)."""
@@ -492,9 +568,9 @@ class NeuralBlockKernel(GraphKernel):
     def _reset_stats(self) -> None:
         n = len(self.proposals)
         self._proposed = [0] * n
-        self._accepted = [torch.zeros((), dtype=torch.long) for _ in range(n)]
-        self._nonfinite = [torch.zeros((), dtype=torch.long) for _ in range(n)]
-        self._recent: list[Tensor | float] = [0.0] * n
+        self._accepted = [0] * n
+        self._nonfinite = [0] * n
+        self._recent = [0.0] * n
         self._discarded = [0] * n
         self._class_accept_rate = [1.0] * n  # running fraction of classes with an accepted block
         self._block_seconds = 0.0
@@ -510,26 +586,18 @@ class NeuralBlockKernel(GraphKernel):
                 self._single_sweeps += 1
             return state
         start = time.perf_counter()
-        for i, fused in enumerate(self.fused):
-            if self.soft_zeros is not None and not isinstance(fused, FusedBlockSweep):
-                raise ValueError(f"soft zeros need proposal {self._label(i)} on the fused block path")
-            if fused is not None:
-                if isinstance(fused, FusedBlockSweep):
-                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta, self.soft_zeros)
-                else:
-                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, self.beta)
-                accepted, discarded = per_chain.sum(), fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
-                if not warmup:
-                    self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain.cpu()
-            else:
-                state, accepted, nonfinite, proposed, discarded = self._general_sweep(i, fg, state)
-            rate = accepted / max(proposed, 1)  # a running rate for the progress bar
-            self._recent[i] = rate if self._transitions == 0 else 0.9 * self._recent[i] + 0.1 * rate
-            if not warmup:
-                self._accepted[i] = self._accepted[i] + accepted.cpu()
-                self._proposed[i] += proposed
-                self._nonfinite[i] = self._nonfinite[i] + nonfinite.cpu()
-                self._discarded[i] += discarded
+        if self.neural_rows is None:
+            state = self._neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
+        else:  # the chains of neural_rows take the neural sweep, the others a single-site sweep
+            (neural, neural_beta, neural_soft), (single, single_beta, single_soft) = self._split_rows(self.neural_rows)
+            out = torch.empty_like(state)
+            if len(single):
+                out[single] = self.single_site.sweep(fg, state[single], warmup, single_beta, single_soft)
+            if len(neural):
+                out[neural] = self._neural_sweep(
+                    fg, state[neural], neural_beta, neural_soft, warmup, neural, len(state)
+                )
+            state = out
         self._transitions += 1
         if not warmup:
             if state.device.type == "cuda":
@@ -537,18 +605,85 @@ class NeuralBlockKernel(GraphKernel):
             self._block_seconds += time.perf_counter() - start
         return state
 
-    def _general_sweep(self, i: int, fg: FactorGraph, state: Tensor) -> tuple[Tensor, Tensor, Tensor, int, int]:
-        """The general path over proposal ``i``'s classes (speculative batches with one chain)."""
+    def _split_rows(self, rows: Tensor) -> tuple[_RowPart, _RowPart]:
+        """The chains of the mask ``rows`` and the others, each with its chains' ``beta`` and :class:`SoftZeros`.
+
+        Remembered for the last inputs (the same tensors, unchanged).
+        """
+        beta, soft = self.beta, self.soft_zeros
+        inputs = (rows, beta, *(soft or (None, None)))  # (a SoftZeros is made per transition: its tensors are kept)
+        versions = tuple(t._version for t in inputs if t is not None)
+        last = self._row_split
+        if last is None or not all(a is b for a, b in zip(last[0], inputs)) or last[1] != versions:
+            mask = rows.to(torch.bool)
+
+            def part(chains: Tensor) -> _RowPart:
+                return (
+                    chains,
+                    None if beta is None else beta[chains],
+                    None if soft is None else SoftZeros(soft.entry[chains], soft.log_zero),
+                )
+
+            last = (inputs, versions, (part(mask.nonzero().squeeze(-1)), part((~mask).nonzero().squeeze(-1))))
+            self._row_split = last
+        return last[2]
+
+    def _neural_sweep(
+        self,
+        fg: FactorGraph,
+        state: Tensor,
+        beta: Tensor | None,
+        soft: SoftZeros | None,
+        warmup: bool,
+        rows: Tensor | None = None,
+        chains: int = 0,
+    ) -> Tensor:
+        """Every proposal's classes (or its next cover) once, on states ``[K', n]`` (chains ``rows`` of ``chains``)."""
+        for i, fused in enumerate(self.fused):
+            if soft is not None and not isinstance(fused, FusedBlockSweep):
+                raise ValueError(f"soft zeros need proposal {self._label(i)} on the fused block path")
+            bounds = self.cover_classes[i]
+            classes = bounds[self._transitions % len(bounds)]  # the covers in turn (one range: every class)
+            if fused is not None:
+                if isinstance(fused, FusedBlockSweep):
+                    state, per_chain, nonfinite, proposed = fused.sweep(
+                        fg, state, beta, soft, classes if len(bounds) > 1 else None
+                    )
+                else:
+                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
+                per_chain = per_chain.cpu()  # (the counts are read on the host: one copy)
+                accepted, bad = int(per_chain.sum()), int(nonfinite)
+                discarded = fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
+                if not warmup:
+                    if rows is not None:  # counts of every chain (0 for those that took the single-site sweep)
+                        per_chain = per_chain.new_zeros(chains).index_copy_(0, rows.cpu(), per_chain)
+                    self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain
+            else:
+                state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, classes, beta)
+            rate = accepted / max(proposed, 1)  # a running rate for the progress bar
+            self._recent[i] = rate if self._transitions == 0 else 0.9 * self._recent[i] + 0.1 * rate
+            if not warmup:
+                self._accepted[i] += accepted
+                self._proposed[i] += proposed
+                self._nonfinite[i] += bad
+                self._discarded[i] += discarded
+        return state
+
+    def _general_sweep(
+        self, i: int, fg: FactorGraph, state: Tensor, bounds: tuple[int, int], beta: Tensor | None = None
+    ) -> tuple[Tensor, int, int, int, int]:
+        """The general path over proposal ``i``'s classes ``bounds[0]..bounds[1] - 1`` (speculative with one chain)."""
         proposal, classes, sweep = self.proposals[i], self.block_classes[i], self._general(i)
-        accepted, proposed, nonfinite, discarded, c = 0, 0, 0, 0, 0
-        single = state.shape[0] == 1 and self.beta is None
+        accepted, proposed, nonfinite, discarded = 0, 0, 0, 0
+        c, last = bounds
+        single = state.shape[0] == 1 and beta is None
         if single:  # one chain: the motif sees the state as [n] (every motif supports it)
             state = state[0]
-        while c < len(classes):
-            width = self._window_size(i, c, fg.num_variables) if single else 1
+        while c < last:
+            width = self._window_size(i, c, last, fg.num_variables) if single else 1
             if width == 1:
                 state, info = neural_block_step(
-                    fg, proposal, classes[c].instances, classes[c].scaffold, state, None if single else self.beta
+                    fg, proposal, classes[c].instances, classes[c].scaffold, state, None if single else beta
                 )
                 used = 1
             else:
@@ -566,7 +701,7 @@ class NeuralBlockKernel(GraphKernel):
             nonfinite += int(info.num_nonfinite)
         if single:
             state = state.unsqueeze(0)
-        return state, torch.tensor(accepted), torch.tensor(nonfinite), proposed, discarded
+        return state, accepted, nonfinite, proposed, discarded
 
     def _general(self, i: int) -> _Sweep:
         """Proposal ``i``'s classes on the general path (a proposal on a fused path has none)."""
@@ -575,14 +710,15 @@ class NeuralBlockKernel(GraphKernel):
             raise RuntimeError(f"proposal {self._label(i)} takes a fused path: it has no general-path sweep")
         return sweep
 
-    def _window_size(self, i: int, first: int, num_variables: int) -> int:
-        """Classes of proposal ``i`` to batch from class ``first``: ``window``, or :func:`speculative_width`.
+    def _window_size(self, i: int, first: int, last: int, num_variables: int) -> int:
+        """Classes of proposal ``i`` to batch from class ``first`` (before ``last``): ``window``, or
+        :func:`speculative_width`.
 
         Capped so that the batch's one-state-per-block copies stay under ``_MAX_SPECULATIVE_ENTRIES``.
         """
         offsets = self._general(i).offsets
         fits = int(torch.searchsorted(offsets, offsets[first] + _MAX_SPECULATIVE_ENTRIES // num_variables, right=True))
-        cap = max(1, min(len(offsets) - 1 - first, fits - 1 - first))
+        cap = max(1, min(last - first, fits - 1 - first))
         if self.window is not None:
             return min(self.window, cap)
         return speculative_width(self._class_accept_rate[i], cap)
