@@ -12,6 +12,8 @@ Measures, side by side in one run (one torch thread, CPU time per sweep through 
 * the torch functions (``_torch`` arms) and the NumPy functions (``_numpy`` arms) against the compiled loops
   that CPU states take by default (``numpy = None``: the compiled loops of ``neuralblock.kernels.jit`` up to
   ``JIT_MAX_ENTRIES`` state entries; same draws), at ``K = 1`` and for the neural kernel also at ``K = 64``;
+* ``nbcover``: the neural sweep with ``cover=True`` (one 2x2 tiling per sweep, in turn, instead of every
+  overlapping window), at ``K = 1`` and ``K = 64``;
 * kernel setup time (the neural kernel tabulates its proposal per context value there);
 * the reduced-precision option: the proposal tables computed by a bf16 network against fp32,
   as a KL divergence and as the exact expected MH acceptance of each table against the exact
@@ -199,9 +201,15 @@ def _build(
     """A set-up kernel and its setup seconds (``numpy=False``: the torch update functions, not NumPy's;
     ``jit=False``: the NumPy functions instead of the compiled loops)."""
     start = time.perf_counter()
-    if kind == "nb":
+    if kind in ("nb", "nbcover"):
         kernel = NeuralBlockKernel(
-            fg, [load_pretrained(PROPOSAL)], gibbs_prob=0.0, chains=chains, compile=compile, device=device
+            fg,
+            [load_pretrained(PROPOSAL)],
+            gibbs_prob=0.0,
+            chains=chains,
+            compile=compile,
+            device=device,
+            cover=kind == "nbcover",
         )
     else:
         kernel = GibbsKernel(fg, chains=chains, compile=compile, device=device)
@@ -291,6 +299,8 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
         for grid in grids:
             fg = read_uai(uai_grid(grid))
             arms: dict[str, tuple[Any, float]] = {}
+            for chains in (1, args.chains):  # one tiling of 2x2 windows per sweep (cover=True), default path only
+                arms[f"nbcover_K{chains}"] = _build("nbcover", fg, chains, False)
             for kind in ("nb", "gibbs"):
                 for chains in (1, args.chains):
                     arms[f"{kind}_K{chains}"] = _build(kind, fg, chains, False)
@@ -329,6 +339,9 @@ def cpu_run(args: argparse.Namespace) -> dict[str, Any]:
                 "nb NumPy / nb default (compiled loops), K=1": median["nb_K1_numpy"] / median["nb_K1"],
                 "gibbs NumPy / gibbs default (compiled loops), K=1": median["gibbs_K1_numpy"] / median["gibbs_K1"],
                 f"nb NumPy / nb default, K={k}": median[f"nb_K{k}_numpy"] / median[f"nb_K{k}"],
+                f"nb cover / nb per chain-sweep, K={k}": median[f"nbcover_K{k}"] / median[f"nb_K{k}"],
+                f"nb cover / gibbs per chain-sweep, K={k}": median[f"nbcover_K{k}"] / median[f"gibbs_K{k}"],
+                "nb cover / nb per sweep, K=1": median["nbcover_K1"] / median["nb_K1"],
             }
             if args.compile:
                 ratios[f"nb/gibbs per chain-sweep, K={k}, compiled"] = (

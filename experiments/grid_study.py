@@ -18,8 +18,10 @@ at or below that error.
 
 Replica-exchange arms (``--arms ... RE-Gibbs RE-NB``, issue 22):
 :class:`~neuralblock.kernels.ReplicaExchange` with ``--replicas`` temperatures up to
-``--max-temperature`` (the ladder adapted during warmup) and Gibbs or NB+Gibbs replicas (NB
-replicas propose from their tempered model once the ladder is fixed); ``--chains / --replicas``
+``--max-temperature`` (the ladder adapted during warmup) and Gibbs or NB+Gibbs replicas with the
+kernel's defaults (``gibbs_prob`` 0.1 unless ``--re-gibbs-prob``, one 2x2 tiling per neural sweep, neural
+sweeps at every temperature, at ``T = 1`` only on models with softened zeros; NB replicas propose from
+their tempered model once the ladder is fixed); ``--chains / --replicas``
 ensembles, so every arm updates ``--chains`` states per sweep, and only the ``beta = 1``
 replicas' draws are pooled. They report each arm's time to mean marginal error ``--level``
 (0.05; reached *for good*: from that checkpoint on the error stays at or below it), and RE-NB
@@ -113,6 +115,9 @@ def random_ising_grid(side: int, coupling: float, generator: torch.Generator) ->
     """A ``side x side`` Ising torus like the UAI ``Grids`` (fields ``U[-1, 1]``, couplings ``U[-coupling, coupling]``).
 
     Fresh draws for checking defaults on grids no run was tuned on (the UAI instances are fixed).
+
+    Raises:
+        ValueError: ``side < 3`` (a smaller torus repeats its edges).
     Value 0 is spin -1; the log-potential of an edge is ``w s_i s_j`` and of a field ``h s_i``.
 
     Example:
@@ -120,6 +125,8 @@ def random_ising_grid(side: int, coupling: float, generator: torch.Generator) ->
         >>> fg.num_variables, fg.num_factors
         (16, 48)
     """
+    if side < 3:
+        raise ValueError(f"an Ising torus needs side >= 3, got {side}")
     edges = [[r * side + c, r * side + (c + 1) % side] for r in range(side) for c in range(side)]
     edges += [[r * side + c, ((r + 1) % side) * side + c] for r in range(side) for c in range(side)]
     spins = torch.tensor([-1.0, 1.0])
@@ -155,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="*",
         default=[],
         metavar="SIDExCOUPLING",
-        help="fresh Ising tori like the UAI Grids, e.g. 10x5 (held-out checks of defaults; drawn with seed 3000 + i)",
+        help="fresh Ising tori like the UAI Grids, e.g. 10x5 (held-out checks of defaults; each drawn with seed 3000)",
     )
     parser.add_argument(
         "--re-gibbs-prob", type=float, default=None, help="RE-NB's single-site sweep probability (default: its own)"
@@ -216,11 +223,11 @@ def load_instances(args: argparse.Namespace) -> dict[str, tuple[FactorGraph, tor
         if wanted is None or name in wanted:
             fg = near_deterministic_grid_bn(size, torch.Generator().manual_seed(2000 + size), args.nd_fraction)
             out[name] = (fg, marginals(fg)[0].to(torch.get_default_dtype()), "bn")
-    for i, spec in enumerate(args.ising):
+    for spec in args.ising:  # (one seed for all: a name is one graph in every run)
         side, coupling = spec.split("x")
         name = f"ising-{side}-c{coupling}"
         if wanted is None or name in wanted:
-            fg = random_ising_grid(int(side), float(coupling), torch.Generator().manual_seed(3000 + i))
+            fg = random_ising_grid(int(side), float(coupling), torch.Generator().manual_seed(3000))
             out[name] = (fg, marginals(fg)[0].to(torch.get_default_dtype()), "mrf")
     return out
 

@@ -69,6 +69,8 @@ def test_fused_blocks_quick(tmp_path: Path) -> None:
         "nb_K1_numpy",
         "nb_K8_numpy",
         "gibbs_K1_numpy",
+        "nbcover_K1",
+        "nbcover_K8",
     }
     assert all(value > 0 for value in row["per_chain_sweep_ms"].values())
     assert 0.9 < row["acceptance"] <= 1.0  # the shipped proposal on a grid it was not trained on

@@ -257,9 +257,12 @@ def test_compiled_sweeps_follow_rows_filled_on_visits_and_slots(monkeypatch: pyt
 
     q = proposal()
     monkeypatch.setattr(fused_blocks, "_PREFILL_ROWS", 0)
-    for budget in (None, 27):
+    for budget, cover in ((None, False), (27, False), (None, True)):  # covers: classes of later covers start > 0
         if budget is not None:
             monkeypatch.setattr(fused_blocks, "_MAX_CACHE_ENTRIES", budget)
-        kernel = assert_same_chain(lambda: NeuralBlockKernel(graph(seed=6), [q], gibbs_prob=0.1, chains=4), 100)
+        kernel = assert_same_chain(
+            lambda cover=cover: NeuralBlockKernel(graph(seed=6), [q], gibbs_prob=0.1, chains=4, cover=cover), 100
+        )
         table = kernel.fused[0].table  # type: ignore[attr-defined]
         assert not table.prefilled and (budget is None or table.evictions > 0)
+        assert len(kernel.cover_classes[0]) == (2 if cover else 1)

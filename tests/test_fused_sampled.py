@@ -147,3 +147,19 @@ def test_a_context_holding_a_block_variable_takes_neither_fused_path() -> None:
     leaky = MotifInstances(instances.blocks, context, instances.params, instances.extra)
     assert not supports_fused_sampled(fg, proposal, leaky)
     assert not BlockTable.fits(fg, leaky, [13, 13, 13])
+
+
+def test_covers_are_refused_on_the_sampled_path_and_left_out_by_auto() -> None:
+    """cover=True names the path; cover='auto' (ReplicaExchange's default) updates every instance there."""
+    from neuralblock import ReplicaExchange
+
+    fg = load_crf().sentence_graph(TOKENS[:5])
+    proposal = load_pretrained("crf_tags-3")
+    with pytest.raises(ValueError, match="FusedSampledSweep"):
+        NeuralBlockKernel(fg, proposals=[proposal], cover=True).setup(0)
+    kernel = NeuralBlockKernel(fg, proposals=[proposal], cover="auto")
+    kernel.setup(0)
+    assert isinstance(kernel.fused[0], FusedSampledSweep) and len(kernel.cover_classes[0]) == 1
+    replicas = ReplicaExchange(fg, [proposal], replicas=2, chains=2)
+    replicas.setup(0)
+    replicas.sample(replicas.initial_params)

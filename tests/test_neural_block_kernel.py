@@ -112,7 +112,7 @@ def test_covers_are_maximal_disjoint_sets_that_hold_every_instance() -> None:
     from neuralblock.io import read_uai, uai_grid
 
     grid_blocks = GridMotif("mrf").find_instances(read_uai(uai_grid("Grids_12"))).blocks
-    for blocks in (grid_blocks, torch.randint(0, 30, (60, 3))):
+    for blocks in (grid_blocks, torch.randint(0, 30, (60, 3), generator=torch.Generator().manual_seed(0))):
         blocks = blocks[(blocks.sort(-1).values.diff(dim=-1) > 0).all(-1)]  # (random rows: distinct variables)
         covers = disjoint_covers(blocks)
         assert torch.equal(torch.cat(covers).unique(), torch.arange(len(blocks)))  # every instance in some cover
@@ -124,6 +124,33 @@ def test_covers_are_maximal_disjoint_sets_that_hold_every_instance() -> None:
             assert torch.isin(blocks[outside], held).any(-1).all()  # maximal: every other block meets the cover
     grid = disjoint_covers(grid_blocks)
     assert [len(c) for c in grid] == [25, 20, 20, 16]  # the four tilings of a 10x10 grid by 2x2 windows
+
+
+def test_covers_that_repeat_instances_follow_new_parameters() -> None:
+    """An odd cycle of pairs: some instance is in two covers; refresh() still finds every block (fused and general)."""
+    fg = FactorGraph()
+    fg.add_variables(5, cardinality=3)
+    g = torch.Generator().manual_seed(0)
+    fg.add_table_factors(torch.tensor([[v, (v + 1) % 5] for v in range(5)]), torch.randn(5, 3, 3, generator=g))
+
+    class CyclePairs(ChainWindow):
+        name = "test-cycle-pairs"
+
+        def find_instances(self, fg: FactorGraph) -> MotifInstances:
+            blocks = torch.tensor([[v, (v + 1) % 5] for v in range(5)])
+            context = torch.tensor([[(v - 1) % 5, (v + 2) % 5] for v in range(5)])
+            return MotifInstances(blocks, context, torch.zeros(5, 0))
+
+    covers = disjoint_covers(CyclePairs().find_instances(fg).blocks)
+    assert sum(len(c) for c in covers) > 5  # an instance in two covers
+    proposal = NeuralBlockProposal(CyclePairs(), components=2, hidden=(8,))
+    for fused in (True, False):
+        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, cover=True, fused=fused, chains=2)
+        kernel.setup(0)
+        params = kernel.sample(kernel.initial_params)
+        fg.groups[0].log_tables.mul_(0.5)  # new parameters, same blocks
+        kernel._refresh(fg)
+        kernel.sample(params)
 
 
 def test_cover_sweeps_update_one_cover_in_turn() -> None:
@@ -138,11 +165,16 @@ def test_cover_sweeps_update_one_cover_in_turn() -> None:
     assert kernel.diagnostics()["acceptance_by_proposal"]["test-chain-window"] > 0
     assert kernel._proposed[0] == 3 * (3 + 2 + 3 + 2)  # chains x (blocks of cover 1, of cover 2, ...)
     with pytest.raises(TypeError, match="cover"):
-        NeuralBlockKernel(fg, proposals=[proposal], cover="yes")  # type: ignore[arg-type]
+        NeuralBlockKernel(fg, proposals=[proposal], cover="yes")
+    with pytest.raises(ValueError, match="neural_rows"):
+        kernel.neural_rows = torch.tensor([True, False])  # 3 chains
+        kernel.sample(params)
+    kernel.neural_rows = None
     fused = kernel.fused[0]
     assert fused is not None
-    with pytest.raises(ValueError, match="classes"):
-        fused.sweep(fg, params["x"], classes=(2, 1))  # type: ignore[call-arg]
+    for bad in ((2, 1), (0.0, 1.0), (0, 99)):
+        with pytest.raises(ValueError, match="classes"):
+            fused.sweep(fg, params["x"], classes=bad)  # type: ignore[arg-type]
 
 
 def test_speculative_step_keeps_classes_up_to_the_first_accept() -> None:

@@ -13,7 +13,7 @@ from pyro.infer import MCMC
 from test_neural_block_kernel import ChainWindow, chain_graph  # tests/ is on sys.path under pytest
 from test_vectorized_chains import assert_matches_enumeration, enumerate_joint, zero_safe
 
-from neuralblock import FactorGraph, ReplicaExchange
+from neuralblock import FactorGraph, NeuralBlockKernel, ReplicaExchange
 from neuralblock.diagnostics import batch_means_mcse
 from neuralblock.kernels.replica_exchange import geometric_ladder, swap_replicas
 from neuralblock.proposals import NeuralBlockProposal
@@ -48,6 +48,12 @@ def test_beta_one_replica_samples_the_target(inner: str) -> None:
     if inner.startswith("neural"):
         acceptance = torch.tensor(diag["block_acceptance_by_temperature"])
         assert len(acceptance) == 4 and bool(acceptance[2:].isnan().all()) == covers
+        inner_kernel = kernel.inner
+        assert isinstance(inner_kernel, NeuralBlockKernel)
+        offered = inner_kernel._proposed_per_chain[0].reshape(4, 8).sum(-1)  # per replica, post-warmup
+        assert float(offered.sum()) == inner_kernel._proposed[0] and bool((offered[2:] == 0).all()) == covers
+        accepted = inner_kernel._accepted_per_chain[0].reshape(4, 8).sum(-1)
+        assert acceptance[:2].tolist() == pytest.approx((accepted[:2] / offered[:2]).tolist())
         assert diag["tempered_proposals"]  # built on the adapted ladder after warmup, then used
 
 

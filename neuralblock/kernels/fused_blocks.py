@@ -1076,7 +1076,7 @@ class FusedBlockSweep:
         chains = state.shape[0]
         table = self.table
         first, last = (0, len(self.sizes)) if classes is None else classes
-        if not 0 <= first < last <= len(self.sizes):
+        if not (isinstance(first, int) and isinstance(last, int) and 0 <= first < last <= len(self.sizes)):
             raise ValueError(f"classes must be a range within 0..{len(self.sizes)}, got {classes!r}")
         count, width = last - first, len(self.rand_index[0])
         limit = JIT_MAX_ENTRIES if self.jit and NUMBA else NUMPY_MAX_ENTRIES

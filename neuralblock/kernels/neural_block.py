@@ -32,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -240,8 +241,10 @@ def disjoint_covers(blocks: Tensor) -> list[Tensor]:
 
     Each cover is built greedily: first the instances no earlier cover holds, then the others, each
     taken when it shares no variable with the blocks taken so far. On a grid of 2x2 windows this gives
-    the four tilings, each updating every variable once; on a chain of pairs, the two tilings.
-    Setup-time Python (one pass over the instances per cover).
+    the four tilings by 2x2 windows (shifted by a row, a column or both: the shifted ones leave the
+    edge rows or columns out); on a chain of pairs, the two tilings. Where instances cannot be split
+    into such tilings (odd cycles), some instances are in several covers. Setup-time Python (one pass
+    over the instances per cover).
 
     Args:
         blocks: ``[I, b]`` variable ids of each instance's block.
@@ -355,8 +358,10 @@ class NeuralBlockKernel(GraphKernel):
             disjoint blocks (:func:`disjoint_covers`; on a grid of 2x2 windows, one of the four
             tilings), taking the covers in turn, instead of every instance (``False``; on a grid
             each variable then lies in four overlapping windows). A cover sweep costs a fraction of a
-            full one and still moves every variable once; each is an exact MH kernel, so any order
-            of them leaves the target invariant. On the fused block path and the general path.
+            full one and moves each of its blocks' variables once (on a 10x10 grid the four tilings hold
+            100, 80, 80 and 64 of them); each is an exact MH kernel, so any order of them leaves the
+            target invariant. Covers run on the fused block path and the general path (``True`` refuses
+            other paths; ``"auto"`` uses covers where they run and every instance elsewhere).
     """
 
     batched_state = True
@@ -372,12 +377,12 @@ class NeuralBlockKernel(GraphKernel):
         device: str | torch.device | None = None,
         compile: bool | str = "auto",
         fused: bool = True,
-        cover: bool = False,
+        cover: bool | str = False,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self.use_fused = bool(fused)
-        if not isinstance(cover, bool):
-            raise TypeError(f"cover must be True or False, got {cover!r}")
+        if not isinstance(cover, bool) and cover != "auto":
+            raise TypeError(f"cover must be True, False or 'auto', got {cover!r}")
         self.cover = cover
         self.cover_classes: list[list[tuple[int, int]]] = []  # per proposal: each cover's classes (first, last)
         if isinstance(proposals, NeuralBlockProposal):
@@ -431,26 +436,37 @@ class NeuralBlockKernel(GraphKernel):
             if blocks.dim() != 2 or blocks.shape[1] != motif.block_spec.size:
                 raise ValueError(f"motif {motif.name} returned blocks of shape {tuple(blocks.shape)}")
             _check_blocks(fg, motif, instances, latent)
-            colouring, bounds = self._colour(fg, instances)
+            path: type | None = None  # the fused path the proposal takes (None: the general path)
+            if self.use_fused and supports_fused(fg, instances, motif.block_spec.cardinalities):
+                path = FusedBlockSweep
+            elif self.use_fused and supports_fused_sampled(fg, proposal, instances):
+                path = FusedSampledSweep
+            elif self.use_fused and supports_fused_continuous(fg, motif, instances):
+                path = FusedContinuousSweep
+            elif self.use_fused and supports_fused_mixture(fg, motif, instances):
+                path = FusedMixtureSweep
+            covers = path in (None, FusedBlockSweep) and self.cover is not False
+            if self.cover is True and not covers:
+                raise ValueError(
+                    f"cover=True: proposal {motif.name} takes the {path.__name__ if path else ''} path, which "
+                    "updates every instance in a sweep; covers run on the fused block path and the general path "
+                    "(cover='auto' uses them where they run)"
+                )
+            colouring, bounds = self._colour(fg, instances, covers)
             self.cover_classes.append(bounds)
             sizes = torch.tensor([len(members) for members in colouring], dtype=torch.long)
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
             ordered = instances.select(order)
             offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
             fused: _Fused | None = None
-            if self.use_fused and supports_fused(fg, instances, motif.block_spec.cardinalities):
+            if path is FusedBlockSweep:
                 fused = FusedBlockSweep(fg, proposal, ordered, offsets, self.device, self.compile)
-            elif self.use_fused and supports_fused_sampled(fg, proposal, instances):
+            elif path is FusedSampledSweep:
                 fused = FusedSampledSweep(fg, proposal, ordered, offsets, self.device)
-            elif self.use_fused and supports_fused_continuous(fg, motif, instances):
+            elif path is FusedContinuousSweep:
                 fused = FusedContinuousSweep(fg, proposal, ordered, offsets, self.device, self.compile)
-            elif self.use_fused and supports_fused_mixture(fg, motif, instances):
+            elif path is FusedMixtureSweep:
                 fused = FusedMixtureSweep(fg, proposal, ordered, self.window)
-            if len(bounds) > 1 and not (fused is None or isinstance(fused, FusedBlockSweep)):
-                raise ValueError(
-                    f"cover=True: proposal {motif.name} takes the {type(fused).__name__} path, which updates every "
-                    "instance in a sweep; covers run on the fused block path and the general path (fused=False)"
-                )
             self.fused.append(fused)
             classes, sweep = [], None
             if fused is None:
@@ -495,9 +511,10 @@ class NeuralBlockKernel(GraphKernel):
                     stacklevel=2,
                 )
 
-    def _colour(self, fg: FactorGraph, instances: MotifInstances) -> tuple[list[Tensor], list[tuple[int, int]]]:
+    @staticmethod
+    def _colour(fg: FactorGraph, instances: MotifInstances, cover: bool) -> tuple[list[Tensor], list[tuple[int, int]]]:
         """Colour classes of the instances (cover by cover with ``cover``) and each cover's ``(first, last)`` class."""
-        covers = disjoint_covers(instances.blocks) if self.cover and len(instances) else [None]
+        covers = disjoint_covers(instances.blocks) if cover and len(instances) else [None]
         colouring: list[Tensor] = []
         bounds = []
         for members in covers:
@@ -568,15 +585,16 @@ class NeuralBlockKernel(GraphKernel):
     def _reset_stats(self) -> None:
         n = len(self.proposals)
         self._proposed = [0] * n
-        self._accepted = [0] * n
-        self._nonfinite = [0] * n
-        self._recent = [0.0] * n
+        self._accepted: list[int | Tensor] = [0] * n
+        self._nonfinite: list[int | Tensor] = [0] * n
+        self._recent: list[float | Tensor] = [0.0] * n
         self._discarded = [0] * n
         self._class_accept_rate = [1.0] * n  # running fraction of classes with an accepted block
         self._block_seconds = 0.0
-        self._single_sweeps = 0
+        self._single_sweeps = 0.0
         self._transitions = 0  # neural sweeps so far, warmup included
         self._accepted_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
+        self._proposed_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
@@ -585,21 +603,31 @@ class NeuralBlockKernel(GraphKernel):
             if not warmup:
                 self._single_sweeps += 1
             return state
-        start = time.perf_counter()
         if self.neural_rows is None:
-            state = self._neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
+            state = self._timed_neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
         else:  # the chains of neural_rows take the neural sweep, the others a single-site sweep
+            if self.neural_rows.shape != state.shape[:1]:
+                shape = tuple(self.neural_rows.shape)
+                raise ValueError(f"neural_rows must mask the {len(state)} chains, got shape {shape}")
             (neural, neural_beta, neural_soft), (single, single_beta, single_soft) = self._split_rows(self.neural_rows)
             out = torch.empty_like(state)
             if len(single):
                 out[single] = self.single_site.sweep(fg, state[single], warmup, single_beta, single_soft)
+                if not warmup:
+                    self._single_sweeps += len(single) / len(state)  # (in chain-sweeps of the whole state)
             if len(neural):
-                out[neural] = self._neural_sweep(
+                out[neural] = self._timed_neural_sweep(
                     fg, state[neural], neural_beta, neural_soft, warmup, neural, len(state)
                 )
             state = out
         self._transitions += 1
-        if not warmup:
+        return state
+
+    def _timed_neural_sweep(self, fg: FactorGraph, state: Tensor, *args: Any) -> Tensor:
+        """:meth:`_neural_sweep`, its post-warmup time counted in ``updates_per_second``."""
+        start = time.perf_counter()
+        state = self._neural_sweep(fg, state, *args)
+        if not args[2]:  # (warmup)
             if state.device.type == "cuda":
                 torch.cuda.synchronize(state.device)
             self._block_seconds += time.perf_counter() - start
@@ -651,21 +679,28 @@ class NeuralBlockKernel(GraphKernel):
                     )
                 else:
                     state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
-                per_chain = per_chain.cpu()  # (the counts are read on the host: one copy)
-                accepted, bad = int(per_chain.sum()), int(nonfinite)
+                accepted: int | Tensor = per_chain.sum()
+                bad: int | Tensor = nonfinite
+                if per_chain.device.type == "cpu":  # (on a GPU the counts stay there until read after warmup)
+                    accepted, bad = int(accepted), int(bad)
                 discarded = fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
                 if not warmup:
+                    per_chain = per_chain.cpu()
+                    offered = torch.full_like(per_chain, proposed // len(state))  # every chain proposes every block
                     if rows is not None:  # counts of every chain (0 for those that took the single-site sweep)
-                        per_chain = per_chain.new_zeros(chains).index_copy_(0, rows.cpu(), per_chain)
+                        place = rows.cpu()
+                        per_chain = per_chain.new_zeros(chains).index_copy_(0, place, per_chain)
+                        offered = offered.new_zeros(chains).index_copy_(0, place, offered)
                     self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain
+                    self._proposed_per_chain[i] = self._proposed_per_chain[i] + offered
             else:
                 state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, classes, beta)
             rate = accepted / max(proposed, 1)  # a running rate for the progress bar
             self._recent[i] = rate if self._transitions == 0 else 0.9 * self._recent[i] + 0.1 * rate
             if not warmup:
-                self._accepted[i] += accepted
+                self._accepted[i] = self._accepted[i] + accepted  # (an int on the CPU, else a tensor on the device)
                 self._proposed[i] += proposed
-                self._nonfinite[i] += bad
+                self._nonfinite[i] = self._nonfinite[i] + bad
                 self._discarded[i] += discarded
         return state
 
@@ -782,11 +817,17 @@ def _summary(fg: FactorGraph) -> str:
 
 
 def _order_of(blocks: Tensor, found: Tensor) -> Tensor | None:
-    """Rows of ``found`` that give ``blocks`` (same set of blocks, in ``blocks``' order), or ``None``."""
-    if found.shape != blocks.shape:
+    """Rows of ``found`` that give ``blocks`` (the same set of blocks, in ``blocks``' order, some perhaps
+    repeated: covers may hold an instance twice), or ``None``.
+
+    Example:
+        >>> _order_of(torch.tensor([[1, 2], [0, 1], [1, 2]]), torch.tensor([[0, 1], [1, 2]])).tolist()
+        [1, 0, 1]
+    """
+    if found.shape[1:] != blocks.shape[1:]:
         return None
     position = {tuple(row): i for i, row in enumerate(found.tolist())}
     order = [position.get(tuple(row)) for row in blocks.tolist()]
-    if any(i is None for i in order):
+    if any(i is None for i in order) or len(set(order)) != len(found):
         return None
     return torch.tensor(order, dtype=torch.long)

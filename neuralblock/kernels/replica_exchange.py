@@ -162,8 +162,8 @@ class ReplicaExchange(GraphKernel):
         replicas: the number of temperatures ``R``.
         max_temperature: the hottest temperature ``T_R`` of the initial geometric ladder.
         temperatures: an explicit initial ladder ``1 = T_1 < ... < T_R`` (overrides the two above).
-        gibbs_prob: the neural inner kernel's single-site sweep probability (in the replicas that take
-            neural sweeps; lower than :class:`NeuralBlockKernel`'s 0.5 because the others are single-site already).
+        gibbs_prob: the neural inner kernel's single-site sweep probability (0.1: on the UAI Ising grids,
+            replicas with more neural sweeps reached a given marginal error sooner than with 0.5).
         chains: independent ensembles ``K`` (each returns its ``beta = 1`` replica).
         adapt: adapt the ladder during warmup.
         adapt_nu: ``nu`` of the adaptation rate ``kappa(t) = t0 / (nu (t + t0))``.
@@ -177,7 +177,8 @@ class ReplicaExchange(GraphKernel):
             supports it (table factors, fused neural blocks with dense tables); ``None``: plain
             powers ``p(x)^beta``.
         cover: neural replicas update one cover of disjoint blocks per neural sweep (see
-            :class:`NeuralBlockKernel`; on a grid, one tiling by 2x2 windows instead of all of them).
+            :class:`NeuralBlockKernel`; on a grid, one tiling by 2x2 windows instead of all of them);
+            ``"auto"``: where the proposal's path supports covers.
         neural_replicas: how many of the coldest replicas take neural sweeps (the others take a single-site
             sweep instead); ``None``: all; ``"auto"``: all, and only ``T = 1`` on softened models (see above).
 
@@ -203,7 +204,7 @@ class ReplicaExchange(GraphKernel):
         compile: bool | str = "auto",
         tempered_proposals: bool = True,
         zero_penalty: float | str | None = "auto",
-        cover: bool = True,
+        cover: bool | str = "auto",
         neural_replicas: int | str | None = "auto",
     ) -> None:
         super().__init__(model, chains=chains, device=device)
@@ -266,7 +267,7 @@ class ReplicaExchange(GraphKernel):
             )
         self.replica_states: Tensor | None = None
         self._joints: tuple[TableLogJoint, TableLogJoint | None] | None = None  # compiled swaps' log joints
-        self._ladder_cache: tuple[tuple, tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]] | None = None
+        self._ladder_cache: tuple[tuple, tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]] | None = None
         self._reset_stats()
 
     @property
@@ -381,7 +382,7 @@ class ReplicaExchange(GraphKernel):
         beta, log_zero, index, row_beta, cold = self._ladder_tensors(state.dtype)
         self.inner.soft_zeros = None if log_zero is None else SoftZeros(index, log_zero)
         if isinstance(self.inner, NeuralBlockKernel):  # the coldest replicas' chains take the neural sweeps
-            self.inner.neural_rows = None if cold.all() else cold
+            self.inner.neural_rows = cold
         fixed = not warmup or not self.adapt or self.replicas < 3
         if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
             neural = self.neural_count()  # rows for the temperatures whose replicas take neural sweeps
@@ -408,9 +409,9 @@ class ReplicaExchange(GraphKernel):
         self.replica_states = replicas
         return replicas[0]
 
-    def _ladder_tensors(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]:
+    def _ladder_tensors(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]:
         """``beta [R]``, the zeros' log-potentials ``[R]`` (or ``None``), each row's replica and ``beta`` ``[R K]``,
-        and the rows of the ``T = 1`` replicas ``[R K]`` (bool).
+        and the rows of the replicas that take neural sweeps ``[R K]`` (bool; ``None``: all).
 
         Made again only when the ladder, the penalty or the dtype changes (the ladder moves in warmup only).
         """
@@ -420,7 +421,8 @@ class ReplicaExchange(GraphKernel):
         if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:]:
             beta = self.betas.to(self.device)
             index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major
-            cold = index < self.neural_count()
+            neural = self.neural_count()
+            cold = None if neural == self.replicas else index < neural  # (None: every replica)
             cached = (key, (beta, self.zero_log_potentials(), index, beta[index].to(dtype), cold))
             self._ladder_cache = cached
         return cached[1]
@@ -522,17 +524,14 @@ class ReplicaExchange(GraphKernel):
         }
         if isinstance(self.inner, NeuralBlockKernel):
             rates = []
-            rows = self.inner.neural_rows
-            neural = torch.ones(self.replicas, dtype=torch.bool)  # replicas that took neural sweeps
-            if rows is not None:
-                neural = rows.cpu().reshape(self.replicas, self.chains).any(-1)
             for i, fused in enumerate(self.inner.fused):
-                accepted = self.inner._accepted_per_chain[i]
+                accepted, offered = self.inner._accepted_per_chain[i], self.inner._proposed_per_chain[i]
                 if fused is None or accepted.dim() != 1 or not self.inner._proposed[i]:
                     continue
-                per_replica = accepted.double().reshape(self.replicas, self.chains).sum(-1)
-                rate = per_replica / (self.inner._proposed[i] / int(neural.sum()))
-                rates.append(rate.masked_fill(~neural, math.nan))
+                per_replica, proposed = (
+                    t.double().reshape(self.replicas, self.chains).sum(-1) for t in (accepted, offered)
+                )  # (replicas that took no neural sweep: NaN)
+                rates.append(torch.where(proposed > 0, per_replica / proposed.clamp(min=1.0), math.nan))
             if rates:
                 out["block_acceptance_by_temperature"] = torch.stack(rates).mean(0).tolist()
         return out

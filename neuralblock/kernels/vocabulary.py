@@ -82,7 +82,7 @@ class KernelDiagnostics(TypedDict, total=False):
         zero_penalty: ReplicaExchange's cost (nats) of a zero table entry at the hottest replica, whose
             zeros are softened, or ``None`` (tempered powers ``p(x)^beta``).
         block_acceptance_by_temperature: ReplicaExchange's neural block acceptance per temperature (list of
-            fractions; fused path only).
+            fractions, NaN at temperatures whose replicas took no neural sweep; fused path only).
         path_change_rate: ParticleGibbs's mean fraction of the path changed per sweep.
         mean_relative_ess: ParticleGibbs's mean relative effective sample size of the particles per sweep.
         degenerate_steps: ParticleGibbs's time steps whose particle weights were all zero or non-finite
