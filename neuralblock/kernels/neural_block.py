@@ -32,7 +32,6 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -623,11 +622,20 @@ class NeuralBlockKernel(GraphKernel):
         self._transitions += 1
         return state
 
-    def _timed_neural_sweep(self, fg: FactorGraph, state: Tensor, *args: Any) -> Tensor:
+    def _timed_neural_sweep(
+        self,
+        fg: FactorGraph,
+        state: Tensor,
+        beta: Tensor | None,
+        soft: SoftZeros | None,
+        warmup: bool,
+        rows: Tensor | None = None,
+        chains: int = 0,
+    ) -> Tensor:
         """:meth:`_neural_sweep`, its post-warmup time counted in ``updates_per_second``."""
         start = time.perf_counter()
-        state = self._neural_sweep(fg, state, *args)
-        if not args[2]:  # (warmup)
+        state = self._neural_sweep(fg, state, beta, soft, warmup, rows, chains)
+        if not warmup:
             if state.device.type == "cuda":
                 torch.cuda.synchronize(state.device)
             self._block_seconds += time.perf_counter() - start
