@@ -1,16 +1,18 @@
-"""Held-out pair blocks by model size: the set-encoder ``gmm_pair_set`` proposal against ``gmm_pair`` and the prior.
+"""Held-out pair blocks by model size: the set-encoder proposals against ``gmm_pair`` and the prior.
 
 For every size ``m`` (candidate mixtures) in ``--mixtures`` and ``n`` (points) in ``--points``,
-``--instances`` whitened GMMs are drawn from the ``gmm_pair_set`` training distribution at that one
-size (:meth:`motifs.gmm_pair_set.GmmPairSetMotif.sample_models`: unequal cluster sizes,
-``tau / sigma`` down to 1.5, a quarter with a near-duplicate mixture; seeds no training run uses).
+``--instances`` whitened GMMs are drawn from the first ``gmm_pair_set`` training distribution at that
+one size (:meth:`motifs.gmm_pair_set.GmmPairSetMotif.sample_models` without ``copies``:
+``tau / sigma`` down to 1.5, a quarter with a near-duplicate mixture; seeds no training run uses),
+which ``gmm_pair_copies`` saw in only half of its training models.
 Each proposal encodes the same models with its own motif's features, and the study reports
 
 * the NLL ``E[-log q(B | C)]`` of the pair block (whitened coordinates), and
 * the independence-MH acceptance rate when ``q`` replaces the exact conditional ``p(B | C)``
   (Monte Carlo, ``--mc-samples`` proposals per instance),
 
-for the new proposal (reads every point), the old one (``gmm_pair``: 6 other mixtures and 60
+for the set-encoder proposals of ``--proposal`` (read every point; by default ``gmm_pair_copies``
+and ``gmm_pair_set``), the old one (``gmm_pair``: 6 other mixtures and 60
 points chosen by its rule, trained at ``m = 8``, ``n = 60``; its training range of ``tau / sigma``
 and ``p`` is narrower, ``[2, 8]`` and ``[0.25, 0.75]``) and the prior proposal ``q = p(B)``.
 
@@ -52,7 +54,12 @@ HELD_OUT_SEED = 91_000  # no training run or other study draws from these seeds
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = study_parser(__doc__)
-    parser.add_argument("--proposal", default="gmm_pair_set", help="the set-encoder proposal (name or file)")
+    parser.add_argument(
+        "--proposal",
+        nargs="+",
+        default=["gmm_pair_copies", "gmm_pair_set"],
+        help="the set-encoder proposals (names or files)",
+    )
     parser.add_argument("--old-proposal", default="gmm_pair", help="the fixed-context proposal (name or file)")
     parser.add_argument("--mixtures", type=int, nargs="+", default=[8, 12, 16, 20, 32])
     parser.add_argument("--points", type=int, nargs="+", default=[60, 240, 1000])
@@ -105,10 +112,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     config, folder = open_study(args)
     proposals = {
-        "gmm_pair_set": load_or_untrained(args.proposal, args.quick, GmmPairSetMotif, hidden=(32,)),
-        "gmm_pair (old)": load_or_untrained(args.old_proposal, args.quick, GmmPairMotif, hidden=(32,)),
-        "prior": prior_proposal(GmmPairSetMotif()),
+        Path(name).name: load_or_untrained(name, args.quick, GmmPairSetMotif, hidden=(32,)) for name in args.proposal
     }
+    proposals[f"{Path(args.old_proposal).name} (old)"] = load_or_untrained(
+        args.old_proposal, args.quick, GmmPairMotif, hidden=(32,)
+    )
+    proposals["prior"] = prior_proposal(GmmPairSetMotif())
     sizes = [(m, n) for m in args.mixtures for n in args.points]
     rows = [row for m, n in tqdm(sizes, desc="sizes") for row in size_rows(m, n, proposals, args)]
     write_json(folder / "gmm_pair_sizes.json", {"config": config, "rows": rows})
@@ -121,9 +130,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 entry[f"NLL {r['proposal']}"] = r["nll"]
         wide.append(entry)
     intro = (
-        f"{args.instances} held-out models per size from the gmm_pair_set training distribution (seeds from "
-        f"{HELD_OUT_SEED}); acceptance: independence MH against the exact pair conditional, {args.mc_samples} "
-        "proposals per model."
+        f"{args.instances} held-out models per size from the first gmm_pair_set training distribution (no copies; "
+        f"seeds from {HELD_OUT_SEED}); acceptance: independence MH against the exact pair conditional, "
+        f"{args.mc_samples} proposals per model."
     )
     write_sections(
         folder,

@@ -9,7 +9,8 @@ family appears at every m and every n (:func:`cell_families`); ``--families`` ru
 every cell. Three arms run on every case, each one kernel of ``--chains K`` vectorized chains from
 the same K starts, for the same sampling time (``--clock cpu`` by default):
 
-* ``NB(set) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--proposal`` (``gmm_pair_set``);
+* ``NB(set) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--proposal`` (``gmm_pair_copies``; the
+  first set-encoder proposal, ``gmm_pair_set``, can take either NB arm);
 * ``split-merge + Gibbs``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`;
 * ``NB(old) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--old-proposal`` (``gmm_pair``).
 
@@ -37,6 +38,7 @@ Usage::
 
     python -m experiments.gmm_scale --quick
     python -m experiments.gmm_scale --workers 2
+    python -m experiments.gmm_scale --workers 2 --old-proposal gmm_pair_set --seed 2  # the two set proposals
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
 """
 
@@ -90,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ([8], [60], 2, 1.0)
     """
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--proposal", default="gmm_pair_set", help="the new proposal: shipped name or file path")
+    parser.add_argument("--proposal", default="gmm_pair_copies", help="the new proposal: shipped name or file path")
     parser.add_argument("--old-proposal", default="gmm_pair", help="the old proposal: shipped name or file path")
     parser.add_argument("--mixtures", type=int, nargs="+", default=[8, 12, 16, 20, 32])
     parser.add_argument("--points", type=int, nargs="+", default=[60, 240, 1000])

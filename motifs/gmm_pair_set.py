@@ -26,7 +26,10 @@ units of ``sigma``).
 **Training distribution.** Models of 4 to 32 mixtures and 30 to 1000 points drawn from the
 model (points uniform over the active mixtures), with overlapping clusters (``tau / sigma``
 down to 1.5), a broad activity rate and near-duplicate mixtures, which is how the model
-explains clusters of unequal size (:meth:`GmmPairSetMotif.sample_models`).
+explains clusters of unequal size (:meth:`GmmPairSetMotif.sample_models`). With the option
+``copies`` (the shipped ``gmm_pair_copies``: 0.5), that fraction of the training models gathers its
+active mixtures as copies on a few of them, as the posterior does on clusters of unequal size
+(several mixtures on one large cluster), which one near-duplicate rarely showed the first release.
 
 Example:
     >>> import torch
@@ -64,6 +67,8 @@ _MIN_MIXTURES, _MAX_MIXTURES = 4, 32
 _MIN_POINTS, _MAX_POINTS = 30, 1000
 _DUPLICATE_RATE = 0.25  # training models with a near-duplicate mixture
 _DUPLICATE_SPREAD = 0.5  # its distance from the original, in units of sigma
+_COPY_SHAPE = 0.7  # Gamma shape of the weights by which copied models pick the mixtures to copy
+_COPY_SPREAD = (0.05, 0.5)  # range (log-uniform) of a copy's distance from its original, in units of sigma
 
 
 class PairModels(NamedTuple):
@@ -91,19 +96,24 @@ class GmmPairSetMotif(GmmPairMotif):
         dim: dimension ``D`` of the points and means.
         hidden: width of the set encoder's token network.
         heads: attention heads of the set encoder.
+        copies: the fraction of training models whose active mixtures gather as copies on a few
+            of them (:meth:`sample_models`); 0 draws the training models of the first release.
     """
 
     name = "gmm_pair_set"
     version = 1
 
-    def __init__(self, dim: int = 2, hidden: int = 32, heads: int = 4) -> None:
+    def __init__(self, dim: int = 2, hidden: int = 32, heads: int = 4, copies: float = 0.0) -> None:
         for label, value in (("dim", dim), ("hidden", hidden), ("heads", heads)):
             if isinstance(value, bool) or int(value) != value or value < 1:
                 raise ValueError(f"gmm_pair_set option {label} must be a positive integer, got {value!r}")
-        self.dim, self.hidden, self.heads = int(dim), int(hidden), int(heads)
+        if isinstance(copies, bool) or not isinstance(copies, (int, float)) or not 0.0 <= copies <= 1.0:
+            raise ValueError(f"gmm_pair_set option copies must be a fraction in [0, 1], got {copies!r}")
+        self.dim, self.hidden, self.heads, self.copies = int(dim), int(hidden), int(heads), float(copies)
 
     def options(self) -> dict[str, Any]:
-        return {"dim": self.dim, "hidden": self.hidden, "heads": self.heads}
+        options: dict[str, Any] = {"dim": self.dim, "hidden": self.hidden, "heads": self.heads}
+        return {**options, "copies": self.copies} if self.copies else options  # (the first release had none)
 
     @property
     def feature_dim(self) -> int:
@@ -193,7 +203,8 @@ class GmmPairSetMotif(GmmPairMotif):
         uniformly among the active ones, as the model does: the network learns the model's
         conditional (up to the near-duplicates, which change the means' prior in a quarter of
         the models; MH corrects both), and to the model a large cluster is several mixtures at one place
-        (which the near-duplicates and the prior's close pairs show it). Training on
+        (which the near-duplicates and the prior's close pairs show it, and ``copies`` shows it
+        often: :meth:`_gather_copies`, after the near-duplicate). Training on
         unequal cluster weights instead taught a first version to propose what generated
         the data rather than what the model prefers: it stalled below split-merge on
         unequal clusters at ``n = 1000``.
@@ -241,6 +252,8 @@ class GmmPairSetMotif(GmmPairMotif):
         noise = _DUPLICATE_SPREAD * torch.randn(len(rows), d, generator=gen, dtype=dtype)
         u_means[rows, copy[duplicate]] = u_means[rows, source[duplicate]] + noise
         bits[rows, copy[duplicate]] = 1.0
+        if self.copies > 0:
+            u_means = self._gather_copies(u_means, bits, gen)
         labels = torch.multinomial(bits, n, replacement=True, generator=gen)  # [size, n], as the model draws them
         u_points = u_means.gather(1, labels.unsqueeze(-1).expand(size, n, d))
         u_points = u_points + torch.randn(size, n, d, generator=gen, dtype=dtype)
@@ -252,6 +265,29 @@ class GmmPairSetMotif(GmmPairMotif):
             psi=torch.stack([log_ratio, torch.logit(p)], -1),
             block=torch.cat([u_means[:, 0], bits[:, :1], u_means[:, 1], bits[:, 1:2]], -1),
         )
+
+    def _gather_copies(self, u_means: Tensor, bits: Tensor, gen: torch.Generator) -> Tensor:
+        """In a fraction ``copies`` of the models, move the active mixtures onto copies of a few of them.
+
+        Each active mixture picks an active one (possibly itself) with weights drawn from
+        ``Gamma(0.7)``, so a few are picked often, and sits ``N(0, s^2 I)`` from its pick's mean, ``s``
+        log-uniform on ``[0.05, 0.5]`` per model; a mixture that picks itself keeps its mean. The points
+        are drawn afterwards, uniformly over the active mixtures: a cluster with ``c`` copies gets ``c``
+        shares of them. This is how the model's posterior explains clusters of unequal sizes (the
+        ``unequal`` and ``scaled`` GMM families), which the first release's single near-duplicate
+        rarely showed it.
+        """
+        size, m, d = u_means.shape
+        dtype = u_means.dtype
+        copied = torch.rand(size, generator=gen, dtype=dtype) < self.copies
+        weights = torch._standard_gamma(torch.full((size, m), _COPY_SHAPE, dtype=dtype), generator=gen)
+        pick = torch.multinomial(weights * bits + 1e-30, m, replacement=True, generator=gen)  # [size, m]
+        low, high = (math.log(v) for v in _COPY_SPREAD)
+        spread = torch.exp(low + (high - low) * torch.rand(size, generator=gen, dtype=dtype))
+        noise = spread[:, None, None] * torch.randn(size, m, d, generator=gen, dtype=dtype)
+        moved = copied[:, None] & (bits > 0) & (pick != torch.arange(m))
+        target = u_means.gather(1, pick.unsqueeze(-1).expand(size, m, d)) + noise
+        return torch.where(moved.unsqueeze(-1), target, u_means)
 
 
 register_motif("gmm_pair_set", GmmPairSetMotif)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from motifs.gmm_pair import gmm_graph, gmm_initial_state, pair_log_density, sample_gmm
-from motifs.gmm_pair_set import GmmPairSetMotif
+from motifs.gmm_pair_set import GmmPairSetMotif, PairModels
 from neuralblock.proposals import MixtureDensityNetwork, NeuralBlockProposal
 from neuralblock.proposals.set_encoder import SetPooling, check_set_encoder
 
@@ -96,6 +96,32 @@ def test_training_batches_mix_sizes_and_their_padding_is_inert() -> None:
     assert log_p.shape == (1, 130) and torch.isfinite(log_p).all()
 
 
+def test_copied_models_gather_active_mixtures_and_zero_copies_keeps_the_first_draws() -> None:
+    def draw(copies: float) -> PairModels:
+        return GmmPairSetMotif(copies=copies).sample_models(256, torch.Generator().manual_seed(3), 12, 200)
+
+    first, again, copied = draw(0.0), draw(0.0), draw(1.0)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert torch.equal(
+        GmmPairSetMotif().sample_models(256, torch.Generator().manual_seed(3), 12, 200).block, first.block
+    )
+
+    def nearest_active_gap(models: PairModels) -> torch.Tensor:
+        """Per model with >= 2 active mixtures: the median distance of an active mean to its nearest active one."""
+        means = torch.cat([models.block[:, None, 0:2], models.block[:, None, 3:5], models.u_others], 1)
+        bits = torch.cat([models.block[:, 2:3], models.block[:, 5:6], models.v_others], 1) > 0
+        gaps = torch.cdist(means, means) + torch.eye(means.shape[1]) * 1e9
+        gaps = gaps.masked_fill(~bits[:, None, :], 1e9).amin(-1).masked_fill(~bits, float("nan"))
+        keep = bits.sum(-1) >= 2
+        return gaps[keep].nanmedian(-1).values
+
+    # copies sit 0.05-0.5 sigma from their original; means from the prior are tau / sigma >= 1.5 apart in scale
+    assert nearest_active_gap(copied).median() < 0.5 < nearest_active_gap(first).median()
+    with pytest.raises(ValueError, match="copies must be a fraction"):
+        GmmPairSetMotif(copies=1.5)
+    assert GmmPairSetMotif(copies=0.5).options()["copies"] == 0.5 and "copies" not in GmmPairSetMotif().options()
+
+
 def test_the_pair_density_skips_padding_points() -> None:
     gen = torch.Generator().manual_seed(2)
     points, others, bits = (
@@ -130,3 +156,6 @@ def test_the_shipped_proposals_load() -> None:
     new = NeuralBlockProposal.load("pretrained/gmm_pair_set")
     assert new.motif.name == "gmm_pair_set" and new.mdn.set_pooling is not None
     assert new.metadata["validation"]["acceptance"] > 0.3
+    copies = NeuralBlockProposal.load("pretrained/gmm_pair_copies")
+    assert copies.motif.name == "gmm_pair_set" and copies.motif.copies == 0.5
+    assert copies.metadata["validation"]["acceptance"] > 0.3
