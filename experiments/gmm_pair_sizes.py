@@ -111,8 +111,12 @@ def plot(rows: list[dict[str, Any]], labels: list[str], path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     config, folder = open_study(args)
+    labels = [Path(name).name for name in args.proposal]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"--proposal names two proposals alike (by file name): {args.proposal}")
     proposals = {
-        Path(name).name: load_or_untrained(name, args.quick, GmmPairSetMotif, hidden=(32,)) for name in args.proposal
+        label: load_or_untrained(name, args.quick, GmmPairSetMotif, hidden=(32,))
+        for label, name in zip(labels, args.proposal)
     }
     proposals[f"{Path(args.old_proposal).name} (old)"] = load_or_untrained(
         args.old_proposal, args.quick, GmmPairMotif, hidden=(32,)

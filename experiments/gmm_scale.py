@@ -389,12 +389,30 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     for label in ARMS:
         run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock)
         diag = run.pop("diagnostics")
-        run["acceptance"] = diag.get("acceptance_by_proposal", diag.get("acceptance_by_move"))
+        run["acceptance"] = arm_acceptance(label, diag, args)
         runs[label] = [run]
     result = {"m": m, "n": n, "family": family, "seconds": seconds, "reference": reference, "runs": runs}
     result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
     runs.update({label: [thin_run(run, args.trace_points)] for label, (run,) in runs.items()})
     return index, result
+
+
+def arm_acceptance(label: str, diagnostics: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    """An arm's in-kernel acceptance: split-merge's per move, an NB arm's under its proposal's name.
+
+    (The kernel names a proposal by its motif, which both set proposals share.)
+
+    Example:
+        >>> args = argparse.Namespace(proposal="gmm_pair_copies", old_proposal="pretrained/gmm_pair_set")
+        >>> arm_acceptance(NB_OLD, {"acceptance_by_proposal": {"gmm_pair_set": 0.25}}, args)
+        {'gmm_pair_set': 0.25}
+        >>> arm_acceptance(NB_SET, {"acceptance_by_proposal": {"gmm_pair_set": 0.5}}, args)
+        {'gmm_pair_copies': 0.5}
+    """
+    if label == SM:
+        return dict(diagnostics["acceptance_by_move"])
+    (rate,) = diagnostics["acceptance_by_proposal"].values()
+    return {Path(args.proposal if label == NB_SET else args.old_proposal).name: rate}
 
 
 def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:

@@ -96,8 +96,10 @@ class GmmPairSetMotif(GmmPairMotif):
         dim: dimension ``D`` of the points and means.
         hidden: width of the set encoder's token network.
         heads: attention heads of the set encoder.
-        copies: the fraction of training models whose active mixtures gather as copies on a few
-            of them (:meth:`sample_models`); 0 draws the training models of the first release.
+        copies: the fraction of training models whose active mixtures gather into groups of copies
+            (:meth:`sample_models`); 0 draws the training models of the first release. It is part
+            of the motif's spec (when not 0), so a proposal trained with it loads with that motif
+            (``NeuralBlockProposal.load(path)`` builds it from the sidecar).
     """
 
     name = "gmm_pair_set"
@@ -267,21 +269,23 @@ class GmmPairSetMotif(GmmPairMotif):
         )
 
     def _gather_copies(self, u_means: Tensor, bits: Tensor, gen: torch.Generator) -> Tensor:
-        """In a fraction ``copies`` of the models, move the active mixtures onto copies of a few of them.
+        """In a fraction ``copies`` of the models, gather the active mixtures into groups of copies.
 
         Each active mixture picks an active one (possibly itself) with weights drawn from
-        ``Gamma(0.7)``, so a few are picked often, and sits ``N(0, s^2 I)`` from its pick's mean, ``s``
-        log-uniform on ``[0.05, 0.5]`` per model; a mixture that picks itself keeps its mean. The points
-        are drawn afterwards, uniformly over the active mixtures: a cluster with ``c`` copies gets ``c``
-        shares of them. This is how the model's posterior explains clusters of unequal sizes (the
-        ``unequal`` and ``scaled`` GMM families), which the first release's single near-duplicate
-        rarely showed it.
+        ``Gamma(0.7)``, so a few are picked often, and moves to ``N(0, s^2 I)`` from its pick's mean
+        before the gathering (``s`` log-uniform on ``[0.05, 0.5]`` per model); one that picks itself
+        keeps its mean. The groups sit at about half as many places as there are active mixtures
+        (1.3, 2.3, 4.1, 7.8 places for 2, 4, 8, 16 active mixtures). The points are drawn afterwards,
+        uniformly over the active mixtures, so a group of ``c`` copies gets ``c`` shares of them: how
+        the model's posterior explains clusters of unequal sizes (the ``unequal`` and ``scaled`` GMM
+        families), which the first release's single near-duplicate rarely showed it. Inactive
+        mixtures and the bits are left as drawn.
         """
         size, m, d = u_means.shape
         dtype = u_means.dtype
         copied = torch.rand(size, generator=gen, dtype=dtype) < self.copies
         weights = torch._standard_gamma(torch.full((size, m), _COPY_SHAPE, dtype=dtype), generator=gen)
-        pick = torch.multinomial(weights * bits + 1e-30, m, replacement=True, generator=gen)  # [size, m]
+        pick = torch.multinomial(torch.where(bits > 0, weights, 0.0), m, replacement=True, generator=gen)  # [size, m]
         low, high = (math.log(v) for v in _COPY_SPREAD)
         spread = torch.exp(low + (high - low) * torch.rand(size, generator=gen, dtype=dtype))
         noise = spread[:, None, None] * torch.randn(size, m, d, generator=gen, dtype=dtype)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from experiments import gmm_pair_sizes as study
 
 
@@ -23,3 +25,8 @@ def test_quick_mode_writes_outputs_and_the_set_proposal_beats_the_prior(tmp_path
     assert rows["gmm_pair_copies"]["nll"] < rows["prior"]["nll"] - 1.0, rows
     assert (folder / "gmm_pair_sizes.md").read_text().count("|") > 10
     assert (folder / "gmm_pair_sizes.png").stat().st_size > 0
+
+
+def test_two_proposals_with_one_label_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="alike"):
+        study.main(["--quick", "--out", str(tmp_path), "--proposal", "gmm_pair_set", "pretrained/gmm_pair_set"])
