@@ -603,7 +603,7 @@ class NeuralBlockKernel(GraphKernel):
                 self._single_sweeps += 1
             return state
         if self.neural_rows is None:
-            state = self._timed_neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
+            state = self._neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
         else:  # the chains of neural_rows take the neural sweep, the others a single-site sweep
             if self.neural_rows.shape != state.shape[:1]:
                 shape = tuple(self.neural_rows.shape)
@@ -615,30 +615,11 @@ class NeuralBlockKernel(GraphKernel):
                 if not warmup:
                     self._single_sweeps += len(single) / len(state)  # (in chain-sweeps of the whole state)
             if len(neural):
-                out[neural] = self._timed_neural_sweep(
+                out[neural] = self._neural_sweep(
                     fg, state[neural], neural_beta, neural_soft, warmup, neural, len(state)
                 )
             state = out
         self._transitions += 1
-        return state
-
-    def _timed_neural_sweep(
-        self,
-        fg: FactorGraph,
-        state: Tensor,
-        beta: Tensor | None,
-        soft: SoftZeros | None,
-        warmup: bool,
-        rows: Tensor | None = None,
-        chains: int = 0,
-    ) -> Tensor:
-        """:meth:`_neural_sweep`, its post-warmup time counted in ``updates_per_second``."""
-        start = time.perf_counter()
-        state = self._neural_sweep(fg, state, beta, soft, warmup, rows, chains)
-        if not warmup:
-            if state.device.type == "cuda":
-                torch.cuda.synchronize(state.device)
-            self._block_seconds += time.perf_counter() - start
         return state
 
     def _split_rows(self, rows: Tensor) -> tuple[_RowPart, _RowPart]:
@@ -674,7 +655,11 @@ class NeuralBlockKernel(GraphKernel):
         rows: Tensor | None = None,
         chains: int = 0,
     ) -> Tensor:
-        """Every proposal's classes (or its next cover) once, on states ``[K', n]`` (chains ``rows`` of ``chains``)."""
+        """Every proposal's classes (or its next cover) once, on states ``[K', n]`` (chains ``rows`` of ``chains``).
+
+        Its post-warmup time counts in ``updates_per_second``.
+        """
+        start = time.perf_counter()
         for i, fused in enumerate(self.fused):
             if soft is not None and not isinstance(fused, FusedBlockSweep):
                 raise ValueError(f"soft zeros need proposal {self._label(i)} on the fused block path")
@@ -710,6 +695,10 @@ class NeuralBlockKernel(GraphKernel):
                 self._proposed[i] += proposed
                 self._nonfinite[i] = self._nonfinite[i] + bad
                 self._discarded[i] += discarded
+        if not warmup:
+            if state.device.type == "cuda":
+                torch.cuda.synchronize(state.device)
+            self._block_seconds += time.perf_counter() - start
         return state
 
     def _general_sweep(
