@@ -543,33 +543,39 @@ def residual_summary(
     """
     poorly = torch.sigmoid(_POORLY_EXPLAINED - explained) * present
     mass = poorly.sum(-1, keepdim=True)
-    centroid = (poorly.unsqueeze(-1) * u_points).sum(-2) / mass.clamp(min=1e-6)
+    centroid = _weighted_sum(poorly, u_points) / mass.clamp(min=1e-6)
     first = _anchor(u_points, poorly, key)
-    taken = torch.exp(-0.5 * ((u_points - first[0].unsqueeze(-2)) ** 2).sum(-1) / _ANCHOR_RADIUS**2)
+    taken = torch.exp(_squared_distance(u_points, first[0]) * (-0.5 / _ANCHOR_RADIUS**2))
     second = _anchor(u_points, poorly * (1 - taken), key + 1e3 * taken)
-    anchors = [
-        torch.cat([a / _COORD_SCALE, torch.log1p(n).unsqueeze(-1), spread.unsqueeze(-1)], -1)
-        for a, n, spread in (first, second)
-    ]
-    return poorly, mass, centroid, torch.cat(anchors, -1)
+    centres, masses, spreads = (torch.stack(parts, -2) for parts in zip(first, second))  # [..., 2, D], [..., 2, 1] x 2
+    anchors = torch.cat([centres / _COORD_SCALE, torch.log1p(masses), spreads], -1)
+    return poorly, mass, centroid, anchors.flatten(-2)
+
+
+def _weighted_sum(weight: Tensor, u_points: Tensor) -> Tensor:
+    """``sum_j weight[..., j] u_points[..., j, :]``, ``[..., D]`` (one batched product)."""
+    return (weight.unsqueeze(-2) @ u_points).squeeze(-2)
+
+
+def _squared_distance(u_points: Tensor, centre: Tensor) -> Tensor:
+    """``|u_j - centre|^2`` of every point, ``[..., n]`` (``centre``: ``[..., D]``)."""
+    return (u_points - centre.unsqueeze(-2)).square().sum(-1)
 
 
 def _anchor(u_points: Tensor, weight: Tensor, key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Two mean-shift steps from the point of smallest ``key``: ``(centre [..., D], mass [...], spread [...])``.
+    """Two mean-shift steps from the point of smallest ``key``: ``(centre [..., D], mass [..., 1], spread [..., 1])``.
 
     The points' kernel weights (radius :data:`_ANCHOR_RADIUS`, in units of sigma) times
     ``weight`` locate a cluster of poorly explained points; ``spread`` is its RMS radius.
     """
-    seed = key.argmin(-1, keepdim=True)
-    centre = u_points.gather(-2, seed.unsqueeze(-1).expand(seed.shape + (u_points.shape[-1],))).squeeze(-2)
+    seed = key.argmin(-1, keepdim=True).unsqueeze(-1)  # [..., 1, 1]
+    centre = torch.take_along_dim(u_points, seed, -2).squeeze(-2)
     for _ in range(2):
-        d2 = ((u_points - centre.unsqueeze(-2)) ** 2).sum(-1)
-        w = weight * torch.exp(-0.5 * d2 / _ANCHOR_RADIUS**2)
-        mass = w.sum(-1)
-        centre = torch.where(
-            mass.unsqueeze(-1) > 1e-6, (w.unsqueeze(-1) * u_points).sum(-2) / mass.clamp(min=1e-6).unsqueeze(-1), centre
-        )
-    spread = torch.sqrt((w * d2).sum(-1) / mass.clamp(min=1e-6) + 1e-6)
+        d2 = _squared_distance(u_points, centre)
+        w = weight * torch.exp(d2 * (-0.5 / _ANCHOR_RADIUS**2))
+        mass = w.sum(-1, keepdim=True)
+        centre = torch.where(mass > 1e-6, _weighted_sum(w, u_points) / mass.clamp(min=1e-6), centre)
+    spread = torch.sqrt((w * d2).sum(-1, keepdim=True) / mass.clamp(min=1e-6) + 1e-6)
     return centre, mass, spread
 
 

@@ -82,6 +82,20 @@ def test_fused_blocks_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_gmm_pair_step_quick(tmp_path: Path) -> None:
+    bench = _load("gmm_pair_step")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "gmm_pair_step.json").read_text())
+    assert (tmp_path / "gmm_pair_step.md").read_text().startswith("# The fused mixture-pair sweep")
+    row = data["sizes"]["8x60"]
+    assert row["fused"] and row["ms_per_sweep"]["current"] > 0 and row["ratio"] is None  # no baseline in quick mode
+    assert 0.0 < row["acceptance"]["current"] <= 1.0
+    assert result["sizes"] == data["sizes"]
+    with pytest.raises(SystemExit):
+        bench.main(["--sizes", "16by60"])
+
+
+@pytest.mark.timeout(120)
 def test_gmm_chains_quick(tmp_path: Path) -> None:
     bench = _load("gmm_chains")
     result = bench.main(["--quick", "--out", str(tmp_path)])

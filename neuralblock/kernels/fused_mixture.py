@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup, TableGroup
-from neuralblock.kernels.functional import mh_accept, nonfinite_ratios, speculative_width
+from neuralblock.kernels.functional import nonfinite_ratios, speculative_width
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -59,9 +59,11 @@ __all__ = [
     "FusedMixtureSweep",
     "MixtureLayout",
     "PairContext",
+    "StepConstants",
     "mixture_layout",
     "mixture_pair_step",
     "pair_context",
+    "step_constants",
     "supports_fused_mixture",
 ]
 
@@ -215,6 +217,43 @@ class StepResult(NamedTuple):
     ended: Tensor
 
 
+class StepConstants(NamedTuple):
+    """What every step of one layout reads, in the state's dtype (made once per sweep object and dtype).
+
+    Attributes:
+        points: ``[n, D]`` whitened points; ``center``: ``[D]``.
+        loc: ``[2 D + 2]`` and ``scale``: ``[2 D + 2]``: a block is ``loc + scale * u`` for the network's ``u``.
+        psi: ``[2]`` the local parameters as the motif computes them, ``(log(tau / sigma), logit p)``.
+        log_odds: ``[m]`` the bits' prior table differences.
+        point_mask: ``[n]`` all True (every point of the model is present).
+    """
+
+    points: Tensor
+    center: Tensor
+    loc: Tensor
+    scale: Tensor
+    psi: Tensor
+    log_odds: Tensor
+    point_mask: Tensor
+
+
+def step_constants(layout: MixtureLayout, dtype: torch.dtype) -> StepConstants:
+    """The :class:`StepConstants` of ``layout`` in ``dtype``."""
+    dim = layout.values.shape[1]
+    center = layout.center.to(dtype)
+    zero = center.new_zeros(1)
+    tau, p = torch.tensor([layout.tau, layout.p], dtype=dtype)
+    return StepConstants(
+        layout.points(dtype),
+        center,
+        torch.cat([center, zero, center, zero]),
+        torch.tensor([layout.sigma] * dim + [1.0] + [layout.sigma] * dim + [1.0], dtype=dtype),
+        torch.stack([torch.log(tau / layout.sigma), torch.logit(p)]),
+        layout.log_odds.to(dtype),
+        torch.ones(layout.values.shape[0], dtype=torch.bool),
+    )
+
+
 class PairContext(NamedTuple):
     """What each (chain, pair) conditions on: the other mixtures, and their part of every point's factor.
 
@@ -229,20 +268,21 @@ class PairContext(NamedTuple):
     rest_lse: Tensor
 
 
-def pair_context(state: Tensor, layout: MixtureLayout, slots: Tensor) -> PairContext:
+def pair_context(
+    state: Tensor, layout: MixtureLayout, slots: Tensor, constants: StepConstants | None = None
+) -> PairContext:
     """The :class:`PairContext` of the pairs ``slots [K, w]`` of chains ``state [K, N]`` (from ``C`` alone)."""
-    chains, width = slots.shape
-    dim, n = layout.values.shape[1], layout.values.shape[0]
-    points = layout.points(state.dtype)
-    u_means = (state[:, layout.mean_ids] - layout.center.to(state.dtype)) / layout.sigma  # [K, m, D]
+    constants = step_constants(layout, state.dtype) if constants is None else constants
+    chains = slots.shape[0]
+    u_means = (state[:, layout.mean_ids] - constants.center) / layout.sigma  # [K, m, D]
     bits = state[:, layout.active_ids]  # [K, m]
-    terms = torch.log(bits).unsqueeze(1) - 0.5 * ((points[None, :, None] - u_means[:, None]) ** 2).sum(-1)  # [K, n, m]
+    terms = torch.log(bits).unsqueeze(1) - 0.5 * (constants.points[None, :, None] - u_means[:, None]).square().sum(-1)
     others = layout.others[slots]  # [K, w, m - 2]
-    pick = others.unsqueeze(-1).expand(-1, -1, -1, dim)
-    u_others = u_means.unsqueeze(1).expand(chains, width, -1, dim).gather(2, pick)
-    v_others = bits.unsqueeze(1).expand(chains, width, -1).gather(2, others)
-    rest = terms.unsqueeze(1).expand(chains, width, n, -1).gather(3, others.unsqueeze(2).expand(-1, -1, n, -1))
-    return PairContext(u_others, v_others, torch.logsumexp(rest, -1))
+    chain = torch.arange(chains)[:, None, None]
+    u_others = u_means[chain, others]  # [K, w, m - 2, D]
+    v_others = bits[chain, others]
+    rest = terms.transpose(1, 2)[chain, others]  # [K, w, m - 2, n]
+    return PairContext(u_others, v_others, torch.logsumexp(rest, -2))
 
 
 def mixture_pair_step(
@@ -252,6 +292,7 @@ def mixture_pair_step(
     slots: Tensor,
     valid: Tensor,
     beta: Tensor | None = None,
+    constants: StepConstants | None = None,
 ) -> StepResult:
     """Propose and test ``w`` consecutive pairs of each chain at its current state, up to the first accepted move.
 
@@ -264,6 +305,7 @@ def mixture_pair_step(
         slots: ``[K, w]`` instance indices (rows of the layout) each chain decides next, in order.
         valid: ``[K, w]`` which slots hold a real pair (a chain near the end of its sweep has fewer).
         beta: optional ``[K]`` inverse temperatures (targets ``p(x)^beta``).
+        constants: the layout's :class:`StepConstants` in the state's dtype (default: made here).
 
     Returns:
         A :class:`StepResult`.
@@ -271,54 +313,55 @@ def mixture_pair_step(
     chains, width = slots.shape
     dim = layout.values.shape[1]
     dtype = state.dtype
-    points, center, sigma = layout.points(dtype), layout.center.to(dtype), layout.sigma
-    context = pair_context(state, layout, slots)
-    tau, p = torch.tensor([layout.tau, layout.p], dtype=dtype)
-    psi = torch.stack([torch.log(tau / sigma), torch.logit(p)])  # as the motif computes it
+    constants = step_constants(layout, dtype) if constants is None else constants
+    points = constants.points
+    context = pair_context(state, layout, slots, constants)
     n = points.shape[0]
     features = proposal.motif.features(  # type: ignore[attr-defined]
         points.expand(chains, width, n, dim),
-        torch.ones(n, dtype=torch.bool),
+        constants.point_mask,
         context.u_others,
         context.v_others,
-        psi,
+        constants.psi,
         context.rest_lse,
     )
     q = proposal(features.to(proposal.dtype))
     block_ids = layout.block_ids[slots]  # [K, w, b]
     current = state.gather(1, block_ids.reshape(chains, -1)).reshape(block_ids.shape)
-    loc = torch.cat([center, center.new_zeros(1), center, center.new_zeros(1)])
-    scale = torch.tensor([sigma] * dim + [1.0] + [sigma] * dim + [1.0], dtype=dtype)
     u_new = q.sample().to(dtype)
-    proposed = loc + scale * u_new
-    log_q_fwd, log_q_rev = q.log_prob(torch.stack([u_new, (current - loc) / scale])).to(dtype).unbind(0)
-    log_odds = layout.log_odds.to(dtype)[layout.pairs[slots]]  # [K, w, 2]
+    proposed = constants.loc + constants.scale * u_new
+    log_q_fwd, log_q_rev = q.log_prob(torch.stack([u_new, (current - constants.loc) / constants.scale])).to(dtype)
+    mixtures = layout.pairs[slots]  # [K, w, 2]
+    log_odds = constants.log_odds[mixtures]  # [K, w, 2]
     change = _energy_change(context.rest_lse, context.v_others.sum(-1), log_odds, layout, current, proposed, points)
     if beta is not None:
         change = change * beta[:, None].to(dtype)
     log_alpha = change + log_q_rev - log_q_fwd
-    accepted = mh_accept(log_alpha).accepted & valid
-    broken = nonfinite_ratios(log_alpha) & valid
+    broken = nonfinite_ratios(log_alpha)
+    accepted = (torch.rand_like(log_alpha).log() < log_alpha.masked_fill(broken, -math.inf)) & valid  # mh_accept's
     bits = [dim, 2 * dim + 1]
     idle = (current[..., bits] == 0).all(-1) & (proposed[..., bits] == 0).all(-1)  # off before and after
     quiet = accepted & idle  # moves that change nothing the other pairs read
-    mixtures = layout.pairs[slots]  # [K, w, 2]
-    shares = (mixtures[:, :, None, :, None] == mixtures[:, None, :, None, :]).any((-1, -2))  # [K, w, w]
-    earlier = torch.ones(width, width, dtype=torch.bool).tril(-1)  # [later, earlier]
-    stale = (shares & earlier & quiet[:, None, :]).any(-1) & valid  # proposed before a quiet move it shares
-    ends = stale | (accepted & ~idle)
+    ends = accepted & ~idle
+    if width > 1 and bool(quiet.any()):
+        shares = (mixtures[:, :, None, :, None] == mixtures[:, None, :, None, :]).any((-1, -2))  # [K, w, w]
+        earlier = torch.ones(width, width, dtype=torch.bool).tril(-1)  # [later, earlier]
+        stale = (shares & earlier & quiet[:, None, :]).any(-1) & valid  # proposed before a quiet move it shares
+        ends = ends | stale
+    else:
+        stale = torch.zeros_like(accepted)
     ended = ends.any(1)
     stop = torch.where(ended, ends.to(torch.int8).argmax(1), valid.sum(1))  # the first slot that ends the step
-    slot = torch.arange(width)[None, :]
-    stop_accepts = ended & ~stale.gather(1, stop.clamp(max=width - 1)[:, None]).squeeze(1)
-    consumed = stop + stop_accepts.long()  # a stale pair is not decided: it is proposed again next step
+    slot = torch.arange(width)
+    first = slot == stop[:, None]
+    consumed = stop + (first & ends & ~stale).sum(1)  # a stale pair is not decided: it is proposed again next step
     decided = slot < consumed[:, None]
     applied = accepted & decided
     if bool(applied.any()):
         chain, which = applied.nonzero(as_tuple=True)
         state = state.clone()
         state[chain[:, None], block_ids[chain, which]] = proposed[chain, which]
-    return StepResult(state, consumed, applied.sum(1), (broken & decided).sum(1), ended)
+    return StepResult(state, consumed, applied.sum(1), (broken & valid & decided).sum(1), ended)
 
 
 def _energy_change(
@@ -334,23 +377,21 @@ def _energy_change(
 
     ``rest_lse [K, w, n]`` and ``rest_count [K, w]`` are the other mixtures' part of each point's factor
     and their number of active mixtures: the conditioning set's, the same for both blocks;
-    ``log_odds [K, w, 2]`` the pair's bits' prior table differences.
+    ``log_odds [K, w, 2]`` the pair's bits' prior table differences. Both blocks are scored in one pass.
     """
     dim, n = points.shape[1], points.shape[0]
     center = layout.center.to(points.dtype)
-
-    def factor_sum(block: Tensor) -> Tensor:
-        mu = torch.stack([block[..., :dim], block[..., dim + 1 : 2 * dim + 1]], 2)  # [K, w, 2, D]
-        v = torch.stack([block[..., dim], block[..., 2 * dim + 1]], 2)  # [K, w, 2]
-        u = (mu - center) / layout.sigma
-        pair = torch.log(v).unsqueeze(-2) - 0.5 * ((points[:, None] - u.unsqueeze(2)) ** 2).sum(-1)  # [K, w, n, 2]
-        lse = torch.logaddexp(rest_lse, torch.logaddexp(pair[..., 0], pair[..., 1]))
-        count = rest_count + v.sum(-1)
-        total = lse.sum(-1) - n * torch.log(count.clamp(min=1.0))
-        prior = (v * log_odds).sum(-1) - 0.5 * (((mu - center) / layout.tau) ** 2).sum((-1, -2))
-        return torch.where(count > 0, total + prior, torch.full_like(total, -math.inf))
-
-    return factor_sum(proposed) - factor_sum(current)
+    blocks = torch.stack([proposed, current]).unflatten(-1, (2, dim + 1))  # [2, K, w, 2, D + 1]
+    mu, v = blocks[..., :dim], blocks[..., dim]  # [2, K, w, 2, D], [2, K, w, 2]
+    offset = mu - center
+    u = offset / layout.sigma
+    pair = torch.log(v).unsqueeze(-2) - 0.5 * (points[:, None] - u.unsqueeze(-3)).square().sum(-1)  # [2, K, w, n, 2]
+    lse = torch.logaddexp(rest_lse, torch.logsumexp(pair, -1))
+    count = rest_count + v.sum(-1)
+    total = lse.sum(-1) - n * torch.log(count.clamp(min=1.0))
+    prior = (v * log_odds).sum(-1) - 0.5 / layout.tau**2 * offset.square().sum((-1, -2))
+    energy = torch.where(count > 0, total + prior, -math.inf)
+    return energy[0] - energy[1]
 
 
 class FusedMixtureSweep:
@@ -377,6 +418,13 @@ class FusedMixtureSweep:
         """Re-read the pairs' priors, sigma and points (same blocks and order)."""
         self.instances = instances
         self.layout = mixture_layout(fg, self.proposal.motif, instances)
+        self._constants: dict[torch.dtype, StepConstants] = {}
+
+    def constants(self, dtype: torch.dtype) -> StepConstants:
+        """The layout's :class:`StepConstants` in ``dtype`` (made at the first step of that dtype)."""
+        if dtype not in self._constants:
+            self._constants[dtype] = step_constants(self.layout, dtype)
+        return self._constants[dtype]
 
     def _width(self, chains: int) -> int:
         """Pairs per chain and step: ``window``, or :func:`speculative_width` of the recent acceptance rate.
@@ -416,6 +464,7 @@ class FusedMixtureSweep:
                     slots.clamp(max=total - 1),
                     valid,
                     None if beta is None else (beta if every else beta[live]),
+                    self.constants(state.dtype),
                 )
                 state = step.state if every else state.index_copy(0, live, step.state)
                 self.discarded += int((valid.sum(1) - step.consumed).sum())  # proposed after a chain's accept

@@ -1,0 +1,172 @@
+"""The fused mixture-pair sweep (``gmm_pair_set`` proposals) against an earlier commit, side by side.
+
+Times, in interleaved rounds, one :class:`~neuralblock.NeuralBlockKernel` sweep of every mixture pair
+of ``--chains`` vectorized chains (neural moves alone, ``gibbs_prob=0``, the fused mixture path of
+:mod:`neuralblock.kernels.fused_mixture`) with the shipped ``--proposal``, on this checkout and on
+``--baseline`` (checked out into a temporary ``git worktree``). Both arms run the same snippet in a
+fresh subprocess per round (one torch thread, CPU time per sweep over about ``--budget`` seconds,
+the same start and seed), so the two share the machine's load; the ratio of each round is paired
+and the median over rounds reported. The cases are GMM benchmark cases
+(:func:`experiments.gmm_models.family_gmm`, family ``--family``) of every size in ``--sizes``.
+
+Run it from the repository root::
+
+    python benchmarks/gmm_pair_step.py            # full run (a few minutes)
+    python benchmarks/gmm_pair_step.py --quick    # smoke test: one small size, one short round, no baseline
+
+It writes ``gmm_pair_step.json`` and ``gmm_pair_step.md`` into ``--out`` (default ``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fused_blocks import baseline_worktree, cell, paired_ratio, write_results  # noqa: E402
+
+__all__ = ["main", "parse_size"]
+
+BASELINE = "796acff"  # the last commit before the leaner fused mixture step
+
+_SNIPPET = """
+import json, sys, torch, warnings
+warnings.simplefilter("ignore")
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1])
+from fused_blocks import sweep_seconds
+from experiments.gmm_models import family_gmm
+from neuralblock import NeuralBlockKernel
+from neuralblock.kernels.base import sequential_init
+from neuralblock.proposals import load_proposal
+family, m, n, chains, name, budget = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], \
+    float(sys.argv[7])
+fg, _, reference = family_gmm(family, m, n)
+start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
+kernel = NeuralBlockKernel(fg, [load_proposal(name)], gibbs_prob=0.0, chains=chains)
+kernel.initial_params = {"x": start}
+kernel.setup(0)
+torch.manual_seed(0)
+seconds = sweep_seconds(kernel, budget)
+acceptance = kernel.diagnostics()["acceptance_by_proposal"]
+print(json.dumps({"seconds": seconds, "acceptance": next(iter(acceptance.values())), "fused": kernel.fused[0] is not None}))
+"""
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"MxN"`` as ``(m, n)``.
+
+    Example:
+        >>> parse_size("16x240")
+        (16, 240)
+    """
+    try:
+        m, n = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is MxN (mixtures x points), e.g. 16x240; got {text!r}") from None
+    if m < 2 or n < 1:
+        raise argparse.ArgumentTypeError(f"a size needs m >= 2 mixtures and n >= 1 points, got {text!r}")
+    return m, n
+
+
+def _sweep(tree: Path, args: argparse.Namespace, m: int, n: int) -> dict[str, Any]:
+    """One round of one arm: CPU seconds per sweep (and the acceptance) of the kernel on checkout ``tree``."""
+    here = str(Path(__file__).resolve().parent)
+    command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
+    out = subprocess.run(
+        [*command, str(args.budget)],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every size: both arms per round, medians and the paired ratio (this checkout over the baseline)."""
+    sizes: dict[str, Any] = {}
+    with baseline_worktree(args.baseline, prefix="gmm-step-baseline-") as worktree:
+        trees = {"current": ROOT, **({"baseline": worktree} if worktree is not None else {})}
+        for m, n in args.sizes:
+            rounds: dict[str, list[dict[str, Any]]] = {arm: [] for arm in trees}
+            for _ in range(args.rounds):
+                for arm, tree in trees.items():
+                    rounds[arm].append(_sweep(tree, args, m, n))
+            times = {arm: [r["seconds"] for r in records] for arm, records in rounds.items()}
+            sizes[f"{m}x{n}"] = {
+                "ms_per_sweep": {arm: 1e3 * statistics.median(values) for arm, values in times.items()},
+                "rounds_ms": {arm: [1e3 * v for v in values] for arm, values in times.items()},
+                "acceptance": {arm: statistics.median(r["acceptance"] for r in rounds[arm]) for arm in trees},
+                "fused": all(r["fused"] for records in rounds.values() for r in records),
+                "ratio": paired_ratio(times, "current", "baseline") if "baseline" in times else None,
+            }
+    return {"sizes": sizes}
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "# The fused mixture-pair sweep against an earlier commit",
+        "",
+        f"`NeuralBlockKernel` with the shipped `{result['proposal']}` proposal alone (`gibbs_prob=0`, fused mixture "
+        f"path), {result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep "
+        "decides every mixture pair of every chain. CPU, one torch thread, CPU time per sweep over about "
+        f"{result['budget']} s per arm and round, medians over {result['rounds']} interleaved rounds (each arm a "
+        f"fresh subprocess, same start and seed). Baseline: commit `{result['baseline'] or '-'}`. Load average "
+        f"{', '.join(f'{x:.2f}' for x in result['load_average'])}. `ratio`: the median over rounds of this "
+        "checkout's time over the baseline's in the same round (below 1: faster now).",
+        "",
+        "| m x n | ms per sweep (now) | ms per sweep (baseline) | ratio | acceptance (now) | acceptance (baseline) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size, row in result["sizes"].items():
+        ms, acc = row["ms_per_sweep"], row["acceptance"]
+        lines.append(
+            f"| {size} | {ms['current']:.1f} | {cell(ms.get('baseline'), '.1f')} | {cell(row['ratio'], '.2f')} | "
+            f"{acc['current']:.3f} | {cell(acc.get('baseline'), '.3f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse the options, run the comparison, write the JSON and markdown results and print the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--sizes", type=parse_size, nargs="+", default=[(16, 60), (16, 240), (32, 1000)])
+    parser.add_argument("--family", default="unequal", help="the GMM benchmark's case family")
+    parser.add_argument("--proposal", default="gmm_pair_copies", help="a shipped gmm_pair_set proposal")
+    parser.add_argument("--chains", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=4.0, help="CPU seconds per arm and round")
+    parser.add_argument("--baseline", default=BASELINE, help="commit to time against ('' to skip)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 8x60, one short round, no baseline")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
+    result = run(args)
+    result.update(
+        proposal=args.proposal,
+        family=args.family,
+        chains=args.chains,
+        rounds=args.rounds,
+        budget=args.budget,
+        baseline=args.baseline,
+        quick=args.quick,
+        load_average=list(os.getloadavg()),
+    )
+    write_results(args.out, "gmm_pair_step", result, _markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
