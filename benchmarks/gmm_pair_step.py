@@ -57,8 +57,8 @@ kernel.initial_params = {"x": start}
 kernel.setup(0)
 torch.manual_seed(0)
 seconds = sweep_seconds(kernel, budget)
-acceptance = kernel.diagnostics()["acceptance_by_proposal"]
-print(json.dumps({"seconds": seconds, "acceptance": next(iter(acceptance.values())), "fused": kernel.fused[0] is not None}))
+acceptance = next(iter(kernel.diagnostics()["acceptance_by_proposal"].values()))
+print(json.dumps({"seconds": seconds, "acceptance": acceptance, "fused": kernel.fused[0] is not None}))
 """
 
 

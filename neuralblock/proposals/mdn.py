@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -27,7 +28,6 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Distribution, constraints
 
-from neuralblock._shapes import broadcast_shape
 from neuralblock.exact.chain import gumbel_argmax
 from neuralblock.motif import BlockSpec
 from neuralblock.proposals.set_encoder import SetPooling, check_set_encoder
@@ -93,19 +93,19 @@ class BlockMixture(Distribution):
         """``log p(value | component)`` for every component, ``[..., K]``."""
         out = torch.zeros((), dtype=self.mixture_log_weights.dtype)
         if self.discrete_log_probs is not None:
-            index = value[..., self.discrete_pos].long()  # [..., D]
-            index = index.unsqueeze(-2).unsqueeze(-1)  # [..., 1, D, 1]
-            logp = self.discrete_log_probs
-            shape = broadcast_shape(index.shape[:-3], logp.shape[:-3])
-            logp = logp.expand(shape + logp.shape[-3:])
-            index = index.expand(shape + (logp.shape[-3], logp.shape[-2], 1))
-            out = out + logp.gather(-1, index).squeeze(-1).sum(-1)
+            index = value.index_select(-1, self._positions(self.discrete_pos)).long()  # [..., D]
+            chosen = _take(self.discrete_log_probs, index[..., None, :, None], -1)  # [..., K, D, 1]
+            out = out + chosen.squeeze(-1).sum(-1)
         if self.loc is not None and self.log_scale is not None:
-            x = value[..., self.continuous_pos].unsqueeze(-2)  # [..., 1, C]
+            x = value.index_select(-1, self._positions(self.continuous_pos)).unsqueeze(-2)  # [..., 1, C]
             z = (x - self.loc) * torch.exp(-self.log_scale)
             dim = len(self.continuous_pos)
             out = out + (-0.5 * (z * z).sum(-1) - self.log_scale.sum(-1) - 0.5 * dim * math.log(2 * math.pi))
         return out
+
+    def _positions(self, positions: list[int]) -> Tensor:
+        """Block positions as an index tensor on the distribution's device (made once per pattern)."""
+        return _index_tensor(tuple(positions), self.mixture_log_weights.device)
 
     def log_prob(self, value: Tensor) -> Tensor:
         """Mixture log-density of block values ``[..., b]`` (log-sum-exp over components)."""
@@ -122,21 +122,33 @@ class BlockMixture(Distribution):
     def sample(self, sample_shape: torch.Size | Sequence[int] = ()) -> Tensor:
         """Draw block values ``sample_shape + batch_shape + [b]`` from torch's global RNG."""
         shape = torch.Size(sample_shape) + self.batch_shape
-        weights = self.mixture_log_weights.expand(shape + (self.num_components,))
-        comp = gumbel_argmax(weights)  # shape
-        out = self.mixture_log_weights.new_zeros(shape + (len(self.cardinalities),))
+        comp = gumbel_argmax(self.mixture_log_weights.expand(shape + (self.num_components,)))  # shape
+        parts, positions = [], []
         if self.discrete_log_probs is not None:
-            logp = self.discrete_log_probs.expand(shape + self.discrete_log_probs.shape[-3:])
-            idx = comp[..., None, None, None].expand(shape + (1,) + logp.shape[-2:])
-            chosen = logp.gather(-3, idx).squeeze(-3)  # [..., D, k_max]
-            out[..., self.discrete_pos] = gumbel_argmax(chosen).to(out.dtype)
+            chosen = _take(self.discrete_log_probs, comp[..., None, None, None], -3)  # [..., 1, D, k]
+            parts.append(gumbel_argmax(chosen.squeeze(-3)).to(self.mixture_log_weights.dtype))
+            positions += self.discrete_pos
         if self.loc is not None and self.log_scale is not None:
-            loc = self.loc.expand(shape + self.loc.shape[-2:])
-            idx = comp[..., None, None].expand(shape + (1, loc.shape[-1]))
-            mean = loc.gather(-2, idx).squeeze(-2)
-            std = self.log_scale.expand(shape + self.log_scale.shape[-2:]).gather(-2, idx).squeeze(-2).exp()
-            out[..., self.continuous_pos] = mean + std * torch.randn_like(mean)
-        return out
+            pick = comp[..., None, None]
+            mean = _take(self.loc, pick, -2).squeeze(-2)
+            std = _take(self.log_scale, pick, -2).squeeze(-2).exp()
+            parts.append(mean + std * torch.randn_like(mean))
+            positions += self.continuous_pos
+        order = sorted(range(len(positions)), key=positions.__getitem__)  # parts' columns in block order
+        return torch.cat(parts, -1).index_select(-1, _index_tensor(tuple(order), comp.device))
+
+
+def _take(source: Tensor, index: Tensor, dim: int) -> Tensor:
+    """``torch.take_along_dim`` with the batch dimensions of either side broadcast (the lower-rank one left-padded)."""
+    rank = max(source.dim(), index.dim())
+    source = source.reshape((1,) * (rank - source.dim()) + source.shape)
+    return torch.take_along_dim(source, index.reshape((1,) * (rank - index.dim()) + index.shape), dim)
+
+
+@functools.lru_cache(maxsize=256)
+def _index_tensor(positions: tuple[int, ...], device: torch.device) -> Tensor:
+    """``positions`` as a long tensor on ``device`` (cached: block layouts repeat on every call)."""
+    return torch.tensor(positions, dtype=torch.long, device=device)
 
 
 class MixtureDensityNetwork(nn.Module):
