@@ -12,6 +12,7 @@ from test_split_merge import _posterior_z_scores as posterior_z_scores
 from motifs.gmm_pair import GmmPairMotif, gmm_graph, gmm_initial_state, prior_proposal, sample_gmm
 from motifs.gmm_pair_set import GmmPairSetMotif
 from neuralblock import NeuralBlockKernel, load_pretrained
+from neuralblock.kernels import fused_mixture
 from neuralblock.kernels.fused_mixture import (
     FusedMixtureSweep,
     _energy_change,
@@ -78,6 +79,8 @@ def test_one_pair_at_a_time_makes_the_general_paths_decisions(tempered: bool, mo
         kernel.initial_params = {"x": start.clone()}
         kernel.setup(0)
         assert isinstance(kernel.fused[0], FusedMixtureSweep) == fused
+        if fused:
+            kernel.fused[0].jit = False  # the eager steps (the compiled sweep draws its numbers per sweep)
         if tempered:
             kernel.beta = torch.tensor([1.0, 0.5, 0.2])
         pyro.set_rng_seed(7)
@@ -92,11 +95,15 @@ def test_one_pair_at_a_time_makes_the_general_paths_decisions(tempered: bool, mo
 
 
 @pytest.mark.parametrize(("motif", "gibbs_prob"), [("gmm_pair", 0.3), ("gmm_pair_set", 0.0), ("gmm_pair_set", 0.3)])
-def test_speculative_batches_of_chains_keep_the_exact_posterior(motif: str, gibbs_prob: float) -> None:
+def test_speculative_batches_of_chains_keep_the_exact_posterior(
+    motif: str, gibbs_prob: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 4 chains in one kernel, up to 3 pairs per chain and step: chains accept at different pairs, so
     # they advance through the sweep at different speeds. Tolerances: see test_split_merge.Z_MAX.
     # gmm_pair_set proposes from the GMM prior (its head starts with (log(tau / sigma), logit p) like
     # gmm_pair's), with and without single-site Gibbs moves: pair moves alone keep the posterior too.
+    # (The eager steps: gmm_pair_set's compiled sweep is tested in test_jit_mixture.)
+    monkeypatch.setattr(fused_mixture, "NUMBA", False)
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
     proposal = _proposal() if motif == "gmm_pair" else prior_proposal(GmmPairSetMotif())
@@ -183,7 +190,9 @@ def test_tempered_chains_that_finish_their_sweep_early_keep_their_own_temperatur
     assert per_chain[2] > per_chain[0]  # the untempered chain accepts least, the beta = 0 one most
 
 
-def test_moves_of_inactive_pairs_do_not_end_a_step_and_keep_the_exact_posterior() -> None:
+def test_moves_of_inactive_pairs_do_not_end_a_step_and_keep_the_exact_posterior(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # 5 mixtures for 3 points: most pairs are two inactive mixtures, whose accepted moves (new means, both
     # still off) let the step go on to later pairs that share no mixture with them. Tolerances: Z_MAX.
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
@@ -201,6 +210,7 @@ def test_moves_of_inactive_pairs_do_not_end_a_step_and_keep_the_exact_posterior(
     # such a move is always accepted, so about a quarter of the chains make two moves in the step
     assert int(step.accepted.max()) > 1
     assert torch.equal(step.consumed >= step.accepted, torch.ones(chains, dtype=torch.bool))
+    monkeypatch.setattr(fused_mixture, "NUMBA", False)  # the eager steps in the kernel too
     kernel = NeuralBlockKernel(fg, [proposal], gibbs_prob=0.0, chains=4, window=6)
     terms = _posterior_terms(points, 5, SIGMA, TAU, 0.3)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)

@@ -47,11 +47,14 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup, TableGroup
 from neuralblock.kernels.functional import nonfinite_ratios, speculative_width
+from neuralblock.kernels.jit import NUMBA, timed_first_call
+from neuralblock.kernels.jit_mixture import MixtureNetwork, draw_pairs, mixture_pair_sweep
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -409,7 +412,11 @@ class FusedMixtureSweep:
     ) -> None:
         self.proposal = proposal
         self.window = window
-        self.compile_seconds = 0.0  # eager only: the step's shapes change with the window
+        self.compile_seconds = 0.0  # the compiled sweep's first call of each argument layout
+        # CPU sweeps of gmm_pair_set proposals run the compiled loop of :mod:`~neuralblock.kernels.jit_mixture`
+        # (where Numba is installed); False keeps the eager steps
+        self.jit = NUMBA
+        self._jit_layouts: set[tuple] = set()
         self.rate = 1.0  # recent fraction of decided pairs that were accepted
         self.discarded = 0  # pairs the last sweep proposed but did not decide (after a chain's accepted pair)
         self.refresh(fg, instances)
@@ -419,6 +426,7 @@ class FusedMixtureSweep:
         self.instances = instances
         self.layout = mixture_layout(fg, self.proposal.motif, instances)
         self._constants: dict[torch.dtype, StepConstants] = {}
+        self.network = MixtureNetwork.from_proposal(self.proposal)  # None: the eager steps only
 
     def constants(self, dtype: torch.dtype) -> StepConstants:
         """The layout's :class:`StepConstants` in ``dtype`` (made at the first step of that dtype)."""
@@ -447,6 +455,8 @@ class FusedMixtureSweep:
         """
         chains, total = state.shape[0], len(self.layout.pairs)
         self.discarded = 0
+        if self._compiled_for(state):
+            return self._compiled_sweep(state, beta)
         position = torch.zeros(chains, dtype=torch.long)
         accepted = torch.zeros(chains, dtype=torch.long)
         nonfinite = torch.zeros((), dtype=torch.long)
@@ -475,3 +485,31 @@ class FusedMixtureSweep:
                 if decided:  # the width follows the rate of pairs that end a step
                     self.rate = 0.9 * self.rate + 0.1 * float(step.ended.sum()) / decided
         return state, accepted, nonfinite, chains * total
+
+    def _compiled_for(self, state: Tensor) -> bool:
+        """Whether this sweep takes the compiled loop: Numba on, a ``gmm_pair_set`` network, a CPU float state."""
+        return (
+            self.jit
+            and self.network is not None
+            and state.device.type == "cpu"
+            and state.dtype in (torch.float32, torch.float64)
+            and not state.requires_grad
+        )
+
+    def _compiled_sweep(self, state: Tensor, beta: Tensor | None) -> tuple[Tensor, Tensor, Tensor, int]:
+        """:meth:`sweep` by :func:`~neuralblock.kernels.jit_mixture.mixture_pair_sweep`: each pair once, in order.
+
+        Every chain decides its pairs one after another (no speculation: nothing proposed is discarded).
+        """
+        network = cast(MixtureNetwork, self.network)
+        chains, total = state.shape[0], len(self.layout.pairs)
+        slots = np.ascontiguousarray(np.broadcast_to(np.arange(total, dtype=np.int64), (chains, total)))
+        valid = np.ones((chains, total), dtype=np.bool_)
+        draws = draw_pairs(chains, total, network.components, self.layout.values.shape[1])
+        out = state.detach().clone().contiguous()
+        temperatures = None if beta is None else beta.detach().to(torch.float64).contiguous().numpy()
+        layout = (out.dtype, beta is None)
+        args = (out.numpy(), slots, valid, self.layout, network, draws, temperatures)
+        (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
+        self.compile_seconds += seconds
+        return out, torch.from_numpy(accepted), torch.tensor(int(nonfinite.sum())), chains * total

@@ -327,7 +327,9 @@ class NeuralBlockKernel(GraphKernel):
     evaluates the scaffold energy, accepts and scatters. Pairs of open-universe mixtures
     (``gmm_pair`` on a :func:`motifs.gmm_pair.gmm_graph`) take the fused mixture path
     (:mod:`neuralblock.kernels.fused_mixture`): the other mixtures' share of every point's
-    factor is computed once and serves both the proposal's context and the energy. Other blocks
+    factor is computed once and serves both the proposal's context and the energy; on CPU states a
+    ``gmm_pair_set`` proposal's pairs run as one compiled loop per sweep (:mod:`neuralblock.kernels.jit_mixture`,
+    where Numba is installed), pair by pair, so nothing is proposed twice and ``window`` does not apply. Other blocks
     (larger, other scaffolds) take the general path: one batched MDN pass, one batched scaffold
     evaluation and one vectorized MH test per class.
 

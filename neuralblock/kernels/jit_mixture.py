@@ -1,0 +1,581 @@
+"""A compiled CPU sweep (Numba) of the ``gmm_pair_set`` proposal's mixture pairs: every pair of every chain in one call.
+
+The eager fused step (:func:`~neuralblock.kernels.fused_mixture.mixture_pair_step`) spends about 400 torch
+calls per step on about 3 MFLOP of arithmetic (one pair of each chain decided per 2-3 pairs proposed),
+so its calls, not its arithmetic, are the time (``benchmarks/gmm_pair_step.py``). Here one compiled
+loop does, chain by chain and pair by pair in sweep order, what the step does for one pair: the other
+mixtures' share of every point's factor, the motif's features (the head and one token per point,
+:meth:`~motifs.gmm_pair_set.GmmPairSetMotif.features`), the set encoder, the MDN's trunk and heads, a
+draw from the proposal and both its densities, the energy change and the MH test; an accepted move is
+written into the chain's state (and its two mixtures' columns of the per-point terms) before the next
+pair. A sweep therefore decides exactly the pairs of a pair-by-pair sweep and proposes no pair twice.
+
+The random numbers come from torch's global RNG, drawn before the loop, per chain and pair in sweep
+order: the component uniforms, the bits' uniforms and the means' normals of the proposal (the draws of
+:meth:`~neuralblock.proposals.mdn.BlockMixture.sample` of one pair) and the test's uniform. The
+arithmetic is the eager step's, in float64 (features, densities, energy) and in the network's float32
+(set encoder, trunk, heads), so from the same numbers the two make the same proposals and decisions up
+to rounding (tests: ``tests/test_jit_mixture.py``). The compiled code is cached on disk; a sweep
+object's first call of a new argument layout compiles it (counted in ``compile_seconds``).
+
+Example:
+    >>> import torch
+    >>> from motifs.gmm_pair import gmm_graph, gmm_initial_state
+    >>> from motifs.gmm_pair_set import GmmPairSetMotif
+    >>> from neuralblock.proposals import NeuralBlockProposal
+    >>> from neuralblock.kernels.fused_mixture import mixture_layout
+    >>> fg = gmm_graph(torch.randn(20, 2), num_mixtures=4, sigma=1.0, tau=5.0, p_active=0.5)
+    >>> proposal = NeuralBlockProposal(GmmPairSetMotif(hidden=8, heads=2), components=3, hidden=(16,))
+    >>> net = MixtureNetwork.from_proposal(proposal)
+    >>> net is not None and net.components
+    3
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from neuralblock.kernels.jit import _compiled
+from neuralblock.proposals import NeuralBlockProposal
+from neuralblock.proposals.mdn import _MAX_LOG_SCALE, _MIN_LOG_SCALE
+
+__all__ = ["MixtureNetwork", "PairDraws", "draw_pairs", "mixture_pair_sweep"]
+
+_EXPLAINED_FLOOR = -30.0  # the motif's (motifs.gmm_pair): floor of a point's log explained density
+_POORLY_EXPLAINED = -3.0
+_COORD_SCALE = 4.0
+_ANCHOR_RADIUS = 2.5
+_POINTS_SCALE = 100.0
+_FEATURE_CLIP = 1e4
+_TINY32 = float(np.finfo(np.float32).tiny)
+
+
+class MixtureNetwork(NamedTuple):
+    """A ``gmm_pair_set`` proposal's network as float32 arrays, weights transposed to ``[in, out]``.
+
+    Attributes:
+        phi1_w, phi1_b, phi2_w, phi2_b: the set encoder's token MLP; ``score_w``, ``score_b``: its attention scores.
+        trunk_w, trunk_b: the trunk's layers (a tuple of arrays each).
+        mix_w, mix_b: mixture logits; ``disc_w``, ``disc_b``: the bits' logits ``[C * 2 * 2]``;
+        loc_w, loc_b: means ``[C * 2 D]``; ``scale_w``, ``scale_b``: log scales ``[C * G]``.
+        groups: ``[2 D]`` each continuous variable's scale group; ``components``: ``C``.
+    """
+
+    phi1_w: np.ndarray
+    phi1_b: np.ndarray
+    phi2_w: np.ndarray
+    phi2_b: np.ndarray
+    score_w: np.ndarray
+    score_b: np.ndarray
+    trunk_w: tuple[np.ndarray, ...]
+    trunk_b: tuple[np.ndarray, ...]
+    mix_w: np.ndarray
+    mix_b: np.ndarray
+    disc_w: np.ndarray
+    disc_b: np.ndarray
+    loc_w: np.ndarray
+    loc_b: np.ndarray
+    scale_w: np.ndarray
+    scale_b: np.ndarray
+    groups: np.ndarray
+    components: int
+
+    @classmethod
+    def from_proposal(cls, proposal: NeuralBlockProposal) -> MixtureNetwork | None:
+        """The arrays of a float32 ``gmm_pair_set`` proposal with two hidden layers or fewer; else ``None``.
+
+        The block must be ``(mu_i, v_i, mu_j, v_j)`` with binary bits (the ``gmm_pair`` block).
+        """
+        mdn, motif = proposal.mdn, proposal.motif
+        dim = getattr(motif, "dim", None)
+        pool = mdn.set_pooling
+        cards = [0] * int(dim or 0) + [2] + [0] * int(dim or 0) + [2]
+        if (
+            getattr(motif, "name", None) != "gmm_pair_set"
+            or pool is None
+            or proposal.dtype != torch.float32
+            or mdn.cardinalities != cards
+            or mdn.discrete_head is None
+            or mdn.loc_head is None
+            or mdn.scale_head is None
+            or len(mdn.hidden) > 2
+        ):
+            return None
+
+        def arrays(layer: Any) -> tuple[np.ndarray, np.ndarray]:
+            weight = layer.weight.detach().to(torch.float32).t().contiguous().numpy()
+            return weight, layer.bias.detach().to(torch.float32).contiguous().numpy()
+
+        linears = [layer for layer in mdn.trunk if isinstance(layer, torch.nn.Linear)]
+        trunk = [arrays(layer) for layer in linears]
+        groups = mdn.scale_groups if mdn.scale_groups is not None else [0] * (2 * int(dim or 0))
+        return cls(
+            *arrays(pool.phi[0]),
+            *arrays(pool.phi[2]),
+            *arrays(pool.score),
+            tuple(w for w, _ in trunk),
+            tuple(b for _, b in trunk),
+            *arrays(mdn.mixture_head),
+            *arrays(mdn.discrete_head),
+            *arrays(mdn.loc_head),
+            *arrays(mdn.scale_head),
+            np.asarray(groups, dtype=np.int64),
+            int(mdn.components),
+        )
+
+
+class PairDraws(NamedTuple):
+    """The random numbers of ``W`` pair moves of ``K`` chains.
+
+    Attributes:
+        components: ``[K, W, C]`` uniforms (float32) of the proposal's component.
+        bits: ``[K, W, 2, 2]`` uniforms (float32) of the two bits.
+        normals: ``[K, W, 2 D]`` standard normals (float32) of the means.
+        log_u: ``[K, W]`` log uniforms (float64) of the MH tests.
+    """
+
+    components: Tensor
+    bits: Tensor
+    normals: Tensor
+    log_u: Tensor
+
+
+def draw_pairs(chains: int, width: int, components: int, dim: int) -> PairDraws:
+    """Fresh :class:`PairDraws` from torch's global RNG (the proposal's three draws, then the tests')."""
+    return PairDraws(
+        torch.rand(chains, width, components),
+        torch.rand(chains, width, 2, 2),
+        torch.randn(chains, width, 2 * dim),
+        torch.rand(chains, width, dtype=torch.float64).log(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- compiled
+@_compiled
+def _silu(x):  # in place, float32
+    for i in range(x.shape[0]):
+        x[i] = x[i] / (1.0 + math.exp(-x[i]))
+
+
+@_compiled
+def _affine(x, w, b, out):  # out = x @ w + b (w: [in, out]), as axpy over the output
+    out[:] = b
+    for i in range(x.shape[0]):
+        xi = x[i]
+        if xi != 0.0:
+            for j in range(out.shape[0]):
+                out[j] += xi * w[i, j]
+
+
+@_compiled
+def _logaddexp(a, b):
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    top = max(a, b)
+    return top + math.log(math.exp(a - top) + math.exp(b - top))
+
+
+@_compiled
+def _clip(x):
+    if x != x:
+        return 0.0
+    return min(max(x, -1e4), 1e4)
+
+
+@_compiled
+def _anchor(u, weight, key, dim):
+    """Two mean-shift steps from the point of smallest key: (centre, mass, spread), as motifs.gmm_pair._anchor."""
+    n = u.shape[0]
+    seed = 0
+    for j in range(1, n):
+        if key[j] < key[seed]:
+            seed = j
+    centre = u[seed].copy()
+    w = np.empty(n)
+    d2 = np.empty(n)
+    mass = 0.0
+    for _ in range(2):
+        mass = 0.0
+        for j in range(n):
+            s = 0.0
+            for d in range(dim):
+                diff = u[j, d] - centre[d]
+                s += diff * diff
+            d2[j] = s
+            w[j] = weight[j] * math.exp(s * (-0.5 / 6.25))
+            mass += w[j]
+        if mass > 1e-6:
+            for d in range(dim):
+                acc = 0.0
+                for j in range(n):
+                    acc += w[j] * u[j, d]
+                centre[d] = acc / mass
+    spread_sum = 0.0
+    for j in range(n):
+        spread_sum += w[j] * d2[j]
+    spread = math.sqrt(spread_sum / max(mass, 1e-6) + 1e-6)
+    return centre, mass, spread
+
+
+@_compiled
+def _pair_energy(rest_lse, rest_count, points, block, dim, center, sigma, tau, log_odds_i, log_odds_j):
+    """log p(B) up to the conditioning set's constant: the points' mixture factors and the pair's priors."""
+    n = points.shape[0]
+    v_i, v_j = block[dim], block[2 * dim + 1]
+    count = rest_count + v_i + v_j
+    if count <= 0:
+        return -math.inf
+    total = 0.0
+    prior = v_i * log_odds_i + v_j * log_odds_j
+    sq = 0.0
+    for d in range(dim):
+        a = block[d] - center[d]
+        b = block[dim + 1 + d] - center[d]
+        sq += a * a + b * b
+    prior -= 0.5 / (tau * tau) * sq
+    for j in range(n):
+        lse = rest_lse[j]
+        for which in range(2):
+            v = v_i if which == 0 else v_j
+            if v > 0:
+                s = 0.0
+                for d in range(dim):
+                    diff = points[j, d] - (block[which * (dim + 1) + d] - center[d]) / sigma
+                    s += diff * diff
+                lse = _logaddexp(lse, math.log(v) - 0.5 * s)
+        total += lse
+    return total - n * math.log(max(count, 1.0)) + prior
+
+
+@_compiled
+def _log_q(value, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos):
+    """log q(value) of the block mixture (float64), as BlockMixture.log_prob."""
+    n_comp = log_w.shape[0]
+    comp = np.empty(n_comp)
+    top = -math.inf
+    for c in range(n_comp):
+        s = log_w[c]
+        for d in range(disc_pos.shape[0]):
+            s += disc_logp[c, d, int(value[disc_pos[d]])]
+        for i in range(cont_pos.shape[0]):
+            ls = log_scale[c, i]
+            z = (value[cont_pos[i]] - loc[c, i]) * math.exp(-ls)
+            s += -0.5 * z * z - ls - 0.9189385332046727
+        comp[c] = s
+        top = max(top, s)
+    if top == -math.inf:
+        return -math.inf
+    acc = 0.0
+    for c in range(n_comp):
+        acc += math.exp(comp[c] - top)
+    return top + math.log(acc)
+
+
+@_compiled
+def _read_mixture(state, mixture, mean_ids, active_ids, center, sigma, points, bits, u_means, terms):
+    """A mixture's bit, whitened mean and column ``log v - |x_j - u|^2 / 2`` of the per-point terms, from ``state``."""
+    dim = points.shape[1]
+    bits[mixture] = state[active_ids[mixture]]
+    for d in range(dim):
+        u_means[mixture, d] = (state[mean_ids[mixture, d]] - center[d]) / sigma
+    for j in range(points.shape[0]):
+        if bits[mixture] > 0:
+            s = 0.0
+            for d in range(dim):
+                diff = points[j, d] - u_means[mixture, d]
+                s += diff * diff
+            terms[j, mixture] = math.log(bits[mixture]) - 0.5 * s
+        else:
+            terms[j, mixture] = -math.inf
+
+
+@_compiled
+def _mixture_pairs(
+    state, slots, valid, decide, mean_ids, active_ids, pairs, block_ids, points, center, sigma, tau, log_odds, psi,
+    phi1_w, phi1_b, phi2_w, phi2_b, score_w, score_b, trunk_w0, trunk_b0, trunk_w1, trunk_b1, layers,
+    mix_w, mix_b, disc_w, disc_b, loc_w, loc_b, scale_w, scale_b, groups, comp_u, bit_u, normals, log_u, beta,
+    accepted, nonfinite, log_alpha_out, proposed_out,
+):  # fmt: skip
+    chains, width = slots.shape
+    n, dim = points.shape
+    m = mean_ids.shape[0]
+    b_size = 2 * dim + 2
+    hidden = phi2_b.shape[0]
+    heads = score_b.shape[0]
+    n_feat = dim + 3
+    n_comp = mix_b.shape[0]
+    n_cont = 2 * dim
+    head_size = 9 + 3 * dim
+    pooled_size = hidden + 1 + heads * (hidden + n_feat)
+    cont_pos = np.empty(n_cont, dtype=np.int64)
+    for i in range(dim):
+        cont_pos[i] = i
+        cont_pos[dim + i] = dim + 1 + i
+    disc_pos = np.array([dim, 2 * dim + 1], dtype=np.int64)
+    loc_vec = np.zeros(b_size)
+    scale_vec = np.ones(b_size)
+    for i in range(dim):
+        loc_vec[i] = center[i]
+        loc_vec[dim + 1 + i] = center[i]
+        scale_vec[i] = sigma
+        scale_vec[dim + 1 + i] = sigma
+    terms = np.empty((n, m))
+    u_means = np.empty((m, dim))
+    bits = np.empty(m)
+    rest = np.empty(n)
+    explained = np.empty(n)
+    poorly = np.empty(n)
+    key = np.empty(n)
+    tokens = np.empty((n, n_feat), dtype=np.float32)
+    h1 = np.empty(hidden, dtype=np.float32)
+    phi = np.empty((n, hidden), dtype=np.float32)
+    scores = np.empty((n, heads), dtype=np.float32)
+    x0 = np.empty(head_size + pooled_size, dtype=np.float32)
+    width0 = trunk_b0.shape[0]
+    width1 = trunk_b1.shape[0]
+    x1 = np.empty(width0, dtype=np.float32)
+    x2 = np.empty(width1, dtype=np.float32)
+    mix = np.empty(n_comp, dtype=np.float32)
+    disc = np.empty(n_comp * 4, dtype=np.float32)
+    locs = np.empty(n_comp * n_cont, dtype=np.float32)
+    raw_scales = np.empty(scale_b.shape[0], dtype=np.float32)
+    n_groups = scale_b.shape[0] // n_comp
+    log_w = np.empty(n_comp)
+    disc_logp = np.empty((n_comp, 2, 2))
+    loc = np.empty((n_comp, n_cont))
+    log_scale = np.empty((n_comp, n_cont))
+    u_new = np.empty(b_size)
+    u_cur = np.empty(b_size)
+    current = np.empty(b_size)
+    proposed = np.empty(b_size)
+    stored = np.empty(b_size, dtype=state.dtype)
+    anchor_weight = np.empty(n)
+    anchor_key = np.empty(n)
+    for k in range(chains):
+        for mixture in range(m):
+            _read_mixture(state[k], mixture, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
+        for s_ in range(width):
+            if not valid[k, s_]:
+                continue
+            p = slots[k, s_]
+            pi, pj = pairs[p, 0], pairs[p, 1]
+            # -- the other mixtures: their share of every point's factor and their number
+            rest_count = 0.0
+            for mixture in range(m):
+                if mixture != pi and mixture != pj:
+                    rest_count += bits[mixture]
+            for j in range(n):
+                top = -math.inf
+                for mixture in range(m):
+                    if mixture != pi and mixture != pj and terms[j, mixture] > top:
+                        top = terms[j, mixture]
+                if top == -math.inf:
+                    rest[j] = -math.inf
+                else:
+                    acc = 0.0
+                    for mixture in range(m):
+                        if mixture != pi and mixture != pj:
+                            acc += math.exp(terms[j, mixture] - top)
+                    rest[j] = top + math.log(acc)
+            # -- features (GmmPairSetMotif.features): the head, then one token per point
+            mass = 0.0
+            for j in range(n):
+                explained[j] = max(rest[j], _EXPLAINED_FLOOR)
+                key[j] = explained[j]
+                poorly[j] = 1.0 / (1.0 + math.exp(explained[j] - _POORLY_EXPLAINED))
+                mass += poorly[j]
+            x0[0] = _clip(psi[0])
+            x0[1] = _clip(psi[1])
+            x0[2] = _clip(math.log1p(rest_count))
+            x0[3] = _clip(math.log(max(n, 1.0) / _POINTS_SCALE))
+            x0[4] = _clip(math.log1p(mass))
+            for d in range(dim):
+                acc = 0.0
+                for j in range(n):
+                    acc += poorly[j] * points[j, d]
+                x0[5 + d] = _clip(acc / max(mass, 1e-6) / _COORD_SCALE)
+            c1, mass1, spread1 = _anchor(points, poorly, key, dim)
+            for j in range(n):
+                s = 0.0
+                for d in range(dim):
+                    diff = points[j, d] - c1[d]
+                    s += diff * diff
+                taken = math.exp(s * (-0.5 / (_ANCHOR_RADIUS * _ANCHOR_RADIUS)))
+                anchor_weight[j] = poorly[j] * (1.0 - taken)
+                anchor_key[j] = key[j] + 1e3 * taken
+            c2, mass2, spread2 = _anchor(points, anchor_weight, anchor_key, dim)
+            at = 5 + dim
+            for d in range(dim):
+                x0[at + d] = _clip(c1[d] / _COORD_SCALE)
+            x0[at + dim] = _clip(math.log1p(mass1))
+            x0[at + dim + 1] = _clip(spread1)
+            at += dim + 2
+            for d in range(dim):
+                x0[at + d] = _clip(c2[d] / _COORD_SCALE)
+            x0[at + dim] = _clip(math.log1p(mass2))
+            x0[at + dim + 1] = _clip(spread2)
+            for j in range(n):
+                for d in range(dim):
+                    tokens[j, d] = _clip(points[j, d] / _COORD_SCALE)
+                tokens[j, dim] = _clip(explained[j] / 10.0)
+                tokens[j, dim + 1] = _clip(poorly[j])
+                tokens[j, dim + 2] = 1.0
+            # -- set encoder: phi of every token, its mean, attention pooling per head
+            for j in range(n):
+                _affine(tokens[j], phi1_w, phi1_b, h1)
+                _silu(h1)
+                _affine(h1, phi2_w, phi2_b, phi[j])
+                _silu(phi[j])
+                _affine(phi[j], score_w, score_b, scores[j])
+            base = head_size
+            for h in range(hidden):
+                acc32 = np.float32(0.0)
+                for j in range(n):
+                    acc32 += phi[j, h]
+                x0[base + h] = acc32 / np.float32(max(n, 1))
+            x0[base + hidden] = math.log1p(n)
+            base += hidden + 1
+            for a in range(heads):
+                top32 = -np.inf
+                for j in range(n):
+                    top32 = max(top32, scores[j, a])
+                total = 0.0
+                for j in range(n):
+                    total += math.exp(scores[j, a] - top32)
+                for h in range(hidden + n_feat):
+                    x0[base + h] = 0.0
+                for j in range(n):
+                    weight = np.float32(math.exp(scores[j, a] - top32) / total)
+                    for h in range(hidden):
+                        x0[base + h] += weight * phi[j, h]
+                    for f in range(n_feat):
+                        x0[base + hidden + f] += weight * tokens[j, f]
+                base += hidden + n_feat
+            # -- trunk and heads
+            if layers == 0:
+                out = x0
+            else:
+                _affine(x0, trunk_w0, trunk_b0, x1)
+                _silu(x1)
+                out = x1
+                if layers == 2:
+                    _affine(x1, trunk_w1, trunk_b1, x2)
+                    _silu(x2)
+                    out = x2
+            _affine(out, mix_w, mix_b, mix)
+            _affine(out, disc_w, disc_b, disc)
+            _affine(out, loc_w, loc_b, locs)
+            _affine(out, scale_w, scale_b, raw_scales)
+            top = -math.inf
+            for c in range(n_comp):
+                top = max(top, float(mix[c]))
+            acc = 0.0
+            for c in range(n_comp):
+                acc += math.exp(mix[c] - top)
+            for c in range(n_comp):
+                log_w[c] = mix[c] - top - math.log(acc)
+                for d in range(2):
+                    a0, a1 = float(disc[(c * 2 + d) * 2]), float(disc[(c * 2 + d) * 2 + 1])
+                    t = max(a0, a1)
+                    norm = t + math.log(math.exp(a0 - t) + math.exp(a1 - t))
+                    disc_logp[c, d, 0] = a0 - norm
+                    disc_logp[c, d, 1] = a1 - norm
+                for i in range(n_cont):
+                    loc[c, i] = locs[c * n_cont + i]
+                    ls = float(raw_scales[c * n_groups + groups[i]])
+                    log_scale[c, i] = min(max(ls, _MIN_LOG_SCALE), _MAX_LOG_SCALE)
+            # -- a draw (BlockMixture.sample) and both densities
+            best, comp = -math.inf, 0
+            for c in range(n_comp):
+                g = log_w[c] - math.log(-math.log(max(comp_u[k, s_, c], _TINY32)))
+                if g > best:
+                    best, comp = g, c
+            for d in range(2):
+                best_v, pick = -math.inf, 0
+                for v in range(2):
+                    g = disc_logp[comp, d, v] - math.log(-math.log(max(bit_u[k, s_, d, v], _TINY32)))
+                    if g > best_v:
+                        best_v, pick = g, v
+                u_new[disc_pos[d]] = pick
+            for i in range(n_cont):
+                u_new[cont_pos[i]] = np.float32(loc[comp, i] + math.exp(log_scale[comp, i]) * normals[k, s_, i])
+            for i in range(b_size):
+                current[i] = state[k, block_ids[p, i]]
+                stored[i] = loc_vec[i] + scale_vec[i] * u_new[i]
+                proposed[i] = stored[i]
+                u_cur[i] = (current[i] - loc_vec[i]) / scale_vec[i]
+            log_q_fwd = _log_q(u_new, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
+            log_q_rev = _log_q(u_cur, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
+            odds_i, odds_j = log_odds[pi], log_odds[pj]
+            change = _pair_energy(rest, rest_count, points, proposed, dim, center, sigma, tau, odds_i, odds_j)
+            change -= _pair_energy(rest, rest_count, points, current, dim, center, sigma, tau, odds_i, odds_j)
+            ratio = beta[k] * change + log_q_rev - log_q_fwd
+            log_alpha_out[k, s_] = ratio
+            for i in range(b_size):
+                proposed_out[k, s_, i] = proposed[i]
+            if ratio != ratio or ratio == math.inf:
+                nonfinite[k] += 1
+                continue
+            if not decide or not log_u[k, s_] < ratio:
+                continue
+            accepted[k] += 1
+            for i in range(b_size):
+                state[k, block_ids[p, i]] = stored[i]
+            _read_mixture(state[k], pi, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
+            _read_mixture(state[k], pj, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
+
+
+def mixture_pair_sweep(
+    state: np.ndarray,
+    slots: np.ndarray,
+    valid: np.ndarray,
+    layout: Any,
+    net: MixtureNetwork,
+    draws: PairDraws,
+    beta: np.ndarray | None = None,
+    decide: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pairs ``slots [K, W]`` of each chain in turn, in place: propose, test and (``decide``) write each move.
+
+    Args:
+        state: ``[K, N]`` float32 or float64 states (a NumPy view of the kernel's tensor), updated in place.
+        slots: ``[K, W]`` (int64) the layout's pair rows each chain decides, in order; ``valid``: ``[K, W]`` (bool).
+        layout: the group's :class:`~neuralblock.kernels.fused_mixture.MixtureLayout`.
+        net: the proposal's :class:`MixtureNetwork`.
+        draws: the :class:`PairDraws` of the ``K x W`` moves.
+        beta: optional ``[K]`` inverse temperatures (float64).
+        decide: ``False`` scores every move at the unchanged state (for tests) and writes nothing.
+
+    Returns:
+        Accepted moves per chain ``[K]``, non-finite ratios per chain ``[K]`` (rejected), and every move's log
+        ratio ``[K, W]`` and proposed block ``[K, W, 2 D + 2]`` (float64; invalid slots unset).
+    """
+    chains, width = slots.shape
+    dim = layout.values.shape[1]
+    points = ((layout.values - layout.center) / layout.sigma).numpy()
+    tau, p = torch.tensor([layout.tau, layout.p], dtype=torch.float64)
+    psi = np.array([math.log(float(tau) / layout.sigma), float(torch.logit(p))])
+    accepted = np.zeros(chains, dtype=np.int64)
+    nonfinite = np.zeros(chains, dtype=np.int64)
+    log_alpha = np.zeros((chains, width))
+    proposed = np.zeros((chains, width, 2 * dim + 2))
+    layers = len(net.trunk_w)
+    empty_w, empty_b = np.zeros((1, 1), np.float32), np.zeros(1, np.float32)
+    trunk = [(net.trunk_w[i], net.trunk_b[i]) if i < layers else (empty_w, empty_b) for i in range(2)]
+    _mixture_pairs(
+        state, slots, valid, decide, layout.mean_ids.numpy(), layout.active_ids.numpy(), layout.pairs.numpy(),
+        layout.block_ids.numpy(), points, layout.center.numpy(), float(layout.sigma), float(layout.tau),
+        layout.log_odds.numpy(), psi, net.phi1_w, net.phi1_b, net.phi2_w, net.phi2_b, net.score_w, net.score_b,
+        trunk[0][0], trunk[0][1], trunk[1][0], trunk[1][1], layers, net.mix_w, net.mix_b, net.disc_w, net.disc_b,
+        net.loc_w, net.loc_b, net.scale_w, net.scale_b, net.groups, draws.components.numpy(), draws.bits.numpy(),
+        draws.normals.numpy(), draws.log_u.numpy(), np.ones(chains) if beta is None else beta,
+        accepted, nonfinite, log_alpha, proposed,
+    )  # fmt: skip
+    return accepted, nonfinite, log_alpha, proposed

@@ -1,0 +1,149 @@
+"""The compiled gmm_pair_set sweep: the eager step's arithmetic, its own bookkeeping, and the exact posterior."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_split_merge import SIGMA, TAU, Z_MAX, _exact_mean_moments, _exact_patterns, _posterior_terms
+from test_split_merge import _posterior_z_scores as posterior_z_scores
+
+from motifs.gmm_pair import GmmPairMotif, gmm_graph, gmm_initial_state, sample_gmm
+from motifs.gmm_pair_set import GmmPairSetMotif
+from neuralblock import NeuralBlockKernel, load_pretrained
+from neuralblock.kernels.fused_mixture import (
+    FusedMixtureSweep,
+    _energy_change,
+    mixture_layout,
+    pair_context,
+    step_constants,
+)
+from neuralblock.kernels.jit_mixture import MixtureNetwork, PairDraws, draw_pairs, mixture_pair_sweep
+from neuralblock.proposals import NeuralBlockProposal
+
+
+def _set_proposal(hidden: tuple[int, ...], seed: int = 0) -> NeuralBlockProposal:
+    torch.manual_seed(seed)
+    return NeuralBlockProposal(GmmPairSetMotif(hidden=8, heads=2), components=3, hidden=hidden)
+
+
+def _case(m: int = 6, n: int = 25, chains: int = 3, seed: int = 0):
+    points, _, _ = sample_gmm(m, n, torch.Generator().manual_seed(seed))
+    fg = gmm_graph(points, m, 1.3, 4.0, 0.4, prior_mean=torch.tensor([0.5, -1.0]))
+    gen = torch.Generator().manual_seed(seed + 1)
+    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(chains)])
+    return fg, state
+
+
+def _eager_moves(proposal, fg, state, slots, beta):
+    """The eager step's proposed blocks and log ratios of ``slots`` at ``state`` (its draws, from the global RNG)."""
+    instances = proposal.motif.find_instances(fg)
+    layout = mixture_layout(fg, proposal.motif, instances)
+    constants = step_constants(layout, state.dtype)
+    chains, width = slots.shape
+    with torch.no_grad():
+        context = pair_context(state, layout, slots, constants)
+        points = constants.points
+        features = proposal.motif.features(
+            points.expand(chains, width, *points.shape), constants.point_mask, context.u_others,
+            context.v_others, constants.psi, context.rest_lse,
+        )  # fmt: skip
+        q = proposal(features.to(proposal.dtype))
+        block_ids = layout.block_ids[slots]
+        current = state.gather(1, block_ids.reshape(chains, -1)).reshape(block_ids.shape)
+        u_new = q.sample().to(state.dtype)
+        proposed = constants.loc + constants.scale * u_new
+        log_q = q.log_prob(torch.stack([u_new, (current - constants.loc) / constants.scale])).to(state.dtype)
+        log_odds = constants.log_odds[layout.pairs[slots]]
+        change = _energy_change(context.rest_lse, context.v_others.sum(-1), log_odds, layout, current, proposed, points)
+    return layout, proposed, change * beta[:, None].to(state.dtype) + log_q[1] - log_q[0]
+
+
+@pytest.mark.parametrize("hidden", [(), (16,), (8, 8), "shipped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_moves_are_the_eager_steps(hidden, dtype: torch.dtype) -> None:
+    # the same draws (the proposal's three, in the eager sample's order) give the same blocks and log ratios
+    proposal = load_pretrained("gmm_pair_copies") if hidden == "shipped" else _set_proposal(hidden)
+    fg, state = _case()
+    state = state.to(dtype)
+    slots = torch.randint(0, 15, (3, 7), generator=torch.Generator().manual_seed(2))
+    beta = torch.tensor([1.0, 0.4, 0.0], dtype=torch.float64)
+    torch.manual_seed(5)
+    layout, proposed, log_alpha = _eager_moves(proposal, fg, state, slots, beta)
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    torch.manual_seed(5)
+    draws = PairDraws(
+        torch.rand(3, 7, net.components), torch.rand(3, 7, 2, 2), torch.randn(3, 7, 4), torch.zeros(3, 7).double()
+    )
+    before = state.clone()
+    valid = np.ones((3, 7), dtype=np.bool_)
+    _, _, got_alpha, got_blocks = mixture_pair_sweep(
+        state.numpy(), slots.numpy(), valid, layout, net, draws, beta.numpy(), decide=False
+    )
+    assert torch.equal(state, before)  # scoring writes nothing
+    tolerance = 2e-3 if dtype == torch.float32 else 2e-4  # the network's float32, summed in another order
+    assert np.allclose(got_blocks, proposed.double().numpy(), atol=tolerance, rtol=1e-4)
+    want = log_alpha.double().numpy()
+    assert np.array_equal(np.isinf(got_alpha), np.isinf(want))
+    finite = np.isfinite(want)
+    assert np.allclose(got_alpha[finite], want[finite], atol=tolerance * 10, rtol=1e-4)
+    assert finite.sum() > 10
+
+
+def test_one_call_over_the_pairs_is_the_calls_pair_by_pair() -> None:
+    # the compiled sweep updates a chain's state and per-point terms after every accepted move; calls of one
+    # pair each start from the state afresh: the same decisions from the same numbers
+    proposal = _set_proposal((16,), seed=1)
+    fg, state = _case(m=5, n=20, chains=4, seed=3)
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    pairs = len(layout.pairs)
+    slots = np.ascontiguousarray(np.broadcast_to(np.arange(pairs), (4, pairs)))
+    torch.manual_seed(0)
+    draws = draw_pairs(4, pairs, net.components, 2)
+    whole = state.clone()
+    accepted, nonfinite, _, _ = mixture_pair_sweep(
+        whole.numpy(), slots, np.ones((4, pairs), np.bool_), layout, net, draws
+    )
+    one_by_one = state.clone()
+    count = np.zeros(4, dtype=np.int64)
+    for p in range(pairs):
+        part = PairDraws(*(d[:, p : p + 1].contiguous() for d in draws))
+        got, _, _, _ = mixture_pair_sweep(
+            one_by_one.numpy(), np.ascontiguousarray(slots[:, p : p + 1]), np.ones((4, 1), np.bool_), layout, net, part
+        )
+        count += got
+    assert torch.equal(whole, one_by_one)
+    assert np.array_equal(accepted, count) and 0 < accepted.sum() < 4 * pairs and nonfinite.sum() == 0
+
+
+@pytest.mark.parametrize("gibbs_prob", [0.0, 0.3])
+def test_the_compiled_sweep_keeps_the_exact_posterior(gibbs_prob: float) -> None:
+    # a random (untrained) set proposal through the kernel; tolerances: see test_split_merge.Z_MAX
+    points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
+    fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
+    kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=4)], gibbs_prob=gibbs_prob, chains=4)
+    terms = _posterior_terms(points, 3, SIGMA, TAU, 0.5)
+    z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
+    sweep = kernel.fused[0]
+    assert isinstance(sweep, FusedMixtureSweep) and sweep._compiled_for(kernel.initial_params["x"])
+    assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] > 0.02
+    assert z_patterns.abs().max() < Z_MAX, z_patterns
+    assert z_means.abs().max() < Z_MAX, z_means
+
+
+def test_networks_the_loop_does_not_cover_keep_the_eager_steps() -> None:
+    assert MixtureNetwork.from_proposal(NeuralBlockProposal(GmmPairMotif(), components=2, hidden=(8,))) is None
+    assert MixtureNetwork.from_proposal(_set_proposal((8, 8, 8))) is None  # three hidden layers
+    wide = _set_proposal((8,)).to(torch.float64)
+    assert MixtureNetwork.from_proposal(wide) is None
+    fg, state = _case(m=4, n=10, chains=2)
+    kernel = NeuralBlockKernel(fg, [wide], gibbs_prob=0.0, chains=2)
+    kernel.initial_params = {"x": state}
+    kernel.setup(0)
+    sweep = kernel.fused[0]
+    assert isinstance(sweep, FusedMixtureSweep) and not sweep._compiled_for(state)
+    params = kernel.sample(kernel.initial_params)
+    assert torch.isfinite(params["x"]).all()
