@@ -1,13 +1,18 @@
-"""The fused mixture-pair sweep (``gmm_pair_set`` proposals) against an earlier commit, side by side.
+"""The mixture-pair sweep of ``gmm_pair_set`` proposals: compiled, eager, and an earlier commit, side by side.
 
 Times, in interleaved rounds, one :class:`~neuralblock.NeuralBlockKernel` sweep of every mixture pair
-of ``--chains`` vectorized chains (neural moves alone, ``gibbs_prob=0``, the fused mixture path of
-:mod:`neuralblock.kernels.fused_mixture`) with the shipped ``--proposal``, on this checkout and on
-``--baseline`` (checked out into a temporary ``git worktree``). Both arms run the same snippet in a
-fresh subprocess per round (one torch thread, CPU time per sweep over about ``--budget`` seconds,
-the same start and seed), so the two share the machine's load; the ratio of each round is paired
-and the median over rounds reported. The cases are GMM benchmark cases
-(:func:`experiments.gmm_models.family_gmm`, family ``--family``) of every size in ``--sizes``.
+of ``--chains`` vectorized chains (neural moves alone, ``gibbs_prob=0``) with the shipped ``--proposal``
+in three arms:
+
+* ``compiled``: this checkout's default, the compiled loop of :mod:`neuralblock.kernels.jit_mixture`;
+* ``eager``: this checkout's eager steps (:func:`~neuralblock.kernels.fused_mixture.mixture_pair_step`);
+* ``baseline``: the eager steps of ``--baseline`` (checked out into a temporary ``git worktree``).
+
+Every arm runs the same snippet in a fresh subprocess per round (one torch thread, CPU time per
+sweep over about ``--budget`` seconds after two untimed sweeps, the same start and seed), so the arms
+share the machine's load; ratios are paired per round and their median over rounds reported. The
+cases are GMM benchmark cases (:func:`experiments.gmm_models.family_gmm`, family ``--family``) of
+every size in ``--sizes``.
 
 Run it from the repository root::
 
@@ -32,11 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import baseline_worktree, cell, paired_ratio, write_results  # noqa: E402
+from fused_blocks import baseline_worktree, cell, paired_ratio, ratio_lines, write_results  # noqa: E402
 
 __all__ = ["main", "parse_size"]
 
-BASELINE = "796acff"  # the last commit before the leaner fused mixture step
+BASELINE = "796acff"  # the last commit before the leaner eager step and the compiled loop
+ARMS = ("compiled", "eager", "baseline")
 
 _SNIPPET = """
 import json, sys, torch, warnings
@@ -46,10 +52,12 @@ sys.path.insert(0, sys.argv[1])
 from fused_blocks import sweep_seconds
 from experiments.gmm_models import family_gmm
 from neuralblock import NeuralBlockKernel
+from neuralblock.kernels import fused_mixture
 from neuralblock.kernels.base import sequential_init
 from neuralblock.proposals import load_proposal
 family, m, n, chains, name, budget = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], \
     float(sys.argv[7])
+fused_mixture.NUMBA = sys.argv[8] == "compiled"  # (a commit without the compiled loop ignores it)
 fg, _, reference = family_gmm(family, m, n)
 start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
 kernel = NeuralBlockKernel(fg, [load_proposal(name)], gibbs_prob=0.0, chains=chains)
@@ -78,12 +86,12 @@ def parse_size(text: str) -> tuple[int, int]:
     return m, n
 
 
-def _sweep(tree: Path, args: argparse.Namespace, m: int, n: int) -> dict[str, Any]:
+def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> dict[str, Any]:
     """One round of one arm: CPU seconds per sweep (and the acceptance) of the kernel on checkout ``tree``."""
     here = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
     out = subprocess.run(
-        [*command, str(args.budget)],
+        [*command, str(args.budget), arm],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
@@ -94,47 +102,50 @@ def _sweep(tree: Path, args: argparse.Namespace, m: int, n: int) -> dict[str, An
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every size: both arms per round, medians and the paired ratio (this checkout over the baseline)."""
+    """Every size: the arms in turn per round, medians and the paired ratios."""
     sizes: dict[str, Any] = {}
     with baseline_worktree(args.baseline, prefix="gmm-step-baseline-") as worktree:
-        trees = {"current": ROOT, **({"baseline": worktree} if worktree is not None else {})}
+        trees = {"compiled": ROOT, "eager": ROOT, **({"baseline": worktree} if worktree is not None else {})}
         for m, n in args.sizes:
             rounds: dict[str, list[dict[str, Any]]] = {arm: [] for arm in trees}
             for _ in range(args.rounds):
                 for arm, tree in trees.items():
-                    rounds[arm].append(_sweep(tree, args, m, n))
+                    rounds[arm].append(_sweep(tree, arm, args, m, n))
             times = {arm: [r["seconds"] for r in records] for arm, records in rounds.items()}
+            pairs = [(a, b) for a, b in (("compiled", "eager"), ("compiled", "baseline"), ("eager", "baseline"))]
             sizes[f"{m}x{n}"] = {
                 "ms_per_sweep": {arm: 1e3 * statistics.median(values) for arm, values in times.items()},
                 "rounds_ms": {arm: [1e3 * v for v in values] for arm, values in times.items()},
                 "acceptance": {arm: statistics.median(r["acceptance"] for r in rounds[arm]) for arm in trees},
                 "fused": all(r["fused"] for records in rounds.values() for r in records),
-                "ratio": paired_ratio(times, "current", "baseline") if "baseline" in times else None,
+                "ratios": {f"{a} / {b}": paired_ratio(times, a, b) for a, b in pairs if b in times},
             }
     return {"sizes": sizes}
 
 
 def _markdown(result: dict[str, Any]) -> str:
     lines = [
-        "# The fused mixture-pair sweep against an earlier commit",
+        "# The mixture-pair sweep of a gmm_pair_set proposal: compiled, eager and an earlier commit",
         "",
-        f"`NeuralBlockKernel` with the shipped `{result['proposal']}` proposal alone (`gibbs_prob=0`, fused mixture "
-        f"path), {result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep "
-        "decides every mixture pair of every chain. CPU, one torch thread, CPU time per sweep over about "
-        f"{result['budget']} s per arm and round, medians over {result['rounds']} interleaved rounds (each arm a "
-        f"fresh subprocess, same start and seed). Baseline: commit `{result['baseline'] or '-'}`. Load average "
-        f"{', '.join(f'{x:.2f}' for x in result['load_average'])}. `ratio`: the median over rounds of this "
-        "checkout's time over the baseline's in the same round (below 1: faster now).",
+        f"`NeuralBlockKernel` with the shipped `{result['proposal']}` proposal alone (`gibbs_prob=0`), "
+        f"{result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep decides "
+        "every mixture pair of every chain. `compiled`: the default compiled loop; `eager`: the eager fused steps; "
+        f"`baseline`: the eager steps of commit `{result['baseline'] or '-'}`. CPU, one torch thread, CPU time per "
+        f"sweep over about {result['budget']} s per arm and round after two untimed sweeps, medians over "
+        f"{result['rounds']} interleaved rounds (each arm a fresh subprocess, same start and seed). Load average "
+        f"{', '.join(f'{x:.2f}' for x in result['load_average'])}. Ratios: medians over rounds of one arm's time "
+        "over another's in the same round (below 1: the first is faster).",
         "",
-        "| m x n | ms per sweep (now) | ms per sweep (baseline) | ratio | acceptance (now) | acceptance (baseline) |",
-        "|---|---|---|---|---|---|",
+        "| m x n | arm | ms per sweep | acceptance |",
+        "|---|---|---|---|",
     ]
     for size, row in result["sizes"].items():
-        ms, acc = row["ms_per_sweep"], row["acceptance"]
-        lines.append(
-            f"| {size} | {ms['current']:.1f} | {cell(ms.get('baseline'), '.1f')} | {cell(row['ratio'], '.2f')} | "
-            f"{acc['current']:.3f} | {cell(acc.get('baseline'), '.3f')} |"
-        )
+        for arm, ms in row["ms_per_sweep"].items():
+            lines.append(f"| {size} | {arm} | {ms:.1f} | {cell(row['acceptance'][arm], '.3f')} |")
+    ratios = {
+        f"{size}: {name}": value for size, row in result["sizes"].items() for name, value in row["ratios"].items()
+    }
+    lines += ratio_lines(ratios)
     return "\n".join(lines) + "\n"
 
 
@@ -148,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--budget", type=float, default=2.0, help="CPU seconds per arm and round")
     parser.add_argument("--baseline", default=BASELINE, help="commit to time against ('' to skip)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 8x60, one short round, no baseline")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 8x60, one short round, no baseline arm")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
     if args.quick:
