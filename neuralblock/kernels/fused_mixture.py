@@ -492,6 +492,7 @@ class FusedMixtureSweep:
             self.jit
             and self.network is not None
             and state.device.type == "cpu"
+            and self.layout.values.shape[0] > 0
             and state.dtype in (torch.float32, torch.float64)
             and not state.requires_grad
         )

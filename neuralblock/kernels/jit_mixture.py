@@ -87,7 +87,7 @@ class MixtureNetwork(NamedTuple):
 
     @classmethod
     def from_proposal(cls, proposal: NeuralBlockProposal) -> MixtureNetwork | None:
-        """The arrays of a float32 ``gmm_pair_set`` proposal with two hidden layers or fewer; else ``None``.
+        """The arrays of a float32 CPU ``gmm_pair_set`` proposal with two hidden layers or fewer; else ``None``.
 
         The block must be ``(mu_i, v_i, mu_j, v_j)`` with binary bits (the ``gmm_pair`` block).
         """
@@ -99,6 +99,7 @@ class MixtureNetwork(NamedTuple):
             getattr(motif, "name", None) != "gmm_pair_set"
             or pool is None
             or proposal.dtype != torch.float32
+            or next(mdn.parameters()).device.type != "cpu"
             or mdn.cardinalities != cards
             or mdn.discrete_head is None
             or mdn.loc_head is None
@@ -225,6 +226,37 @@ def _anchor(u, weight, key, dim):
 
 
 @_compiled
+def _log_sums(terms, top, total):
+    """Per point (row of ``terms``): the largest term and the sum of ``exp(term - largest)``."""
+    for j in range(terms.shape[0]):
+        best = -math.inf
+        for mixture in range(terms.shape[1]):
+            best = max(best, terms[j, mixture])
+        top[j] = best
+        acc = 0.0
+        if best > -math.inf:
+            for mixture in range(terms.shape[1]):
+                acc += math.exp(terms[j, mixture] - best)
+        total[j] = acc
+
+
+@_compiled
+def _log_sum_except(row, pi, pj):
+    """``log sum exp`` of ``row`` without entries ``pi`` and ``pj`` (``-inf`` when nothing is left)."""
+    top = -math.inf
+    for mixture in range(row.shape[0]):
+        if mixture != pi and mixture != pj and row[mixture] > top:
+            top = row[mixture]
+    if top == -math.inf:
+        return -math.inf
+    acc = 0.0
+    for mixture in range(row.shape[0]):
+        if mixture != pi and mixture != pj:
+            acc += math.exp(row[mixture] - top)
+    return top + math.log(acc)
+
+
+@_compiled
 def _pair_energy(rest_lse, rest_count, points, block, dim, center, sigma, tau, log_odds_i, log_odds_j):
     """log p(B) up to the conditioning set's constant: the points' mixture factors and the pair's priors."""
     n = points.shape[0]
@@ -327,6 +359,18 @@ def _mixture_pairs(
         scale_vec[i] = sigma
         scale_vec[dim + 1 + i] = sigma
     terms = np.empty((n, m))
+    top_all = np.empty(n)  # per point: the largest term and the sum of exp(term - largest) over all mixtures
+    sum_all = np.empty(n)
+    token_base = np.empty((n, hidden), dtype=np.float32)  # the first token layer's part that no pair changes
+    for j in range(n):
+        for h in range(hidden):
+            token_base[j, h] = phi1_b[h]
+        for d in range(dim):
+            u = np.float32(_clip(points[j, d] / _COORD_SCALE))
+            for h in range(hidden):
+                token_base[j, h] += u * phi1_w[d, h]
+        for h in range(hidden):
+            token_base[j, h] += phi1_w[dim + 2, h]
     u_means = np.empty((m, dim))
     bits = np.empty(m)
     rest = np.empty(n)
@@ -361,6 +405,7 @@ def _mixture_pairs(
     for k in range(chains):
         for mixture in range(m):
             _read_mixture(state[k], mixture, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
+        _log_sums(terms, top_all, sum_all)
         for s_ in range(width):
             if not valid[k, s_]:
                 continue
@@ -371,19 +416,20 @@ def _mixture_pairs(
             for mixture in range(m):
                 if mixture != pi and mixture != pj:
                     rest_count += bits[mixture]
-            for j in range(n):
-                top = -math.inf
-                for mixture in range(m):
-                    if mixture != pi and mixture != pj and terms[j, mixture] > top:
-                        top = terms[j, mixture]
-                if top == -math.inf:
+            for j in range(n):  # all mixtures' sum less the pair's, unless the pair holds nearly all of it
+                if top_all[j] == -math.inf:
                     rest[j] = -math.inf
+                    continue
+                share = 0.0
+                if bits[pi] > 0:
+                    share += math.exp(terms[j, pi] - top_all[j])
+                if bits[pj] > 0:
+                    share += math.exp(terms[j, pj] - top_all[j])
+                left = sum_all[j] - share
+                if left > 1e-3 * sum_all[j]:
+                    rest[j] = top_all[j] + math.log(left)
                 else:
-                    acc = 0.0
-                    for mixture in range(m):
-                        if mixture != pi and mixture != pj:
-                            acc += math.exp(terms[j, mixture] - top)
-                    rest[j] = top + math.log(acc)
+                    rest[j] = _log_sum_except(terms[j], pi, pj)
             # -- features (GmmPairSetMotif.features): the head, then one token per point
             mass = 0.0
             for j in range(n):
@@ -429,7 +475,8 @@ def _mixture_pairs(
                 tokens[j, dim + 2] = 1.0
             # -- set encoder: phi of every token, its mean, attention pooling per head
             for j in range(n):
-                _affine(tokens[j], phi1_w, phi1_b, h1)
+                for h in range(hidden):
+                    h1[h] = token_base[j, h] + tokens[j, dim] * phi1_w[dim, h] + tokens[j, dim + 1] * phi1_w[dim + 1, h]
                 _silu(h1)
                 _affine(h1, phi2_w, phi2_b, phi[j])
                 _silu(phi[j])
@@ -530,6 +577,7 @@ def _mixture_pairs(
                 state[k, block_ids[p, i]] = stored[i]
             _read_mixture(state[k], pi, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
             _read_mixture(state[k], pj, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
+            _log_sums(terms, top_all, sum_all)
 
 
 def mixture_pair_sweep(
