@@ -10,13 +10,17 @@ draw from the proposal and both its densities, the energy change and the MH test
 written into the chain's state (and its two mixtures' columns of the per-point terms) before the next
 pair. A sweep therefore decides exactly the pairs of a pair-by-pair sweep and proposes no pair twice.
 
-The random numbers come from torch's global RNG, drawn before the loop, per chain and pair in sweep
-order: the component uniforms, the bits' uniforms and the means' normals of the proposal (the draws of
-:meth:`~neuralblock.proposals.mdn.BlockMixture.sample` of one pair) and the test's uniform. The
-arithmetic is the eager step's, in float64 (features, densities, energy) and in the network's float32
-(set encoder, trunk, heads), so from the same numbers the two make the same proposals and decisions up
-to rounding (tests: ``tests/test_jit_mixture.py``). The compiled code is cached on disk; a sweep
-object's first call of a new argument layout compiles it (counted in ``compile_seconds``).
+The random numbers come from torch's global RNG, drawn before the loop as four arrays over (chain,
+pair) (:func:`draw_pairs`): the component uniforms, the bits' uniforms and the means' normals of the
+proposal (for one step, the draws of :meth:`~neuralblock.proposals.mdn.BlockMixture.sample`) and the
+tests' uniforms. The arithmetic is the eager step's, in float64 (features, densities, energy) and in the
+network's float32 (set encoder, trunk, heads), so from the same numbers the two make the same proposals
+and decisions up to rounding; the feature constants mirror :mod:`motifs.gmm_pair`'s, and the tests
+(``tests/test_jit_mixture.py``) compare the two on random states. Two shortcuts change only the
+rounding: a point's share from the other mixtures is all mixtures' sum less the pair's (summed directly
+where the pair holds over 99.9% of it), and the first token layer's pair-free part is computed once per
+call. The compiled code is cached on disk; a sweep object's first call of a new argument layout compiles
+it (counted in ``compile_seconds``).
 
 Example:
     >>> import torch
@@ -27,8 +31,13 @@ Example:
     >>> fg = gmm_graph(torch.randn(20, 2), num_mixtures=4, sigma=1.0, tau=5.0, p_active=0.5)
     >>> proposal = NeuralBlockProposal(GmmPairSetMotif(hidden=8, heads=2), components=3, hidden=(16,))
     >>> net = MixtureNetwork.from_proposal(proposal)
-    >>> net is not None and net.components
-    3
+    >>> layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    >>> state = torch.stack([gmm_initial_state(fg), gmm_initial_state(fg)])
+    >>> slots = np.arange(len(layout.pairs)).reshape(1, -1).repeat(2, 0)  # every pair of both chains, in order
+    >>> draws = draw_pairs(2, slots.shape[1], net.components, dim=2)
+    >>> accepted, _, log_alpha, blocks = mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws)
+    >>> accepted.shape, blocks.shape  # 6 pairs of 4 mixtures, blocks (mu_i, v_i, mu_j, v_j)
+    ((2,), (2, 6, 6))
 """
 
 from __future__ import annotations
