@@ -165,16 +165,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)
-    result.update(
-        proposal=args.proposal,
-        family=args.family,
-        chains=args.chains,
-        rounds=args.rounds,
-        budget=args.budget,
-        baseline=args.baseline,
-        quick=args.quick,
-        load_average=list(os.getloadavg()),
-    )
+    settings = ("proposal", "family", "chains", "rounds", "budget", "baseline", "quick")
+    result.update({key: getattr(args, key) for key in settings}, load_average=list(os.getloadavg()))
     write_results(args.out, "gmm_pair_step", result, _markdown(result))
     return result
 
