@@ -39,35 +39,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fused_blocks import baseline_worktree, cell, paired_ratio, ratio_lines, write_results  # noqa: E402
 
+from neuralblock.kernels.jit import NUMBA  # noqa: E402
+
 __all__ = ["main", "parse_size"]
 
 BASELINE = "796acff"  # the last commit before the leaner eager step and the compiled loop
 ARMS = ("compiled", "eager", "baseline")
 
 _SNIPPET = """
-import json, sys, torch, warnings
+import json, sys, warnings
 warnings.simplefilter("ignore")
-torch.set_num_threads(1)
 sys.path.insert(0, sys.argv[1])
-from fused_blocks import sweep_seconds
-from experiments.gmm_models import family_gmm
-from neuralblock import NeuralBlockKernel
-from neuralblock.kernels import fused_mixture
-from neuralblock.kernels.base import sequential_init
-from neuralblock.proposals import load_proposal
-family, m, n, chains, name, budget = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], \
-    float(sys.argv[7])
-fused_mixture.NUMBA = sys.argv[8] == "compiled"  # (a commit without the compiled loop ignores it)
-fg, _, reference = family_gmm(family, m, n)
-start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
-kernel = NeuralBlockKernel(fg, [load_proposal(name)], gibbs_prob=0.0, chains=chains)
-kernel.initial_params = {"x": start}
-kernel.setup(0)
-torch.manual_seed(0)
-seconds = sweep_seconds(kernel, budget)
-acceptance = next(iter(kernel.diagnostics()["acceptance_by_proposal"].values()))
-print(json.dumps({"seconds": seconds, "acceptance": acceptance, "fused": kernel.fused[0] is not None}))
+from gmm_pair_step import time_sweep
+family, m, n, chains, name, budget, arm = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), \
+    sys.argv[6], float(sys.argv[7]), sys.argv[8]
+print(json.dumps(time_sweep(family, m, n, chains, name, budget, arm)))
 """
+
+
+def time_sweep(family: str, m: int, n: int, chains: int, proposal: str, budget: float, arm: str) -> dict[str, Any]:
+    """CPU seconds per sweep and the acceptance of one arm on one case, in this process (its checkout's code).
+
+    ``arm`` ``"compiled"`` runs the compiled loop, any other the eager steps (a commit without the
+    compiled loop ignores it).
+    """
+    import torch
+    from fused_blocks import sweep_seconds
+
+    from experiments.gmm_models import family_gmm
+    from neuralblock import NeuralBlockKernel
+    from neuralblock.kernels import fused_mixture
+    from neuralblock.kernels.base import sequential_init
+    from neuralblock.proposals import load_proposal
+
+    torch.set_num_threads(1)
+    fused_mixture.NUMBA = arm == "compiled"  # type: ignore[attr-defined]  # read when a sweep object is made
+    fg, _, reference = family_gmm(family, m, n)
+    start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
+    kernel = NeuralBlockKernel(fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains)
+    kernel.initial_params = {"x": start}
+    kernel.setup(0)
+    torch.manual_seed(0)
+    seconds = sweep_seconds(kernel, budget)
+    acceptance = next(iter(kernel.diagnostics()["acceptance_by_proposal"].values()))
+    return {"seconds": seconds, "acceptance": acceptance, "fused": kernel.fused[0] is not None}
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -87,7 +102,18 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> dict[str, Any]:
-    """One round of one arm: CPU seconds per sweep (and the acceptance) of the kernel on checkout ``tree``."""
+    """One round of one arm: CPU seconds per sweep (and the acceptance) of the kernel on checkout ``tree``.
+
+    A fresh subprocess per round; ``--quick`` times this checkout's arms in this process (a smoke test that
+    starts no processes beside the test runner's).
+    """
+    if args.quick and tree == ROOT:
+        try:
+            return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm)
+        finally:
+            from neuralblock.kernels import fused_mixture
+
+            fused_mixture.NUMBA = NUMBA
     here = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
     out = subprocess.run(

@@ -55,7 +55,7 @@ from torch import Tensor
 
 from neuralblock.kernels.jit import _compiled
 from neuralblock.proposals import NeuralBlockProposal
-from neuralblock.proposals.mdn import _MAX_LOG_SCALE, _MIN_LOG_SCALE
+from neuralblock.proposals.mdn import _FEATURE_CLIP, _MAX_LOG_SCALE, _MIN_LOG_SCALE
 
 __all__ = ["MixtureNetwork", "PairDraws", "draw_pairs", "mixture_pair_sweep"]
 
@@ -64,7 +64,6 @@ _POORLY_EXPLAINED = -3.0
 _COORD_SCALE = 4.0
 _ANCHOR_RADIUS = 2.5
 _POINTS_SCALE = 100.0
-_FEATURE_CLIP = 1e4
 _TINY32 = float(np.finfo(np.float32).tiny)
 
 
@@ -197,10 +196,10 @@ def _logaddexp(a, b):
 
 
 @_compiled
-def _clip(x):
+def _clip(x):  # as the MDN's input: NaN to 0, then clamped to +-_FEATURE_CLIP
     if x != x:
         return 0.0
-    return min(max(x, -1e4), 1e4)
+    return min(max(x, -_FEATURE_CLIP), _FEATURE_CLIP)
 
 
 @_compiled
