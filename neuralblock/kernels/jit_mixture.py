@@ -638,9 +638,9 @@ def mixture_pair_sweep(
     """
     chains, width = slots.shape
     dim = layout.values.shape[1]
-    points = ((layout.values - layout.center) / layout.sigma).numpy()
-    tau, p = torch.tensor([layout.tau, layout.p], dtype=torch.float64)
-    psi = np.array([math.log(float(tau) / layout.sigma), float(torch.logit(p))])
+    from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
+
+    constants = step_constants(layout, torch.float64)  # whitened points, psi, bits' log odds, as the eager step
     accepted = np.zeros(chains, dtype=np.int64)
     nonfinite = np.zeros(chains, dtype=np.int64)
     log_alpha = np.zeros((chains, width))
@@ -650,8 +650,9 @@ def mixture_pair_sweep(
     trunk = [(net.trunk_w[i], net.trunk_b[i]) if i < layers else (empty_w, empty_b) for i in range(2)]
     _mixture_pairs(
         state, slots, valid, decide, layout.mean_ids.numpy(), layout.active_ids.numpy(), layout.pairs.numpy(),
-        layout.block_ids.numpy(), points, layout.center.numpy(), float(layout.sigma), float(layout.tau),
-        layout.log_odds.numpy(), psi, net.phi1_w, net.phi1_b, net.phi2_w, net.phi2_b, net.score_w, net.score_b,
+        layout.block_ids.numpy(), constants.points.numpy(), constants.center.numpy(), float(layout.sigma),
+        float(layout.tau), constants.log_odds.numpy(), constants.psi.numpy(), net.phi1_w, net.phi1_b, net.phi2_w,
+        net.phi2_b, net.score_w, net.score_b,
         trunk[0][0], trunk[0][1], trunk[1][0], trunk[1][1], layers, net.mix_w, net.mix_b, net.disc_w, net.disc_b,
         net.loc_w, net.loc_b, net.scale_w, net.scale_b, net.groups, draws.components.numpy(), draws.bits.numpy(),
         draws.normals.numpy(), draws.log_u.numpy(), np.ones(chains) if beta is None else beta,
