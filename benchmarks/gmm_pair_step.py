@@ -2,9 +2,11 @@
 
 Times, in interleaved rounds, one :class:`~neuralblock.NeuralBlockKernel` sweep of every mixture pair
 of ``--chains`` vectorized chains (neural moves alone, ``gibbs_prob=0``) with the shipped ``--proposal``
-in three arms:
+in four arms:
 
-* ``compiled``: this checkout's default, the compiled loop of :mod:`neuralblock.kernels.jit_mixture`;
+* ``compiled``: this checkout's default, the compiled loop of :mod:`neuralblock.kernels.jit_mixture` with its
+  data-refined candidates (:class:`~neuralblock.kernels.jit_mixture.CandidateOptions`);
+* ``network``: the compiled loop with the network alone (``FusedMixtureSweep.default_candidates = None``);
 * ``eager``: this checkout's eager steps (:func:`~neuralblock.kernels.fused_mixture.mixture_pair_step`);
 * ``baseline``: the eager steps of ``--baseline`` (checked out into a temporary ``git worktree``).
 
@@ -44,7 +46,7 @@ from neuralblock.kernels.jit import NUMBA  # noqa: E402
 __all__ = ["main", "parse_size"]
 
 BASELINE = "796acff"  # the last commit before the leaner eager step and the compiled loop
-ARMS = ("compiled", "eager", "baseline")
+ARMS = ("compiled", "network", "eager", "baseline")
 
 _SNIPPET = """
 import json, sys, warnings
@@ -60,8 +62,8 @@ print(json.dumps(time_sweep(family, m, n, chains, name, budget, arm)))
 def time_sweep(family: str, m: int, n: int, chains: int, proposal: str, budget: float, arm: str) -> dict[str, Any]:
     """CPU seconds per sweep and the acceptance of one arm on one case, in this process (its checkout's code).
 
-    ``arm`` ``"compiled"`` runs the compiled loop, any other the eager steps (a commit without the
-    compiled loop ignores it).
+    ``arm`` ``"compiled"`` runs the compiled loop (with its candidates), ``"network"`` the compiled loop with the
+    network alone, any other the eager steps (a commit without the compiled loop ignores it).
     """
     import torch
     from fused_blocks import sweep_seconds
@@ -73,7 +75,9 @@ def time_sweep(family: str, m: int, n: int, chains: int, proposal: str, budget: 
     from neuralblock.proposals import load_proposal
 
     torch.set_num_threads(1)
-    fused_mixture.NUMBA = arm == "compiled"  # type: ignore[attr-defined]  # read when a sweep object is made
+    fused_mixture.NUMBA = arm in ("compiled", "network")  # type: ignore[attr-defined]  # read when a sweep is made
+    if arm == "network":
+        fused_mixture.FusedMixtureSweep.default_candidates = None
     fg, _, reference = family_gmm(family, m, n)
     start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
     kernel = NeuralBlockKernel(fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains)
@@ -108,12 +112,14 @@ def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> di
     starts no processes beside the test runner's).
     """
     if args.quick and tree == ROOT:
+        from neuralblock.kernels import fused_mixture
+
+        candidates = fused_mixture.FusedMixtureSweep.default_candidates
         try:
             return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm)
         finally:
-            from neuralblock.kernels import fused_mixture
-
             fused_mixture.NUMBA = NUMBA
+            fused_mixture.FusedMixtureSweep.default_candidates = candidates
     here = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
     out = subprocess.run(
@@ -131,14 +137,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every size: the arms in turn per round, medians and the paired ratios."""
     sizes: dict[str, Any] = {}
     with baseline_worktree(args.baseline, prefix="gmm-step-baseline-") as worktree:
-        trees = {"compiled": ROOT, "eager": ROOT, **({"baseline": worktree} if worktree is not None else {})}
+        trees = {"compiled": ROOT, "network": ROOT, "eager": ROOT}
+        trees.update({"baseline": worktree} if worktree is not None else {})
         for m, n in args.sizes:
             rounds: dict[str, list[dict[str, Any]]] = {arm: [] for arm in trees}
             for _ in range(args.rounds):
                 for arm, tree in trees.items():
                     rounds[arm].append(_sweep(tree, arm, args, m, n))
             times = {arm: [r["seconds"] for r in records] for arm, records in rounds.items()}
-            pairs = [(a, b) for a, b in (("compiled", "eager"), ("compiled", "baseline"), ("eager", "baseline"))]
+            pairs = [("compiled", "network"), ("network", "eager"), ("network", "baseline"), ("eager", "baseline")]
             sizes[f"{m}x{n}"] = {
                 "ms_per_sweep": {arm: 1e3 * statistics.median(values) for arm, values in times.items()},
                 "rounds_ms": {arm: [1e3 * v for v in values] for arm, values in times.items()},
@@ -155,7 +162,8 @@ def _markdown(result: dict[str, Any]) -> str:
         "",
         f"`NeuralBlockKernel` with the shipped `{result['proposal']}` proposal alone (`gibbs_prob=0`), "
         f"{result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep decides "
-        "every mixture pair of every chain. `compiled`: the default compiled loop; `eager`: the eager fused steps; "
+        "every mixture pair of every chain. `compiled`: the default compiled loop (with its data-refined candidates); "
+        "`network`: the compiled loop with the network alone; `eager`: the eager fused steps; "
         f"`baseline`: the eager steps of commit `{result['baseline'] or '-'}`. CPU, one torch thread, CPU time per "
         f"sweep over about {result['budget']} s per arm and round after two untimed sweeps, medians over "
         f"{result['rounds']} interleaved rounds (each arm a fresh subprocess, same start and seed). Load average "

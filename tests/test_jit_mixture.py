@@ -18,7 +18,15 @@ from neuralblock.kernels.fused_mixture import (
     pair_context,
     step_constants,
 )
-from neuralblock.kernels.jit_mixture import MixtureNetwork, PairDraws, draw_pairs, mixture_pair_sweep
+from neuralblock.kernels.jit_mixture import (
+    CandidateOptions,
+    MixtureNetwork,
+    PairDraws,
+    _log_q_candidates,
+    draw_pairs,
+    mixture_pair_sweep,
+    pair_candidates,
+)
 from neuralblock.proposals import NeuralBlockProposal
 
 
@@ -91,9 +99,10 @@ def test_the_compiled_moves_are_the_eager_steps(hidden, dtype: torch.dtype) -> N
     assert finite.sum() > 10
 
 
-def test_one_call_over_the_pairs_is_the_calls_pair_by_pair() -> None:
-    # the compiled sweep updates a chain's state and per-point terms after every accepted move; calls of one
-    # pair each start from the state afresh: the same decisions from the same numbers
+@pytest.mark.parametrize("candidates", [None, CandidateOptions(max_points=7)])
+def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: CandidateOptions | None) -> None:
+    # the compiled sweep updates a chain's state and per-point terms (and the candidates' copies) after every
+    # accepted move; calls of one pair each start from the state afresh: the same decisions from the same numbers
     proposal = _set_proposal((16,), seed=1)
     fg, state = _case(m=5, n=20, chains=4, seed=3)
     layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
@@ -105,23 +114,39 @@ def test_one_call_over_the_pairs_is_the_calls_pair_by_pair() -> None:
     draws = draw_pairs(4, pairs, net.components, 2)
     whole = state.clone()
     accepted, nonfinite, _, _ = mixture_pair_sweep(
-        whole.numpy(), slots, np.ones((4, pairs), np.bool_), layout, net, draws
+        whole.numpy(), slots, np.ones((4, pairs), np.bool_), layout, net, draws, candidates=candidates
     )
     one_by_one = state.clone()
     count = np.zeros(4, dtype=np.int64)
     for p in range(pairs):
         part = PairDraws(*(d[:, p : p + 1].contiguous() for d in draws))
         got, _, _, _ = mixture_pair_sweep(
-            one_by_one.numpy(), np.ascontiguousarray(slots[:, p : p + 1]), np.ones((4, 1), np.bool_), layout, net, part
+            one_by_one.numpy(),
+            np.ascontiguousarray(slots[:, p : p + 1]),
+            np.ones((4, 1), np.bool_),
+            layout,
+            net,
+            part,
+            candidates=candidates,
         )
         count += got
     assert torch.equal(whole, one_by_one)
     assert np.array_equal(accepted, count) and 0 < accepted.sum() < 4 * pairs and nonfinite.sum() == 0
 
 
-@pytest.mark.parametrize("gibbs_prob", [0.0, 0.3])
-def test_the_compiled_sweep_keeps_the_exact_posterior(gibbs_prob: float) -> None:
-    # a random (untrained) set proposal through the kernel; tolerances: see test_split_merge.Z_MAX
+_STRIDED = CandidateOptions(share=0.05, min_weight=0.0, em_steps=2, max_points=2)  # every 2nd point, all components
+
+
+@pytest.mark.parametrize(
+    ("gibbs_prob", "candidates"),
+    [(0.0, CandidateOptions()), (0.3, CandidateOptions()), (0.0, _STRIDED), (0.0, None), (0.3, None)],
+)
+def test_the_compiled_sweep_keeps_the_exact_posterior(
+    gibbs_prob: float, candidates: CandidateOptions | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a random (untrained) set proposal through the kernel, with and without the data-refined candidates
+    # (the default, one that reads every other point, none); tolerances: see test_split_merge.Z_MAX
+    monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
     kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=4)], gibbs_prob=gibbs_prob, chains=4)
@@ -129,9 +154,73 @@ def test_the_compiled_sweep_keeps_the_exact_posterior(gibbs_prob: float) -> None
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
     sweep = kernel.fused[0]
     assert isinstance(sweep, FusedMixtureSweep) and sweep._compiled_for(kernel.initial_params["x"])
+    assert sweep.candidates == candidates
     assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] > 0.02
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
+
+
+def test_candidates_raise_the_acceptance_of_a_poor_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an untrained network on 60 points: its own moves are rarely accepted, the candidates' more often
+    # (this case 0.094 alone, 0.225 with the candidates; three other draws of points, network and RNG:
+    # 0.09-0.12 alone, 0.25-0.48 with them, 2.3-5.0x)
+    points, _, _ = sample_gmm(8, 60, torch.Generator().manual_seed(7))
+    fg = gmm_graph(points, 8, 1.0, 5.0, 0.5)
+    rates = {}
+    for label, candidates in (("alone", None), ("candidates", CandidateOptions())):
+        monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
+        kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=2)], gibbs_prob=0.0, chains=3)
+        torch.manual_seed(0)
+        kernel.setup(0)
+        state = {"x": kernel.initial_params["x"].clone()}
+        for _ in range(10):
+            state = kernel.sample(state)
+        rates[label] = kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"]
+    assert rates["candidates"] > 1.8 * rates["alone"], rates
+
+
+def test_pair_candidates_sample_from_their_density() -> None:
+    # E_{b ~ q}[r(b) / q(b)] = 1 for a density r narrower than q's heaviest candidate (of its pattern)
+    gen = np.random.default_rng(0)
+    points = np.concatenate([gen.normal(size=(40, 2)), gen.normal(size=(20, 2)) + 4.0])
+    rest = np.log(np.exp(-0.5 * ((points - 4.0) ** 2).sum(1)) + 1e-4)
+    log_w, loc = np.log(np.array([0.6, 0.3, 0.1])), gen.normal(size=(3, 4))
+    bits, means, log_sd, weights = pair_candidates(
+        points, rest, 1.0, (0.2, -0.1), 0.04, log_w, loc, np.array([[4.0, 4.0], [4.1, 3.9], [0.0, 0.0]])
+    )
+    assert np.isclose(np.exp(weights).sum(), 1.0) and {tuple(b) for b in bits} == {(0, 0), (1, 0), (0, 1), (1, 1)}
+    # all 3 components weigh over 0.05; the copies at (4, 4) and (4.1, 3.9) are one location (merge distance
+    # 0.5), (0, 0) another: (0, 0) once, each mean active alone from 3 + 2 locations, both from 3 + 2 * 2 pairs
+    assert len(bits) == 1 + 2 * (3 + 2) + 3 + 2 * 2
+    top = int(np.argmax(weights))
+    draws = 20_000
+    pick = gen.choice(len(weights), size=draws, p=np.exp(weights) / np.exp(weights).sum())
+    sd = np.exp(log_sd[pick]).repeat(2, 1)
+    cont = means[pick] + sd * gen.normal(size=(draws, 4))
+    blocks = np.concatenate([cont[:, :2], bits[pick, :1], cont[:, 2:], bits[pick, 1:]], 1)
+    log_q = np.array([_log_q_candidates(b, bits, means, log_sd, weights, len(weights), 2) for b in blocks])
+    narrow = log_sd[top] - np.log(2.0)
+    z = (cont - means[top]) / np.exp(narrow).repeat(2)
+    log_r = -0.5 * (z**2).sum(1) - 2 * narrow.sum() - 2 * np.log(2 * np.pi)
+    ratio = np.where((bits[pick] == bits[top]).all(1), np.exp(log_r - log_q), 0.0)
+    assert abs(ratio.mean() - 1.0) < 5 * ratio.std() / np.sqrt(draws) + 1e-3, ratio.mean()
+
+
+def test_bad_candidate_settings_are_refused() -> None:
+    proposal = _set_proposal((8,))
+    fg, state = _case(m=4, n=6, chains=1)
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    slots = np.zeros((1, 1), dtype=np.int64)
+    draws = draw_pairs(1, 1, net.components, 2)
+    with pytest.raises(ValueError, match="choice uniforms"):
+        mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws._replace(choice=None), None, True,
+                           CandidateOptions())  # fmt: skip
+    with pytest.raises(ValueError, match="out of range"):
+        mixture_pair_sweep(
+            state.numpy(), slots, slots >= 0, layout, net, draws, None, True, CandidateOptions(share=1.0)
+        )
 
 
 def test_networks_the_loop_does_not_cover_keep_the_eager_steps() -> None:

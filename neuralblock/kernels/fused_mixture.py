@@ -54,7 +54,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup, TableGroup
 from neuralblock.kernels.functional import nonfinite_ratios, speculative_width
 from neuralblock.kernels.jit import NUMBA, timed_first_call
-from neuralblock.kernels.jit_mixture import MixtureNetwork, draw_pairs, mixture_pair_sweep
+from neuralblock.kernels.jit_mixture import CandidateOptions, MixtureNetwork, draw_pairs, mixture_pair_sweep
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -400,12 +400,19 @@ def _energy_change(
 class FusedMixtureSweep:
     """The ``gmm_pair`` proposal's pairs on the fused path: one sweep visits every pair of every chain once.
 
+    The compiled sweep (:mod:`~neuralblock.kernels.jit_mixture`) mixes data-refined candidates into each
+    pair's proposal (:attr:`candidates`, default :attr:`default_candidates`; ``None``: the network alone);
+    the eager steps (GPU states, no Numba, networks the loop does not cover) propose from the network
+    alone. Both are exact MH moves.
+
     Args:
         fg: the graph (see :func:`supports_fused_mixture`).
         proposal: the ``gmm_pair`` proposal.
         instances: the proposal's instances in sweep order.
         window: pairs per step and chain (``None``: from the recent acceptance rate).
     """
+
+    default_candidates: CandidateOptions | None = CandidateOptions()
 
     def __init__(
         self, fg: FactorGraph, proposal: NeuralBlockProposal, instances: MotifInstances, window: int | None = None
@@ -416,6 +423,9 @@ class FusedMixtureSweep:
         # CPU sweeps of gmm_pair_set proposals run the compiled loop of :mod:`~neuralblock.kernels.jit_mixture`
         # (where Numba is installed); False keeps the eager steps
         self.jit = NUMBA
+        # the compiled sweep mixes data-refined candidates into each pair's proposal (CandidateOptions);
+        # None proposes from the network alone, as the eager steps do
+        self.candidates: CandidateOptions | None = self.default_candidates
         self._jit_layouts: set[tuple] = set()
         self.rate = 1.0  # recent fraction of decided pairs that were accepted
         self.discarded = 0  # pairs the last sweep proposed but did not decide (after a chain's accepted pair)
@@ -510,7 +520,7 @@ class FusedMixtureSweep:
         out = state.detach().clone().contiguous()
         temperatures = None if beta is None else beta.detach().to(torch.float64).contiguous().numpy()
         layout = (out.dtype, beta is None)
-        args = (out.numpy(), slots, valid, self.layout, network, draws, temperatures)
+        args = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True, self.candidates)
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
         self.compile_seconds += seconds
         return out, torch.from_numpy(accepted), torch.tensor(int(nonfinite.sum())), chains * total

@@ -57,7 +57,7 @@ from neuralblock.kernels.jit import _compiled
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.proposals.mdn import _FEATURE_CLIP, _MAX_LOG_SCALE, _MIN_LOG_SCALE
 
-__all__ = ["MixtureNetwork", "PairDraws", "draw_pairs", "mixture_pair_sweep"]
+__all__ = ["CandidateOptions", "MixtureNetwork", "PairDraws", "draw_pairs", "mixture_pair_sweep", "pair_candidates"]
 
 _EXPLAINED_FLOOR = -30.0  # the motif's (motifs.gmm_pair): floor of a point's log explained density
 _POORLY_EXPLAINED = -3.0
@@ -65,6 +65,8 @@ _COORD_SCALE = 4.0
 _ANCHOR_RADIUS = 2.5
 _POINTS_SCALE = 100.0
 _TINY32 = float(np.finfo(np.float32).tiny)
+_NEGLIGIBLE = 30.0  # a mean's term this far below a point's other share adds under e^-30 of it: skipped
+_LOG_2PI = math.log(2.0 * math.pi)
 
 
 class MixtureNetwork(NamedTuple):
@@ -150,22 +152,102 @@ class PairDraws(NamedTuple):
         bits: ``[K, W, 2, 2]`` uniforms (float32) of the two bits.
         normals: ``[K, W, 2 D]`` standard normals (float32) of the means.
         log_u: ``[K, W]`` log uniforms (float64) of the MH tests.
+        choice: ``[K, W, 2]`` uniforms (float64) of the data-refined candidates (:class:`CandidateOptions`):
+            the network or the candidates, then which candidate (``None``: the network alone).
     """
 
     components: Tensor
     bits: Tensor
     normals: Tensor
     log_u: Tensor
+    choice: Tensor | None = None
+
+
+class CandidateOptions(NamedTuple):
+    """Data-refined candidates mixed into the network's proposal (the compiled sweep's default).
+
+    A pair's proposal becomes ``share q_net + (1 - share) q_cand``. ``q_cand`` is a Gaussian mixture
+    built from the conditioning set alone, so MH stays exact: candidate locations are the network's
+    components of weight at least ``min_weight`` (the heaviest always) and copies of the other active
+    mixtures (one per group closer than ``merge_distance``, whitened); for each activity pattern of the
+    pair, an active mean takes ``em_steps`` EM steps from its location on the points (the other
+    mixtures' share of each point held fixed) and gets the precision ``sum_j r_j^2 + (sigma / tau)^2``
+    (``r_j`` its responsibilities), an inactive mean its prior (its exact conditional); each candidate
+    is weighted by its Laplace mass ``p(m*, v | C) |2 pi S*|^(1/2)``. Candidates per pattern: ``(0, 0)``
+    once; ``(1, 0)`` and ``(0, 1)`` from each location of that mean; ``(1, 1)`` from each kept
+    component's pair of means and from each copy paired with the heaviest component's other mean.
+    The EM steps and masses read at most ``max_points`` of the points (every ``ceil(n / max_points)``-th,
+    each standing for that many): a function of ``C`` too, and the candidates' cost stays bounded as
+    ``n`` grows. ``experiments/gmm_pair_candidates.py`` measures the design (acceptance and births at n = 1000).
+    """
+
+    share: float = 0.1
+    min_weight: float = 0.05
+    merge_distance: float = 0.5
+    em_steps: int = 1
+    max_points: int = 256
 
 
 def draw_pairs(chains: int, width: int, components: int, dim: int) -> PairDraws:
-    """Fresh :class:`PairDraws` from torch's global RNG (the proposal's three draws, then the tests')."""
+    """Fresh :class:`PairDraws` from torch's global RNG (the proposal's three draws, the tests', the candidates')."""
     return PairDraws(
         torch.rand(chains, width, components),
         torch.rand(chains, width, 2, 2),
         torch.randn(chains, width, 2 * dim),
         torch.rand(chains, width, dtype=torch.float64).log(),
+        torch.rand(chains, width, 2, dtype=torch.float64),
     )
+
+
+def pair_candidates(
+    points: np.ndarray,
+    rest: np.ndarray,
+    rest_count: float,
+    log_odds: tuple[float, float],
+    prior_precision: float,
+    log_w: np.ndarray,
+    loc: np.ndarray,
+    others: np.ndarray,
+    options: CandidateOptions | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One pair's data-refined candidates as the compiled sweep builds them (:class:`CandidateOptions`).
+
+    Args:
+        points: ``[n, D]`` whitened points; ``rest``: ``[n]`` the other mixtures' log share of each point
+            (``-inf`` where none is active); ``rest_count``: their number of active mixtures.
+        log_odds: the pair's bits' prior log odds; ``prior_precision``: ``(sigma / tau)^2``.
+        log_w: ``[C]`` the network's log weights; ``loc``: ``[C, 2 D]`` its whitened means ``(u_i, u_j)``.
+        others: ``[c, D]`` the other active mixtures' whitened means.
+        options: the :class:`CandidateOptions` (default: the sweep's).
+
+    Returns:
+        ``(bits [S, 2], means [S, 2 D], log_sd [S, 2], log_weights [S])``: one isotropic Gaussian per mean
+        (an inactive mean's is its prior), the weights normalized.
+
+    Example:
+        >>> points = np.array([[0.0, 0.0], [0.2, 0.1], [5.0, 5.0]])
+        >>> bits, means, log_sd, log_w = pair_candidates(
+        ...     points, np.full(3, -np.inf), 0.0, (0.0, 0.0), 0.04, np.zeros(1), np.zeros((1, 4)), np.zeros((0, 2)))
+        >>> bits.shape, round(float(np.exp(log_w).sum()), 6)  # (0,0), (1,0), (0,1), (1,1) from one component
+        ((4, 2), 1.0)
+    """
+    options = CandidateOptions() if options is None else options
+    points = np.ascontiguousarray(points, dtype=np.float64)
+    n, dim = points.shape
+    loc = np.ascontiguousarray(loc, dtype=np.float64)
+    others = np.ascontiguousarray(others, dtype=np.float64).reshape(-1, dim)
+    components, count = loc.shape[0], others.shape[0]
+    most = 1 + 2 * (components + count) + components + 2 * count
+    bits, means = np.empty((most, 2), dtype=np.int64), np.empty((most, 2 * dim))
+    log_sd, weights = np.empty((most, 2)), np.empty(most)
+    min_log_w = math.log(options.min_weight) if options.min_weight > 0 else -math.inf
+    size = _build_candidates(
+        points, np.ascontiguousarray(rest, dtype=np.float64), max(1, -(-n // options.max_points)), float(rest_count),
+        float(log_odds[0]), float(log_odds[1]), float(prior_precision), np.ascontiguousarray(log_w, dtype=np.float64),
+        loc, others, count, min_log_w, float(options.merge_distance) ** 2, int(options.em_steps), bits, means,
+        log_sd, weights, np.empty(dim), np.empty(dim),
+    )  # fmt: skip
+    return bits[:size], means[:size], log_sd[:size], weights[:size]
 
 
 # ---------------------------------------------------------------------------------------------- compiled
@@ -341,10 +423,234 @@ def _read_mixture(state, mixture, mean_ids, active_ids, center, sigma, points, b
 
 
 @_compiled
+def _member_terms(point, mean_i, mean_j, act_i, act_j):
+    """``log N(x_j; u, I)`` up to its constant for both means of a pair (``-inf`` for an inactive one)."""
+    a_i = -math.inf
+    a_j = -math.inf
+    if act_i:
+        s = 0.0
+        for d in range(point.shape[0]):
+            diff = point[d] - mean_i[d]
+            s += diff * diff
+        a_i = -0.5 * s
+    if act_j:
+        s = 0.0
+        for d in range(point.shape[0]):
+            diff = point[d] - mean_j[d]
+            s += diff * diff
+        a_j = -0.5 * s
+    return a_i, a_j
+
+
+@_compiled
+def _refine_pair(points, rest, stride, act_i, act_j, mean_i, mean_j, steps, pp, acc_i, acc_j):
+    """EM steps of the pair's active means in place (``rest`` held fixed); returns both precisions.
+
+    The points read are every ``stride``-th one, each standing for ``stride`` points. A precision is
+    ``sum_j r_j^2 + pp`` at the last step's responsibilities ``r`` (``pp`` when inactive).
+    """
+    n, dim = points.shape
+    if not act_i and not act_j:
+        return pp, pp
+    sq_i = 0.0
+    sq_j = 0.0
+    for _ in range(steps):
+        n_i = 0.0
+        n_j = 0.0
+        sq_i = 0.0
+        sq_j = 0.0
+        acc_i[:] = 0.0
+        acc_j[:] = 0.0
+        for j in range(0, n, stride):
+            a_i, a_j = _member_terms(points[j], mean_i, mean_j, act_i, act_j)
+            r = rest[j]
+            if r > -math.inf and a_i < r - _NEGLIGIBLE and a_j < r - _NEGLIGIBLE:
+                continue
+            top = max(r, max(a_i, a_j))
+            total = 0.0
+            if r > -math.inf:
+                total += math.exp(r - top)
+            e_i = math.exp(a_i - top) if act_i else 0.0
+            e_j = math.exp(a_j - top) if act_j else 0.0
+            total += e_i + e_j
+            r_i = e_i / total
+            r_j = e_j / total
+            n_i += r_i
+            n_j += r_j
+            sq_i += r_i * r_i
+            sq_j += r_j * r_j
+            for d in range(dim):
+                acc_i[d] += r_i * points[j, d]
+                acc_j[d] += r_j * points[j, d]
+        for d in range(dim):
+            if act_i:
+                mean_i[d] = stride * acc_i[d] / (stride * n_i + pp)
+            if act_j:
+                mean_j[d] = stride * acc_j[d] / (stride * n_j + pp)
+    return (stride * sq_i + pp if act_i else pp), (stride * sq_j + pp if act_j else pp)
+
+
+@_compiled
+def _laplace_mass(points, rest, stride, rest_count, act_i, act_j, mean_i, mean_j, pp, odds_i, odds_j, prec_i, prec_j):
+    """``log p(m*, v | C) + log |2 pi S*|^(1/2)`` up to the conditioning set's constant (inactive: the prior's).
+
+    The points' part is read from every ``stride``-th point, times ``stride``.
+    """
+    n, dim = points.shape
+    count = rest_count + act_i + act_j
+    if count <= 0:
+        return -math.inf
+    gain = 0.0
+    for j in range(0, n, stride):
+        a_i, a_j = _member_terms(points[j], mean_i, mean_j, act_i, act_j)
+        r = rest[j]
+        if r == -math.inf:
+            both = _logaddexp(a_i, a_j)
+            if both == -math.inf:
+                return -math.inf
+            gain += both
+        elif a_i >= r - _NEGLIGIBLE or a_j >= r - _NEGLIGIBLE:
+            gain += _logaddexp(_logaddexp(r, a_i), a_j) - r
+    value = stride * gain - n * math.log(max(count, 1.0)) + act_i * odds_i + act_j * odds_j
+    for d in range(dim):
+        value -= 0.5 * pp * (act_i * mean_i[d] * mean_i[d] + act_j * mean_j[d] * mean_j[d])
+    return value + 0.5 * dim * (_LOG_2PI - math.log(prec_i) + _LOG_2PI - math.log(prec_j))
+
+
+@_compiled
+def _add_candidate(
+    slot, act_i, act_j, start_i, start_j, points, rest, stride, rest_count, pp, odds_i, odds_j, steps,
+    c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+):  # fmt: skip
+    """Refine one candidate from its starting means and write it (bits, means, log sd, unnormalized log weight)."""
+    dim = points.shape[1]
+    mean_i = c_mean[slot, :dim]
+    mean_j = c_mean[slot, dim:]
+    for d in range(dim):
+        mean_i[d] = start_i[d] if act_i else 0.0
+        mean_j[d] = start_j[d] if act_j else 0.0
+    prec_i, prec_j = _refine_pair(points, rest, stride, act_i, act_j, mean_i, mean_j, steps, pp, acc_i, acc_j)
+    c_bits[slot, 0] = act_i
+    c_bits[slot, 1] = act_j
+    c_log_sd[slot, 0] = -0.5 * math.log(prec_i)
+    c_log_sd[slot, 1] = -0.5 * math.log(prec_j)
+    mass = _laplace_mass(
+        points, rest, stride, rest_count, act_i, act_j, mean_i, mean_j, pp, odds_i, odds_j, prec_i, prec_j
+    )
+    c_log_w[slot] = mass if mass == mass else -math.inf
+
+
+@_compiled
+def _build_candidates(
+    points, rest, stride, rest_count, odds_i, odds_j, pp, log_w, loc, others, n_others, min_log_w, merge2, steps,
+    c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+):  # fmt: skip
+    """A pair's candidates (:class:`CandidateOptions`) into the ``c_*`` arrays; returns their number."""
+    dim = points.shape[1]
+    n_comp = log_w.shape[0]
+    top = 0
+    for c in range(n_comp):
+        if log_w[c] > log_w[top]:
+            top = c
+    kept = np.empty(n_comp, dtype=np.int64)
+    n_kept = 0
+    for c in range(n_comp):
+        if log_w[c] >= min_log_w or c == top:
+            kept[n_kept] = c
+            n_kept += 1
+    copies = np.empty(n_others, dtype=np.int64)
+    n_copies = 0
+    for o in range(n_others):
+        distinct = True
+        for q in range(n_copies):
+            s = 0.0
+            for d in range(dim):
+                diff = others[o, d] - others[copies[q], d]
+                s += diff * diff
+            if s < merge2:
+                distinct = False
+                break
+        if distinct:
+            copies[n_copies] = o
+            n_copies += 1
+    zero = np.zeros(dim)
+    args = (
+        points,
+        rest,
+        stride,
+        rest_count,
+        pp,
+        odds_i,
+        odds_j,
+        steps,
+        c_bits,
+        c_mean,
+        c_log_sd,
+        c_log_w,
+        acc_i,
+        acc_j,
+    )
+    slot = 0
+    _add_candidate(slot, 0, 0, zero, zero, *args)
+    slot += 1
+    for which in range(2):  # one mean active: from each of its locations
+        for t in range(n_kept + n_copies):
+            if t < n_kept:
+                start = loc[kept[t], which * dim : (which + 1) * dim]
+            else:
+                start = others[copies[t - n_kept]]
+            _add_candidate(slot, 1 - which, which, start, start, *args)
+            slot += 1
+    for t in range(n_kept):  # both active: each kept component's pair of means
+        _add_candidate(slot, 1, 1, loc[kept[t], :dim], loc[kept[t], dim:], *args)
+        slot += 1
+    for t in range(n_copies):  # and each copy beside the heaviest component's other mean
+        _add_candidate(slot, 1, 1, others[copies[t]], loc[top, dim:], *args)
+        _add_candidate(slot + 1, 1, 1, loc[top, :dim], others[copies[t]], *args)
+        slot += 2
+    best = -math.inf
+    for c in range(slot):
+        best = max(best, c_log_w[c])
+    acc = 0.0
+    for c in range(slot):
+        acc += math.exp(c_log_w[c] - best)
+    norm = best + math.log(acc)
+    for c in range(slot):
+        c_log_w[c] -= norm
+    return slot
+
+
+@_compiled
+def _log_q_candidates(value, c_bits, c_mean, c_log_sd, c_log_w, count, dim):
+    """log q_cand(value) of the first ``count`` candidates (those of the value's activity pattern)."""
+    best = -math.inf
+    comp = np.empty(count)
+    for c in range(count):
+        comp[c] = -math.inf
+        if c_bits[c, 0] != value[dim] or c_bits[c, 1] != value[2 * dim + 1]:
+            continue
+        s = 0.0
+        for h in range(2):
+            ls = c_log_sd[c, h]
+            for d in range(dim):
+                z = (value[h * (dim + 1) + d] - c_mean[c, h * dim + d]) * math.exp(-ls)
+                s += -0.5 * z * z - ls - 0.5 * _LOG_2PI
+        comp[c] = s + c_log_w[c]
+        best = max(best, comp[c])
+    if best == -math.inf:
+        return -math.inf
+    acc = 0.0
+    for c in range(count):
+        acc += math.exp(comp[c] - best)
+    return best + math.log(acc)
+
+
+@_compiled
 def _mixture_pairs(
     state, slots, valid, decide, mean_ids, active_ids, pairs, block_ids, points, center, sigma, tau, log_odds, psi,
     phi1_w, phi1_b, phi2_w, phi2_b, score_w, score_b, trunk_w0, trunk_b0, trunk_w1, trunk_b1, layers,
     mix_w, mix_b, disc_w, disc_b, loc_w, loc_b, scale_w, scale_b, groups, comp_u, bit_u, normals, log_u, beta,
+    use_cand, net_share, min_log_w, merge2, em_steps, max_points, choice,
     accepted, nonfinite, log_alpha_out, proposed_out,
 ):  # fmt: skip
     chains, width = slots.shape
@@ -420,6 +726,19 @@ def _mixture_pairs(
     stored = np.empty(b_size, dtype=state.dtype)
     anchor_weight = np.empty(n)
     anchor_key = np.empty(n)
+    pp = (sigma / tau) ** 2  # the means' prior precision, whitened
+    stride = max(1, -(-n // max_points))  # the candidates read every stride-th point
+    others = np.empty((m, dim))
+    most = 1 + 2 * (n_comp + m) + n_comp + 2 * m
+    c_bits = np.empty((most, 2), dtype=np.int64)
+    c_mean = np.empty((most, 2 * dim))
+    c_log_sd = np.empty((most, 2))
+    c_log_w = np.empty(most)
+    acc_i = np.empty(dim)
+    acc_j = np.empty(dim)
+    u_fwd = np.empty(b_size)
+    log_share = math.log(net_share) if use_cand else 0.0
+    log_rest = math.log1p(-net_share) if use_cand else 0.0
     for k in range(chains):
         for mixture in range(m):
             _read_mixture(state[k], mixture, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
@@ -569,28 +888,66 @@ def _mixture_pairs(
                     loc[c, i] = locs[c * n_cont + i]
                     ls = float(raw_scales[c * n_groups + groups[i]])
                     log_scale[c, i] = min(max(ls, _MIN_LOG_SCALE), _MAX_LOG_SCALE)
-            # -- a draw (BlockMixture.sample) and both densities
-            best, comp = -math.inf, 0
-            for c in range(n_comp):
-                g = log_w[c] - math.log(-math.log(max(comp_u[k, s_, c], _TINY32)))
-                if g > best:
-                    best, comp = g, c
-            for d in range(2):
-                best_v, pick = -math.inf, 0
-                for v in range(2):
-                    g = disc_logp[comp, d, v] - math.log(-math.log(max(bit_u[k, s_, d, v], _TINY32)))
-                    if g > best_v:
-                        best_v, pick = g, v
-                u_new[disc_pos[d]] = pick
-            for i in range(n_cont):
-                u_new[cont_pos[i]] = np.float32(loc[comp, i] + math.exp(log_scale[comp, i]) * normals[k, s_, i])
+            # -- the data-refined candidates (CandidateOptions), from the conditioning set alone
+            n_cand = 0
+            if use_cand:
+                n_others = 0
+                for mixture in range(m):
+                    if mixture != pi and mixture != pj and bits[mixture] > 0:
+                        for d in range(dim):
+                            others[n_others, d] = u_means[mixture, d]
+                        n_others += 1
+                n_cand = _build_candidates(
+                    points, rest, stride, rest_count, log_odds[pi], log_odds[pj], pp, log_w, loc, others, n_others,
+                    min_log_w, merge2, em_steps, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+                )  # fmt: skip
+            # -- a draw (BlockMixture.sample, or a candidate's) and both densities
+            if not use_cand or choice[k, s_, 0] < net_share:
+                best, comp = -math.inf, 0
+                for c in range(n_comp):
+                    g = log_w[c] - math.log(-math.log(max(comp_u[k, s_, c], _TINY32)))
+                    if g > best:
+                        best, comp = g, c
+                for d in range(2):
+                    best_v, pick = -math.inf, 0
+                    for v in range(2):
+                        g = disc_logp[comp, d, v] - math.log(-math.log(max(bit_u[k, s_, d, v], _TINY32)))
+                        if g > best_v:
+                            best_v, pick = g, v
+                    u_new[disc_pos[d]] = pick
+                for i in range(n_cont):
+                    u_new[cont_pos[i]] = np.float32(loc[comp, i] + math.exp(log_scale[comp, i]) * normals[k, s_, i])
+            else:
+                pick = n_cand - 1
+                total = 0.0
+                for c in range(n_cand):
+                    total += math.exp(c_log_w[c])
+                    if choice[k, s_, 1] < total:
+                        pick = c
+                        break
+                u_new[dim] = c_bits[pick, 0]
+                u_new[2 * dim + 1] = c_bits[pick, 1]
+                for h in range(2):
+                    sd = math.exp(c_log_sd[pick, h])
+                    for d in range(dim):
+                        u_new[h * (dim + 1) + d] = c_mean[pick, h * dim + d] + sd * normals[k, s_, h * dim + d]
             for i in range(b_size):
                 current[i] = state[k, block_ids[p, i]]
                 stored[i] = loc_vec[i] + scale_vec[i] * u_new[i]
                 proposed[i] = stored[i]
                 u_cur[i] = (current[i] - loc_vec[i]) / scale_vec[i]
-            log_q_fwd = _log_q(u_new, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
-            log_q_rev = _log_q(u_cur, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
+            if use_cand:  # both densities at the blocks as stored
+                for i in range(b_size):
+                    u_fwd[i] = (proposed[i] - loc_vec[i]) / scale_vec[i]
+                net_fwd = _log_q(u_fwd, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
+                net_rev = _log_q(u_cur, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
+                cand_fwd = _log_q_candidates(u_fwd, c_bits, c_mean, c_log_sd, c_log_w, n_cand, dim)
+                cand_rev = _log_q_candidates(u_cur, c_bits, c_mean, c_log_sd, c_log_w, n_cand, dim)
+                log_q_fwd = _logaddexp(log_share + net_fwd, log_rest + cand_fwd)
+                log_q_rev = _logaddexp(log_share + net_rev, log_rest + cand_rev)
+            else:
+                log_q_fwd = _log_q(u_new, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
+                log_q_rev = _log_q(u_cur, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
             odds_i, odds_j = log_odds[pi], log_odds[pj]
             change = _pair_energy(rest, rest_count, points, proposed, dim, center, sigma, tau, odds_i, odds_j)
             change -= _pair_energy(rest, rest_count, points, current, dim, center, sigma, tau, odds_i, odds_j)
@@ -620,6 +977,7 @@ def mixture_pair_sweep(
     draws: PairDraws,
     beta: np.ndarray | None = None,
     decide: bool = True,
+    candidates: CandidateOptions | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The pairs ``slots [K, W]`` of each chain in turn, in place: propose, test and (``decide``) write each move.
 
@@ -631,6 +989,8 @@ def mixture_pair_sweep(
         draws: the :class:`PairDraws` of the ``K x W`` moves.
         beta: optional ``[K]`` inverse temperatures (float64).
         decide: ``False`` scores every move at the unchanged state (for tests) and writes nothing.
+        candidates: mix data-refined candidates into each pair's proposal (``None``: the network alone);
+            needs ``draws.choice``.
 
     Returns:
         Accepted moves per chain ``[K]``, non-finite ratios per chain ``[K]`` (rejected), and every move's log
@@ -638,6 +998,22 @@ def mixture_pair_sweep(
     """
     chains, width = slots.shape
     dim = layout.values.shape[1]
+    if candidates is not None:
+        if draws.choice is None:
+            raise ValueError("candidates need the draws' choice uniforms (draw_pairs makes them)")
+        if not (
+            0.0 < candidates.share < 1.0
+            and candidates.em_steps >= 1
+            and candidates.merge_distance >= 0.0
+            and candidates.max_points >= 1
+        ):
+            raise ValueError(f"candidate options out of range: {candidates}")
+        choice = draws.choice.to(torch.float64).contiguous().numpy()
+        min_log_w = math.log(candidates.min_weight) if candidates.min_weight > 0 else -math.inf
+        options: tuple[Any, ...] = (True, float(candidates.share), min_log_w, float(candidates.merge_distance) ** 2)
+        options += (int(candidates.em_steps), int(candidates.max_points), choice)
+    else:
+        options = (False, 0.5, 0.0, 0.0, 1, 1, np.zeros((1, 1, 2)))
     from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
 
     constants = step_constants(layout, torch.float64)  # whitened points, psi, bits' log odds, as the eager step
@@ -655,7 +1031,7 @@ def mixture_pair_sweep(
         net.phi2_b, net.score_w, net.score_b,
         trunk[0][0], trunk[0][1], trunk[1][0], trunk[1][1], layers, net.mix_w, net.mix_b, net.disc_w, net.disc_b,
         net.loc_w, net.loc_b, net.scale_w, net.scale_b, net.groups, draws.components.numpy(), draws.bits.numpy(),
-        draws.normals.numpy(), draws.log_u.numpy(), np.ones(chains) if beta is None else beta,
+        draws.normals.numpy(), draws.log_u.numpy(), np.ones(chains) if beta is None else beta, *options,
         accepted, nonfinite, log_alpha, proposed,
     )  # fmt: skip
     return accepted, nonfinite, log_alpha, proposed

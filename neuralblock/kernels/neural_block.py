@@ -329,7 +329,10 @@ class NeuralBlockKernel(GraphKernel):
     (:mod:`neuralblock.kernels.fused_mixture`): the other mixtures' share of every point's
     factor is computed once and serves both the proposal's context and the energy; on CPU states a
     ``gmm_pair_set`` proposal's pairs run as one compiled loop per sweep (:mod:`neuralblock.kernels.jit_mixture`,
-    where Numba is installed), pair by pair, so nothing is proposed twice and ``window`` does not apply. Other blocks
+    where Numba is installed), pair by pair, so nothing is proposed twice and ``window`` does not apply; there each
+    pair's proposal also mixes in data-refined candidates built from the conditioning set (network components
+    and copies of the other mixtures, refined on the points and weighted by their Laplace mass:
+    :class:`~neuralblock.kernels.jit_mixture.CandidateOptions`, ``FusedMixtureSweep.candidates``). Other blocks
     (larger, other scaffolds) take the general path: one batched MDN pass, one batched scaffold
     evaluation and one vectorized MH test per class.
 
