@@ -99,7 +99,7 @@ def test_the_compiled_moves_are_the_eager_steps(hidden, dtype: torch.dtype) -> N
     assert finite.sum() > 10
 
 
-@pytest.mark.parametrize("candidates", [None, CandidateOptions(max_points=7)])
+@pytest.mark.parametrize("candidates", [None, CandidateOptions(max_points=7, min_points=1)])
 def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: CandidateOptions | None) -> None:
     # the compiled sweep updates a chain's state and per-point terms (and the candidates' copies) after every
     # accepted move; calls of one pair each start from the state afresh: the same decisions from the same numbers
@@ -134,18 +134,19 @@ def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: Candidate
     assert np.array_equal(accepted, count) and 0 < accepted.sum() < 4 * pairs and nonfinite.sum() == 0
 
 
-_STRIDED = CandidateOptions(share=0.05, min_weight=0.0, em_steps=2, max_points=2)  # every 2nd point, all components
+_EVERY = CandidateOptions(min_points=1)  # the default candidates, also on tiny models
+_STRIDED = CandidateOptions(share=0.05, min_weight=0.0, em_steps=2, max_points=2, max_copies=1, min_points=1)
 
 
 @pytest.mark.parametrize(
     ("gibbs_prob", "candidates"),
-    [(0.0, CandidateOptions()), (0.3, CandidateOptions()), (0.0, _STRIDED), (0.0, None), (0.3, None)],
+    [(0.0, _EVERY), (0.3, _EVERY), (0.0, _STRIDED), (0.0, None), (0.3, None)],
 )
 def test_the_compiled_sweep_keeps_the_exact_posterior(
     gibbs_prob: float, candidates: CandidateOptions | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a random (untrained) set proposal through the kernel, with and without the data-refined candidates
-    # (the default, one that reads every other point, none); tolerances: see test_split_merge.Z_MAX
+    # (the default ones, ones that read every other point and one copy, none); tolerances: see test_split_merge.Z_MAX
     monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
@@ -167,7 +168,7 @@ def test_candidates_raise_the_acceptance_of_a_poor_network(monkeypatch: pytest.M
     points, _, _ = sample_gmm(8, 60, torch.Generator().manual_seed(7))
     fg = gmm_graph(points, 8, 1.0, 5.0, 0.5)
     rates = {}
-    for label, candidates in (("alone", None), ("candidates", CandidateOptions())):
+    for label, candidates in (("alone", None), ("candidates", _EVERY)):
         monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
         kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=2)], gibbs_prob=0.0, chains=3)
         torch.manual_seed(0)
@@ -204,6 +205,23 @@ def test_pair_candidates_sample_from_their_density() -> None:
     log_r = -0.5 * (z**2).sum(1) - 2 * narrow.sum() - 2 * np.log(2 * np.pi)
     ratio = np.where((bits[pick] == bits[top]).all(1), np.exp(log_r - log_q), 0.0)
     assert abs(ratio.mean() - 1.0) < 5 * ratio.std() / np.sqrt(draws) + 1e-3, ratio.mean()
+
+
+def test_models_below_min_points_propose_from_the_network_alone() -> None:
+    proposal = _set_proposal((8,), seed=3)
+    fg, state = _case(m=5, n=20, chains=2, seed=1)
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    slots = np.ascontiguousarray(np.broadcast_to(np.arange(len(layout.pairs)), (2, len(layout.pairs))))
+    torch.manual_seed(0)
+    draws = draw_pairs(2, slots.shape[1], net.components, 2)
+    outputs = {}
+    for label, candidates in (("alone", None), ("gated", CandidateOptions(min_points=21)), ("on", _EVERY)):
+        outputs[label] = mixture_pair_sweep(state.clone().numpy(), slots, slots >= 0, layout, net, draws, None, False,
+                                            candidates)[2]  # fmt: skip
+    assert np.array_equal(outputs["alone"], outputs["gated"])
+    assert not np.allclose(outputs["alone"], outputs["on"])
 
 
 def test_bad_candidate_settings_are_refused() -> None:

@@ -177,15 +177,22 @@ class CandidateOptions(NamedTuple):
     once; ``(1, 0)`` and ``(0, 1)`` from each location of that mean; ``(1, 1)`` from each kept
     component's pair of means and from each copy paired with the heaviest component's other mean.
     The EM steps and masses read at most ``max_points`` of the points (every ``ceil(n / max_points)``-th,
-    each standing for that many): a function of ``C`` too, and the candidates' cost stays bounded as
-    ``n`` grows. ``experiments/gmm_pair_candidates.py`` measures the design (acceptance and births at n = 1000).
+    each standing for that many) and the copies are the first ``max_copies`` locations (in mixture order):
+    functions of ``C`` too, so the candidates' cost stays bounded as ``n`` and ``m`` grow. A sweep uses
+    them on models of at least ``min_points`` points and proposes from the network alone below: on the GMM
+    benchmark at scale, candidates at every size bought 2x the acceptance at ``n <= 240`` for 2-7x fewer
+    sweeps and lost time there, and at ``n = 1000`` crossed the copy barrier where the network alone
+    stalled (``experiments/results/gmm_scale/candidates-everywhere-07b6984``).
+    ``experiments/gmm_pair_candidates.py`` measures the design (acceptance and births at n = 1000).
     """
 
     share: float = 0.1
     min_weight: float = 0.05
     merge_distance: float = 0.5
     em_steps: int = 1
-    max_points: int = 256
+    max_points: int = 128
+    max_copies: int = 6
+    min_points: int = 500
 
 
 def draw_pairs(chains: int, width: int, components: int, dim: int) -> PairDraws:
@@ -210,7 +217,8 @@ def pair_candidates(
     others: np.ndarray,
     options: CandidateOptions | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One pair's data-refined candidates as the compiled sweep builds them (:class:`CandidateOptions`).
+    """One pair's data-refined candidates as the compiled sweep builds them (:class:`CandidateOptions`; ``min_points``
+    is the sweep's rule and not applied here).
 
     Args:
         points: ``[n, D]`` whitened points; ``rest``: ``[n]`` the other mixtures' log share of each point
@@ -244,8 +252,8 @@ def pair_candidates(
     size = _build_candidates(
         points, np.ascontiguousarray(rest, dtype=np.float64), max(1, -(-n // options.max_points)), float(rest_count),
         float(log_odds[0]), float(log_odds[1]), float(prior_precision), np.ascontiguousarray(log_w, dtype=np.float64),
-        loc, others, count, min_log_w, float(options.merge_distance) ** 2, int(options.em_steps), bits, means,
-        log_sd, weights, np.empty(dim), np.empty(dim),
+        loc, others, count, min_log_w, float(options.merge_distance) ** 2, int(options.em_steps),
+        int(options.max_copies), bits, means, log_sd, weights, np.empty(dim), np.empty(dim),
     )  # fmt: skip
     return bits[:size], means[:size], log_sd[:size], weights[:size]
 
@@ -543,7 +551,7 @@ def _add_candidate(
 @_compiled
 def _build_candidates(
     points, rest, stride, rest_count, odds_i, odds_j, pp, log_w, loc, others, n_others, min_log_w, merge2, steps,
-    c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+    max_copies, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
 ):  # fmt: skip
     """A pair's candidates (:class:`CandidateOptions`) into the ``c_*`` arrays; returns their number."""
     dim = points.shape[1]
@@ -570,7 +578,7 @@ def _build_candidates(
             if s < merge2:
                 distinct = False
                 break
-        if distinct:
+        if distinct and n_copies < max_copies:
             copies[n_copies] = o
             n_copies += 1
     zero = np.zeros(dim)
@@ -650,7 +658,7 @@ def _mixture_pairs(
     state, slots, valid, decide, mean_ids, active_ids, pairs, block_ids, points, center, sigma, tau, log_odds, psi,
     phi1_w, phi1_b, phi2_w, phi2_b, score_w, score_b, trunk_w0, trunk_b0, trunk_w1, trunk_b1, layers,
     mix_w, mix_b, disc_w, disc_b, loc_w, loc_b, scale_w, scale_b, groups, comp_u, bit_u, normals, log_u, beta,
-    use_cand, net_share, min_log_w, merge2, em_steps, max_points, choice,
+    use_cand, net_share, min_log_w, merge2, em_steps, max_points, max_copies, choice,
     accepted, nonfinite, log_alpha_out, proposed_out,
 ):  # fmt: skip
     chains, width = slots.shape
@@ -899,7 +907,7 @@ def _mixture_pairs(
                         n_others += 1
                 n_cand = _build_candidates(
                     points, rest, stride, rest_count, log_odds[pi], log_odds[pj], pp, log_w, loc, others, n_others,
-                    min_log_w, merge2, em_steps, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+                    min_log_w, merge2, em_steps, max_copies, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
                 )  # fmt: skip
             # -- a draw (BlockMixture.sample, or a candidate's) and both densities
             if not use_cand or choice[k, s_, 0] < net_share:
@@ -989,8 +997,8 @@ def mixture_pair_sweep(
         draws: the :class:`PairDraws` of the ``K x W`` moves.
         beta: optional ``[K]`` inverse temperatures (float64).
         decide: ``False`` scores every move at the unchanged state (for tests) and writes nothing.
-        candidates: mix data-refined candidates into each pair's proposal (``None``: the network alone);
-            needs ``draws.choice``.
+        candidates: mix data-refined candidates into each pair's proposal (``None``, or a model of fewer
+            than ``candidates.min_points`` points: the network alone); needs ``draws.choice``.
 
     Returns:
         Accepted moves per chain ``[K]``, non-finite ratios per chain ``[K]`` (rejected), and every move's log
@@ -1006,14 +1014,15 @@ def mixture_pair_sweep(
             and candidates.em_steps >= 1
             and candidates.merge_distance >= 0.0
             and candidates.max_points >= 1
+            and candidates.max_copies >= 0
         ):
             raise ValueError(f"candidate options out of range: {candidates}")
         choice = draws.choice.to(torch.float64).contiguous().numpy()
         min_log_w = math.log(candidates.min_weight) if candidates.min_weight > 0 else -math.inf
         options: tuple[Any, ...] = (True, float(candidates.share), min_log_w, float(candidates.merge_distance) ** 2)
-        options += (int(candidates.em_steps), int(candidates.max_points), choice)
-    else:
-        options = (False, 0.5, 0.0, 0.0, 1, 1, np.zeros((1, 1, 2)))
+        options += (int(candidates.em_steps), int(candidates.max_points), int(candidates.max_copies), choice)
+    if candidates is None or layout.values.shape[0] < candidates.min_points:
+        options = (False, 0.5, 0.0, 0.0, 1, 1, 0, np.zeros((1, 1, 2)))
     from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
 
     constants = step_constants(layout, torch.float64)  # whitened points, psi, bits' log odds, as the eager step
