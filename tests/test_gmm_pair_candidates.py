@@ -13,51 +13,32 @@ from experiments import gmm_pair_candidates as study
 from experiments.gmm_models import family_gmm
 from experiments.gmm_scale import load_gmm_proposal
 from neuralblock.kernels.base import sequential_init
-from neuralblock.kernels.fused_mixture import _energy_change, mixture_layout, pair_context, step_constants
+from neuralblock.kernels.fused_mixture import _energy_change
+from neuralblock.proposals.mdn import BlockMixture
 
 
 @pytest.fixture(scope="module")
 def pair_setup() -> dict:
     """A small held-out GMM, the shipped set proposal, one chain's pair contexts and the network's mixtures."""
-    fg, _, reference = family_gmm("unequal", 6, 40, 0)
+    fg, _, _ = family_gmm("unequal", 6, 40, 0)
     proposal, _ = load_gmm_proposal("gmm_pair_copies", quick=False)
     state = sequential_init(fg, torch.Generator().manual_seed(3), chains=1).double()
-    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
-    constants = step_constants(layout, torch.float64)
-    slots = torch.arange(len(layout.pairs))[None]
-    context = pair_context(state, layout, slots, constants)
-    points = constants.points
-    features = proposal.motif.features(
-        points.expand(1, len(layout.pairs), *points.shape),
-        constants.point_mask,
-        context.u_others,
-        context.v_others,
-        constants.psi,
-        context.rest_lse,
-    )
-    with torch.no_grad():
-        q = proposal(features.to(proposal.dtype))
-    return {"layout": layout, "constants": constants, "context": context, "state": state, "q": q}
+    setting = study.setting_of(fg, proposal)
+    context, parts = study.pair_inputs(setting, state, torch.arange(len(setting.layout.pairs))[None])
+    return {"setting": setting, "context": context, "state": state, "parts": parts}
 
 
 def _terms(setup: dict, pair: int) -> study.PairTerms:
-    layout, constants, context = setup["layout"], setup["constants"], setup["context"]
-    return study.PairTerms(
-        constants.points,
-        context.rest_lse[0, pair],
-        context.v_others[0, pair].sum(),
-        constants.log_odds[layout.pairs[pair]],
-        (layout.sigma / layout.tau) ** 2,
-    )
+    return study.pair_terms(setup["setting"], setup["context"], 0, pair, pair)[0]
 
 
 def _network(setup: dict, pair: int) -> tuple:
-    q = setup["q"]
-    return tuple(t.double()[0, pair] for t in (q.mixture_log_weights, q.discrete_log_probs, q.loc, q.log_scale))
+    return tuple(t[0, pair] for t in setup["parts"])
 
 
 def test_pair_target_differences_are_the_kernels_energy_changes(pair_setup: dict) -> None:
-    layout, constants, context = pair_setup["layout"], pair_setup["constants"], pair_setup["context"]
+    layout, constants, _ = pair_setup["setting"]
+    context = pair_setup["context"]
     pair = 3
     current = pair_setup["state"][0][layout.block_ids[pair]]
     gen = torch.Generator().manual_seed(0)
@@ -87,7 +68,9 @@ def test_pair_target_differences_are_the_kernels_energy_changes(pair_setup: dict
 
 
 def test_network_density_is_the_block_mixtures(pair_setup: dict) -> None:
-    q, pair = pair_setup["q"], 5
+    log_w, disc, loc, log_scale = (t.float() for t in pair_setup["parts"])
+    q = BlockMixture(log_w, disc, loc, log_scale, [0, 0, 2, 0, 0, 2], [0, 1, 2, 3])  # one scale per coordinate
+    pair = 5
     gen = torch.Generator().manual_seed(1)
     blocks = study.sample_network(_network(pair_setup, pair), 32, gen)
     expected = q.log_prob(blocks[:, None, None].float().expand(32, 1, q.batch_shape[1], -1))[:, 0, pair].double()
