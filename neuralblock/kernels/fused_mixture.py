@@ -401,7 +401,8 @@ class FusedMixtureSweep:
     """The ``gmm_pair`` proposal's pairs on the fused path: one sweep visits every pair of every chain once.
 
     The compiled sweep (:mod:`~neuralblock.kernels.jit_mixture`) mixes data-refined candidates into each
-    pair's proposal (:attr:`candidates`, default :attr:`default_candidates`; ``None``: the network alone);
+    pair's proposal on models of at least ``candidates.min_points`` points (:attr:`candidates`, default
+    :attr:`default_candidates`; ``None``: the network alone);
     the eager steps (GPU states, no Numba, networks the loop does not cover) propose from the network
     alone. Both are exact MH moves.
 
