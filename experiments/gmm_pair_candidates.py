@@ -243,10 +243,9 @@ def propose(
     copies: Tensor,
     args: argparse.Namespace,
     generator: torch.Generator,
-    draws: int,
 ) -> tuple[Tensor, Tensor, int]:
-    """``draws`` whitened blocks from a variant's proposal at ``current``, their MH log ratios, and its candidates."""
-    share = args.network_share
+    """``--draws`` whitened blocks from a variant's proposal at ``current``, their MH log ratios, its candidates."""
+    share, draws = args.network_share, args.draws
     if variant == "network":
         blocks = sample_network(network, draws, generator)
         log_q_new, log_q_cur, size = network_log_q(network, blocks), network_log_q(network, current[None]), 0
@@ -285,7 +284,7 @@ def score_pair(
     """Per variant: mean MH acceptance, births and deaths (acceptance-weighted) and candidates, at ``current``."""
     out = {}
     for variant in VARIANTS:
-        blocks, log_alpha, size = propose(variant, network, terms, current, copies, args, generator, args.draws)
+        blocks, log_alpha, size = propose(variant, network, terms, current, copies, args, generator)
         accept = torch.exp(log_alpha.clamp(max=0.0)).nan_to_num(0.0)
         change = _split(blocks)[2].sum(-1) - _split(current[None])[2].sum(-1)
         out[variant] = (
@@ -339,17 +338,17 @@ def pair_inputs(setting: PairSetting, state: Tensor, slots: Tensor) -> tuple[Any
     return context, [t.double() for t in (q.mixture_log_weights, q.discrete_log_probs, q.loc, q.log_scale)]
 
 
-def pair_terms(setting: PairSetting, context: Any, chain: int, slot: int, pair: int) -> tuple[PairTerms, Tensor]:
-    """The :class:`PairTerms` of one (chain, slot) holding layout pair ``pair``, and the other active means."""
+def pair_terms(setting: PairSetting, context: Any, pair: int) -> tuple[PairTerms, Tensor]:
+    """The :class:`PairTerms` of layout pair ``pair`` (one chain, pairs in layout order) and the other active means."""
     layout, constants, _ = setting
     terms = PairTerms(
         constants.points,
-        context.rest_lse[chain, slot],
-        context.v_others[chain, slot].sum(),
+        context.rest_lse[0, pair],
+        context.v_others[0, pair].sum(),
         constants.log_odds[layout.pairs[pair]],
         (layout.sigma / layout.tau) ** 2,
     )
-    return terms, context.u_others[chain, slot][context.v_others[chain, slot] > 0]
+    return terms, context.u_others[0, pair][context.v_others[0, pair] > 0]
 
 
 def setting_of(fg: Any, proposal: Any) -> PairSetting:
@@ -378,7 +377,7 @@ def score_case(spec: str, proposal: Any, args: argparse.Namespace) -> list[dict[
         pair_active = (bits[layout.pairs[:, 0]] + bits[layout.pairs[:, 1]]).long()
         scores = []
         for p in range(pairs):
-            terms, copies = pair_terms(setting, context, 0, p, p)
+            terms, copies = pair_terms(setting, context, p)
             network = (parts[0][0, p], parts[1][0, p], parts[2][0, p], parts[3][0, p])
             scores.append(score_pair(network, terms, current[p], copies, args, generator))
         for variant in VARIANTS:

@@ -29,7 +29,7 @@ def pair_setup() -> dict:
 
 
 def _terms(setup: dict, pair: int) -> study.PairTerms:
-    return study.pair_terms(setup["setting"], setup["context"], 0, pair, pair)[0]
+    return study.pair_terms(setup["setting"], setup["context"], pair)[0]
 
 
 def _network(setup: dict, pair: int) -> tuple:

@@ -431,22 +431,20 @@ def _read_mixture(state, mixture, mean_ids, active_ids, center, sigma, points, b
 
 
 @_compiled
+def _half_sq_distance(point, mean):
+    """``-|x - u|^2 / 2``."""
+    s = 0.0
+    for d in range(point.shape[0]):
+        diff = point[d] - mean[d]
+        s += diff * diff
+    return -0.5 * s
+
+
+@_compiled
 def _member_terms(point, mean_i, mean_j, act_i, act_j):
     """``log N(x_j; u, I)`` up to its constant for both means of a pair (``-inf`` for an inactive one)."""
-    a_i = -math.inf
-    a_j = -math.inf
-    if act_i:
-        s = 0.0
-        for d in range(point.shape[0]):
-            diff = point[d] - mean_i[d]
-            s += diff * diff
-        a_i = -0.5 * s
-    if act_j:
-        s = 0.0
-        for d in range(point.shape[0]):
-            diff = point[d] - mean_j[d]
-            s += diff * diff
-        a_j = -0.5 * s
+    a_i = _half_sq_distance(point, mean_i) if act_i else -math.inf
+    a_j = _half_sq_distance(point, mean_j) if act_j else -math.inf
     return a_i, a_j
 
 
