@@ -383,6 +383,7 @@ def warm_up(proposal: NeuralBlockProposal, chains: int) -> float:
     kernel.initial_params = {"x": sequential_init(fg, torch.Generator().manual_seed(0), chains=chains)}
     kernel.setup(0)
     kernel.sample(kernel.initial_params)
+    kernel.single_site.sweep(fg, kernel.initial_params["x"], adapt=False)  # the compiled single-site sweep
     return float(kernel.diagnostics()["compile_seconds"])
 
 
