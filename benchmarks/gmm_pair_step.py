@@ -8,7 +8,8 @@ in four arms:
   data-refined candidates (:class:`~neuralblock.kernels.jit_mixture.CandidateOptions`);
 * ``network``: the compiled loop with the network alone (``FusedMixtureSweep.default_candidates = None``);
 * ``eager``: this checkout's eager steps (:func:`~neuralblock.kernels.fused_mixture.mixture_pair_step`);
-* ``baseline``: the eager steps of ``--baseline`` (checked out into a temporary ``git worktree``).
+* ``baseline``: the eager steps of ``--baseline`` (checked out into a temporary ``git worktree``), or its compiled
+  loop with ``--baseline-arm compiled``.
 
 Every arm runs the same snippet in a fresh subprocess per round (one torch thread, CPU time per
 sweep over about ``--budget`` seconds after two untimed sweeps, the same start and seed), so the arms
@@ -143,9 +144,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rounds: dict[str, list[dict[str, Any]]] = {arm: [] for arm in trees}
             for _ in range(args.rounds):
                 for arm, tree in trees.items():
-                    rounds[arm].append(_sweep(tree, arm, args, m, n))
+                    rounds[arm].append(_sweep(tree, args.baseline_arm if arm == "baseline" else arm, args, m, n))
             times = {arm: [r["seconds"] for r in records] for arm, records in rounds.items()}
-            pairs = [("compiled", "network"), ("network", "eager"), ("network", "baseline"), ("eager", "baseline")]
+            pairs = [("compiled", "network"), ("network", "eager")]
+            if args.baseline_arm == "compiled":
+                pairs += [("compiled", "baseline")]
+            else:
+                pairs += [("network", "baseline"), ("eager", "baseline")]
             sizes[f"{m}x{n}"] = {
                 "ms_per_sweep": {arm: 1e3 * statistics.median(values) for arm, values in times.items()},
                 "rounds_ms": {arm: [1e3 * v for v in values] for arm, values in times.items()},
@@ -164,7 +169,8 @@ def _markdown(result: dict[str, Any]) -> str:
         f"{result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep decides "
         "every mixture pair of every chain. `compiled`: the default compiled loop (with its data-refined candidates); "
         "`network`: the compiled loop with the network alone; `eager`: the eager fused steps; "
-        f"`baseline`: the eager steps of commit `{result['baseline'] or '-'}`. CPU, one torch thread, CPU time per "
+        f"`baseline`: the {result['baseline_arm']} arm of commit `{result['baseline'] or '-'}`. CPU, one torch "
+        "thread, CPU time per "
         f"sweep over about {result['budget']} s per arm and round after two untimed sweeps, medians over "
         f"{result['rounds']} interleaved rounds (each arm a fresh subprocess, same start and seed). Load average "
         f"{', '.join(f'{x:.2f}' for x in result['load_average'])}. Ratios: medians over rounds of one arm's time "
@@ -193,13 +199,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--budget", type=float, default=2.0, help="CPU seconds per arm and round")
     parser.add_argument("--baseline", default=BASELINE, help="commit to time against ('' to skip)")
+    parser.add_argument(
+        "--baseline-arm", choices=("eager", "compiled"), default="eager", help="which of the baseline's sweeps to time"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke test: 8x60, one short round, no baseline arm")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)
-    settings = ("proposal", "family", "chains", "rounds", "budget", "baseline", "quick")
+    settings = ("proposal", "family", "chains", "rounds", "budget", "baseline", "baseline_arm", "quick")
     result.update({key: getattr(args, key) for key in settings}, load_average=list(os.getloadavg()))
     write_results(args.out, "gmm_pair_step", result, _markdown(result))
     return result

@@ -82,6 +82,18 @@ def test_fused_blocks_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_gmm_single_site_quick(tmp_path: Path) -> None:
+    bench = _load("gmm_single_site")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "gmm_single_site.json").read_text())
+    assert (tmp_path / "gmm_single_site.md").read_text().startswith("# The single-site sweep of open-universe GMMs")
+    row = data["sizes"]["8x60"]
+    assert set(row["ms_per_sweep"]) == {"compiled", "general"} and all(ms > 0 for ms in row["ms_per_sweep"].values())
+    assert list(row["ratios"]) == ["compiled / general"] and row["ratios"]["compiled / general"] > 0
+    assert result["sizes"] == data["sizes"]
+
+
+@pytest.mark.timeout(120)
 def test_gmm_pair_step_quick(tmp_path: Path) -> None:
     bench = _load("gmm_pair_step")
     result = bench.main(["--quick", "--out", str(tmp_path)])
