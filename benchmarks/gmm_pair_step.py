@@ -205,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="smoke test: 8x60, one short round, no baseline arm")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
+    if args.baseline_arm == "compiled" and args.baseline == BASELINE:
+        parser.error(f"--baseline-arm compiled needs a --baseline with the compiled loop ({BASELINE} has none)")
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)

@@ -18,11 +18,17 @@ from neuralblock.kernels.split_merge import SplitMergeGMM
 
 def _reference_sweep(
     fg: FactorGraph, sites: MixtureSites, state: torch.Tensor, steps: torch.Tensor, draws: SiteRandoms
-) -> torch.Tensor:
-    """The sweep's updates from the graph's own log joint (float64), mixture by mixture, with the same numbers."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sweep's updates from the graph's own log joint, mixture by mixture, with the same numbers.
+
+    Proposed means are rounded to the state's dtype (as the state stores them); returns the states and the
+    acceptance probabilities ``[K, m D]``.
+    """
+    dtype = state.dtype
     state = state.double().clone()
     m, dim = sites.mean_ids.shape
     steps = steps.double().reshape(m, dim)
+    accept_prob = torch.zeros(state.shape[0], m * dim, dtype=torch.float64)
     for k in range(state.shape[0]):
         x = state[k]
         for mixture in range(m):
@@ -35,73 +41,105 @@ def _reference_sweep(
             for d in range(dim):
                 var = int(sites.mean_ids[mixture, d])
                 moved = x.clone()
-                moved[var] = x[var] + steps[mixture, d] * draws.noise[k, mixture, d]
+                moved[var] = (x[var] + steps[mixture, d] * draws.noise[k, mixture, d]).to(dtype).double()
                 ratio = float(fg.log_joint(moved, check=False) - fg.log_joint(x, check=False))
+                accept_prob[k, mixture * dim + d] = min(1.0, math.exp(min(ratio, 0.0)))
                 if float(draws.log_u[k, mixture, d]) < ratio:
                     x[var] = moved[var]
-    return state
+    return state.to(dtype), accept_prob
 
 
-@pytest.mark.parametrize("dim", [1, 2])
-def test_the_updates_are_the_graphs_conditionals(dim: int) -> None:
+@pytest.mark.parametrize(("dim", "dtype"), [(1, torch.float64), (2, torch.float64), (2, torch.float32)])
+def test_the_updates_are_the_graphs_conditionals(dim: int, dtype: torch.dtype) -> None:
     # the same random numbers through the compiled sweep and through the graph's log joint give the same states
     gen = torch.Generator().manual_seed(dim)
     points = torch.randn(40, dim, generator=gen) * 3.0
     fg = gmm_graph(points, 5, 1.3, 4.0, 0.4, prior_mean=torch.full((dim,), 0.5))
     sites = MixtureSites.of(fg)
     assert sites is not None
-    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(3)]).double()
-    state[0, torch.as_tensor(sites.active_ids)] = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0]).double()  # one active
+    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(3)]).to(dtype)
+    state[0, torch.as_tensor(sites.active_ids)] = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], dtype=dtype)  # one active
     steps = torch.rand(5 * dim, generator=gen, dtype=torch.float64) + 0.3
     moved = 0
     for sweep in range(4):
         torch.manual_seed(sweep)
         draws = draw_site_randoms(3, 5, dim)
-        want = _reference_sweep(fg, sites, state, steps, draws)
+        want, want_prob = _reference_sweep(fg, sites, state, steps, draws)
         got, accept_prob = sites.sweep(state, steps, draws)
-        assert torch.allclose(got, want, atol=1e-9), (got - want).abs().max()
-        assert accept_prob.shape == (3, 5 * dim) and bool(((accept_prob >= 0) & (accept_prob <= 1)).all())
+        assert got.dtype == dtype and torch.allclose(got.double(), want.double(), atol=1e-9), (got - want).abs().max()
+        assert torch.allclose(accept_prob, want_prob, atol=1e-6 if dtype == torch.float32 else 1e-9)
         moved += int((got != state).sum())
         state = got
     assert moved > 20  # bits flipped and means moved
 
 
-def test_a_single_chain_and_float32_states() -> None:
+def test_batch_shapes_and_bad_inputs() -> None:
     fg = gmm_graph(torch.tensor([[0.0, 1.0], [3.0, 3.0]]), 3, 1.0, 2.0, 0.5)
     sites = MixtureSites.of(fg)
     assert sites is not None
-    state = gmm_initial_state(fg, torch.Generator().manual_seed(0))
-    assert state.dtype == torch.float32
-    new, accept_prob = sites.sweep(state, torch.full((6,), 0.5))
-    assert new.shape == state.shape and new.dtype == torch.float32 and accept_prob.shape == (6,)
-    assert new[torch.as_tensor(sites.active_ids)].sum() >= 1  # the points always keep an active mixture
+    one = gmm_initial_state(fg, torch.Generator().manual_seed(0))
+    new, accept_prob = sites.sweep(one, torch.full((6,), 0.5))
+    assert new.shape == one.shape and new.dtype == torch.float32 and accept_prob.shape == (6,)
+    grid = one.expand(2, 3, -1).clone()
+    new, accept_prob = sites.sweep(grid, torch.full((6,), 0.5))
+    assert new.shape == grid.shape and accept_prob.shape == (2, 3, 6)
+    assert bool((new[..., torch.as_tensor(sites.active_ids)].sum(-1) >= 1).all())  # the points keep an active mixture
+    with pytest.raises(ValueError, match="steps must have shape"):
+        sites.sweep(one, torch.full((5,), 0.5))
+    with pytest.raises(ValueError, match="draws must be"):
+        sites.sweep(grid, torch.full((6,), 0.5), draw_site_randoms(5, 3, 2))
+
+
+def _gmm() -> FactorGraph:
+    return gmm_graph(torch.tensor([[0.0], [1.0]]), 2, 1.0, 2.0, 0.5)
 
 
 def test_other_graphs_take_the_general_path() -> None:
-    fg = gmm_graph(torch.tensor([[0.0], [1.0]]), 2, 1.0, 2.0, 0.5)
-    fg.add_table_factor([int(fg.variable_id("v[0]")), int(fg.variable_id("v[1]"))], torch.zeros(2, 2))  # a coupling
-    assert MixtureSites.of(fg) is None
+    assert MixtureSites.of(_gmm()) is not None and SingleSiteSweep(_gmm()).mixture_sites is not None
+    coupled = _gmm()  # a factor between the bits
+    coupled.add_table_factor([int(coupled.variable_id("v[0]")), int(coupled.variable_id("v[1]"))], torch.zeros(2, 2))
+    second_prior = _gmm()  # a second prior on a mean
+    second_prior.add_linear_gaussian(int(second_prior.variable_id("mu[0,0]")), [], [], 0.0, 1.0)
+    parent = _gmm()  # a factor linking two means
+    first, second = int(parent.variable_id("mu[0,0]")), int(parent.variable_id("mu[1,0]"))
+    parent.add_linear_gaussian(second, [first], [1.0], 0.0, 1.0)
+    observed = _gmm()  # an observed bit
+    observed.set_evidence({**observed.evidence, int(observed.variable_id("v[0]")): 1.0})
+    fixed = gmm_graph(torch.tensor([[0.0], [1.0]]), 2, 1.0, 2.0, 0.5)
+    fixed.groups[0].log_tables[0, 1] = -math.inf  # a bit its prior keeps off
     plain = FactorGraph()
     x = plain.add_variable("x")
     plain.add_linear_gaussian(x, [], [], 0.0, 1.0)
-    assert MixtureSites.of(plain) is None and SingleSiteSweep(plain).mixture_sites is None
-    assert SingleSiteSweep(gmm_graph(torch.tensor([[0.0], [1.0]]), 2, 1.0, 2.0, 0.5)).mixture_sites is not None
+    for fg in (coupled, second_prior, parent, observed, fixed, plain):
+        assert MixtureSites.of(fg) is None
+    assert SingleSiteSweep(plain).mixture_sites is None
 
 
-def test_the_steps_adapt_from_the_compiled_sweep() -> None:
+def test_the_steps_of_each_coordinate_adapt_through_the_compiled_sweep() -> None:
     fg = gmm_graph(torch.randn(30, 2, generator=torch.Generator().manual_seed(1)), 4, 1.0, 3.0, 0.5)
     sweep = SingleSiteSweep(fg, step_size=20.0)  # far too large: the steps must shrink
-    assert sweep.rw_plan is not None
-    state = torch.stack([gmm_initial_state(fg) for _ in range(4)])
-    before = sweep.rw_plan.adapter.step_size.clone()
+    sites, plan = sweep.mixture_sites, sweep.rw_plan
+    assert sites is not None and plan is not None
+    plan.adapter.log_step = torch.linspace(-1.0, 1.0, 8)  # a step of its own per coordinate
+    state = torch.stack([gmm_initial_state(fg) for _ in range(4)]).double()
+    position = {v: i for i, v in enumerate(plan.variables)}
+    steps = plan.adapter.step_size[[position[int(v)] for v in sites.mean_ids.reshape(-1)]]
+    torch.manual_seed(3)
+    want, _ = _reference_sweep(fg, sites, state, steps, draw_site_randoms(4, 4, 2))
+    torch.manual_seed(3)
+    assert torch.allclose(sweep.sweep(fg, state, adapt=False), want, atol=1e-9)  # each coordinate its own step
+    plan.adapter.log_step = torch.full((8,), math.log(20.0))
+    before = plan.adapter.step_size.clone()
     for _ in range(30):
         state = sweep.sweep(fg, state, adapt=True)
-    assert bool((sweep.rw_plan.adapter.step_size < before).all())
-    frozen = sweep.rw_plan.adapter.step_size.clone()
+    assert bool((plan.adapter.step_size < before).all()) and bool((plan.adapter.count == 30).all())
+    frozen = plan.adapter.step_size.clone()
     sweep.sweep(fg, state, adapt=False)
-    assert torch.equal(sweep.rw_plan.adapter.step_size, frozen)
+    assert torch.equal(plan.adapter.step_size, frozen)
+    assert sweep.compile_seconds > 0
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "general"])
 @pytest.mark.parametrize(
     ("points", "m", "draws"),
     [
@@ -110,12 +148,17 @@ def test_the_steps_adapt_from_the_compiled_sweep() -> None:
     ],
     ids=["m2-1d", "m3-2d"],
 )
-def test_the_compiled_sweep_alone_keeps_the_exact_posterior(points: torch.Tensor, m: int, draws: int) -> None:
-    # gibbs_prob = 1: every transition is a compiled single-site sweep; tolerances: see test_split_merge.Z_MAX
+def test_single_site_sweeps_alone_keep_the_exact_posterior(
+    points: torch.Tensor, m: int, draws: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gibbs_prob = 1: every transition is a single-site sweep, compiled or on the general path;
+    # tolerances: see test_split_merge.Z_MAX
+    if not compiled:
+        monkeypatch.setattr(MixtureSites, "of", classmethod(lambda cls, fg: None))
     fg = gmm_graph(points, m, SIGMA, TAU, 0.5)
     kernel = SplitMergeGMM(fg, gibbs_prob=1.0)
     terms = _posterior_terms(points, m, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), draws)
-    assert kernel.single_site.mixture_sites is not None
+    assert (kernel.single_site.mixture_sites is not None) == compiled
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means

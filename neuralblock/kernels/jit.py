@@ -42,6 +42,7 @@ import numpy as np
 __all__ = [
     "JIT_MAX_ENTRIES",
     "NUMBA",
+    "SUMMED_DIRECTLY",
     "TableLogJoint",
     "block_sweep",
     "gibbs_class",
@@ -89,6 +90,31 @@ def _compiled(function: Callable[..., Any]) -> Callable[..., Any]:
     if not NUMBA:  # pragma: no cover
         return function
     return numba.njit(cache=True, nogil=True)(function)
+
+
+SUMMED_DIRECTLY = 1e-3
+"""A point's log-sum less some terms is re-summed term by term where those terms held over ``1 - this`` of it."""
+
+
+@_compiled
+def _logaddexp(a, b):
+    """``log(exp(a) + exp(b))`` (either may be ``-inf``)."""
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    top = max(a, b)
+    return top + math.log(math.exp(a - top) + math.exp(b - top))
+
+
+@_compiled
+def _half_sq_distance(point, mean):
+    """``-|x - u|^2 / 2``."""
+    s = 0.0
+    for d in range(point.shape[0]):
+        diff = point[d] - mean[d]
+        s += diff * diff
+    return -0.5 * s
 
 
 @_compiled

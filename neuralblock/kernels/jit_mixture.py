@@ -24,8 +24,8 @@ token comes again bitwise (only its explained density and weight depend on the p
 the point leaves their float32 values as they are; a point near several copies meets the token of each
 copy's pairs again and again), which skips most of the network's work on large models without changing
 any number (20 x 1000, 5 chains: 12% of the tokens computed, 46% with the last two kept). The energy
-skips a mean's term 40 nats below a point's other share (under float64 rounding). The compiled code is
-cached on disk; a sweep object's first call of a new argument layout compiles it (counted in
+skips a mean's term 40 nats below the point's log-sum so far (``1 + e^-40`` rounds to 1 in float64). The
+compiled code is cached on disk; a sweep object's first call of a new argument layout compiles it (counted in
 ``compile_seconds``).
 
 Example:
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from neuralblock.kernels.jit import _compiled
+from neuralblock.kernels.jit import SUMMED_DIRECTLY, _compiled, _half_sq_distance, _logaddexp
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.proposals.mdn import _FEATURE_CLIP, _MAX_LOG_SCALE, _MIN_LOG_SCALE
 
@@ -280,16 +280,6 @@ def _affine(x, w, b, out):  # out = x @ w + b (w: [in, out]), as axpy over the o
 
 
 @_compiled
-def _logaddexp(a, b):
-    if a == -math.inf:
-        return b
-    if b == -math.inf:
-        return a
-    top = max(a, b)
-    return top + math.log(math.exp(a - top) + math.exp(b - top))
-
-
-@_compiled
 def _clip(x):  # as the MDN's input: NaN to 0, then clamped to +-_FEATURE_CLIP
     if x != x:
         return 0.0
@@ -434,16 +424,6 @@ def _read_mixture(state, mixture, mean_ids, active_ids, center, sigma, points, b
             terms[j, mixture] = math.log(bits[mixture]) - 0.5 * s
         else:
             terms[j, mixture] = -math.inf
-
-
-@_compiled
-def _half_sq_distance(point, mean):
-    """``-|x - u|^2 / 2``."""
-    s = 0.0
-    for d in range(point.shape[0]):
-        diff = point[d] - mean[d]
-        s += diff * diff
-    return -0.5 * s
 
 
 @_compiled
@@ -778,7 +758,7 @@ def _mixture_pairs(
                 if bits[pj] > 0:
                     share += math.exp(terms[j, pj] - top_all[j])
                 left = sum_all[j] - share
-                if left > 1e-3 * sum_all[j]:
+                if left > SUMMED_DIRECTLY * sum_all[j]:
                     rest[j] = top_all[j] + math.log(left)
                 else:
                     rest[j] = _log_sum_except(terms[j], pi, pj)

@@ -35,13 +35,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import Tensor
+from torch.distributions import constraints
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup, TableGroup
-from neuralblock.kernels.jit import NUMBA, _compiled
+from neuralblock.graph.supports import same_support
+from neuralblock.kernels.jit import NUMBA, SUMMED_DIRECTLY, _compiled, _half_sq_distance, _logaddexp, timed_first_call
 
-__all__ = ["MixtureSites", "draw_site_randoms"]
-
-_SUMMED_DIRECTLY = 1e-3  # a point's other share is summed term by term when mixture l holds over 1 - this of it
+__all__ = ["MixtureSites", "SiteRandoms", "draw_site_randoms"]
 
 
 class SiteRandoms(NamedTuple):
@@ -84,30 +84,16 @@ def _log_sum_others(row, bits, skip):
 
 
 @_compiled
-def _log_add(a, b):
-    """``log(exp(a) + exp(b))`` for ``a`` finite or ``-inf`` and ``b`` finite."""
-    if a == -math.inf:
-        return b
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
-@_compiled
 def _terms_of(points, mean, out):
     """``out[j] = -|x_j - mean|^2 / 2`` for whitened points ``[n, D]`` and a whitened mean ``[D]``."""
     for j in range(points.shape[0]):
-        s = 0.0
-        for d in range(points.shape[1]):
-            diff = points[j, d] - mean[d]
-            s += diff * diff
-        out[j] = -0.5 * s
+        out[j] = _half_sq_distance(points[j], mean)
 
 
 @_compiled
 def _mixture_sites(
     state, mean_ids, active_ids, points, sigma, prior_loc, prior_scale, log_odds, steps, bit_u, noise, log_u,
-    accept_prob, counts,
+    accept_prob,
 ):  # fmt: skip
     chains = state.shape[0]
     n, dim = points.shape
@@ -154,7 +140,7 @@ def _mixture_sites(
                     rest[j] = -math.inf
                 elif on:
                     left = total[j] - math.exp(terms[j, mixture] - top[j])
-                    if left > _SUMMED_DIRECTLY * total[j]:
+                    if left > SUMMED_DIRECTLY * total[j]:
                         rest[j] = top[j] + math.log(left)
                     else:
                         rest[j] = _log_sum_others(terms[j], bits, mixture)
@@ -166,7 +152,7 @@ def _mixture_sites(
             # -- Gibbs on the bit: log p(v = 1) - log p(v = 0), each with M = others + v
             with_it = 0.0
             for j in range(n):
-                with_it += _log_add(rest[j], own[j])
+                with_it += _logaddexp(rest[j], own[j])
             with_it += log_odds[mixture] - n * math.log(others + 1.0)
             if others > 0:
                 without = rest_sum - n * math.log(others)
@@ -197,15 +183,13 @@ def _mixture_sites(
                     _terms_of(points, moved, fresh)
                     proposed = log_odds[mixture] - n * math.log(others + 1.0)
                     for j in range(n):
-                        proposed += _log_add(rest[j], fresh[j])
+                        proposed += _logaddexp(rest[j], fresh[j])
                     ratio += proposed - current
-                if ratio != ratio:
-                    counts[k, 1] += 1
+                if ratio != ratio or ratio == math.inf:  # (rejected, as mh_decide does)
                     accept_prob[k, mixture, d] = 0.0
                     continue
                 accept_prob[k, mixture, d] = 1.0 if ratio >= 0.0 else math.exp(ratio)
                 if log_u[k, mixture, d] < ratio:
-                    counts[k, 0] += 1
                     mean[d] = step
                     state[k, mean_ids[mixture, d]] = step
                     if on:
@@ -233,8 +217,9 @@ class MixtureSites:
     """The compiled single-site sweep of a graph whose latent variables are one GMM's bits and means.
 
     Built by :meth:`of` for graphs like :func:`motifs.gmm_pair.gmm_graph`: one
-    :class:`~neuralblock.graph.GaussianMixtureGroup` with observed points, and each bit's and mean
-    coordinate's only other factor a unary prior (a table, a linear-Gaussian without parents).
+    :class:`~neuralblock.graph.GaussianMixtureGroup` whose points are observed (read from the graph's
+    evidence), binary bits and real means, and each bit's and mean coordinate's only other factor a unary
+    prior (a table with finite entries; a linear-Gaussian of that coordinate without parents).
     """
 
     def __init__(
@@ -254,10 +239,12 @@ class MixtureSites:
         self.prior_loc = np.ascontiguousarray(prior_loc.double().numpy())
         self.prior_scale = np.ascontiguousarray(prior_scale.double().numpy())
         self.log_odds = np.ascontiguousarray(log_odds.double().numpy())
+        self.compile_seconds = 0.0  # the compiled loop's first call of each state dtype
+        self._layouts: set[tuple] = set()
 
     @classmethod
     def of(cls, fg: FactorGraph) -> MixtureSites | None:
-        """The sweep of ``fg``, or ``None`` when the graph is not one GMM with unary priors (or Numba is missing).
+        """The sweep of ``fg``, or ``None`` when the graph is not such a GMM (or Numba is missing).
 
         Example:
             >>> import torch
@@ -269,33 +256,37 @@ class MixtureSites:
         if not NUMBA or len(groups) != 1:
             return None
         group = groups[0]
-        latent = set(fg.latent.tolist())
         bits, means = group.active.tolist(), group.means.reshape(-1).tolist()
-        if latent != set(bits) | set(means) or not set(group.points.reshape(-1).tolist()) <= set(fg.evidence):
+        if set(fg.latent.tolist()) != set(bits) | set(means) or not set(group.points.reshape(-1).tolist()) <= set(
+            fg.evidence
+        ):
+            return None
+        if any(fg.cardinality(v) != 2 for v in bits) or any(
+            fg.cardinality(v) != 0 or not same_support(fg.support(v), constraints.real) for v in means
+        ):
             return None
         group_index = fg.groups.index(group)
-        priors: dict[int, tuple[object, int]] = {}
+        log_odds, loc, scale = [], [], []
         for var in bits + means:
             factors = torch.tensor([node[1] for _, node in fg.graph.edges(("v", var))], dtype=torch.long)
             where, rows = fg.factor_location(factors)
             own = (where != group_index).nonzero().reshape(-1).tolist()
-            if len(own) != 1 or len(fg.factor_scope(int(factors[own[0]]))) != 1:
+            if len(own) != 1 or fg.factor_scope(int(factors[own[0]])) != [var]:
                 return None
-            prior = fg.groups[int(where[own[0]])]
-            if not isinstance(prior, TableGroup if var in bits else LinearGaussianGroup):
-                return None
-            priors[var] = (prior, int(rows[own[0]]))
-        log_odds = []
-        for var in bits:
-            table, row = priors[var]
-            values = table.log_tables[row].reshape(-1).double()  # type: ignore[attr-defined]
-            log_odds.append(values[1] - values[0])
-        loc = torch.empty(len(means), dtype=torch.float64)
-        scale = torch.empty(len(means), dtype=torch.float64)
-        for i, var in enumerate(means):
-            gaussian, row = priors[var]
-            loc[i] = float(gaussian.bias[row])  # type: ignore[attr-defined]
-            scale[i] = float(gaussian.scale[row])  # type: ignore[attr-defined]
+            prior, row = fg.groups[int(where[own[0]])], int(rows[own[0]])
+            if var in bits:
+                if type(prior) is not TableGroup:
+                    return None
+                table = prior.log_tables[row].reshape(-1).double()
+                log_odds.append(table[1] - table[0])
+            else:
+                if type(prior) is not LinearGaussianGroup or int(prior.child[row]) != var:
+                    return None
+                loc.append(float(prior.bias[row]))
+                scale.append(float(prior.scale[row]))
+        odds = torch.stack(log_odds)
+        if not bool(torch.isfinite(odds).all()):  # a bit fixed by its prior: the general path
+            return None
         values = torch.tensor([fg.evidence[int(v)] for v in group.points.reshape(-1)], dtype=torch.float64)
         shape = group.means.shape
         return cls(
@@ -303,29 +294,35 @@ class MixtureSites:
             group.active,
             values.reshape(group.points.shape),
             group.sigma,
-            loc.reshape(shape),
-            scale.reshape(shape),
-            torch.stack(log_odds),
+            torch.tensor(loc, dtype=torch.float64).reshape(shape),
+            torch.tensor(scale, dtype=torch.float64).reshape(shape),
+            odds,
         )
 
     def sweep(self, state: Tensor, steps: Tensor, draws: SiteRandoms | None = None) -> tuple[Tensor, Tensor]:
-        """One sweep of CPU states ``[K, N]`` (or ``[N]``) with random-walk step sizes ``steps`` ``[m D]`` (row-major).
+        """One sweep of CPU states ``[..., N]`` with random-walk step sizes ``steps`` ``[m D]`` (means row-major).
 
-        Returns the new states and each chain's MH acceptance probability per mean coordinate ``[K, m D]``
-        (for the step-size adaptation). ``draws`` default to :func:`draw_site_randoms`.
+        Returns the new states and each state's MH acceptance probability per mean coordinate ``[..., m D]``
+        (for the step-size adaptation). ``draws`` (for ``K`` states in all) default to :func:`draw_site_randoms`.
         """
-        single = state.dim() == 1
-        batch = state.reshape(-1, state.shape[-1]) if not single else state[None]
         m, dim = self.mean_ids.shape
+        batch = state.reshape(-1, state.shape[-1])
+        chains = batch.shape[0]
+        if steps.shape != (m * dim,):
+            raise ValueError(f"steps must have shape [{m * dim}] (one per mean coordinate), got {tuple(steps.shape)}")
         if draws is None:
-            draws = draw_site_randoms(batch.shape[0], m, dim)
+            draws = draw_site_randoms(chains, m, dim)
+        wanted = ((chains, m), (chains, m, dim), (chains, m, dim))
+        if tuple(tuple(d.shape) for d in draws) != wanted or any(d.dtype != torch.float64 for d in draws):
+            raise ValueError(f"draws must be float64 arrays of shapes {wanted} for {chains} states")
         out = batch.detach().clone().contiguous()
-        accept_prob = np.zeros((batch.shape[0], m, dim))
-        counts = np.zeros((batch.shape[0], 2), dtype=np.int64)
-        _mixture_sites(
+        accept_prob = np.zeros((chains, m, dim))
+        args = (
             out.numpy(), self.mean_ids, self.active_ids, self.points, self.sigma, self.prior_loc, self.prior_scale,
             self.log_odds, np.ascontiguousarray(steps.double().numpy().reshape(m, dim)), draws.bit_u.numpy(),
-            draws.noise.numpy(), draws.log_u.numpy(), accept_prob, counts,
+            draws.noise.numpy(), draws.log_u.numpy(), accept_prob,
         )  # fmt: skip
-        probs = torch.from_numpy(accept_prob.reshape(batch.shape[0], m * dim))
-        return (out[0] if single else out.reshape(state.shape)), (probs[0] if single else probs)
+        _, seconds = timed_first_call(self._layouts, (out.dtype,), _mixture_sites, *args)
+        self.compile_seconds += seconds
+        probs = torch.from_numpy(accept_prob.reshape(chains, m * dim))
+        return out.reshape(state.shape), probs.reshape(*state.shape[:-1], m * dim)

@@ -29,9 +29,10 @@ class SingleSiteSweep:
     :class:`SplitMergeGMM`), built from :class:`GibbsPlan` and :class:`RandomWalkPlan`. On an
     open-universe GMM (:func:`motifs.gmm_pair.gmm_graph`; attribute ``mixture_sites``, ``None`` elsewhere
     or to turn it off) untempered sweeps of CPU states take the compiled
-    :class:`~neuralblock.kernels.mixture_sites.MixtureSites` instead: the same updates (a Gibbs draw of each
-    bit, random-walk MH on each mean coordinate with the same adapted steps), mixture by mixture, at
-    ``O(n)`` rather than ``O(n m)`` per variable.
+    :class:`~neuralblock.kernels.mixture_sites.MixtureSites` instead: the same conditional updates (a Gibbs
+    draw of each bit, random-walk MH on each mean coordinate with the same adapted steps), scanned mixture by
+    mixture (its bit, then its mean) from random numbers of their own, at ``O(n)`` rather than ``O(n m)`` per
+    variable.
 
     Args:
         fg: the graph.
@@ -65,14 +66,16 @@ class SingleSiteSweep:
         if self.rw_plan is not None and torch.device(device).type != "cpu":
             raise ValueError(f"{kernel}: random-walk updates of continuous variables run on the CPU only")
         self.mixture_sites = MixtureSites.of(fg) if self.rw_plan is not None else None
-        if self.mixture_sites is not None and self.rw_plan is not None:  # each mean coordinate's step size
+        self._mean_positions = torch.zeros(0, dtype=torch.long)  # each mean coordinate's step size
+        if self.mixture_sites is not None and self.rw_plan is not None:
             position = {v: i for i, v in enumerate(self.rw_plan.variables)}
             self._mean_positions = torch.tensor([position[int(v)] for v in self.mixture_sites.mean_ids.reshape(-1)])
 
     @property
     def compile_seconds(self) -> float:
-        """Time spent compiling the Gibbs updates (0 when eager)."""
-        return self.gibbs_plan.compile_seconds if self.gibbs_plan is not None else 0.0
+        """Time spent compiling (or loading) the compiled updates: Gibbs's and the mixture sweep's (0 when eager)."""
+        gibbs = self.gibbs_plan.compile_seconds if self.gibbs_plan is not None else 0.0
+        return gibbs + (self.mixture_sites.compile_seconds if self.mixture_sites is not None else 0.0)
 
     def refresh(self, fg: FactorGraph) -> None:
         """Re-read table values after the graph's parameters changed."""
