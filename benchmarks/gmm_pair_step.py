@@ -44,7 +44,7 @@ from fused_blocks import baseline_worktree, cell, paired_ratio, ratio_lines, wri
 
 from neuralblock.kernels.jit import NUMBA  # noqa: E402
 
-__all__ = ["main", "parse_size"]
+__all__ = ["main", "parse_size", "size_ratio_lines"]
 
 BASELINE = "796acff"  # the last commit before the leaner eager step and the compiled loop
 ARMS = ("compiled", "network", "eager", "baseline")
@@ -182,11 +182,19 @@ def _markdown(result: dict[str, Any]) -> str:
     for size, row in result["sizes"].items():
         for arm, ms in row["ms_per_sweep"].items():
             lines.append(f"| {size} | {arm} | {ms:.1f} | {cell(row['acceptance'][arm], '.3f')} |")
-    ratios = {
-        f"{size}: {name}": value for size, row in result["sizes"].items() for name, value in row["ratios"].items()
-    }
-    lines += ratio_lines(ratios)
+    lines += size_ratio_lines(result["sizes"])
     return "\n".join(lines) + "\n"
+
+
+def size_ratio_lines(sizes: dict[str, Any]) -> list[str]:
+    """The ratio table of a per-size benchmark result (each size's ``ratios``, named ``"<size>: <ratio>"``).
+
+    Example:
+        >>> size_ratio_lines({"8x60": {"ratios": {"a / b": 0.5}}})[-1]
+        '| 8x60: a / b | 0.500 |'
+    """
+    named = {f"{size}: {name}": value for size, row in sizes.items() for name, value in row["ratios"].items()}
+    return ratio_lines(named)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

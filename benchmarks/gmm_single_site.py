@@ -36,8 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import paired_ratio, ratio_lines, write_results  # noqa: E402
-from gmm_pair_step import parse_size  # noqa: E402
+from fused_blocks import paired_ratio, write_results  # noqa: E402
+from gmm_pair_step import parse_size, size_ratio_lines  # noqa: E402
 
 from experiments.gmm_models import family_gmm  # noqa: E402
 from neuralblock.kernels.base import sequential_init  # noqa: E402
@@ -106,10 +106,7 @@ def _markdown(result: dict[str, Any]) -> str:
     for size, row in result["sizes"].items():
         for arm, ms in row["ms_per_sweep"].items():
             lines.append(f"| {size} | {arm} | {ms:.2f} |")
-    ratios = {
-        f"{size}: {name}": value for size, row in result["sizes"].items() for name, value in row["ratios"].items()
-    }
-    lines += ratio_lines(ratios)
+    lines += size_ratio_lines(result["sizes"])
     return "\n".join(lines) + "\n"
 
 
