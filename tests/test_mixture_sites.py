@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from test_split_merge import SIGMA, TAU, Z_MAX, _exact_mean_moments, _exact_patterns, _posterior_terms
@@ -162,3 +163,19 @@ def test_single_site_sweeps_alone_keep_the_exact_posterior(
     assert (kernel.single_site.mixture_sites is not None) == compiled
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
+
+
+def test_refresh_reads_new_values_of_the_same_structure() -> None:
+    points = torch.tensor([[0.0, 1.0], [3.0, 3.0], [-1.0, 2.0]])
+    sites = MixtureSites.of(gmm_graph(points, 3, 1.0, 2.0, 0.5))
+    other = gmm_graph(points, 3, 1.7, 3.0, 0.3, prior_mean=torch.tensor([0.5, -0.5]))
+    fresh = MixtureSites.of(other)
+    assert sites is not None and fresh is not None and sites.refresh(other)
+    for name in ("points", "prior_loc", "prior_scale", "log_odds"):
+        assert np.array_equal(getattr(sites, name), getattr(fresh, name)), name
+    assert sites.sigma == 1.7
+    sweep = SingleSiteSweep(other)
+    fixed = gmm_graph(points, 3, 1.0, 2.0, 0.5)
+    fixed.groups[0].log_tables[0, 1] = -math.inf  # new values the compiled sweep does not cover
+    sweep.refresh(fixed)
+    assert sweep.mixture_sites is None

@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -223,24 +223,38 @@ class MixtureSites:
     """
 
     def __init__(
-        self,
-        mean_ids: Tensor,
-        active_ids: Tensor,
-        points: Tensor,
-        sigma: float,
-        prior_loc: Tensor,
-        prior_scale: Tensor,
-        log_odds: Tensor,
+        self, fg: FactorGraph, group_index: int, bit_priors: list[tuple[int, int]], mean_priors: list[tuple[int, int]]
     ) -> None:
-        self.mean_ids = mean_ids.numpy().astype(np.int64)
-        self.active_ids = active_ids.numpy().astype(np.int64)
-        self.sigma = float(sigma)
-        self.points = np.ascontiguousarray((points.double() / self.sigma).numpy())
-        self.prior_loc = np.ascontiguousarray(prior_loc.double().numpy())
-        self.prior_scale = np.ascontiguousarray(prior_scale.double().numpy())
-        self.log_odds = np.ascontiguousarray(log_odds.double().numpy())
+        group = fg.groups[group_index]
+        if not isinstance(group, GaussianMixtureGroup):
+            raise TypeError(f"group {group_index} of the graph is not a GaussianMixtureGroup")
+        self.mean_ids = group.means.numpy().astype(np.int64)
+        self.active_ids = group.active.numpy().astype(np.int64)
+        self._group_index = group_index
+        self._bit_priors, self._mean_priors = bit_priors, mean_priors  # (group, row) of each variable's prior
         self.compile_seconds = 0.0  # the compiled loop's first call of each state dtype
         self._layouts: set[tuple] = set()
+        self.refresh(fg)
+
+    def refresh(self, fg: FactorGraph) -> bool:
+        """Re-read sigma, the points and the priors from ``fg`` (same structure, new values).
+
+        Returns whether the sweep covers the new values (every bit's prior log-odds finite).
+        """
+        group = cast(GaussianMixtureGroup, fg.groups[self._group_index])
+        self.sigma = float(group.sigma)
+        values = torch.tensor([fg.evidence[int(v)] for v in group.points.reshape(-1)], dtype=torch.float64)
+        self.points = np.ascontiguousarray((values.reshape(group.points.shape) / self.sigma).numpy())
+        odds = []
+        for where, row in self._bit_priors:
+            table = cast(TableGroup, fg.groups[where]).log_tables[row].reshape(-1).double()
+            odds.append(float(table[1] - table[0]))
+        shape = self.mean_ids.shape
+        gaussians = [(cast(LinearGaussianGroup, fg.groups[where]), row) for where, row in self._mean_priors]
+        self.prior_loc = np.array([float(g.bias[row]) for g, row in gaussians]).reshape(shape)
+        self.prior_scale = np.array([float(g.scale[row]) for g, row in gaussians]).reshape(shape)
+        self.log_odds = np.array(odds)
+        return bool(np.isfinite(self.log_odds).all())
 
     @classmethod
     def of(cls, fg: FactorGraph) -> MixtureSites | None:
@@ -266,7 +280,7 @@ class MixtureSites:
         ):
             return None
         group_index = fg.groups.index(group)
-        log_odds, loc, scale = [], [], []
+        priors: list[tuple[int, int]] = []
         for var in bits + means:
             factors = torch.tensor([node[1] for _, node in fg.graph.edges(("v", var))], dtype=torch.long)
             where, rows = fg.factor_location(factors)
@@ -277,27 +291,11 @@ class MixtureSites:
             if var in bits:
                 if type(prior) is not TableGroup:
                     return None
-                table = prior.log_tables[row].reshape(-1).double()
-                log_odds.append(table[1] - table[0])
-            else:
-                if type(prior) is not LinearGaussianGroup or int(prior.child[row]) != var:
-                    return None
-                loc.append(float(prior.bias[row]))
-                scale.append(float(prior.scale[row]))
-        odds = torch.stack(log_odds)
-        if not bool(torch.isfinite(odds).all()):  # a bit fixed by its prior: the general path
-            return None
-        values = torch.tensor([fg.evidence[int(v)] for v in group.points.reshape(-1)], dtype=torch.float64)
-        shape = group.means.shape
-        return cls(
-            group.means,
-            group.active,
-            values.reshape(group.points.shape),
-            group.sigma,
-            torch.tensor(loc, dtype=torch.float64).reshape(shape),
-            torch.tensor(scale, dtype=torch.float64).reshape(shape),
-            odds,
-        )
+            elif type(prior) is not LinearGaussianGroup or int(prior.child[row]) != var:
+                return None
+            priors.append((int(where[own[0]]), row))
+        sites = cls(fg, group_index, priors[: len(bits)], priors[len(bits) :])
+        return sites if bool(np.isfinite(sites.log_odds).all()) else None  # a bit fixed by its prior: general path
 
     def sweep(self, state: Tensor, steps: Tensor, draws: SiteRandoms | None = None) -> tuple[Tensor, Tensor]:
         """One sweep of CPU states ``[..., N]`` with random-walk step sizes ``steps`` ``[m D]`` (means row-major).

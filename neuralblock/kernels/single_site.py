@@ -81,8 +81,8 @@ class SingleSiteSweep:
         """Re-read table values after the graph's parameters changed."""
         if self.gibbs_plan is not None:
             self.gibbs_plan.refresh(fg)
-        if self.mixture_sites is not None:
-            self.mixture_sites = MixtureSites.of(fg)
+        if self.mixture_sites is not None and not self.mixture_sites.refresh(fg):
+            self.mixture_sites = None  # values the compiled sweep does not cover (a bit fixed by its prior)
 
     def sweep(
         self, fg: FactorGraph, state: Tensor, adapt: bool, beta: Tensor | None = None, soft: SoftZeros | None = None
