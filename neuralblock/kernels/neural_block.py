@@ -366,6 +366,8 @@ class NeuralBlockKernel(GraphKernel):
             100, 80, 80 and 64 of them); each is an exact MH kernel, so any order of them leaves the
             target invariant. Covers run on the fused block path and the general path (``True`` refuses
             other paths; ``"auto"`` uses covers where they run and every instance elsewhere).
+        copy_moves: on an open-universe GMM, end each compiled single-site sweep with copy-set moves
+            (:mod:`neuralblock.kernels.mixture_copies`; ignored on other models).
     """
 
     batched_state = True
@@ -382,8 +384,10 @@ class NeuralBlockKernel(GraphKernel):
         compile: bool | str = "auto",
         fused: bool = True,
         cover: bool | str = False,
+        copy_moves: bool = True,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
+        self.copy_moves = bool(copy_moves)
         self.use_fused = bool(fused)
         if not isinstance(cover, bool) and cover != "auto":
             raise TypeError(f"cover must be True, False or 'auto', got {cover!r}")
@@ -501,7 +505,9 @@ class NeuralBlockKernel(GraphKernel):
             raise ValueError(
                 f"no instance of the proposals' motifs was found in this model: {wanted}; {_summary(fg)}{hint}"
             )
-        self.single_site = SingleSiteSweep(fg, self.step_size, "NeuralBlockKernel", self.device, self.compile)
+        self.single_site = SingleSiteSweep(
+            fg, self.step_size, "NeuralBlockKernel", self.device, self.compile, copy_moves=self.copy_moves
+        )
         if self.gibbs_prob == 0.0:
             covered = set()
             for proposal in self.proposals:
@@ -804,6 +810,7 @@ class NeuralBlockKernel(GraphKernel):
             "proposal_cache": cache,
             "compile_seconds": sum(f.compile_seconds for f in self.fused if f is not None)
             + (self.single_site.compile_seconds if hasattr(self, "single_site") else 0.0),
+            **(self.single_site.report() if hasattr(self, "single_site") else {}),
         }
 
 

@@ -16,8 +16,10 @@ from torch import Tensor
 
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.gibbs import GibbsPlan, SoftZeros
+from neuralblock.kernels.mixture_copies import MixtureCopyMoves
 from neuralblock.kernels.mixture_sites import MixtureSites
 from neuralblock.kernels.random_walk import RandomWalkPlan, continuous_latent
+from neuralblock.kernels.vocabulary import KernelDiagnostics
 
 __all__ = ["SingleSiteSweep"]
 
@@ -32,12 +34,17 @@ class SingleSiteSweep:
     :class:`~neuralblock.kernels.mixture_sites.MixtureSites` instead: the same conditional updates (a Gibbs
     draw of each bit, random-walk MH on each mean coordinate with the same adapted steps), scanned mixture by
     mixture (its bit, then its mean) from random numbers of their own, at ``O(n)`` rather than ``O(n m)`` per
-    variable.
+    variable. Each such sweep ends with a copy-set move
+    (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, attribute ``copy_moves``): an exact MH
+    move that splits several mixtures into copy pairs, or merges several copy pairs, at once.
 
     Args:
         fg: the graph.
         step_size: initial random-walk step size (adapted during warmup towards 0.44 acceptance).
         kernel: the calling kernel's name, for error messages.
+        device: where the states live (random-walk updates run on the CPU only).
+        compile: passed to the Gibbs plan.
+        copy_moves: end each compiled GMM sweep with a copy-set move.
 
     Example:
         >>> import torch
@@ -57,6 +64,7 @@ class SingleSiteSweep:
         kernel: str = "SingleSiteSweep",
         device: torch.device | str = "cpu",
         compile: bool = False,
+        copy_moves: bool = True,
     ) -> None:
         cards = fg.cardinalities
         discrete = [v for v in fg.latent.tolist() if cards[v] > 0]
@@ -66,6 +74,8 @@ class SingleSiteSweep:
         if self.rw_plan is not None and torch.device(device).type != "cpu":
             raise ValueError(f"{kernel}: random-walk updates of continuous variables run on the CPU only")
         self.mixture_sites = MixtureSites.of(fg) if self.rw_plan is not None else None
+        sites = self.mixture_sites
+        self.copy_moves = MixtureCopyMoves(sites) if sites is not None and copy_moves else None
         self._mean_positions = torch.zeros(0, dtype=torch.long)  # each mean coordinate's step size
         if self.mixture_sites is not None and self.rw_plan is not None:
             position = {v: i for i, v in enumerate(self.rw_plan.variables)}
@@ -75,7 +85,14 @@ class SingleSiteSweep:
     def compile_seconds(self) -> float:
         """Time spent compiling (or loading) the compiled updates: Gibbs's and the mixture sweep's (0 when eager)."""
         gibbs = self.gibbs_plan.compile_seconds if self.gibbs_plan is not None else 0.0
-        return gibbs + (self.mixture_sites.compile_seconds if self.mixture_sites is not None else 0.0)
+        sites = self.mixture_sites.compile_seconds if self.mixture_sites is not None else 0.0
+        return gibbs + sites + (self.copy_moves.compile_seconds if self.copy_moves is not None else 0.0)
+
+    def report(self) -> KernelDiagnostics:
+        """The sweep's own diagnostics: ``copy_move_acceptance`` where it makes copy-set moves (else empty)."""
+        if self.copy_moves is None:
+            return {}
+        return {"copy_move_acceptance": self.copy_moves.acceptance()}
 
     def refresh(self, fg: FactorGraph) -> None:
         """Re-read table values after the graph's parameters changed."""
@@ -83,6 +100,7 @@ class SingleSiteSweep:
             self.gibbs_plan.refresh(fg)
         if self.mixture_sites is not None and not self.mixture_sites.refresh(fg):
             self.mixture_sites = None  # values the compiled sweep does not cover (a bit fixed by its prior)
+            self.copy_moves = None
 
     def sweep(
         self, fg: FactorGraph, state: Tensor, adapt: bool, beta: Tensor | None = None, soft: SoftZeros | None = None
@@ -101,6 +119,10 @@ class SingleSiteSweep:
             if adapt:
                 mean_prob = accept_prob.reshape(-1, len(positions)).mean(0)
                 rw_plan.adapter.update(positions, mean_prob.to(rw_plan.adapter.log_step))
+            if self.copy_moves is not None:
+                state, outcome = self.copy_moves.move(state)
+                if not adapt:
+                    self.copy_moves.record(outcome)
             return state
         if self.gibbs_plan is not None:
             state, _ = self.gibbs_plan.sweep(fg, state, beta, soft)

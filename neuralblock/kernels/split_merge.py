@@ -659,6 +659,8 @@ class SplitMergeGMM(GraphKernel):
         tuning: proposal shape parameters.
         chains: independent chains run together in one ``[chains, N]`` state (``get_samples()["x"]``
             is then ``[S, chains, N]``; with 1, ``[S, N]``).
+        copy_moves: end each compiled single-site sweep with copy-set moves
+            (:mod:`neuralblock.kernels.mixture_copies`).
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
@@ -676,6 +678,7 @@ class SplitMergeGMM(GraphKernel):
         step_size: float = 0.5,
         tuning: MoveTuning | None = None,
         chains: int = 1,
+        copy_moves: bool = True,
     ) -> None:
         if not isinstance(model, FactorGraph):
             raise TypeError(
@@ -705,6 +708,7 @@ class SplitMergeGMM(GraphKernel):
             raise ValueError(f"tuning needs birth_radius > 0 and birth_prior_weight in (0, 1), got {self.tuning}")
         self.gibbs_prob = float(gibbs_prob)
         self.step_size = float(step_size)
+        self.copy_moves = bool(copy_moves)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
         total = sum(weights.values())
         kinds = [k for k in MOVES if weights[k] > 0]
@@ -741,7 +745,7 @@ class SplitMergeGMM(GraphKernel):
         self.layout = self._checked_layout(fg)
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
-        self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM")
+        self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM", copy_moves=self.copy_moves)
         self._scaffolds = _mixture_scaffolds(fg, self.layout)
 
     def _refresh(self, fg: FactorGraph) -> None:
@@ -823,4 +827,5 @@ class SplitMergeGMM(GraphKernel):
             "transitions_per_second": self._transitions_per_second(),
             "nonfinite_rejections": float(self._nonfinite),
             "single_site_sweeps": float(self._single_sweeps),
+            **(self.single_site.report() if hasattr(self, "single_site") else {}),
         }

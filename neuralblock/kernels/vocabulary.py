@@ -48,6 +48,9 @@ class KernelDiagnostics(TypedDict, total=False):
         mean_step_size: the mean of per-variable (or per-site) step sizes after warmup (unconstrained units).
         single_site_sweeps: post-warmup single-site sweeps interleaved with block moves (count).
         transitions: post-warmup transitions (AusterityMH; count).
+        copy_move_acceptance: post-warmup acceptance of the copy-set moves that end the compiled single-site
+            sweeps of an open-universe GMM (NeuralBlockKernel, SplitMergeGMM; ``{"split": fraction, "merge":
+            fraction}``, NaN where none was attempted; see :mod:`neuralblock.kernels.mixture_copies`).
 
     Kernel-specific keys:
 
@@ -137,6 +140,7 @@ class KernelDiagnostics(TypedDict, total=False):
     mean_step_size: float
     single_site_sweeps: float
     transitions: float
+    copy_move_acceptance: dict[str, float]
     # GibbsKernel and the gradient kernels
     sweeps: float
     stuck_conditionals: float
