@@ -600,7 +600,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
     clock = "CPU time of each run's process" if args.clock == "cpu" else "wall time"
     setup = (
         f"Arms: `{NB_SET}` (`{args.proposal}`, {sources[NB_SET]}), `{SM}`, `{NB_OLD}` (`{args.old_proposal}`, "
-        + f"{sources[NB_OLD]}); gibbs_prob={args.gibbs_prob}. Each run is one kernel of {args.chains} vectorized "
+        + f"{sources[NB_OLD]}); gibbs_prob={args.gibbs_prob}; in every arm each single-site sweep ends with the "
+        + "copy-set moves (`MixtureCopyMoves`, the kernels' default). Each run is one kernel of "
+        + f"{args.chains} vectorized "
         + f"chains, every arm from the same {args.chains} starts, for {args.seconds:g} s of {clock} scaled by "
         + f"sqrt(m n / 3840) above 16 x 240 (at most {args.max_seconds:g} s); {args.threads} thread(s). Every "
         + "chain counts as a run. The robust level is split-merge's lower median over chains of the mean log "
