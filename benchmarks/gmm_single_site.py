@@ -12,7 +12,7 @@ single-site half of ``NeuralBlockKernel`` and ``SplitMergeGMM`` (``gibbs_prob``)
   copy-set moves (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts), which the general
   path does not make.
 
-Both arms run in this process, in turn within each round, from the same start (CPU time per sweep over
+The arms run in this process, in turn within each round, from the same start (CPU time per sweep over
 about ``--budget`` seconds, one torch thread); ratios are paired per round and their median reported. The
 cases are GMM benchmark cases (:func:`experiments.gmm_models.family_gmm`) of every size in ``--sizes``.
 

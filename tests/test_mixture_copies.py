@@ -25,8 +25,10 @@ from neuralblock.kernels.mixture_copies import OUTCOMES, CopyRandoms, MixtureCop
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.split_merge import SplitMergeGMM
 
-# |z| < 5 for each pattern probability and mean moment of 40,000 iid draws (normal to within 0.5% at these
-# counts: P(|z| > 5) = 5.7e-7; with at most 8 patterns and 4 moments per case, a false-failure rate below 1e-5)
+# |z| < 5 for each pattern probability, mean moment and flux of 40,000 iid draws: about 45 checks per case (up to 15
+# patterns and 4 moments before and after the moves, up to 6 fluxes), each failing by chance with probability under
+# 1.3e-5 (the binomial tail of the rarest pattern; 5.7e-7 where the normal approximation holds): a false-failure
+# rate below 6e-4 per case if the seeds change (they are fixed, so the test is deterministic)
 Z_MAX = 5.0
 
 
@@ -75,8 +77,7 @@ def _z_scores(fg: FactorGraph, state: torch.Tensor, terms: tuple[torch.Tensor, .
 def test_moves_keep_exact_draws_exact(points: torch.Tensor, m: int) -> None:
     # 40,000 independent exact draws, then 4 moves each: still exact draws (the moves leave the posterior
     # invariant) -- and the moves must have changed many of them, or the test would have no power (dropping
-    # the Jacobian fails it; dropping the split's count! of the ordered partner choice fails the flux check at
-    # m = 4 with |z| = 7-12)
+    # the Jacobian fails it at |z| 70-90; smaller errors of the ratio are the next test's)
     fg = gmm_graph(points, m, SIGMA, TAU, 0.5)
     terms = _posterior_terms(points, m, SIGMA, TAU, 0.5)
     before = _exact_draws(fg, terms, 40_000, seed=len(points[0]))
@@ -104,6 +105,94 @@ def test_moves_keep_exact_draws_exact(points: torch.Tensor, m: int) -> None:
             backward = int(((before_m == j) & (after_m == i)).sum())
             if forward + backward:
                 assert abs(forward - backward) / math.sqrt(forward + backward) < Z_MAX, (i, j, forward, backward)
+
+
+def _soft_counts(points: torch.Tensor, means: torch.Tensor, bits: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Each mixture's share of the points (0 for inactive mixtures)."""
+    log_w = -0.5 * ((points[:, None] - means[None]) ** 2).sum(-1) / sigma**2
+    log_w = torch.where(bits[None] > 0, log_w, -math.inf)
+    return torch.softmax(log_w, -1).sum(0)
+
+
+def _pairs(means: torch.Tensor, bits: torch.Tensor, limit: float) -> dict[int, int]:
+    """Copy pairs as ``{mixture: partner}`` (mutual nearest active mixtures closer than ``limit``)."""
+    active = [a for a in range(len(bits)) if bits[a] > 0]
+    nearest = {}
+    for a in active:
+        others = [(float((means[a] - means[b]).square().sum()), b) for b in active if b != a]
+        if others and min(others)[0] < limit**2:
+            nearest[a] = min(others)[1]
+    return {a: b for a, b in nearest.items() if nearest.get(b) == a}
+
+
+def _reference_log_ratio(fg: FactorGraph, moves: MixtureCopyMoves, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The MH log ratio of the move from ``x`` to ``y``, from the graph's log joint and the module docstring's
+    proposal, written out independently of the compiled loop."""
+    sites = moves.sites
+    m, dim = sites.mean_ids.shape
+    sigma, limit = sites.sigma, moves.radius * sites.sigma
+    points = torch.as_tensor(sites.points) * sigma
+    bits = {s: z[torch.as_tensor(sites.active_ids)] for s, z in (("x", x), ("y", y))}
+    means = {s: z[torch.as_tensor(sites.mean_ids)] for s, z in (("x", x), ("y", y))}
+    split = bool(bits["y"].sum() > bits["x"].sum())
+    few, many = ("x", "y") if split else ("y", "x")  # the state with fewer active mixtures, and with more
+    count = int(bits[many].sum() - bits[few].sum())
+    partners = _pairs(means[many], bits[many], limit)
+    changed = [t for t in range(m) if bits[few][t] == 0 and bits[many][t] == 1]
+    pairs = [(partners[t], t) for t in changed]  # (s, t): s stays active, t is the copy made or dropped
+    assert len(pairs) == count
+    active, inactive = int(bits[few].sum()), m - int(bits[few].sum())
+    counts = _soft_counts(points, means[few], bits[few], sigma)
+    log_split = -math.log(min(active, inactive)) - math.log(math.comb(active, count))
+    log_split -= math.log(math.comb(inactive, count)) + math.lgamma(count + 1)
+    log_merge = -math.log(len(partners) // 2) - math.log(math.comb(len(partners) // 2, count)) - count * math.log(2)
+    prior = torch.distributions.Normal(torch.as_tensor(sites.prior_loc), torch.as_tensor(sites.prior_scale))
+    for s, t in pairs:
+        u = 0.5 * (means[many][t] - means[many][s])
+        scale = moves.width * sigma * (float(counts[s]) + 1.0) ** -0.25
+        log_split += float(torch.distributions.Normal(0.0, scale).log_prob(u).sum())
+        log_merge += float(prior.log_prob(means[few])[t].sum())  # the inactive copy's mean, drawn by the merge
+    jacobian = count * dim * math.log(2)
+    log_joint = float(fg.log_joint(y) - fg.log_joint(x))
+    return log_joint + (log_merge - log_split + jacobian if split else log_split - log_merge - jacobian)
+
+
+def test_the_log_ratios_are_the_proposals(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every accepted move's ratio against one computed from the graph and the proposal written out by hand,
+    # then the ratios of a second attempt after an accepted one (the energy and soft counts kept across attempts)
+    monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)  # a float64 graph: ratios to 1e-8
+    gen = torch.Generator().manual_seed(5)
+    centres = torch.tensor([[0.0, 0.0], [3.0, 1.0], [-2.0, 3.0]])
+    points = torch.cat([c + 0.6 * torch.randn(15, 2, generator=gen, dtype=torch.float64) for c in centres])
+    fg = gmm_graph(points, 7, 0.7, 3.0, 0.4)
+    moves = MixtureCopyMoves.of(fg, attempts=1)
+    assert moves is not None
+    sites, chains = moves.sites, 400
+    state = torch.stack([gmm_initial_state(fg, gen) for _ in range(chains)]).double()
+    active = torch.rand(chains, 7, generator=gen) < 0.6
+    active[:, 0] = True
+    state[:, sites.active_ids] = active.double()
+    near = centres[torch.randint(3, (chains, 7), generator=gen)] + 0.3 * torch.randn(chains, 7, 2, generator=gen)
+    state[:, sites.mean_ids] = torch.where(active[..., None], near.double(), state[:, sites.mean_ids])
+    torch.manual_seed(11)
+    draws = draw_copy_randoms(chains, 1, 7, 2)._replace(log_u=torch.full((chains, 1), -math.inf, dtype=torch.float64))
+    moved, outcome = moves.move(state, draws)
+    taken = (outcome[:, 0] == OUTCOMES.index("split accepted")) | (outcome[:, 0] == OUTCOMES.index("merge accepted"))
+    kinds = outcome[taken, 0].tolist()
+    assert kinds.count(2) > 30 and kinds.count(4) > 30, kinds  # many splits and merges, some of several pairs
+    jumps = (moved[:, sites.active_ids].sum(-1) - state[:, sites.active_ids].sum(-1)).abs()
+    assert (jumps[taken] >= 2).sum() > 10
+    for k in taken.nonzero().reshape(-1).tolist():
+        want = _reference_log_ratio(fg, moves, state[k], moved[k])
+        assert moves.last_log_ratios[k, 0] == pytest.approx(want, abs=1e-8), k
+    # a second attempt after the first: the same ratio as a fresh call from the moved state
+    second = draw_copy_randoms(chains, 1, 7, 2)
+    both = CopyRandoms(*(torch.cat([a, b], 1) for a, b in zip(draws, second)))
+    two = MixtureCopyMoves.of(fg, attempts=2)
+    assert two is not None
+    _, _ = two.move(state, both)
+    _, _ = moves.move(moved, second)
+    np.testing.assert_allclose(two.last_log_ratios[:, 1], moves.last_log_ratios[:, 0], rtol=1e-12, atol=1e-9)
 
 
 def test_the_energy_is_the_graphs_log_joint_up_to_a_constant() -> None:

@@ -140,7 +140,9 @@ def test_the_steps_of_each_coordinate_adapt_through_the_compiled_sweep() -> None
     assert sweep.compile_seconds > 0
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "general"])
+@pytest.mark.parametrize(
+    ("compiled", "copy_moves"), [(True, False), (False, False), (True, True)], ids=["compiled", "general", "copies"]
+)
 @pytest.mark.parametrize(
     ("points", "m", "draws"),
     [
@@ -150,17 +152,18 @@ def test_the_steps_of_each_coordinate_adapt_through_the_compiled_sweep() -> None
     ids=["m2-1d", "m3-2d"],
 )
 def test_single_site_sweeps_alone_keep_the_exact_posterior(
-    points: torch.Tensor, m: int, draws: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+    points: torch.Tensor, m: int, draws: int, compiled: bool, copy_moves: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # gibbs_prob = 1: every transition is a single-site sweep, compiled or on the general path;
-    # tolerances: see test_split_merge.Z_MAX
+    # gibbs_prob = 1: every transition is a single-site sweep, compiled or on the general path, without the
+    # copy-set moves; then the compiled sweep with them (the default); tolerances: see test_split_merge.Z_MAX
     if not compiled:
         monkeypatch.setattr(MixtureSites, "of", classmethod(lambda cls, fg: None))
     fg = gmm_graph(points, m, SIGMA, TAU, 0.5)
-    kernel = SplitMergeGMM(fg, gibbs_prob=1.0)
+    kernel = SplitMergeGMM(fg, gibbs_prob=1.0, copy_moves=copy_moves)
     terms = _posterior_terms(points, m, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), draws)
     assert (kernel.single_site.mixture_sites is not None) == compiled
+    assert (kernel.single_site.copy_moves is not None) == copy_moves
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
 

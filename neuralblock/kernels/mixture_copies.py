@@ -6,9 +6,7 @@ on the large ones; and a state where every cluster has two copies keeps the weig
 copy each. Changing one cluster's copies changes every weight, so one birth or death at a time can face a
 barrier of many nats at ``n = 1000`` (on a 20 x 1000 model case with 7 clusters, each of the 14 one-death
 neighbours of the doubled true state lies at least 13.8 nats below it, while the true state lies 4.9 nats
-above). These moves change the copies of several clusters in one MH step: from that case's doubled states
-(5 chains of single-site sweeps from the doubled true state), a merge of all seven pairs has a log MH ratio
-of +11 to +21, a merge of one pair a median of -17 to -21.
+above). These moves change the copies of several clusters in one MH step.
 
 A **copy pair** of a state is two active mixtures that are each other's nearest active mixture, closer than
 ``radius`` (in units of sigma). One move, with probability 1/2 each:
@@ -306,7 +304,8 @@ def _copy_moves(
                     log_ratio += _split_log_density(u, scale)
             log_ratio += new - old
             log_ratios[k, attempt] = log_ratio
-            taken = log_ratio == log_ratio and log_u[k, attempt] < log_ratio
+            taken = log_ratio == log_ratio and log_ratio != math.inf and log_u[k, attempt] < log_ratio  # (as
+            # mh_decide: a NaN or +inf ratio is rejected)
             outcome[k, attempt] = (2 if taken else 1) if split else (4 if taken else 3)
             if taken:
                 old = new
@@ -326,8 +325,7 @@ class MixtureCopyMoves:
         width: the splits' scale ``h = width sigma (c + 1)^(-1/4)``.
         attempts: moves per call (one call ends each compiled single-site sweep; 8 attempts add 0.7-0.9x the
             sweep's own time at 16 x 60 to 32 x 1000, ``benchmarks/gmm_single_site.py``, and about 1.5% of a pair
-            sweep at 20 x 1000; 8 rather than 1 was set on two n = 1000 cases of the GMM benchmark, where more NB
-            chains reached split-merge's mode with 8).
+            sweep at 20 x 1000; 8 rather than 1 was chosen on two n = 1000 cases of the GMM benchmark).
     """
 
     def __init__(self, sites: MixtureSites, radius: float = 2.0, width: float = 1.0, attempts: int = 8) -> None:

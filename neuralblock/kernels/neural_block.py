@@ -387,7 +387,7 @@ class NeuralBlockKernel(GraphKernel):
         copy_moves: bool = True,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
-        self.copy_moves = bool(copy_moves)
+        self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self.use_fused = bool(fused)
         if not isinstance(cover, bool) and cover != "auto":
             raise TypeError(f"cover must be True, False or 'auto', got {cover!r}")
@@ -506,7 +506,7 @@ class NeuralBlockKernel(GraphKernel):
                 f"no instance of the proposals' motifs was found in this model: {wanted}; {_summary(fg)}{hint}"
             )
         self.single_site = SingleSiteSweep(
-            fg, self.step_size, "NeuralBlockKernel", self.device, self.compile, copy_moves=self.copy_moves
+            fg, self.step_size, "NeuralBlockKernel", self.device, self.compile, copy_moves=self._copy_moves
         )
         if self.gibbs_prob == 0.0:
             covered = set()

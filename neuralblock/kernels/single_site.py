@@ -34,9 +34,9 @@ class SingleSiteSweep:
     :class:`~neuralblock.kernels.mixture_sites.MixtureSites` instead: the same conditional updates (a Gibbs
     draw of each bit, random-walk MH on each mean coordinate with the same adapted steps), scanned mixture by
     mixture (its bit, then its mean) from random numbers of their own, at ``O(n)`` rather than ``O(n m)`` per
-    variable. Each such sweep ends with a copy-set move
-    (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, attribute ``copy_moves``): an exact MH
-    move that splits several mixtures into copy pairs, or merges several copy pairs, at once.
+    variable. Each such sweep ends with copy-set moves
+    (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts; attribute ``copy_moves``): exact MH
+    moves that split several mixtures into copy pairs, or merge several copy pairs, at once.
 
     Args:
         fg: the graph.
@@ -44,7 +44,7 @@ class SingleSiteSweep:
         kernel: the calling kernel's name, for error messages.
         device: where the states live (random-walk updates run on the CPU only).
         compile: passed to the Gibbs plan.
-        copy_moves: end each compiled GMM sweep with a copy-set move.
+        copy_moves: end each compiled GMM sweep with copy-set moves.
 
     Example:
         >>> import torch

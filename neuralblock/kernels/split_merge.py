@@ -708,7 +708,7 @@ class SplitMergeGMM(GraphKernel):
             raise ValueError(f"tuning needs birth_radius > 0 and birth_prior_weight in (0, 1), got {self.tuning}")
         self.gibbs_prob = float(gibbs_prob)
         self.step_size = float(step_size)
-        self.copy_moves = bool(copy_moves)
+        self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
         total = sum(weights.values())
         kinds = [k for k in MOVES if weights[k] > 0]
@@ -745,7 +745,7 @@ class SplitMergeGMM(GraphKernel):
         self.layout = self._checked_layout(fg)
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
-        self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM", copy_moves=self.copy_moves)
+        self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM", copy_moves=self._copy_moves)
         self._scaffolds = _mixture_scaffolds(fg, self.layout)
 
     def _refresh(self, fg: FactorGraph) -> None:
