@@ -254,3 +254,45 @@ def test_networks_the_loop_does_not_cover_keep_the_eager_steps() -> None:
     assert isinstance(sweep, FusedMixtureSweep) and not sweep._compiled_for(state)
     params = kernel.sample(kernel.initial_params)
     assert torch.isfinite(params["x"]).all()
+
+
+@pytest.mark.parametrize("candidates", [None, _EVERY])
+def test_reused_proposals_give_the_same_sweeps(candidates: CandidateOptions | None) -> None:
+    # pairs with no active member, or the same one, share a conditioning set between changes to active mixtures;
+    # the kept proposal is the one the pair computes: the same states, decisions, ratios and blocks bit for bit
+    proposal = _set_proposal((16,), seed=4)
+    fg, state = _case(m=9, n=30, chains=4, seed=5)
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    pairs = len(layout.pairs)
+    slots = np.ascontiguousarray(np.broadcast_to(np.arange(pairs), (4, pairs)))
+    valid = np.ones((4, pairs), np.bool_)
+    torch.manual_seed(3)
+    computed_total = {True: 0, False: 0}
+    for _ in range(6):  # sweeps from the states the last left (accepted moves on and off the active mixtures)
+        draws = draw_pairs(4, pairs, net.components, 2)
+        outputs = {}
+        for reuse in (True, False):
+            out = state.clone()
+            computed = np.zeros(4, dtype=np.int64)
+            result = mixture_pair_sweep(out.numpy(), slots, valid, layout, net, draws, None, True, candidates, reuse,
+                                        computed)  # fmt: skip
+            outputs[reuse] = (out, result, computed)
+            computed_total[reuse] += int(computed.sum())
+        (kept, kept_result, _), (fresh, fresh_result, fresh_computed) = outputs[True], outputs[False]
+        assert torch.equal(kept, fresh)
+        assert all(np.array_equal(a, b) for a, b in zip(kept_result, fresh_result, strict=True))
+        assert np.array_equal(fresh_computed, valid.sum(1))
+        state = kept
+    assert computed_total[True] < 0.8 * computed_total[False]  # most mixtures inactive: many shared sets
+    # bits with different prior odds: the candidates read them, so nothing is reused
+    odds = layout.log_odds.clone()
+    odds[0] += 0.5
+    computed = np.zeros(4, dtype=np.int64)
+    mixture_pair_sweep(state.clone().numpy(), slots, valid, layout._replace(log_odds=odds), net,
+                       draw_pairs(4, pairs, net.components, 2), None, True, candidates, True, computed)  # fmt: skip
+    assert np.array_equal(computed, valid.sum(1))
+    with pytest.raises(ValueError, match="computed must be"):
+        mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, None, True, candidates, True,
+                           np.zeros(3, dtype=np.int64))  # fmt: skip
