@@ -43,6 +43,16 @@ def _case(m: int = 6, n: int = 25, chains: int = 3, seed: int = 0):
     return fg, state
 
 
+def _every_pair(proposal: NeuralBlockProposal, m: int, n: int, chains: int, seed: int):
+    """A case's graph, states, layout, compiled network and every pair of every chain in order (``[K, P]`` slots)."""
+    fg, state = _case(m=m, n=n, chains=chains, seed=seed)
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    slots = np.ascontiguousarray(np.broadcast_to(np.arange(len(layout.pairs)), (chains, len(layout.pairs))))
+    return fg, state, layout, net, slots
+
+
 def _eager_moves(proposal, fg, state, slots, beta):
     """The eager step's proposed blocks and log ratios of ``slots`` at ``state`` (its draws, from the global RNG)."""
     instances = proposal.motif.find_instances(fg)
@@ -103,13 +113,8 @@ def test_the_compiled_moves_are_the_eager_steps(hidden, dtype: torch.dtype) -> N
 def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: CandidateOptions | None) -> None:
     # the compiled sweep updates a chain's state and per-point terms (and the candidates' copies) after every
     # accepted move; calls of one pair each start from the state afresh: the same decisions from the same numbers
-    proposal = _set_proposal((16,), seed=1)
-    fg, state = _case(m=5, n=20, chains=4, seed=3)
-    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
-    net = MixtureNetwork.from_proposal(proposal)
-    assert net is not None
-    pairs = len(layout.pairs)
-    slots = np.ascontiguousarray(np.broadcast_to(np.arange(pairs), (4, pairs)))
+    _, state, layout, net, slots = _every_pair(_set_proposal((16,), seed=1), m=5, n=20, chains=4, seed=3)
+    pairs = slots.shape[1]
     torch.manual_seed(0)
     draws = draw_pairs(4, pairs, net.components, 2)
     whole = state.clone()
@@ -208,12 +213,7 @@ def test_pair_candidates_sample_from_their_density() -> None:
 
 
 def test_models_below_min_points_propose_from_the_network_alone() -> None:
-    proposal = _set_proposal((8,), seed=3)
-    fg, state = _case(m=5, n=20, chains=2, seed=1)
-    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
-    net = MixtureNetwork.from_proposal(proposal)
-    assert net is not None
-    slots = np.ascontiguousarray(np.broadcast_to(np.arange(len(layout.pairs)), (2, len(layout.pairs))))
+    _, state, layout, net, slots = _every_pair(_set_proposal((8,), seed=3), m=5, n=20, chains=2, seed=1)
     torch.manual_seed(0)
     draws = draw_pairs(2, slots.shape[1], net.components, 2)
     outputs = {}
@@ -260,13 +260,8 @@ def test_networks_the_loop_does_not_cover_keep_the_eager_steps() -> None:
 def test_reused_proposals_give_the_same_sweeps(candidates: CandidateOptions | None) -> None:
     # pairs with no active member, or the same one, share a conditioning set between changes to active mixtures;
     # the kept proposal is the one the pair computes: the same states, decisions, ratios and blocks bit for bit
-    proposal = _set_proposal((16,), seed=4)
-    fg, state = _case(m=9, n=30, chains=4, seed=5)
-    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
-    net = MixtureNetwork.from_proposal(proposal)
-    assert net is not None
-    pairs = len(layout.pairs)
-    slots = np.ascontiguousarray(np.broadcast_to(np.arange(pairs), (4, pairs)))
+    _, state, layout, net, slots = _every_pair(_set_proposal((16,), seed=4), m=9, n=30, chains=4, seed=5)
+    pairs = slots.shape[1]
     valid = np.ones((4, pairs), np.bool_)
     torch.manual_seed(3)
     computed_total = {True: 0, False: 0}
