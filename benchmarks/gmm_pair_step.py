@@ -6,13 +6,14 @@ in four arms:
 
 * ``compiled``: this checkout's default, the compiled loop of :mod:`neuralblock.kernels.jit_mixture` with its
   data-refined candidates (:class:`~neuralblock.kernels.jit_mixture.CandidateOptions`);
+* ``fresh``: the compiled loop computing every pair's proposal (``FusedMixtureSweep.default_reuse = False``);
 * ``network``: the compiled loop with the network alone (``FusedMixtureSweep.default_candidates = None``);
 * ``eager``: this checkout's eager steps (:func:`~neuralblock.kernels.fused_mixture.mixture_pair_step`);
 * ``baseline``: the eager steps of ``--baseline`` (checked out into a temporary ``git worktree``), or its compiled
   loop with ``--baseline-arm compiled``.
 
 Every arm runs the same snippet in a fresh subprocess per round (one torch thread, CPU time per
-sweep over about ``--budget`` seconds after two untimed sweeps, the same start and seed), so the arms
+sweep over about ``--budget`` seconds after ``--warm`` + 2 untimed sweeps, the same start and seed), so the arms
 share the machine's load; ratios are paired per round and their median over rounds reported. The
 cases are GMM benchmark cases (:func:`experiments.gmm_models.family_gmm`, family ``--family``) of
 every size in ``--sizes``.
@@ -47,7 +48,7 @@ from neuralblock.kernels.jit import NUMBA  # noqa: E402
 __all__ = ["main", "parse_size", "size_ratio_lines"]
 
 BASELINE = "796acff"  # the last commit before the leaner eager step and the compiled loop
-ARMS = ("compiled", "network", "eager", "baseline")
+ARMS = ("compiled", "fresh", "network", "eager", "baseline")
 
 _SNIPPET = """
 import json, sys, warnings
@@ -56,15 +57,18 @@ sys.path.insert(0, sys.argv[1])
 from gmm_pair_step import time_sweep
 family, m, n, chains, name, budget, arm = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), \
     sys.argv[6], float(sys.argv[7]), sys.argv[8]
-print(json.dumps(time_sweep(family, m, n, chains, name, budget, arm)))
+print(json.dumps(time_sweep(family, m, n, chains, name, budget, arm, int(sys.argv[9]))))
 """
 
 
-def time_sweep(family: str, m: int, n: int, chains: int, proposal: str, budget: float, arm: str) -> dict[str, Any]:
+def time_sweep(
+    family: str, m: int, n: int, chains: int, proposal: str, budget: float, arm: str, warm: int = 0
+) -> dict[str, Any]:
     """CPU seconds per sweep and the acceptance of one arm on one case, in this process (its checkout's code).
 
-    ``arm`` ``"compiled"`` runs the compiled loop (with its candidates), ``"network"`` the compiled loop with the
-    network alone, any other the eager steps (a commit without the compiled loop ignores it).
+    ``arm`` ``"compiled"`` runs the compiled loop (with its candidates), ``"fresh"`` the compiled loop computing
+    every pair's proposal, ``"network"`` the compiled loop with the network alone, any other the eager steps (a
+    commit without the compiled loop ignores it). ``warm`` sweeps run untimed first (the chains climb).
     """
     import torch
     from fused_blocks import sweep_seconds
@@ -76,15 +80,19 @@ def time_sweep(family: str, m: int, n: int, chains: int, proposal: str, budget: 
     from neuralblock.proposals import load_proposal
 
     torch.set_num_threads(1)
-    fused_mixture.NUMBA = arm in ("compiled", "network")  # type: ignore[attr-defined]  # read when a sweep is made
+    fused_mixture.NUMBA = arm in ("compiled", "fresh", "network")  # type: ignore[attr-defined]  # read when made
     if arm == "network":
         fused_mixture.FusedMixtureSweep.default_candidates = None
+    if arm == "fresh":
+        fused_mixture.FusedMixtureSweep.default_reuse = False
     fg, _, reference = family_gmm(family, m, n)
     start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
     kernel = NeuralBlockKernel(fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains)
     kernel.initial_params = {"x": start}
     kernel.setup(0)
     torch.manual_seed(0)
+    for _ in range(warm):
+        kernel.initial_params = kernel.sample(kernel.initial_params)
     seconds = sweep_seconds(kernel, budget)
     acceptance = next(iter(kernel.diagnostics()["acceptance_by_proposal"].values()))
     return {"seconds": seconds, "acceptance": acceptance, "fused": kernel.fused[0] is not None}
@@ -117,14 +125,15 @@ def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> di
 
         candidates = fused_mixture.FusedMixtureSweep.default_candidates
         try:
-            return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm)
+            return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm, args.warm)
         finally:
             fused_mixture.NUMBA = NUMBA
             fused_mixture.FusedMixtureSweep.default_candidates = candidates
+            fused_mixture.FusedMixtureSweep.default_reuse = True
     here = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
     out = subprocess.run(
-        [*command, str(args.budget), arm],
+        [*command, str(args.budget), arm, str(args.warm)],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
@@ -138,7 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every size: the arms in turn per round, medians and the paired ratios."""
     sizes: dict[str, Any] = {}
     with baseline_worktree(args.baseline, prefix="gmm-step-baseline-") as worktree:
-        trees = {"compiled": ROOT, "network": ROOT, "eager": ROOT}
+        trees = {"compiled": ROOT, "fresh": ROOT, "network": ROOT, "eager": ROOT}
         trees.update({"baseline": worktree} if worktree is not None else {})
         for m, n in args.sizes:
             rounds: dict[str, list[dict[str, Any]]] = {arm: [] for arm in trees}
@@ -146,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for arm, tree in trees.items():
                     rounds[arm].append(_sweep(tree, args.baseline_arm if arm == "baseline" else arm, args, m, n))
             times = {arm: [r["seconds"] for r in records] for arm, records in rounds.items()}
-            pairs = [("compiled", "network"), ("network", "eager")]
+            pairs = [("compiled", "fresh"), ("compiled", "network"), ("network", "eager")]
             if args.baseline_arm == "compiled":
                 pairs += [("compiled", "baseline")]
             else:
@@ -168,10 +177,12 @@ def _markdown(result: dict[str, Any]) -> str:
         f"`NeuralBlockKernel` with the shipped `{result['proposal']}` proposal alone (`gibbs_prob=0`), "
         f"{result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep decides "
         "every mixture pair of every chain. `compiled`: the default compiled loop (with its data-refined candidates); "
+        "`fresh`: the compiled loop computing every pair's proposal (no reuse); "
         "`network`: the compiled loop with the network alone; `eager`: the eager fused steps; "
         f"`baseline`: the {result['baseline_arm']} arm of commit `{result['baseline'] or '-'}`. CPU, one torch "
         "thread, CPU time per "
-        f"sweep over about {result['budget']} s per arm and round after two untimed sweeps, medians over "
+        f"sweep over about {result['budget']} s per arm and round after {result['warm'] + 2} untimed sweeps, "
+        "medians over "
         f"{result['rounds']} interleaved rounds (each arm a fresh subprocess, same start and seed). Load average "
         f"{', '.join(f'{x:.2f}' for x in result['load_average'])}. Ratios: medians over rounds of one arm's time "
         "over another's in the same round (below 1: the first is faster).",
@@ -206,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chains", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--budget", type=float, default=2.0, help="CPU seconds per arm and round")
+    parser.add_argument("--warm", type=int, default=0, help="untimed sweeps before the usual two (chains climb)")
     parser.add_argument("--baseline", default=BASELINE, help="commit to time against ('' to skip)")
     parser.add_argument(
         "--baseline-arm", choices=("eager", "compiled"), default="eager", help="which of the baseline's sweeps to time"
@@ -218,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)
-    settings = ("proposal", "family", "chains", "rounds", "budget", "baseline", "baseline_arm", "quick")
+    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "quick")
     result.update({key: getattr(args, key) for key in settings}, load_average=list(os.getloadavg()))
     write_results(args.out, "gmm_pair_step", result, _markdown(result))
     return result

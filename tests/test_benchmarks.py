@@ -102,9 +102,9 @@ def test_gmm_pair_step_quick(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "gmm_pair_step.json").read_text())
     assert (tmp_path / "gmm_pair_step.md").read_text().startswith("# The mixture-pair sweep of a gmm_pair_set")
     row = data["sizes"]["8x60"]
-    assert row["fused"] and set(row["ms_per_sweep"]) == {"compiled", "network", "eager"}  # no baseline in quick mode
+    assert row["fused"] and set(row["ms_per_sweep"]) == {"compiled", "fresh", "network", "eager"}  # no baseline
     assert all(ms > 0 for ms in row["ms_per_sweep"].values())
-    assert list(row["ratios"]) == ["compiled / network", "network / eager"]
+    assert list(row["ratios"]) == ["compiled / fresh", "compiled / network", "network / eager"]
     assert all(0.0 < rate <= 1.0 for rate in row["acceptance"].values())
     assert result["sizes"] == data["sizes"]
     with pytest.raises(SystemExit):

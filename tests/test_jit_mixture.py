@@ -291,3 +291,23 @@ def test_reused_proposals_give_the_same_sweeps(candidates: CandidateOptions | No
     with pytest.raises(ValueError, match="computed must be"):
         mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, None, True, candidates, True,
                            np.zeros(3, dtype=np.int64))  # fmt: skip
+
+
+def test_the_kernel_reuses_proposals_without_changing_its_chain() -> None:
+    # FusedMixtureSweep.reuse: the same transitions with and without, fewer proposals computed with
+    fg, state = _case(m=8, n=30, chains=3, seed=6)
+    runs = {}
+    for reuse in (True, False):
+        kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=2)], gibbs_prob=0.3, chains=3)
+        kernel.initial_params = {"x": state.clone()}
+        kernel.setup(0)
+        sweep = kernel.fused[0]
+        assert isinstance(sweep, FusedMixtureSweep) and sweep.reuse
+        sweep.reuse = reuse
+        torch.manual_seed(11)
+        params = kernel.initial_params
+        for _ in range(8):
+            params = kernel.sample(params)
+        runs[reuse] = (params["x"], sweep.computed)
+    assert torch.equal(runs[True][0], runs[False][0])
+    assert 0 < runs[True][1] < runs[False][1]

@@ -45,7 +45,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -402,7 +402,9 @@ class FusedMixtureSweep:
 
     The compiled sweep (:mod:`~neuralblock.kernels.jit_mixture`) mixes data-refined candidates into each
     pair's proposal on models of at least ``candidates.min_points`` points (:attr:`candidates`, default
-    :attr:`default_candidates`; ``None``: the network alone);
+    :attr:`default_candidates`; ``None``: the network alone) and reuses a pair's proposal for the later pairs
+    with the same conditioning set (:attr:`reuse`, default :attr:`default_reuse`; :attr:`computed` counts the
+    proposals computed);
     the eager steps (GPU states, no Numba, networks the loop does not cover) propose from the network
     alone. Both are exact MH moves.
 
@@ -414,6 +416,7 @@ class FusedMixtureSweep:
     """
 
     default_candidates: CandidateOptions | None = CandidateOptions()
+    default_reuse: bool = True
 
     def __init__(
         self, fg: FactorGraph, proposal: NeuralBlockProposal, instances: MotifInstances, window: int | None = None
@@ -427,6 +430,10 @@ class FusedMixtureSweep:
         # the compiled sweep mixes data-refined candidates into each pair's proposal (CandidateOptions);
         # None proposes from the network alone, as the eager steps do
         self.candidates: CandidateOptions | None = self.default_candidates
+        # the compiled sweep reuses a pair's proposal for later pairs with the same conditioning set (the same
+        # numbers); False computes every pair (for timing the reuse)
+        self.reuse = self.default_reuse
+        self.computed = 0  # pair proposals the compiled sweeps computed (not reused)
         self._jit_layouts: set[tuple] = set()
         self.rate = 1.0  # recent fraction of decided pairs that were accepted
         self.discarded = 0  # pairs the last sweep proposed but did not decide (after a chain's accepted pair)
@@ -521,7 +528,10 @@ class FusedMixtureSweep:
         out = state.detach().clone().contiguous()
         temperatures = None if beta is None else beta.detach().to(torch.float64).contiguous().numpy()
         layout = (out.dtype, beta is None)
-        args = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True, self.candidates)
+        computed = np.zeros(chains, dtype=np.int64)
+        args: tuple[Any, ...] = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True)
+        args = (*args, self.candidates, self.reuse, computed)
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
         self.compile_seconds += seconds
+        self.computed += int(computed.sum())
         return out, torch.from_numpy(accepted), torch.tensor(int(nonfinite.sum())), chains * total
