@@ -124,12 +124,13 @@ def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> di
         from neuralblock.kernels import fused_mixture
 
         candidates = fused_mixture.FusedMixtureSweep.default_candidates
+        reuse = fused_mixture.FusedMixtureSweep.default_reuse
         try:
             return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm, args.warm)
         finally:
             fused_mixture.NUMBA = NUMBA
             fused_mixture.FusedMixtureSweep.default_candidates = candidates
-            fused_mixture.FusedMixtureSweep.default_reuse = True
+            fused_mixture.FusedMixtureSweep.default_reuse = reuse
     here = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
     out = subprocess.run(

@@ -281,13 +281,16 @@ def test_reused_proposals_give_the_same_sweeps(candidates: CandidateOptions | No
         assert np.array_equal(fresh_computed, valid.sum(1))
         state = kept
     assert computed_total[True] < 0.8 * computed_total[False]  # most mixtures inactive: many shared sets
-    # bits with different prior odds: the candidates read them, so nothing is reused
-    odds = layout.log_odds.clone()
-    odds[0] += 0.5
-    computed = np.zeros(4, dtype=np.int64)
-    mixture_pair_sweep(state.clone().numpy(), slots, valid, layout._replace(log_odds=odds), net,
-                       draw_pairs(4, pairs, net.components, 2), None, True, candidates, True, computed)  # fmt: skip
-    assert np.array_equal(computed, valid.sum(1))
+    # bits with different prior odds: the candidates read them, so they are not reused (the network alone is)
+    unequal = layout._replace(log_odds=layout.log_odds + 0.5 * (torch.arange(9) == 0))
+    draws = draw_pairs(4, pairs, net.components, 2)
+    counts, states = {}, {}
+    for reuse in (True, False):
+        states[reuse], counts[reuse] = state.clone(), np.zeros(4, dtype=np.int64)
+        mixture_pair_sweep(states[reuse].numpy(), slots, valid, unequal, net, draws, None, True, candidates, reuse,
+                           counts[reuse])  # fmt: skip
+    assert torch.equal(states[True], states[False]) and np.array_equal(counts[False], valid.sum(1))
+    assert np.array_equal(counts[True], valid.sum(1)) == (candidates is not None)
     with pytest.raises(ValueError, match="computed must be"):
         mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, None, True, candidates, True,
                            np.zeros(3, dtype=np.int64))  # fmt: skip

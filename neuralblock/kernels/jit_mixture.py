@@ -744,7 +744,7 @@ def _mixture_pairs(
     # share it, so it is kept per key (m: no active member; i: mixture i alone) until an accepted move changes an
     # active mixture. The kept numbers are the ones the pair would compute (the same sums in the same order).
     for mixture in range(m):  # (the candidates read the pair's bits' log odds: reused only when all are equal)
-        if log_odds[mixture] != log_odds[0]:
+        if use_cand and log_odds[mixture] != log_odds[0]:
             reuse = False
     kept_ok = np.zeros(m + 1, dtype=np.bool_)
     kept_log_w = np.empty((m + 1, n_comp))
@@ -766,9 +766,13 @@ def _mixture_pairs(
                 continue
             p = slots[k, s_]
             pi, pj = pairs[p, 0], pairs[p, 1]
-            shared = -1
-            if reuse and (bits[pi] <= 0 or bits[pj] <= 0):
-                shared = m if bits[pi] <= 0 and bits[pj] <= 0 else (pi if bits[pi] > 0 else pj)
+            shared = -1  # the key of the pair's conditioning set (bits exactly 0 or 1, as the sweeps write them)
+            if reuse and bits[pi] == 0.0 and bits[pj] == 0.0:
+                shared = m
+            elif reuse and bits[pi] == 1.0 and bits[pj] == 0.0:
+                shared = pi
+            elif reuse and bits[pi] == 0.0 and bits[pj] == 1.0:
+                shared = pj
             # -- the other mixtures: their share of every point's factor and their number
             rest_count = 0.0
             for mixture in range(m):
@@ -789,7 +793,7 @@ def _mixture_pairs(
                 else:
                     rest[j] = _log_sum_except(terms[j], pi, pj)
             n_cand = 0
-            if shared >= 0 and kept_ok[shared]:  # the same conditioning set as a pair decided since the last change
+            if shared >= 0 and kept_ok[shared]:  # the conditioning set of a pair computed since the last change
                 log_w[:] = kept_log_w[shared]
                 disc_logp[:] = kept_disc[shared]
                 loc[:] = kept_loc[shared]
@@ -1047,7 +1051,8 @@ def mixture_pair_sweep(
         candidates: mix data-refined candidates into each pair's proposal (``None``, or a model of fewer
             than ``candidates.min_points`` points: the network alone); needs ``draws.choice``.
         reuse: keep a pair's proposal for the later pairs with the same conditioning set (the same active
-            members, none or one, and no change to an active mixture since; all bits' prior odds equal). The
+            members, none or one, and no change to an active mixture since; with candidates, all bits' prior
+            odds equal). The
             numbers are the ones each pair would compute: ``False`` gives the same results, slower.
         computed: optional ``[K]`` int64 array, incremented by the proposals each chain computed (not reused).
 
