@@ -49,7 +49,7 @@ import argparse
 import math
 import multiprocessing
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +224,10 @@ def m_histogram(active: Sequence[float]) -> dict[str, int]:
     return {str(k): counts[k] for k in sorted(counts)}
 
 
-def pooled_posterior(histograms: Sequence[dict[str, int]]) -> dict[str, float]:
+def pooled_posterior(histograms: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The posterior of M pooled over chains, each chain's histogram normalized (every chain weighs the same).
+
+    Histograms may be counts or posteriors (the mean of posteriors).
 
     Example:
         >>> pooled_posterior([{"2": 1, "3": 3}, {"3": 10}])

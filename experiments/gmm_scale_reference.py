@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import pyplot, study_parser
-from experiments.gmm_scale import posterior_mode
+from experiments.gmm_scale import pooled_posterior, posterior_mode
 from experiments.gmm_study import SM
 from neuralblock.diagnostics.reports import markdown_table, study_folder, write_json, write_report
 
@@ -60,16 +60,7 @@ def reference_posteriors(references: list[dict[str, Any]], seed: int) -> dict[Ca
             raise ValueError(f"a reference run has generator seed {record['config']['seed']}, the run {seed}")
         for result in record["results"]:
             pooled.setdefault(case_key(result), []).extend(m["M posterior"] for m in result["metrics"].values())
-    return {key: _average(posteriors) for key, posteriors in pooled.items()}
-
-
-def _average(posteriors: list[dict[str, float]]) -> dict[str, float]:
-    """The mean of posteriors of M, keyed by M in increasing order."""
-    mean: dict[int, float] = {}
-    for posterior in posteriors:
-        for key, p in posterior.items():
-            mean[int(key)] = mean.get(int(key), 0.0) + p / len(posteriors)
-    return {str(k): mean[k] for k in sorted(mean)}
+    return {key: pooled_posterior(posteriors) for key, posteriors in pooled.items()}
 
 
 def case_rows(run: dict[str, Any], references: dict[CaseKey, dict[str, float]]) -> list[dict[str, Any]]:
