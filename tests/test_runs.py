@@ -201,6 +201,16 @@ def test_cap_counts_setup_and_warmup_and_can_stop_the_warmup(fake_clock: FakeClo
     assert run.stopped == "cap" and run.samples == 3 and run.draws.tolist() == [2.0, 3.0, 4.0]
 
 
+def test_min_samples_holds_off_the_seconds_and_cap_stops(fake_clock: FakeClock) -> None:
+    run = timed_run(lambda x: _advance(fake_clock, x, 0.3), initial_params=0, seconds=1.0, min_samples=7)
+    assert run.stopped == "seconds" and run.samples == 7 and run.times[-1] == pytest.approx(2.1)
+    run = timed_run(CountingKernel(fake_clock), samples=100, warmup=1, cap_seconds=9.0, min_samples=5)
+    assert run.stopped == "cap" and run.samples == 5  # setup 5 s + warmup 1 s: the cap alone stops at 3 draws
+    # a floor below what the budget makes changes nothing
+    run = timed_run(lambda x: _advance(fake_clock, x, 0.3), initial_params=0, seconds=1.0, min_samples=2)
+    assert run.stopped == "seconds" and run.samples == 4
+
+
 def test_seconds_budget_checkpoints_are_log_spaced_in_time_and_end_at_the_last_draw(fake_clock: FakeClock) -> None:
     run = timed_run(
         lambda x: _advance(fake_clock, x, 0.25), initial_params=0, seconds=16.0, error=lambda x: 1.0, checkpoints=5
@@ -252,6 +262,9 @@ def _advance(clock: FakeClock, x: int, seconds: float) -> int:
         ({"samples": 5, "cap_seconds": math.nan}, "cap_seconds"),
         ({"samples": 5, "checkpoints": 0}, "checkpoints"),
         ({"samples": 5, "clock": "gpu"}, "clock"),
+        ({"seconds": 1.0, "min_samples": -1}, "min_samples"),
+        ({"seconds": 1.0, "min_samples": True}, "min_samples"),
+        ({"samples": 5, "min_samples": 6}, "min_samples"),
     ],
 )
 def test_bad_budgets_are_refused(kwargs: dict, error: str) -> None:

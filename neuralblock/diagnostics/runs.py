@@ -17,7 +17,9 @@ mean the same thing:
   at the first draw whose cumulative sampling time reaches it), whichever comes first;
   ``cap_seconds`` also stops the run, during warmup too, once setup + warmup + sampling time
   reaches it. Every budget is checked after a step, so a run makes at least one step (one warmup
-  step, or one draw without warmup) even when setup alone exceeds the cap.
+  step, or one draw without warmup) even when setup alone exceeds the cap. ``min_samples`` holds off the
+  ``seconds`` and cap stops of the sampling phase until that many draws are made (a floor that keeps a
+  short budget's diagnostics from resting on a handful of draws on a loaded machine).
 
 :func:`timed_call` times one call (a fit, a sweep) on the same clock.
 :func:`first_time` reads a trace in one of two stated modes (first hit, or reached for good),
@@ -225,7 +227,7 @@ def timed_call(fn: Callable[..., T], *args: Any, clock: ClockName = "wall", **kw
 
 
 def _check_budget(
-    samples: int | None, seconds: float | None, warmup: int, cap_seconds: float, checkpoints: int
+    samples: int | None, seconds: float | None, warmup: int, cap_seconds: float, checkpoints: int, min_samples: int
 ) -> None:
     if samples is None and seconds is None:
         raise ValueError("give a budget: samples, seconds or both")
@@ -239,6 +241,10 @@ def _check_budget(
         raise ValueError(f"cap_seconds must be positive, got {cap_seconds!r}")
     if isinstance(checkpoints, bool) or not isinstance(checkpoints, int) or checkpoints < 1:
         raise ValueError(f"checkpoints must be a positive integer, got {checkpoints!r}")
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 0:
+        raise ValueError(f"min_samples must be a non-negative integer, got {min_samples!r}")
+    if samples is not None and min_samples > samples:
+        raise ValueError(f"min_samples ({min_samples}) exceeds samples ({samples})")
 
 
 def timed_run(
@@ -248,6 +254,7 @@ def timed_run(
     seconds: float | None = None,
     warmup: int = 0,
     cap_seconds: float = math.inf,
+    min_samples: int = 0,
     clock: ClockName = "wall",
     initial_params: Any = None,
     model_args: tuple = (),
@@ -272,6 +279,7 @@ def timed_run(
         warmup: warmup steps (untimed in ``times``, recorded in ``warmup_s``).
         cap_seconds: stop (even in warmup) once setup + warmup + sampling time reaches this (checked after
             each step: at least one step runs).
+        min_samples: draws to make before ``seconds`` or ``cap_seconds`` may stop the sampling phase.
         clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (``time.process_time``).
         initial_params: the starting state.
         model_args: positional arguments of a Pyro model, passed to ``setup`` (as ``MCMC.run(*args)`` does).
@@ -297,7 +305,7 @@ def timed_run(
         >>> run.draws.tolist(), run.trace.sweeps, run.trace.errors
         ([1, 2, 3, 4, 5], (1, 2, 5), (1.0, 0.5, 0.2))
     """
-    _check_budget(samples, seconds, warmup, cap_seconds, checkpoints)
+    _check_budget(samples, seconds, warmup, cap_seconds, checkpoints, min_samples)
     read = _clock(clock)
     is_kernel = isinstance(kernel, KernelLike)
     if not is_kernel and not callable(kernel):
@@ -357,6 +365,8 @@ def timed_run(
             bar.update(min(took, max(seconds - bar.n, 0.0)) if by_time and seconds is not None else 1)
             if samples is not None and n >= samples:
                 stopped = "samples"
+            elif n < min_samples:
+                pass
             elif seconds is not None and elapsed >= seconds:
                 stopped = "seconds"
             elif setup_s + warmup_s + elapsed >= cap_seconds:
