@@ -37,7 +37,12 @@ def mixture_group(fg: FactorGraph) -> GaussianMixtureGroup:
 
 
 def run_sampler(
-    kernel: GraphKernel, start: torch.Tensor, seconds: float, seed: int, clock: ClockName = "wall"
+    kernel: GraphKernel,
+    start: torch.Tensor,
+    seconds: float,
+    seed: int,
+    clock: ClockName = "wall",
+    keep_final: bool = False,
 ) -> dict[str, Any]:
     """Run a GMM ``kernel`` from ``start`` for ``seconds`` of sampling time on ``clock`` (the run harness).
 
@@ -49,6 +54,7 @@ def run_sampler(
         points' log-likelihood) and ``active`` (the number of active mixtures); plus ``sweeps``
         (transitions, each one of every chain) and the kernel's diagnostics. With ``K > 1`` chains,
         ``log_joint[c]``, ``log_lik[c]`` and ``active[c]`` are chain ``c``'s traces (read at ``times``).
+        ``keep_final`` adds ``final``: the last state (a tensor, to continue the run from; not JSON).
     """
     torch.manual_seed(seed)
     fg = kernel.fg
@@ -75,7 +81,8 @@ def run_sampler(
     run = timed_run(kernel, seconds=seconds, initial_params={"x": start.clone()}, observe=record, clock=clock)
     if chains > 1:  # [transitions, K] -> one list per chain (4 decimals: K traces per run stay a small record)
         trace = {key: torch.stack(values, 1).double().round(decimals=4).tolist() for key, values in trace.items()}
-    return {"times": [0.0, *run.times], **trace, "sweeps": run.samples, "diagnostics": run.diagnostics}
+    record = {"times": [0.0, *run.times], **trace, "sweeps": run.samples, "diagnostics": run.diagnostics}
+    return {**record, "final": run.params["x"].clone()} if keep_final else record
 
 
 def chain_traces(run: dict[str, Any]) -> list[dict[str, list[float]]]:

@@ -25,6 +25,14 @@ Per case and arm, with every chain counted as a run:
 * the posterior of M: each chain's histogram of M over the second half of its run, the arm's pooled
   posterior (chains weighted equally) and its mode, against the true M and split-merge's mode;
 * stuck chains: one M over the whole second half where split-merge's posterior gives that M < 0.5;
+
+split-merge's posterior of M (the reference of the last two) comes from its chains run longer: they
+continue from the split-merge arm's last states for ``--reference-factor`` times the budget more, and the
+posterior pools each chain's histogram over the second half of its whole run
+(:func:`reference_posterior`). At equal time split-merge's own short chains do not mix between M at the
+larger sizes, and a mode read from them both misses the posterior's and favours the arm it came from.
+Each metric is also reported against split-merge's short-run posterior (``--reference-factor 0`` makes
+that the reference);
 * the in-kernel acceptance (NB: the proposal's; split-merge: per move) and the fraction of
   transitions that change M.
 
@@ -41,6 +49,7 @@ Usage::
     python -m experiments.gmm_scale --workers 2
     python -m experiments.gmm_scale --workers 2 --old-proposal gmm_pair_set --seed 2  # the two set proposals
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
+    python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
 """
 
 from __future__ import annotations
@@ -103,17 +112,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=20.0, help="sampling time per run up to m n = 16 * 240")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="the most sampling time of any run")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
+    parser.add_argument(
+        "--reference-factor", type=float, default=2.0,
+        help="split-merge's reference chains continue for this many budgets more (0: its short runs are the reference)",
+    )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
     add_choices(parser, clock=(["cpu", "wall"], "the run harness's clock: the time budget and the time axis"))
     add_run_options(parser, "experiments/results/gmm_scale", "CI-scale defaults: m 8 and 12, n 60, 1 s runs, 2 chains")
     if parser.parse_args(argv).quick:
-        parser.set_defaults(mixtures=[8, 12], points=[60], chains=2, seconds=1.0, max_seconds=1.0)
+        parser.set_defaults(mixtures=[8, 12], points=[60], chains=2, seconds=1.0, max_seconds=1.0, reference_factor=1.0)
     args = parser.parse_args(argv)
     if min(args.chains, args.workers, args.trace_points - 3) < 1 or not 1 <= args.families_per_cell <= 4:
         parser.error("--chains and --workers must be at least 1, --trace-points at least 4, --families-per-cell 1 to 4")
     if not (args.seconds > 0 and args.max_seconds > 0):
         parser.error("--seconds and --max-seconds must be positive")
+    if not 0.0 <= args.reference_factor < math.inf:
+        parser.error("--reference-factor must be a non-negative number")
     return args
 
 
@@ -273,6 +288,41 @@ def m_change_fraction(active: Sequence[float]) -> float:
     return sum(a != b for a, b in zip(active, active[1:])) / steps if steps else 0.0
 
 
+def joined_chains(first: dict[str, Any], more: dict[str, Any]) -> list[dict[str, list[float]]]:
+    """The chains of run ``first`` continued by run ``more``, which started from ``first``'s last state.
+
+    ``more``'s times are shifted by ``first``'s last time and its start record (``first``'s last) dropped.
+
+    Example:
+        >>> first = {"times": [0.0, 1.0], "log_joint": [-5.0, -1.0], "log_lik": [-4.0, -1.0], "active": [2.0, 3.0]}
+        >>> more = {"times": [0.0, 0.5], "log_joint": [-1.0, -2.0], "log_lik": [-1.0, -2.0], "active": [3.0, 4.0]}
+        >>> [(c["times"], c["active"]) for c in joined_chains(first, more)]
+        [([0.0, 1.0, 1.5], [2.0, 3.0, 4.0])]
+    """
+    end = first["times"][-1]
+    joined = []
+    for head, tail in zip(chain_traces(first), chain_traces(more), strict=True):
+        chain = {key: head[key] + tail[key][1:] for key in ("log_joint", "log_lik", "active")}
+        joined.append({"times": head["times"] + [end + t for t in tail["times"][1:]], **chain})
+    return joined
+
+
+def reference_posterior(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Split-merge's reference posterior of M: its chains ``first`` continued by ``more``, each chain's
+    histogram over the second half of its whole run, pooled (chains weighted equally).
+
+    Example:
+        >>> first = {"times": [0.0, 1.0], "log_joint": [0.0] * 2, "log_lik": [0.0] * 2, "active": [2.0, 3.0]}
+        >>> more = {"times": [0.0, 1.0, 2.0], "log_joint": [0.0] * 3, "log_lik": [0.0] * 3, "active": [3.0, 4.0, 4.0]}
+        >>> ref = reference_posterior(first, more)
+        >>> ref["M histograms"], ref["M mode"]
+        ([{'3': 1, '4': 2}], 4)
+    """
+    hists = [m_histogram(second_half(c["times"], c["active"])) for c in joined_chains(first, more)]
+    posterior = pooled_posterior(hists)
+    return {"M histograms": hists, "M posterior": posterior, "M mode": posterior_mode(posterior)}
+
+
 def time_ratio(nb: float | None, sm: float | None) -> float | None:
     """An NB arm's median time to the level over split-merge's (``None``: NB's median chain never got there).
 
@@ -295,7 +345,10 @@ def case_metrics(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     level = lower_median(last_part_mean(c["times"], c["log_joint"]) for c in traces[SM]) - LEVEL_MARGIN
     halves = {label: [second_half(c["times"], c["active"]) for c in chains] for label, chains in traces.items()}
     hists = {label: [m_histogram(h) for h in label_halves] for label, label_halves in halves.items()}
-    sm_posterior = pooled_posterior(hists[SM])
+    short_posterior = pooled_posterior(hists[SM])  # split-merge's own equal-time chains
+    short_mode = posterior_mode(short_posterior)
+    sm_reference = result.get("sm_reference")
+    sm_posterior = sm_reference["M posterior"] if sm_reference else short_posterior
     sm_mode = posterior_mode(sm_posterior)
     true_m = round(result["reference"]["true_active"])
     metrics: dict[str, dict[str, Any]] = {}
@@ -314,8 +367,10 @@ def case_metrics(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "M mode": posterior_mode(posterior),
             "chain M modes": modes,
             "chains with mode = SM mode": sum(mode == sm_mode for mode in modes),
+            "chains with mode = SM short-run mode": sum(mode == short_mode for mode in modes),
             "chains with mode = true M": sum(mode == true_m for mode in modes),
             "stuck": [is_stuck(h, sm_posterior) for h in halves[label]],
+            "stuck (SM short-run posterior)": [is_stuck(h, short_posterior) for h in halves[label]],
             "M change fraction": [m_change_fraction(c["active"]) for c in chains],
             "final log joint - truth": [c["log_joint"][-1] - result["reference"]["true_log_joint"] for c in chains],
             "acceptance": acceptance_summary(result, label),
@@ -410,12 +465,20 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         return NeuralBlockKernel(fg, proposals=[_WORKER[label]], gibbs_prob=args.gibbs_prob, chains=chains)
 
     runs: dict[str, list[dict[str, Any]]] = {}
+    continued = args.reference_factor > 0
     for label in ARMS:
-        run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock)
+        keep_final = continued and label == SM
+        run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock, keep_final=keep_final)
         diag = run.pop("diagnostics")
         run["acceptance"] = arm_acceptance(label, diag, args)
         runs[label] = [run]
     result = {"m": m, "n": n, "family": family, "seconds": seconds, "reference": reference, "runs": runs}
+    if continued:  # split-merge's reference chains: the arm's chains, continued (not part of any arm's metrics)
+        more_seconds = round(args.reference_factor * seconds, 2)
+        final = runs[SM][0].pop("final")
+        more = run_sampler(build(SM), final, more_seconds, seed=reference["seed"] + 1, clock=args.clock)
+        result["sm_reference"] = {"seconds": more_seconds, "sweeps": more["sweeps"]}
+        result["sm_reference"].update(reference_posterior(runs[SM][0], more))
     result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
     runs.update({label: [thin_run(run, args.trace_points)] for label, (run,) in runs.items()})
     return index, result
@@ -439,9 +502,19 @@ def arm_acceptance(label: str, diagnostics: dict[str, Any], args: argparse.Names
     return {Path(args.proposal if label == NB_SET else args.old_proposal).name: rate}
 
 
+def planned_seconds(args: argparse.Namespace, m: int, n: int) -> float:
+    """The sampling time one case plans: every arm's budget and split-merge's reference continuation.
+
+    Example:
+        >>> planned_seconds(parse_args(["--seconds", "10"]), 8, 60)
+        50.0
+    """
+    return (len(ARMS) + args.reference_factor) * run_seconds(m, n, args.seconds, args.max_seconds)
+
+
 def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
     """Every case, in this process (``--workers 1``) or in ``--workers`` spawned ones; results in case order."""
-    planned = [len(ARMS) * run_seconds(m, n, args.seconds, args.max_seconds) for m, n, _ in cases]
+    planned = [planned_seconds(args, m, n) for m, n, _ in cases]
     jobs = [(i, m, n, family) for i, (m, n, family) in enumerate(cases)]
     results: list[dict[str, Any] | None] = [None] * len(cases)
     bar = tqdm(total=round(sum(planned), 1), unit="s", desc="GMM cases (planned sampling s)")
@@ -500,6 +573,19 @@ def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _per_arm(metrics: dict[str, dict[str, Any]], key: str) -> str:
+    """``key``'s count (a list counts its true entries) for split-merge, NB(set) and NB(old), as ``a / b / c``."""
+    values = [metrics[a][key] for a in (SM, NB_SET, NB_OLD)]
+    return " / ".join(str(sum(v) if isinstance(v, list) else v) for v in values)
+
+
+def _fmt_reference(reference: dict[str, Any] | None) -> str:
+    """Split-merge's reference mode and its probability (``-`` without a reference run)."""
+    if not reference:
+        return "-"
+    return f"{reference['M mode']} ({reference['M posterior'][str(reference['M mode'])]:.2f})"
+
+
 def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per case: both NB arms' time ratios, the modes of M and the stuck chains."""
     rows = []
@@ -514,11 +600,11 @@ def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "NB(set)/SM": _fmt_ratio(met[NB_SET]["time / SM"]),
                 "NB(old)/SM": _fmt_ratio(met[NB_OLD]["time / SM"]),
                 "true M": round(result["reference"]["true_active"]),
+                "SM reference mode (P)": _fmt_reference(result.get("sm_reference")),
                 "mode SM / set / old": " / ".join(str(met[a]["M mode"]) for a in (SM, NB_SET, NB_OLD)),
-                "chains mode = SM mode (SM / set / old)": " / ".join(
-                    str(met[a]["chains with mode = SM mode"]) for a in (SM, NB_SET, NB_OLD)
-                ),
-                "stuck (set / old)": f"{sum(met[NB_SET]['stuck'])} / {sum(met[NB_OLD]['stuck'])}",
+                "chains mode = SM mode (SM / set / old)": _per_arm(met, "chains with mode = SM mode"),
+                "same, SM short run": _per_arm(met, "chains with mode = SM short-run mode"),
+                "stuck (SM / set / old)": _per_arm(met, "stuck"),
             }
         )
     return rows
@@ -529,7 +615,8 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ``<= 0.5x`` split-merge's time at m >= 12 and never slower (a ratio of ``None``, never reached,
     counts as slower); as many chains with M's mode = split-merge's mode as split-merge's own chains; no
-    stuck chain. The old proposal's worst ratio is there to compare.
+    stuck chain. The mode and stuck checks are given against split-merge's reference posterior and
+    against its short runs'. The old proposal's worst ratio is there to compare.
     """
     sizes = sorted({(r["m"], r["n"]) for r in results})
     rows = []
@@ -542,7 +629,9 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         set_ratio = worst(NB_SET)
         modes = {a: sum(r["metrics"][a]["chains with mode = SM mode"] for r in cell) for a in ARMS}
+        short = {a: sum(r["metrics"][a]["chains with mode = SM short-run mode"] for r in cell) for a in ARMS}
         stuck = sum(sum(r["metrics"][NB_SET]["stuck"]) for r in cell)
+        short_stuck = sum(sum(r["metrics"][NB_SET]["stuck (SM short-run posterior)"]) for r in cell)
         rows.append(
             {
                 "m": m,
@@ -554,6 +643,11 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mode = SM mode (SM / set / old)": " / ".join(str(modes[a]) for a in (SM, NB_SET, NB_OLD)),
                 "mode target": modes[NB_SET] >= modes[SM],
                 "stuck NB(set)": stuck,
+                "SM short run: mode = its mode (SM / set / old)": " / ".join(
+                    str(short[a]) for a in (SM, NB_SET, NB_OLD)
+                ),
+                "SM short run: mode target": short[NB_SET] >= short[SM],
+                "SM short run: stuck NB(set)": short_stuck,
             }
         )
     return rows
@@ -597,6 +691,17 @@ def plot_cases(
     save_figure(fig, path, dpi=80)
 
 
+def reference_text(args: argparse.Namespace) -> str:
+    """The report's sentence on split-merge's posterior of M, the reference of the mode and stuck metrics."""
+    if not args.reference_factor:
+        return "Split-merge's posterior of M is its arm's own (the short runs). "
+    return (
+        "Split-merge's posterior of M (`SM mode`, `stuck`) is from its chains continued from the arm's last "
+        + f"states for {args.reference_factor:g} budgets more, over the second half of each whole run; the "
+        + "columns marked `SM short run` use the arm's own chains instead, as earlier runs of this benchmark did. "
+    )
+
+
 def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dict[str, str]) -> str:
     """The markdown report: the setup, a row per case and arm, then the summaries per case and per size."""
     clock = "CPU time of each run's process" if args.clock == "cpu" else "wall time"
@@ -613,6 +718,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
         + "`time / SM` is an arm's over split-merge's (`never`: the arm's median chain never got there). The "
         + "posterior of M is over the second half of each run (chains weighted equally); a chain is `stuck` when "
         + "its M stays the same over the second half where split-merge's posterior gives that M under 0.5. "
+        + reference_text(args)
         + "`M changes`: the median over chains of the fraction of transitions that change M. Acceptance: NB's "
         + "proposal, split-merge's per move. The model weighs its active mixtures equally, so where the clusters' "
         + "sizes differ (`unequal`, `scaled`) its posterior favours more mixtures than the true clusters (copies on "
@@ -634,9 +740,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config, folder = open_study(args, drop=("out", "threads", "workers"))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)
-    planned = sum(len(ARMS) * run_seconds(m, n, args.seconds, args.max_seconds) for m, n, _ in cases)
+    planned = sum(planned_seconds(args, m, n) for m, n, _ in cases)
     print(
-        f"{len(cases)} cases x {len(ARMS)} arms: {planned:.0f} s of planned sampling time ({planned / 60:.1f} min, "
+        f"{len(cases)} cases x {len(ARMS)} arms (+ split-merge's reference): {planned:.0f} s of planned sampling "
+        + f"time ({planned / 60:.1f} min, "
         + f"{planned / 60 / args.workers:.1f} min on {args.workers} worker(s); setup, recording and the last "
         + "transition's overshoot come on top)"
     )

@@ -18,8 +18,11 @@ from experiments.gmm_models import (
     family_seed,
     held_out_gmm,
     mixture_group,
+    run_sampler,
 )
 from experiments.gmm_study import SM
+from neuralblock.kernels.base import sequential_init
+from neuralblock.kernels.split_merge import SplitMergeGMM
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +73,11 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
                 continue
             for chain in chain_traces(run):
                 assert chain["log_joint"][0] < true - 100 and max(chain["log_joint"]) > true - 60
+        # split-merge's reference: its two chains continued for one budget more (--quick's factor)
+        ref = result["sm_reference"]
+        assert ref["seconds"] == result["seconds"] and ref["sweeps"] >= 1 and len(ref["M histograms"]) == 2
+        assert sum(ref["M posterior"].values()) == pytest.approx(1.0)
+        assert ref["M mode"] == bench.posterior_mode(ref["M posterior"])
     assert [t["m"] for t in record["targets"]] == [8, 12]
     text = (folder / "gmm_scale.md").read_text()
     for heading in ("## Per case and arm", "## Per case", "## Targets per size"):
@@ -180,6 +188,38 @@ def test_case_metrics_on_known_traces() -> None:
     assert met[bench.NB_OLD]["stuck"] == [True, True] and met[bench.NB_OLD]["chain M modes"] == [2, 4]
     assert met[bench.NB_OLD]["chains with mode = SM mode"] == 0 and met[bench.NB_SET]["chains with mode = true M"] == 2
     assert met[SM]["M change fraction"] == [2 / 8, 4 / 8]
+    # without a reference run the short-run metrics are the metrics
+    for label in met:
+        assert met[label]["chains with mode = SM short-run mode"] == met[label]["chains with mode = SM mode"]
+        assert met[label]["stuck (SM short-run posterior)"] == met[label]["stuck"]
+    # split-merge's longer chains put M at 4: the mode and stuck metrics follow them, the short-run ones do not
+    referenced = bench.case_metrics({**result, "sm_reference": {"M posterior": {"3": 0.3, "4": 0.7}}})
+    assert referenced[bench.NB_OLD]["chains with mode = SM mode"] == 1  # its chain at M = 4
+    assert referenced[SM]["chains with mode = SM mode"] == referenced[bench.NB_SET]["chains with mode = SM mode"] == 0
+    assert referenced[bench.NB_OLD]["stuck"] == [True, False]  # M = 4 has 0.7 under the reference
+    assert referenced[bench.NB_SET]["stuck"] == [True, True]  # M = 3 has 0.3
+    assert referenced[bench.NB_SET]["stuck (SM short-run posterior)"] == [False, False]
+    assert referenced[bench.NB_OLD]["chains with mode = SM short-run mode"] == 0
+    assert referenced[SM]["level"] == met[SM]["level"]  # the time target's level is the equal-time arm's
+
+
+def test_reference_chains_continue_from_the_last_state() -> None:
+    fg, _, reference = family_gmm("overlap", 8, 60)
+    start = sequential_init(fg, torch.Generator().manual_seed(1), chains=2)
+    kernel = SplitMergeGMM(fg, gibbs_prob=0.5, chains=2)
+    run = run_sampler(kernel, start, 0.05, seed=3, keep_final=True)
+    final = run.pop("final")
+    assert final.shape == start.shape
+    assert [c["log_joint"][-1] for c in chain_traces(run)] == pytest.approx(fg.log_joint(final).tolist(), abs=1e-3)
+    more = run_sampler(SplitMergeGMM(fg, gibbs_prob=0.5, chains=2), final, 0.05, seed=4)
+    assert "final" not in more
+    joined = bench.joined_chains(run, more)
+    assert [len(c["times"]) for c in joined] == [len(run["times"]) + len(more["times"]) - 1] * 2
+    assert all(a < b for c in joined for a, b in zip(c["times"], c["times"][1:]))
+    ref = bench.reference_posterior(run, more)
+    assert len(ref["M histograms"]) == 2 and sum(ref["M posterior"].values()) == pytest.approx(1.0)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--reference-factor", "-1"])
 
 
 def test_doctests() -> None:
