@@ -25,16 +25,16 @@ Per case and arm, with every chain counted as a run:
 * the posterior of M: each chain's histogram of M over the second half of its run, the arm's pooled
   posterior (chains weighted equally) and its mode, against the true M and split-merge's mode;
 * stuck chains: one M over the whole second half where split-merge's posterior gives that M < 0.5;
-
-split-merge's posterior of M (the reference of the last two) comes from its chains run longer: they
-continue from the split-merge arm's last states for ``--reference-factor`` times the budget more, and the
-posterior pools each chain's histogram over the second half of its whole run
-(:func:`reference_posterior`). At equal time split-merge's own short chains do not mix between M at the
-larger sizes, and a mode read from them both misses the posterior's and favours the arm it came from.
-Each metric is also reported against split-merge's short-run posterior (``--reference-factor 0`` makes
-that the reference);
 * the in-kernel acceptance (NB: the proposal's; split-merge: per move) and the fraction of
   transitions that change M.
+
+Split-merge's posterior of M (the reference of the mode and stuck metrics) comes from its chains run
+longer: they continue from the split-merge arm's last states for ``--reference-factor`` times the budget
+more, and the posterior pools each chain's histogram over the second half of its whole run
+(:func:`reference_posterior`). At equal time split-merge's own short chains do not mix between M at the
+larger sizes, and a mode read from them both misses the posterior's and favours the arm it came from.
+Both metrics are also reported against split-merge's short-run posterior (``--reference-factor 0`` makes
+that the reference).
 
 Outputs in ``--out/<config hash>/``: ``gmm_scale.json`` (everything, traces included),
 ``gmm_scale.md`` (a row per case and arm, a summary per case and per size) and the plots
