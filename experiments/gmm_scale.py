@@ -25,6 +25,9 @@ Per case and arm, with every chain counted as a run:
 * the posterior of M: each chain's histogram of M over the second half of its run, the arm's pooled
   posterior (chains weighted equally) and its mode, against the true M and split-merge's mode;
 * stuck chains: one M over the whole second half where split-merge's posterior gives that M < 0.5;
+* the same two allowing for split-merge's between-chain spread (:func:`spread_metrics`): a chain's mode
+  counts when split-merge's chains cannot rank it below their mode, and a chain is stuck only where its M's
+  probability lies under 0.5 by more than their spread;
 * the in-kernel acceptance (NB: the proposal's; split-merge: per move) and the fraction of
   transitions that change M.
 
@@ -50,11 +53,13 @@ Usage::
     python -m experiments.gmm_scale --workers 2 --old-proposal gmm_pair_set --seed 2  # the two set proposals
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
     python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
+    python -m experiments.gmm_scale --rescore experiments/results/gmm_scale/5aa8920ed9  # today's metrics
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing
 import threading
@@ -88,6 +93,8 @@ ARMS = (NB_SET, SM, NB_OLD)
 COLORS = {NB_SET: "tab:blue", SM: "tab:orange", NB_OLD: "tab:green"}
 LEVEL_MARGIN = 2.0
 """Nats below split-merge's last-quarter mean log joint that the robust level sits."""
+TIE_SE = 2.0
+"""Standard errors within which split-merge's chains cannot rank an M below their mode (:func:`chain_spread`)."""
 REFERENCE_SIZE = 16 * 240
 """``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
 
@@ -118,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
+    parser.add_argument("--rescore", default=None, help="a stored run's folder: recompute its metrics, run nothing")
     add_choices(parser, clock=(["cpu", "wall"], "the run harness's clock: the time budget and the time axis"))
     add_run_options(parser, "experiments/results/gmm_scale", "CI-scale defaults: m 8 and 12, n 60, 1 s runs, 2 chains")
     if parser.parse_args(argv).quick:
@@ -277,6 +285,51 @@ def is_stuck(last_half: Sequence[float], sm_posterior: dict[str, float]) -> bool
     return len(values) == 1 and sm_posterior.get(str(values.pop()), 0.0) < 0.5
 
 
+def mean_and_error(samples: Sequence[float]) -> tuple[float, float]:
+    """The mean of independent replicates and its standard error (sample sd over ``sqrt(K)``; 0 for one).
+
+    Example:
+        >>> mean_and_error([1.0, 3.0]), mean_and_error([2.0])
+        ((2.0, 1.0), (2.0, 0.0))
+    """
+    count = len(samples)
+    mean = sum(samples) / count
+    if count < 2:
+        return mean, 0.0
+    return mean, (sum((x - mean) ** 2 for x in samples) / (count - 1) / count) ** 0.5
+
+
+def chain_spread(histograms: Sequence[Mapping[str, float]], z: float = TIE_SE) -> dict[str, Any]:
+    """The pooled posterior of M with its between-chain uncertainty: the mode set and upper bounds.
+
+    Each chain's normalized histogram is one replicate (the chains are independent), so a pooled
+    probability, or the gap between two, has the standard error of :func:`mean_and_error`. The mode set
+    holds every M whose pooled probability lies within ``z`` standard errors of its gap below the mode's:
+    the values the chains cannot rank below their mode. The upper bound of an M is its pooled probability
+    plus ``z`` standard errors.
+
+    Example:
+        >>> spread = chain_spread([{"6": 1, "8": 3}, {"6": 3, "8": 1}, {"6": 1, "8": 1}])
+        >>> spread["mode set"], round(spread["upper"]["6"], 2)
+        ([6, 8], 0.79)
+        >>> chain_spread([{"2": 9, "3": 1}, {"2": 8, "3": 2}])["mode set"]
+        [2]
+    """
+    rows = [{int(k): v / sum(h.values()) for k, v in h.items()} for h in histograms]
+    probs = {k: [row.get(k, 0.0) for row in rows] for k in sorted({k for row in rows for k in row})}
+    mode = posterior_mode({str(k): sum(p) for k, p in probs.items()})
+    mode_set = []
+    for k, p in probs.items():
+        gap, error = mean_and_error([a - b for a, b in zip(probs[mode], p)])
+        if gap <= z * error + 1e-12:
+            mode_set.append(k)
+    upper = {}
+    for k, p in probs.items():
+        mean, error = mean_and_error(p)
+        upper[str(k)] = mean + z * error
+    return {"mode set": mode_set, "upper": upper}
+
+
 def m_change_fraction(active: Sequence[float]) -> float:
     """The fraction of transitions after which the chain's M differs from before (0 without transitions).
 
@@ -378,7 +431,37 @@ def case_metrics(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     sm_time = metrics[SM]["median time to level"]
     for label in metrics:
         metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
+    for label, extra in spread_metrics(result, metrics).items():
+        metrics[label].update(extra)
     return metrics
+
+
+def spread_metrics(result: dict[str, Any], metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per arm, the mode and stuck metrics that allow for split-merge's between-chain uncertainty.
+
+    From the chains' histograms alone (so stored records can be rescored, :func:`rescore`): split-merge's
+    reference chains (its continued chains, else its arm's) give the mode set and upper bounds of
+    :func:`chain_spread`. A chain counts when its mode is in the mode set; it is stuck when it holds one M
+    over the second half whose upper bound is under 0.5 (split-merge's chains put under 0.5 on it beyond
+    their spread).
+
+    Example:
+        >>> hists = {SM: [{"6": 3, "8": 1}, {"6": 1, "8": 3}], NB_SET: [{"8": 4}, {"7": 4}]}
+        >>> met = spread_metrics({}, {label: {"M histograms": h} for label, h in hists.items()})
+        >>> met[NB_SET]["chains with mode in SM mode set"], met[NB_SET]["stuck beyond SM spread"]
+        (1, [False, True])
+    """
+    reference = result.get("sm_reference")
+    spread = chain_spread(reference["M histograms"] if reference else metrics[SM]["M histograms"])
+    out = {}
+    for label, met in metrics.items():
+        hists = met["M histograms"]
+        out[label] = {
+            "SM mode set": spread["mode set"],
+            "chains with mode in SM mode set": sum(posterior_mode(h) in spread["mode set"] for h in hists),
+            "stuck beyond SM spread": [len(h) == 1 and spread["upper"].get(next(iter(h)), 0.0) < 0.5 for h in hists],
+        }
+    return out
 
 
 def thin_run(run: dict[str, Any], points: int) -> dict[str, Any]:
@@ -604,7 +687,10 @@ def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mode SM / set / old": " / ".join(str(met[a]["M mode"]) for a in (SM, NB_SET, NB_OLD)),
                 "chains mode = SM mode (SM / set / old)": _per_arm(met, "chains with mode = SM mode"),
                 "same, SM short run": _per_arm(met, "chains with mode = SM short-run mode"),
+                "SM mode set": ", ".join(str(k) for k in met[SM]["SM mode set"]),
+                "chains mode in it (SM / set / old)": _per_arm(met, "chains with mode in SM mode set"),
                 "stuck (SM / set / old)": _per_arm(met, "stuck"),
+                "stuck beyond SM spread (SM / set / old)": _per_arm(met, "stuck beyond SM spread"),
             }
         )
     return rows
@@ -615,8 +701,9 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     ``<= 0.5x`` split-merge's time at m >= 12 and never slower (a ratio of ``None``, never reached,
     counts as slower); as many chains with M's mode = split-merge's mode as split-merge's own chains; no
-    stuck chain. The mode and stuck checks are given against split-merge's reference posterior and
-    against its short runs'. The old proposal's worst ratio is there to compare.
+    stuck chain. The mode and stuck checks are given against split-merge's reference posterior, against
+    its short runs', and allowing for its chains' spread (:func:`spread_metrics`). The old proposal's worst
+    ratio is there to compare.
     """
     sizes = sorted({(r["m"], r["n"]) for r in results})
     rows = []
@@ -632,6 +719,8 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         short = {a: sum(r["metrics"][a]["chains with mode = SM short-run mode"] for r in cell) for a in ARMS}
         stuck = sum(sum(r["metrics"][NB_SET]["stuck"]) for r in cell)
         short_stuck = sum(sum(r["metrics"][NB_SET]["stuck (SM short-run posterior)"]) for r in cell)
+        in_set = {a: sum(r["metrics"][a]["chains with mode in SM mode set"] for r in cell) for a in ARMS}
+        spread_stuck = sum(sum(r["metrics"][NB_SET]["stuck beyond SM spread"]) for r in cell)
         rows.append(
             {
                 "m": m,
@@ -648,6 +737,9 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ),
                 "SM short run: mode target": short[NB_SET] >= short[SM],
                 "SM short run: stuck NB(set)": short_stuck,
+                "mode in SM mode set (SM / set / old)": " / ".join(str(in_set[a]) for a in (SM, NB_SET, NB_OLD)),
+                "mode-set target": in_set[NB_SET] >= in_set[SM],
+                "stuck NB(set) beyond SM spread": spread_stuck,
             }
         )
     return rows
@@ -719,6 +811,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
         + "posterior of M is over the second half of each run (chains weighted equally); a chain is `stuck` when "
         + "its M stays the same over the second half where split-merge's posterior gives that M under 0.5. "
         + reference_text(args)
+        + f"`SM mode set`: the M that split-merge's chains cannot rank below their mode (within {TIE_SE:g} "
+        + "between-chain standard errors of the gap, each chain's histogram a replicate); `stuck beyond SM "
+        + f"spread`: stuck where that M's probability plus {TIE_SE:g} standard errors is under 0.5. "
         + "`M changes`: the median over chains of the fraction of transitions that change M. Acceptance: NB's "
         + "proposal, split-merge's per move. The model weighs its active mixtures equally, so where the clusters' "
         + "sizes differ (`unequal`, `scaled`) its posterior favours more mixtures than the true clusters (copies on "
@@ -734,10 +829,41 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
     return "# Open-universe GMMs at scale: NB(set) vs split-merge vs NB(old)\n\n" + setup + body + plots
 
 
+def rescore(folder: str | Path) -> dict[str, Any]:
+    """Recompute a stored run's histogram metrics (:func:`spread_metrics`), time ratios and targets in place.
+
+    Rewrites ``gmm_scale.json`` and ``gmm_scale.md`` in ``folder`` (the plots do not change). The run's
+    options come from its record; its ``--threads``, which the record does not keep, reads as the default.
+
+    Raises:
+        ValueError: ``folder`` holds no ``gmm_scale.json`` of this benchmark.
+    """
+    path = Path(folder) / "gmm_scale.json"
+    try:
+        record = json.loads(path.read_text())
+        results, config = record["results"], record["config"]
+        for result in results:
+            metrics = result["metrics"]
+            sm_time = metrics[SM]["median time to level"]
+            for label, extra in spread_metrics(result, metrics).items():
+                metrics[label].update(extra)
+                metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not a gmm_scale record: {error}") from error
+    args = parse_args([])
+    vars(args).update(config)
+    record["targets"] = size_targets(results)
+    write_json(path, record)
+    write_report(folder, "gmm_scale.md", report(args, results, record["sources"]))
+    return record
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark; write and return its record."""
+    """Run the benchmark (or rescore a stored run, ``--rescore``); write and return its record."""
     args = parse_args(argv)
-    config, folder = open_study(args, drop=("out", "threads", "workers"))
+    if args.rescore:
+        return rescore(args.rescore)
+    config, folder = open_study(args, drop=("out", "threads", "workers", "rescore"))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)
     planned = sum(planned_seconds(args, m, n) for m, n, _ in cases)

@@ -193,7 +193,8 @@ def test_case_metrics_on_known_traces() -> None:
         assert met[label]["chains with mode = SM short-run mode"] == met[label]["chains with mode = SM mode"]
         assert met[label]["stuck (SM short-run posterior)"] == met[label]["stuck"]
     # split-merge's longer chains put M at 4: the mode and stuck metrics follow them, the short-run ones do not
-    referenced = bench.case_metrics({**result, "sm_reference": {"M posterior": {"3": 0.3, "4": 0.7}}})
+    reference = {"M histograms": [{"3": 6, "4": 4}, {"4": 10}], "M posterior": {"3": 0.3, "4": 0.7}}
+    referenced = bench.case_metrics({**result, "sm_reference": reference})
     assert referenced[bench.NB_OLD]["chains with mode = SM mode"] == 1  # its chain at M = 4
     assert referenced[SM]["chains with mode = SM mode"] == referenced[bench.NB_SET]["chains with mode = SM mode"] == 0
     assert referenced[bench.NB_OLD]["stuck"] == [True, False]  # M = 4 has 0.7 under the reference
@@ -201,6 +202,53 @@ def test_case_metrics_on_known_traces() -> None:
     assert referenced[bench.NB_SET]["stuck (SM short-run posterior)"] == [False, False]
     assert referenced[bench.NB_OLD]["chains with mode = SM short-run mode"] == 0
     assert referenced[SM]["level"] == met[SM]["level"]  # the time target's level is the equal-time arm's
+    # Allowing for the reference chains' spread (P(3) per chain 0.6 and 0: mean 0.3, standard error 0.3; the gap
+    # to M = 4 is 0.4 +- 0.6): neither M ranks below the other, and M = 3 is not under 0.5 beyond the spread.
+    assert referenced[SM]["SM mode set"] == [3, 4]
+    assert referenced[bench.NB_SET]["chains with mode in SM mode set"] == 2
+    assert referenced[bench.NB_SET]["stuck beyond SM spread"] == [False, False]
+    assert referenced[bench.NB_OLD]["chains with mode in SM mode set"] == 1  # M = 2 has no mass in any chain
+    assert referenced[bench.NB_OLD]["stuck beyond SM spread"] == [True, False]
+    # without a reference run, split-merge's own chains (M = 3 in both, over 0.8) are the replicates
+    assert met[SM]["SM mode set"] == [3] and met[bench.NB_OLD]["stuck beyond SM spread"] == [True, True]
+
+
+def test_chain_spread_ranks_only_what_the_chains_agree_on() -> None:
+    # two chains that agree: the mode alone, and a runner-up's upper bound stays under 0.5
+    agree = bench.chain_spread([{"5": 90, "6": 10}, {"5": 80, "6": 20}])
+    assert agree["mode set"] == [5]
+    assert agree["upper"]["6"] == pytest.approx(0.15 + 2 * 0.05) and agree["upper"]["5"] > 0.85
+    # chains stuck at different M: every M they visit is in the set
+    stuck = bench.chain_spread([{"10": 5}, {"12": 5}, {"12": 3, "13": 2}, {"17": 1}])
+    assert stuck["mode set"] == [10, 12, 13, 17]
+    # one chain has no spread: the plain mode, and upper bounds equal to its probabilities
+    alone = bench.chain_spread([{"3": 1, "4": 3}])
+    assert alone["mode set"] == [4] and alone["upper"] == {"3": 0.25, "4": 0.75}
+    # a wider z admits more
+    assert bench.chain_spread([{"5": 90, "6": 10}, {"5": 40, "6": 60}], z=0.0)["mode set"] == [5]
+    assert bench.chain_spread([{"5": 90, "6": 10}, {"5": 40, "6": 60}], z=2.0)["mode set"] == [5, 6]
+
+
+def test_rescore_rewrites_a_stored_run(quick: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
+    """A record without the spread metrics (as runs before them were written) gets them, and the same targets."""
+    _, folder = quick
+    saved = json.loads((folder / "gmm_scale.json").read_text())
+    stripped = json.loads(json.dumps(saved))
+    for result in stripped["results"]:
+        for met in result["metrics"].values():
+            for key in ("SM mode set", "chains with mode in SM mode set", "stuck beyond SM spread"):
+                del met[key]
+    del stripped["targets"]
+    (tmp_path / "gmm_scale.json").write_text(json.dumps(stripped))
+    record = bench.main(["--rescore", str(tmp_path)])
+    assert record["targets"] == saved["targets"]
+    for before, after in zip(saved["results"], record["results"]):
+        assert after["metrics"] == before["metrics"]
+    assert json.loads((tmp_path / "gmm_scale.json").read_text())["targets"] == saved["targets"]
+    assert "mode-set target" in (tmp_path / "gmm_scale.md").read_text()
+    (tmp_path / "gmm_scale.json").write_text('{"results": []}')
+    with pytest.raises(ValueError, match="not a gmm_scale record"):
+        bench.rescore(tmp_path)
 
 
 def test_reference_chains_continue_from_the_last_state() -> None:
