@@ -54,6 +54,7 @@ Usage::
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
     python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
     python -m experiments.gmm_scale --rescore experiments/results/gmm_scale/5aa8920ed9  # today's metrics
+    python -m experiments.gmm_scale --workers 2 --gibbs-share 0.5  # half of every arm's time in single-site sweeps
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="the most sampling time of any run")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument(
+        "--gibbs-share", type=float, default=None,
+        help="instead of --gibbs-prob, every arm's share of time in single-site sweeps (each kernel's gibbs_share)",
+    )  # fmt: skip
+    parser.add_argument(
         "--reference-factor", type=float, default=2.0,
         help="split-merge's reference chains continue for this many budgets more (0: its short runs are the reference)",
     )  # fmt: skip
@@ -137,6 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--seconds and --max-seconds must be positive")
     if not 0.0 <= args.reference_factor < math.inf:
         parser.error("--reference-factor must be a non-negative number")
+    if args.gibbs_share is not None and not 0.0 <= args.gibbs_share <= 1.0:
+        parser.error("--gibbs-share must be in [0, 1]")
     return args
 
 
@@ -543,9 +550,10 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         start = start[0]
 
     def build(label: str) -> GraphKernel:
+        mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share}
         if label == SM:
-            return SplitMergeGMM(fg, gibbs_prob=args.gibbs_prob, chains=chains)
-        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], gibbs_prob=args.gibbs_prob, chains=chains)
+            return SplitMergeGMM(fg, chains=chains, **mix)
+        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, **mix)
 
     runs: dict[str, list[dict[str, Any]]] = {}
     continued = args.reference_factor > 0
@@ -554,6 +562,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock, keep_final=keep_final)
         diag = run.pop("diagnostics")
         run["acceptance"] = arm_acceptance(label, diag, args)
+        run["gibbs_prob"] = diag["gibbs_prob"]  # (with --gibbs-share, the calibrated one)
         runs[label] = [run]
     result = {"m": m, "n": n, "family": family, "seconds": seconds, "reference": reference, "runs": runs}
     if continued:  # split-merge's reference chains: the arm's chains, continued (not part of any arm's metrics)
@@ -650,6 +659,7 @@ def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "mode = true M": f"{met['chains with mode = true M']}/{chains}",
                     "stuck": f"{sum(met['stuck'])}/{chains}",
                     "M changes": lower_median(met["M change fraction"]),
+                    "gibbs_prob": result["runs"][label][0].get("gibbs_prob", "-"),
                     "acceptance": met["acceptance"],
                 }
             )
@@ -794,12 +804,28 @@ def reference_text(args: argparse.Namespace) -> str:
     )
 
 
+def mixing_text(args: argparse.Namespace) -> str:
+    """How the arms mix single-site sweeps with their moves: ``--gibbs-prob``, or ``--gibbs-share`` and what it does.
+
+    Example:
+        >>> mixing_text(parse_args([]))
+        'gibbs_prob=0.5'
+    """
+    if args.gibbs_share is None:
+        return f"gibbs_prob={args.gibbs_prob:g}"
+    return (
+        f"gibbs_share={args.gibbs_share:g} (each kernel times one single-site sweep and one sweep of its moves at "
+        + "its start and sets its probability of a single-site sweep so that those take this share of the time: "
+        + "column `gibbs_prob`)"
+    )
+
+
 def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dict[str, str]) -> str:
     """The markdown report: the setup, a row per case and arm, then the summaries per case and per size."""
     clock = "CPU time of each run's process" if args.clock == "cpu" else "wall time"
     setup = (
         f"Arms: `{NB_SET}` (`{args.proposal}`, {sources[NB_SET]}), `{SM}`, `{NB_OLD}` (`{args.old_proposal}`, "
-        + f"{sources[NB_OLD]}); gibbs_prob={args.gibbs_prob}; in every arm each single-site sweep ends with the "
+        + f"{sources[NB_OLD]}); {mixing_text(args)}; in every arm each single-site sweep ends with the "
         + "copy-set moves (`MixtureCopyMoves`, the kernels' default). Each run is one kernel of "
         + f"{args.chains} vectorized "
         + f"chains, every arm from the same {args.chains} starts, for {args.seconds:g} s of {clock} scaled by "
@@ -863,7 +889,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.rescore:
         return rescore(args.rescore)
-    config, folder = open_study(args, drop=("out", "threads", "workers", "rescore"))
+    unset = ("gibbs_share",) if args.gibbs_share is None else ()  # (runs before the option keep their folders)
+    config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)
     planned = sum(planned_seconds(args, m, n) for m, n, _ in cases)

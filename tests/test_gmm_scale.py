@@ -274,3 +274,20 @@ def test_doctests() -> None:
     """experiments/ is outside the doctest paths of the pytest config, so the examples run here."""
     result = doctest.testmod(bench)
     assert result.attempted > 0 and result.failed == 0, result
+
+
+def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
+    """``--gibbs-share``: every arm's kernel sets its own single-site probability; unset, the config has no key."""
+    assert "gibbs_share" not in quick[0]["config"]
+    assert all(run["gibbs_prob"] == 0.5 for r in quick[0]["results"] for (run,) in r["runs"].values())
+    record = bench.main(
+        ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0.5", "--out", str(tmp_path)]
+    )
+    assert record["config"]["gibbs_share"] == 0.5
+    (result,) = record["results"]
+    for label, (run,) in result["runs"].items():
+        assert 0.0 < run["gibbs_prob"] < 1.0, label
+    (folder,) = list(tmp_path.iterdir())
+    assert "gibbs_share=0.5" in (folder / "gmm_scale.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--gibbs-share", "1.5"])

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.graph.supports import is_real
+from neuralblock.kernels.adaptation import GibbsShare
 from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, speculative_width
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
@@ -368,6 +369,12 @@ class NeuralBlockKernel(GraphKernel):
             other paths; ``"auto"`` uses covers where they run and every instance elsewhere).
         copy_moves: on an open-universe GMM, end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`; ignored on other models).
+        gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
+            take: before the first transition both sweeps are timed on copies of the start, and
+            ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
+            the chosen value is in ``diagnostics()["gibbs_prob"]``). Where a neural sweep costs many
+            single-site sweeps (a GMM's pairs at n = 1000 points), ``gibbs_prob = 0.5`` spends nearly all the
+            time on neural sweeps.
     """
 
     batched_state = True
@@ -385,6 +392,7 @@ class NeuralBlockKernel(GraphKernel):
         fused: bool = True,
         cover: bool | str = False,
         copy_moves: bool = True,
+        gibbs_share: float | None = None,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
@@ -413,6 +421,8 @@ class NeuralBlockKernel(GraphKernel):
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         self.gibbs_prob = float(gibbs_prob)
+        self.gibbs_share = None if gibbs_share is None else GibbsShare(gibbs_share)
+        self._share_pending = False  # set at setup: calibrate gibbs_prob before the first transition
         self.step_size = float(step_size)
         self.window = window
         self.compile = resolve_compile(compile, self.device)
@@ -431,6 +441,7 @@ class NeuralBlockKernel(GraphKernel):
         return name if len(same) == 1 else f"{name}#{same.index(i)}"
 
     def _prepare(self, fg: FactorGraph) -> None:
+        self._share_pending = self.gibbs_share is not None
         latent = set(fg.latent.tolist())
         self.block_classes: list[list[_BlockClass]] = []
         self.sweeps: list[_Sweep | None] = []  # None where the proposal takes a fused path
@@ -608,6 +619,13 @@ class NeuralBlockKernel(GraphKernel):
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
+        if self._share_pending and self.gibbs_share is not None:
+            self._share_pending = False
+            beta, soft = self.beta, self.soft_zeros
+            self.gibbs_prob = self.gibbs_share.calibrate(
+                lambda: self.single_site.sweep(fg, state.clone(), False, beta, soft, record=False),
+                lambda: self._neural_sweep(fg, state.clone(), beta, soft, warmup=True),
+            )
         if float(torch.rand(())) < self.gibbs_prob:
             state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta, soft=self.soft_zeros)
             if not warmup:
@@ -806,6 +824,8 @@ class NeuralBlockKernel(GraphKernel):
             "nonfinite_rejections": float(sum(float(x) for x in self._nonfinite)),
             "discarded_proposals": float(sum(self._discarded)),
             "single_site_sweeps": float(self._single_sweeps),
+            "gibbs_prob": self.gibbs_prob,
+            "gibbs_share_seconds": dict(self.gibbs_share.seconds) if self.gibbs_share else {},
             "fused": {self._label(i): f is not None for i, f in enumerate(self.fused)},
             "proposal_cache": cache,
             "compile_seconds": sum(f.compile_seconds for f in self.fused if f is not None)

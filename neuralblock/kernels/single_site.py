@@ -103,12 +103,20 @@ class SingleSiteSweep:
             self.copy_moves = None
 
     def sweep(
-        self, fg: FactorGraph, state: Tensor, adapt: bool, beta: Tensor | None = None, soft: SoftZeros | None = None
+        self,
+        fg: FactorGraph,
+        state: Tensor,
+        adapt: bool,
+        beta: Tensor | None = None,
+        soft: SoftZeros | None = None,
+        record: bool = True,
     ) -> Tensor:
         """Return the state ``[..., n]`` after one sweep (adapting the random-walk steps if ``adapt``).
 
         ``beta`` (one inverse temperature per state) tempers the Gibbs conditionals and ``soft``
         softens their zero table entries (:class:`SoftZeros`); tempered random-walk updates are not supported.
+        The copy-set moves' outcomes count in :meth:`report` unless ``adapt`` or ``record=False`` (a sweep
+        whose state is discarded, e.g. one timed by :class:`~neuralblock.kernels.adaptation.GibbsShare`).
         """
         if beta is not None and self.rw_plan is not None:
             raise ValueError("tempered single-site sweeps need discrete latent variables only")
@@ -121,7 +129,7 @@ class SingleSiteSweep:
                 rw_plan.adapter.update(positions, mean_prob.to(rw_plan.adapter.log_step))
             if self.copy_moves is not None:
                 state, outcome = self.copy_moves.move(state)
-                if not adapt:
+                if record and not adapt:
                     self.copy_moves.record(outcome)
             return state
         if self.gibbs_plan is not None:

@@ -66,6 +66,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup
+from neuralblock.kernels.adaptation import GibbsShare
 from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.single_site import SingleSiteSweep
@@ -661,6 +662,10 @@ class SplitMergeGMM(GraphKernel):
             is then ``[S, chains, N]``; with 1, ``[S, N]``).
         copy_moves: end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`).
+        gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
+            take: before the first transition both sweeps are timed on copies of the start, and
+            ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
+            the chosen value is in ``diagnostics()["gibbs_prob"]``).
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
@@ -679,6 +684,7 @@ class SplitMergeGMM(GraphKernel):
         tuning: MoveTuning | None = None,
         chains: int = 1,
         copy_moves: bool = True,
+        gibbs_share: float | None = None,
     ) -> None:
         if not isinstance(model, FactorGraph):
             raise TypeError(
@@ -707,6 +713,8 @@ class SplitMergeGMM(GraphKernel):
         if not (self.tuning.birth_radius > 0 and 0 < self.tuning.birth_prior_weight < 1):
             raise ValueError(f"tuning needs birth_radius > 0 and birth_prior_weight in (0, 1), got {self.tuning}")
         self.gibbs_prob = float(gibbs_prob)
+        self.gibbs_share = None if gibbs_share is None else GibbsShare(gibbs_share)
+        self._share_pending = False  # set at setup: calibrate gibbs_prob before the first transition
         self.step_size = float(step_size)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
@@ -742,6 +750,7 @@ class SplitMergeGMM(GraphKernel):
         return layout
 
     def _prepare(self, fg: FactorGraph) -> None:
+        self._share_pending = self.gibbs_share is not None
         self.layout = self._checked_layout(fg)
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
@@ -783,11 +792,21 @@ class SplitMergeGMM(GraphKernel):
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
+        if self._share_pending and self.gibbs_share is not None:
+            self._share_pending = False
+            self.gibbs_prob = self.gibbs_share.calibrate(
+                lambda: self.single_site.sweep(fg, state.clone(), adapt=False, record=False),
+                lambda: self._split_merge_sweep(fg, state.clone(), warmup=True),
+            )
         if float(torch.rand(())) < self.gibbs_prob:
             state = self.single_site.sweep(fg, state, adapt=warmup)
             if not warmup:
                 self._single_sweeps += 1
             return state
+        return self._split_merge_sweep(fg, state, warmup)
+
+    def _split_merge_sweep(self, fg: FactorGraph, state: Tensor, warmup: bool) -> Tensor:
+        """``moves_per_sweep`` batched move attempts (counted after warmup)."""
         start = time.perf_counter()
         counts = torch.zeros(3, len(MOVES), dtype=torch.long)
         nonfinite = torch.zeros((), dtype=torch.long)
@@ -827,5 +846,7 @@ class SplitMergeGMM(GraphKernel):
             "transitions_per_second": self._transitions_per_second(),
             "nonfinite_rejections": float(self._nonfinite),
             "single_site_sweeps": float(self._single_sweeps),
+            "gibbs_prob": self.gibbs_prob,
+            "gibbs_share_seconds": dict(self.gibbs_share.seconds) if self.gibbs_share else {},
             **(self.single_site.report() if hasattr(self, "single_site") else {}),
         }

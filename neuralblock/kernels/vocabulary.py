@@ -47,6 +47,10 @@ class KernelDiagnostics(TypedDict, total=False):
             reports NaN before its adapter exists).
         mean_step_size: the mean of per-variable (or per-site) step sizes after warmup (unconstrained units).
         single_site_sweeps: post-warmup single-site sweeps interleaved with block moves (count).
+        gibbs_prob: the probability of a single-site sweep per transition in use (NeuralBlockKernel,
+            SplitMergeGMM; with ``gibbs_share``, the calibrated one).
+        gibbs_share_seconds: with ``gibbs_share``, the timed seconds of one single-site sweep and one sweep
+            of the kernel's moves (``{"single_site": s, "moves": s}``; empty otherwise).
         transitions: post-warmup transitions (AusterityMH; count).
         copy_move_acceptance: post-warmup acceptance of the copy-set moves that end the compiled single-site
             sweeps of an open-universe GMM (NeuralBlockKernel, SplitMergeGMM; ``{"split": fraction, "merge":
@@ -139,6 +143,8 @@ class KernelDiagnostics(TypedDict, total=False):
     step_size: float
     mean_step_size: float
     single_site_sweeps: float
+    gibbs_prob: float
+    gibbs_share_seconds: dict[str, float]
     transitions: float
     copy_move_acceptance: dict[str, float]
     # GibbsKernel and the gradient kernels
