@@ -130,7 +130,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
-    parser.add_argument("--rescore", default=None, help="a stored run's folder: recompute its metrics, run nothing")
+    parser.add_argument(
+        "--rescore", default=None,
+        help="a stored run's folder: recompute its metrics from its record (other options are ignored), run nothing",
+    )  # fmt: skip
     add_choices(parser, clock=(["cpu", "wall"], "the run harness's clock: the time budget and the time axis"))
     add_run_options(parser, "experiments/results/gmm_scale", "CI-scale defaults: m 8 and 12, n 60, 1 s runs, 2 chains")
     if parser.parse_args(argv).quick:
@@ -300,6 +303,8 @@ def mean_and_error(samples: Sequence[float]) -> tuple[float, float]:
         ((2.0, 1.0), (2.0, 0.0))
     """
     count = len(samples)
+    if not count:
+        raise ValueError("mean_and_error needs at least one replicate")
     mean = sum(samples) / count
     if count < 2:
         return mean, 0.0
@@ -322,6 +327,8 @@ def chain_spread(histograms: Sequence[Mapping[str, float]], z: float = TIE_SE) -
         >>> chain_spread([{"2": 9, "3": 1}, {"2": 8, "3": 2}])["mode set"]
         [2]
     """
+    if not histograms or not all(sum(h.values()) > 0 for h in histograms) or not z >= 0:
+        raise ValueError(f"chain_spread needs non-empty histograms of at least one chain and z >= 0, got z={z}")
     rows = [{int(k): v / sum(h.values()) for k, v in h.items()} for h in histograms]
     probs = {k: [row.get(k, 0.0) for row in rows] for k in sorted({k for row in rows for k in row})}
     mode = posterior_mode({str(k): sum(p) for k, p in probs.items()})
@@ -570,6 +577,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         final = runs[SM][0].pop("final")
         more = run_sampler(build(SM), final, more_seconds, seed=reference["seed"] + 1, clock=args.clock)
         result["sm_reference"] = {"seconds": more_seconds, "sweeps": more["sweeps"]}
+        result["sm_reference"]["gibbs_prob"] = more["diagnostics"]["gibbs_prob"]  # (--gibbs-share: its own timing)
         result["sm_reference"].update(reference_posterior(runs[SM][0], more))
     result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
     runs.update({label: [thin_run(run, args.trace_points)] for label, (run,) in runs.items()})
@@ -630,6 +638,11 @@ def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> li
 
 
 # ------------------------------------------------------------------------------ reports
+def _fmt_prob(value: float | None) -> str:
+    """A probability to 3 decimals (``-`` where a record has none)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _fmt_ratio(value: float | None) -> str:
     return "never" if value is None else f"{value:.2f}"
 
@@ -659,7 +672,7 @@ def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "mode = true M": f"{met['chains with mode = true M']}/{chains}",
                     "stuck": f"{sum(met['stuck'])}/{chains}",
                     "M changes": lower_median(met["M change fraction"]),
-                    "gibbs_prob": result["runs"][label][0].get("gibbs_prob", "-"),
+                    "gibbs_prob": _fmt_prob(result["runs"][label][0].get("gibbs_prob")),
                     "acceptance": met["acceptance"],
                 }
             )
@@ -889,7 +902,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.rescore:
         return rescore(args.rescore)
-    unset = ("gibbs_share",) if args.gibbs_share is None else ()  # (runs before the option keep their folders)
+    unset = ("gibbs_share",) if args.gibbs_share is None else ("gibbs_prob",)  # (earlier runs keep their folders)
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)

@@ -11,6 +11,7 @@ from test_split_merge import _posterior_z_scores as posterior_z_scores
 
 from motifs.gmm_pair import gmm_graph
 from neuralblock import NeuralBlockKernel, load_pretrained
+from neuralblock.graph import FactorGraph
 from neuralblock.kernels import adaptation
 from neuralblock.kernels.adaptation import GibbsShare, gibbs_prob_for_share
 from neuralblock.kernels.base import sequential_init
@@ -48,9 +49,12 @@ def test_calibration_times_each_sweep_and_keeps_the_least(monkeypatch: pytest.Mo
     assert calls == ["single", "single", "moves", "moves"]
     assert share.seconds == pytest.approx({"single_site": 0.002, "moves": 0.01})
     assert p == gibbs_prob_for_share(0.5, share.seconds["single_site"], share.seconds["moves"]) and p > 0.5
-    for bad in (True, -0.1, 1.1, "half", float("nan")):
+    for bad in (-0.1, 1.1, float("nan"), 0.0):
         with pytest.raises(ValueError, match="gibbs_share"):
-            GibbsShare(bad)  # type: ignore[arg-type]
+            GibbsShare(bad)
+    for wrong in (True, "half"):
+        with pytest.raises(TypeError, match="gibbs_share"):
+            GibbsShare(wrong)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="repeats"):
         GibbsShare(0.5, repeats=0)
     with pytest.raises(ValueError, match="gibbs_share"):
@@ -64,25 +68,36 @@ def _check_calibrated(kernel: NeuralBlockKernel | SplitMergeGMM, share: float) -
     assert 0.0 < diagnostics["gibbs_prob"] < 1.0 and diagnostics["single_site_sweeps"] > 0
 
 
-def test_neural_blocks_with_a_time_share_keep_the_exact_posterior() -> None:
+def _unit_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed sweep takes one fake second: the calibrated probability is the share (the tolerances assume a
+    fixed mixture; a real clock would vary it from run to run)."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(adaptation, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+
+
+def test_neural_blocks_with_a_time_share_keep_the_exact_posterior(monkeypatch: pytest.MonkeyPatch) -> None:
     # the shipped copies proposal and single-site sweeps, mixed by the calibrated probability; tolerances: see
     # test_split_merge.Z_MAX
+    _unit_clock(monkeypatch)
     fg = gmm_graph(POINTS, 3, SIGMA, TAU, 0.5)
-    kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], chains=4, gibbs_share=0.5)
+    kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], chains=4, gibbs_share=0.3)
     terms = _posterior_terms(POINTS, 3, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
-    _check_calibrated(kernel, 0.5)
+    _check_calibrated(kernel, 0.3)
+    assert kernel.diagnostics()["gibbs_prob"] == pytest.approx(0.3)
     assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] > 0.02
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
 
 
-def test_split_merge_with_a_time_share_keeps_the_exact_posterior() -> None:
+def test_split_merge_with_a_time_share_keeps_the_exact_posterior(monkeypatch: pytest.MonkeyPatch) -> None:
+    _unit_clock(monkeypatch)
     fg = gmm_graph(POINTS, 3, SIGMA, TAU, 0.5)
-    kernel = SplitMergeGMM(fg, moves_per_sweep=2, chains=4, gibbs_share=0.5)
+    kernel = SplitMergeGMM(fg, moves_per_sweep=2, chains=4, gibbs_share=0.3)
     terms = _posterior_terms(POINTS, 3, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
-    _check_calibrated(kernel, 0.5)
+    _check_calibrated(kernel, 0.3)
+    assert kernel.diagnostics()["gibbs_prob"] == pytest.approx(0.3)
     assert kernel.diagnostics()["acceptance_rate"] > 0.05
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
@@ -98,12 +113,12 @@ def test_calibration_runs_once_per_setup_and_records_nothing(kind: str, monkeypa
     else:
         kernel = SplitMergeGMM(fg, chains=2, gibbs_share=1.0)
     assert kernel.diagnostics()["gibbs_prob"] == 0.5 and kernel.diagnostics()["gibbs_share_seconds"] == {}
-    share = kernel.gibbs_share
+    share = kernel.share_calibration
     assert share is not None
     calibrate, calls = share.calibrate, []
 
     def counted(*sweeps: object) -> float:
-        calls.append(len(sweeps))
+        calls.append(1)
         return calibrate(*sweeps)  # type: ignore[arg-type]
 
     monkeypatch.setattr(share, "calibrate", counted)
@@ -115,7 +130,7 @@ def test_calibration_runs_once_per_setup_and_records_nothing(kind: str, monkeypa
     for _ in range(3):
         params = kernel.sample(params)
     diagnostics = kernel.diagnostics()
-    assert calls == [2] and set(diagnostics["gibbs_share_seconds"]) == {"single_site", "moves"}  # timed once
+    assert calls == [1] and set(diagnostics["gibbs_share_seconds"]) == {"single_site", "moves"}  # timed once
     assert diagnostics["single_site_sweeps"] == 4.0
     if kind == "split-merge":
         assert sum(diagnostics["proposed"].values()) == 0  # the timed sweep of moves counts nowhere
@@ -123,4 +138,44 @@ def test_calibration_runs_once_per_setup_and_records_nothing(kind: str, monkeypa
         assert diagnostics["acceptance_by_proposal"]["gmm_pair_set"] == 0.0
     kernel.setup(0)  # a new run times again
     kernel.sample({"x": start.clone()})
-    assert calls == [2, 2]
+    assert calls == [1, 1]
+
+
+def _kernel(kind: str, fg: FactorGraph, **options: float) -> NeuralBlockKernel | SplitMergeGMM:
+    if kind == "neural":
+        return NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], chains=2, **options)
+    return SplitMergeGMM(fg, chains=2, **options)
+
+
+@pytest.mark.parametrize("kind", ["neural", "split-merge"])
+def test_the_timed_sweeps_run_on_copies(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sweeps that change their input in place: only the transition's own sweep reaches the chain's state."""
+    fg = gmm_graph(POINTS, 3, SIGMA, TAU, 0.5)
+    kernel = _kernel(kind, fg, gibbs_share=1.0)  # every transition a single-site sweep
+    start = sequential_init(fg, torch.Generator().manual_seed(0), chains=2)
+    kernel.initial_params = {"x": start}
+    kernel.setup(0)
+
+    def in_place(fg: FactorGraph, state: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return state.add_(1.0)
+
+    monkeypatch.setattr(kernel.single_site, "sweep", in_place)
+    monkeypatch.setattr(kernel, "_neural_sweep" if kind == "neural" else "_split_merge_sweep", in_place)
+    live = start.clone()
+    kernel._transition(live, warmup=False)
+    assert torch.equal(live, start + 1.0)  # (2 timed single-site sweeps and 2 timed move sweeps ran on copies)
+
+
+def test_the_timed_single_site_sweeps_count_no_copy_moves() -> None:
+    fg = gmm_graph(POINTS, 3, SIGMA, TAU, 0.5)
+    start = sequential_init(fg, torch.Generator().manual_seed(0), chains=2)
+    tallies = []
+    for options in ({"gibbs_prob": 1.0}, {"gibbs_share": 1.0}):
+        kernel = _kernel("split-merge", fg, **options)
+        kernel.initial_params = {"x": start}
+        kernel.setup(0)
+        kernel.sample({"x": start.clone()})
+        moves = kernel.single_site.copy_moves
+        assert moves is not None
+        tallies.append(int(moves.tally.sum()))
+    assert tallies[0] == tallies[1] > 0  # one sweep's attempts, with or without the two timed sweeps

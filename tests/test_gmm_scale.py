@@ -227,6 +227,9 @@ def test_chain_spread_ranks_only_what_the_chains_agree_on() -> None:
     # a wider z admits more
     assert bench.chain_spread([{"5": 90, "6": 10}, {"5": 40, "6": 60}], z=0.0)["mode set"] == [5]
     assert bench.chain_spread([{"5": 90, "6": 10}, {"5": 40, "6": 60}], z=2.0)["mode set"] == [5, 6]
+    for histograms, z in (([], 2.0), ([{"5": 0}], 2.0), ([{"5": 1}], -1.0)):
+        with pytest.raises(ValueError, match="chain_spread"):
+            bench.chain_spread(histograms, z=z)
 
 
 def test_rescore_rewrites_a_stored_run(quick: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
@@ -283,8 +286,9 @@ def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tm
     record = bench.main(
         ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0.5", "--out", str(tmp_path)]
     )
-    assert record["config"]["gibbs_share"] == 0.5
+    assert record["config"]["gibbs_share"] == 0.5 and "gibbs_prob" not in record["config"]
     (result,) = record["results"]
+    assert 0.0 < result["sm_reference"]["gibbs_prob"] < 1.0  # the continued chains time their own sweeps
     for label, (run,) in result["runs"].items():
         assert 0.0 < run["gibbs_prob"] < 1.0, label
     (folder,) = list(tmp_path.iterdir())

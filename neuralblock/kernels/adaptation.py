@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from neuralblock.kernels.base import check_probability
+
 __all__ = ["GibbsShare", "StepSizeAdapter", "gibbs_prob_for_share"]
 
 
@@ -83,38 +85,52 @@ class GibbsShare:
     picks one per transition with a fixed probability ``gibbs_prob``. Where the moves cost far more than a
     single-site sweep (at n = 1000 points a GMM's pair sweep costs ~50 single-site sweeps), ``gibbs_prob =
     0.5`` spends nearly all the time on the moves. :meth:`calibrate` times both sweeps ``repeats`` times
-    on copies of the starting state (the least time of each; the states are discarded) and returns the
-    probability that gives single-site sweeps ``share`` of the expected time (:func:`gibbs_prob_for_share`).
-    The kernel calls it once, before its first transition, and keeps the probability fixed: a fixed
-    mixture of invariant kernels is invariant, and the probability depends on the start alone.
+    on copies of the starting state (the least wall time of each, the first call possibly loading caches;
+    the states are discarded) and returns the probability that gives single-site sweeps ``share`` of the
+    expected time (:func:`gibbs_prob_for_share`). The kernel calls it once, in its first transition (whose
+    time includes it), and keeps the probability fixed: a fixed mixture of invariant kernels is invariant,
+    and the probability depends on the start and the machine's speed alone (so a seed no longer fixes the
+    run: read the probability used from the kernel's diagnostics).
 
     Args:
-        share: the fraction of the sampling time single-site sweeps should take.
-        repeats: timings of each sweep (the least counts: the first call may load caches).
+        share: the fraction of the sampling time single-site sweeps should take, in ``(0, 1]`` (0 would
+            never update the variables no move touches).
+        repeats: timings of each sweep (the least counts).
 
     Example:
         >>> share = GibbsShare(0.5)
         >>> p = share.calibrate(lambda: None, lambda: sum(range(10**5)))  # single-site sweep, moves
         >>> p == gibbs_prob_for_share(0.5, share.seconds["single_site"], share.seconds["moves"])
         True
+
+    Raises:
+        TypeError: ``share`` is not a real number.
+        ValueError: ``share`` outside ``(0, 1]`` or ``repeats < 1``.
     """
 
     def __init__(self, share: float, repeats: int = 2) -> None:
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
-            raise ValueError(f"gibbs_share must be a number in [0, 1], got {share!r}")
+        self.share = check_probability("gibbs_share", share)
+        if self.share == 0.0:
+            raise ValueError("gibbs_share must be in (0, 1]: with 0 no single-site sweep would ever run")
         if repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {repeats}")
-        self.share = float(share)
         self.repeats = int(repeats)
         self.seconds: dict[str, float] = {}
 
-    def calibrate(self, single_site: Callable[[], object], moves: Callable[[], object]) -> float:
-        """Time ``single_site()`` and ``moves()`` (one sweep each, on copies of the state); the probability."""
+    def calibrate(
+        self, single_site: Callable[[], object], moves: Callable[[], object], device: torch.device | None = None
+    ) -> float:
+        """Time ``single_site()`` and ``moves()`` (one sweep each, on copies of the state); the probability.
+
+        On a CUDA ``device`` each timing waits for the device's queued work.
+        """
         for name, sweep in (("single_site", single_site), ("moves", moves)):
             times = []
             for _ in range(self.repeats):
                 start = time.perf_counter()
                 sweep()
+                if device is not None and device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - start)
             self.seconds[name] = max(min(times), 1e-9)
         return gibbs_prob_for_share(self.share, self.seconds["single_site"], self.seconds["moves"])

@@ -372,9 +372,10 @@ class NeuralBlockKernel(GraphKernel):
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
-            the chosen value is in ``diagnostics()["gibbs_prob"]``). Where a neural sweep costs many
-            single-site sweeps (a GMM's pairs at n = 1000 points), ``gibbs_prob = 0.5`` spends nearly all the
-            time on neural sweeps.
+            the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs in the first transition
+            (its time counts there) and replaces ``gibbs_prob``; a seed then no longer fixes the run. Where a
+            neural sweep costs many single-site sweeps (a GMM's pairs at n = 1000 points), ``gibbs_prob = 0.5``
+            spends nearly all the time on neural sweeps.
     """
 
     batched_state = True
@@ -421,7 +422,7 @@ class NeuralBlockKernel(GraphKernel):
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         self.gibbs_prob = float(gibbs_prob)
-        self.gibbs_share = None if gibbs_share is None else GibbsShare(gibbs_share)
+        self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
         self._share_pending = False  # set at setup: calibrate gibbs_prob before the first transition
         self.step_size = float(step_size)
         self.window = window
@@ -441,7 +442,7 @@ class NeuralBlockKernel(GraphKernel):
         return name if len(same) == 1 else f"{name}#{same.index(i)}"
 
     def _prepare(self, fg: FactorGraph) -> None:
-        self._share_pending = self.gibbs_share is not None
+        self._share_pending = self.share_calibration is not None
         latent = set(fg.latent.tolist())
         self.block_classes: list[list[_BlockClass]] = []
         self.sweeps: list[_Sweep | None] = []  # None where the proposal takes a fused path
@@ -519,7 +520,7 @@ class NeuralBlockKernel(GraphKernel):
         self.single_site = SingleSiteSweep(
             fg, self.step_size, "NeuralBlockKernel", self.device, self.compile, copy_moves=self._copy_moves
         )
-        if self.gibbs_prob == 0.0:
+        if self.gibbs_prob == 0.0 and self.share_calibration is None:
             covered = set()
             for proposal in self.proposals:
                 covered.update(proposal.motif.find_instances(fg).blocks.reshape(-1).tolist())
@@ -619,12 +620,13 @@ class NeuralBlockKernel(GraphKernel):
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
-        if self._share_pending and self.gibbs_share is not None:
+        if self._share_pending and self.share_calibration is not None:
             self._share_pending = False
             beta, soft = self.beta, self.soft_zeros
-            self.gibbs_prob = self.gibbs_share.calibrate(
+            self.gibbs_prob = self.share_calibration.calibrate(
                 lambda: self.single_site.sweep(fg, state.clone(), False, beta, soft, record=False),
                 lambda: self._neural_sweep(fg, state.clone(), beta, soft, warmup=True),
+                state.device,
             )
         if float(torch.rand(())) < self.gibbs_prob:
             state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta, soft=self.soft_zeros)
@@ -825,7 +827,7 @@ class NeuralBlockKernel(GraphKernel):
             "discarded_proposals": float(sum(self._discarded)),
             "single_site_sweeps": float(self._single_sweeps),
             "gibbs_prob": self.gibbs_prob,
-            "gibbs_share_seconds": dict(self.gibbs_share.seconds) if self.gibbs_share else {},
+            "gibbs_share_seconds": dict(self.share_calibration.seconds) if self.share_calibration else {},
             "fused": {self._label(i): f is not None for i, f in enumerate(self.fused)},
             "proposal_cache": cache,
             "compile_seconds": sum(f.compile_seconds for f in self.fused if f is not None)

@@ -665,7 +665,8 @@ class SplitMergeGMM(GraphKernel):
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
-            the chosen value is in ``diagnostics()["gibbs_prob"]``).
+            the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs in the first transition
+            (its time counts there) and replaces ``gibbs_prob``; a seed then no longer fixes the run.
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
@@ -713,7 +714,7 @@ class SplitMergeGMM(GraphKernel):
         if not (self.tuning.birth_radius > 0 and 0 < self.tuning.birth_prior_weight < 1):
             raise ValueError(f"tuning needs birth_radius > 0 and birth_prior_weight in (0, 1), got {self.tuning}")
         self.gibbs_prob = float(gibbs_prob)
-        self.gibbs_share = None if gibbs_share is None else GibbsShare(gibbs_share)
+        self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
         self._share_pending = False  # set at setup: calibrate gibbs_prob before the first transition
         self.step_size = float(step_size)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
@@ -750,7 +751,7 @@ class SplitMergeGMM(GraphKernel):
         return layout
 
     def _prepare(self, fg: FactorGraph) -> None:
-        self._share_pending = self.gibbs_share is not None
+        self._share_pending = self.share_calibration is not None
         self.layout = self._checked_layout(fg)
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
@@ -792,9 +793,9 @@ class SplitMergeGMM(GraphKernel):
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
-        if self._share_pending and self.gibbs_share is not None:
+        if self._share_pending and self.share_calibration is not None:
             self._share_pending = False
-            self.gibbs_prob = self.gibbs_share.calibrate(
+            self.gibbs_prob = self.share_calibration.calibrate(
                 lambda: self.single_site.sweep(fg, state.clone(), adapt=False, record=False),
                 lambda: self._split_merge_sweep(fg, state.clone(), warmup=True),
             )
@@ -847,6 +848,6 @@ class SplitMergeGMM(GraphKernel):
             "nonfinite_rejections": float(self._nonfinite),
             "single_site_sweeps": float(self._single_sweeps),
             "gibbs_prob": self.gibbs_prob,
-            "gibbs_share_seconds": dict(self.gibbs_share.seconds) if self.gibbs_share else {},
+            "gibbs_share_seconds": dict(self.share_calibration.seconds) if self.share_calibration else {},
             **(self.single_site.report() if hasattr(self, "single_site") else {}),
         }
