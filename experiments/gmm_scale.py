@@ -1,4 +1,4 @@
-"""Open-universe GMMs at scale: NB(set) + Gibbs vs split-merge + Gibbs vs NB(old) + Gibbs (issue #27).
+"""Open-universe GMMs at scale: NB(set) + Gibbs vs split-merge + Gibbs vs NB(old) + Gibbs vs Gibbs (issue #27).
 
 For every size ``m`` (candidate mixtures) in ``--mixtures`` and ``n`` (points) in ``--points``, a few
 case families (:func:`experiments.gmm_models.family_gmm`, held-out generator seeds from 70 000 on) are
@@ -6,13 +6,16 @@ drawn: ``model`` (the model's own generator), ``unequal`` (about m/3 clusters of
 ``overlap`` (pairs of clusters 2.5 sigma apart) and ``scaled`` (``unequal`` at sigma 3, tau 15). By
 default each (m, n) cell runs ``--families-per-cell 2`` families, chosen by rotation so that every
 family appears at every m and every n (:func:`cell_families`); ``--families`` runs the named ones in
-every cell. Three arms run on every case, each one kernel of ``--chains K`` vectorized chains from
+every cell. Four arms run on every case, each one kernel of ``--chains K`` vectorized chains from
 the same K starts, for the same sampling time (``--clock cpu`` by default):
 
 * ``NB(set) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--proposal`` (``gmm_pair_copies``; the
   first set-encoder proposal, ``gmm_pair_set``, can take either NB arm);
 * ``split-merge + Gibbs``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`;
-* ``NB(old) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--old-proposal`` (``gmm_pair``).
+* ``NB(old) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--old-proposal`` (``gmm_pair``);
+* ``Gibbs only``: the single-site sweep every arm mixes in, copy-set moves included, and nothing else
+  (:class:`~neuralblock.kernels.split_merge.SplitMergeGMM` at ``gibbs_prob=1``): the baseline that tells
+  how much of an arm's speed its own moves give.
 
 The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``.
 Per case and arm, with every chain counted as a run:
@@ -20,8 +23,8 @@ Per case and arm, with every chain counted as a run:
 * the robust level: split-merge's lower median over its chains of the mean log joint over the last
   quarter of the run, minus 2 nats; each chain's first time at it
   (:func:`~experiments.gmm_models.first_time_above`), their censored lower median
-  (:func:`~experiments.gmm_study.censored_lower_median`), the ratio of each NB arm's to
-  split-merge's (below 1: NB is faster) and how many chains reach it;
+  (:func:`~experiments.gmm_study.censored_lower_median`), the ratio of each arm's to
+  split-merge's (below 1: the arm is faster) and how many chains reach it;
 * the posterior of M: each chain's histogram of M over the second half of its run, the arm's pooled
   posterior (chains weighted equally) and its mode, against the true M and split-merge's mode;
 * stuck chains: one M over the whole second half where split-merge's posterior gives that M < 0.5;
@@ -89,9 +92,11 @@ from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.kernels.split_merge import SplitMergeGMM
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
 
-NB_SET, NB_OLD = "NB(set) + Gibbs", "NB(old) + Gibbs"
-ARMS = (NB_SET, SM, NB_OLD)
-COLORS = {NB_SET: "tab:blue", SM: "tab:orange", NB_OLD: "tab:green"}
+NB_SET, NB_OLD, GIBBS = "NB(set) + Gibbs", "NB(old) + Gibbs", "Gibbs only"
+ARMS = (NB_SET, SM, NB_OLD, GIBBS)
+COLORS = {NB_SET: "tab:blue", SM: "tab:orange", NB_OLD: "tab:green", GIBBS: "tab:gray"}
+SHORT_NAMES = {SM: "SM", NB_SET: "set", NB_OLD: "old", GIBBS: "Gibbs"}
+"""The arms in the report's per-arm columns, in this order (records before the Gibbs arm have three)."""
 LEVEL_MARGIN = 2.0
 """Nats below split-merge's last-quarter mean log joint that the robust level sits."""
 TIE_SE = 2.0
@@ -542,7 +547,7 @@ def warm_up(proposal: NeuralBlockProposal, chains: int) -> float:
 
 
 def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
-    """Run the three arms on one case ``(index, m, n, family)`` in this (set-up) process; its result with metrics.
+    """Run the four arms on one case ``(index, m, n, family)`` in this (set-up) process; its result with metrics.
 
     The case's starts and run seeds come from its generator seed alone, so the result does not depend
     on which process runs it (or after what).
@@ -558,6 +563,8 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
 
     def build(label: str) -> GraphKernel:
         mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share}
+        if label == GIBBS:  # its single-site sweeps only (the moves never run)
+            return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0)
         if label == SM:
             return SplitMergeGMM(fg, chains=chains, **mix)
         return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, **mix)
@@ -585,7 +592,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
 
 
 def arm_acceptance(label: str, diagnostics: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
-    """An arm's in-kernel acceptance: split-merge's per move, an NB arm's under its proposal's name.
+    """An arm's in-kernel acceptance: split-merge's per move, an NB arm's under its proposal's name, Gibbs's copy moves.
 
     (The kernel names a proposal by its motif, which both set proposals share.)
 
@@ -595,7 +602,11 @@ def arm_acceptance(label: str, diagnostics: dict[str, Any], args: argparse.Names
         {'gmm_pair_set': 0.25}
         >>> arm_acceptance(NB_SET, {"acceptance_by_proposal": {"gmm_pair_set": 0.5}}, args)
         {'gmm_pair_copies': 0.5}
+        >>> arm_acceptance(GIBBS, {"copy_move_acceptance": {"split": 0.25, "merge": 0.5}}, args)
+        {'copy split': 0.25, 'copy merge': 0.5}
     """
+    if label == GIBBS:
+        return {f"copy {move}": rate for move, rate in diagnostics["copy_move_acceptance"].items()}
     if label == SM:
         return dict(diagnostics["acceptance_by_move"])
     (rate,) = diagnostics["acceptance_by_proposal"].values()
@@ -607,7 +618,7 @@ def planned_seconds(args: argparse.Namespace, m: int, n: int) -> float:
 
     Example:
         >>> planned_seconds(parse_args(["--seconds", "10"]), 8, 60)
-        50.0
+        60.0
     """
     return (len(ARMS) + args.reference_factor) * run_seconds(m, n, args.seconds, args.max_seconds)
 
@@ -679,9 +690,25 @@ def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _per_arm(metrics: dict[str, dict[str, Any]], key: str) -> str:
-    """``key``'s count (a list counts its true entries) for split-merge, NB(set) and NB(old), as ``a / b / c``."""
-    values = [metrics[a][key] for a in (SM, NB_SET, NB_OLD)]
+def report_arms(results: list[dict[str, Any]]) -> list[str]:
+    """The arms of a record in the report's column order (:data:`SHORT_NAMES`; earlier records lack the Gibbs arm).
+
+    Example:
+        >>> report_arms([{"runs": {NB_SET: [], SM: [], NB_OLD: []}}])
+        ['split-merge + Gibbs', 'NB(set) + Gibbs', 'NB(old) + Gibbs']
+    """
+    present = set(results[0]["runs"]) if results else set()
+    return [label for label in SHORT_NAMES if label in present]
+
+
+def _arm_names(arms: Sequence[str]) -> str:
+    """The short names of ``arms`` for a column title, as ``SM / set / old / Gibbs``."""
+    return " / ".join(SHORT_NAMES[a] for a in arms)
+
+
+def _per_arm(metrics: dict[str, dict[str, Any]], key: str, arms: Sequence[str]) -> str:
+    """``key``'s count (a list counts its true entries) for each of ``arms``, as ``a / b / c / d``."""
+    values = [metrics[a][key] for a in arms]
     return " / ".join(str(sum(v) if isinstance(v, list) else v) for v in values)
 
 
@@ -693,27 +720,31 @@ def _fmt_reference(reference: dict[str, Any] | None) -> str:
 
 
 def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per case: both NB arms' time ratios, the modes of M and the stuck chains."""
+    """One row per case: every arm's time ratio (and NB(set)'s over Gibbs's), the modes of M and the stuck chains."""
+    arms, names = report_arms(results), _arm_names(report_arms(results))
     rows = []
     for result in results:
         met = result["metrics"]
+        ratios = {f"{SHORT_NAMES[a]}/SM": _fmt_ratio(met[a]["time / SM"]) for a in arms if a != SM}
+        if GIBBS in met:
+            gibbs_time = met[GIBBS]["median time to level"]
+            ratios["set/Gibbs"] = _fmt_ratio(time_ratio(met[NB_SET]["median time to level"], gibbs_time))
         rows.append(
             {
                 "m": result["m"],
                 "n": result["n"],
                 "family": result["family"],
                 "s": result["seconds"],
-                "NB(set)/SM": _fmt_ratio(met[NB_SET]["time / SM"]),
-                "NB(old)/SM": _fmt_ratio(met[NB_OLD]["time / SM"]),
+                **ratios,
                 "true M": round(result["reference"]["true_active"]),
                 "SM reference mode (P)": _fmt_reference(result.get("sm_reference")),
-                "mode SM / set / old": " / ".join(str(met[a]["M mode"]) for a in (SM, NB_SET, NB_OLD)),
-                "chains mode = SM mode (SM / set / old)": _per_arm(met, "chains with mode = SM mode"),
-                "same, SM short run": _per_arm(met, "chains with mode = SM short-run mode"),
+                f"mode {names}": " / ".join(str(met[a]["M mode"]) for a in arms),
+                f"chains mode = SM mode ({names})": _per_arm(met, "chains with mode = SM mode", arms),
+                "same, SM short run": _per_arm(met, "chains with mode = SM short-run mode", arms),
                 "SM mode set": ", ".join(str(k) for k in met[SM]["SM mode set"]),
-                "chains mode in it (SM / set / old)": _per_arm(met, "chains with mode in SM mode set"),
-                "stuck (SM / set / old)": _per_arm(met, "stuck"),
-                "stuck beyond SM spread (SM / set / old)": _per_arm(met, "stuck beyond SM spread"),
+                f"chains mode in it ({names})": _per_arm(met, "chains with mode in SM mode set", arms),
+                f"stuck ({names})": _per_arm(met, "stuck", arms),
+                f"stuck beyond SM spread ({names})": _per_arm(met, "stuck beyond SM spread", arms),
             }
         )
     return rows
@@ -725,9 +756,10 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``<= 0.5x`` split-merge's time at m >= 12 and never slower (a ratio of ``None``, never reached,
     counts as slower); as many chains with M's mode = split-merge's mode as split-merge's own chains; no
     stuck chain. The mode and stuck checks are given against split-merge's reference posterior, against
-    its short runs', and allowing for its chains' spread (:func:`spread_metrics`). The old proposal's worst
-    ratio is there to compare.
+    its short runs', and allowing for its chains' spread (:func:`spread_metrics`). The other arms' worst
+    ratios are there to compare, and (where the record has the Gibbs arm) NB(set)'s worst ratio to Gibbs's time.
     """
+    arms, names = report_arms(results), _arm_names(report_arms(results))
     sizes = sorted({(r["m"], r["n"]) for r in results})
     rows = []
     for m, n in sizes:
@@ -737,30 +769,40 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ratios = [r["metrics"][label]["time / SM"] for r in cases]
             return None if any(x is None for x in ratios) else max(ratios)
 
+        def counts(key: str, cases: list[dict[str, Any]] = cell) -> dict[str, int]:
+            return {a: sum(r["metrics"][a][key] for r in cases) for a in arms}
+
+        def joined(values: dict[str, int]) -> str:
+            return " / ".join(str(values[a]) for a in arms)
+
         set_ratio = worst(NB_SET)
-        modes = {a: sum(r["metrics"][a]["chains with mode = SM mode"] for r in cell) for a in ARMS}
-        short = {a: sum(r["metrics"][a]["chains with mode = SM short-run mode"] for r in cell) for a in ARMS}
+        modes, short = counts("chains with mode = SM mode"), counts("chains with mode = SM short-run mode")
+        in_set = counts("chains with mode in SM mode set")
         stuck = sum(sum(r["metrics"][NB_SET]["stuck"]) for r in cell)
         short_stuck = sum(sum(r["metrics"][NB_SET]["stuck (SM short-run posterior)"]) for r in cell)
-        in_set = {a: sum(r["metrics"][a]["chains with mode in SM mode set"] for r in cell) for a in ARMS}
         spread_stuck = sum(sum(r["metrics"][NB_SET]["stuck beyond SM spread"]) for r in cell)
+        others = {f"worst {label.split(' +')[0]}/SM": _fmt_ratio(worst(label)) for label in arms if label != SM}
+        if GIBBS in arms:
+            to_gibbs = [
+                time_ratio(r["metrics"][NB_SET]["median time to level"], r["metrics"][GIBBS]["median time to level"])
+                for r in cell
+            ]
+            known = [x for x in to_gibbs if x is not None]
+            others["worst NB(set)/Gibbs"] = _fmt_ratio(max(known) if len(known) == len(to_gibbs) else None)
         rows.append(
             {
                 "m": m,
                 "n": n,
                 "families": ", ".join(r["family"] for r in cell),
-                "worst NB(set)/SM": _fmt_ratio(set_ratio),
-                "worst NB(old)/SM": _fmt_ratio(worst(NB_OLD)),
+                **others,
                 "time target": set_ratio is not None and set_ratio <= (0.5 if m >= 12 else 1.0),
-                "mode = SM mode (SM / set / old)": " / ".join(str(modes[a]) for a in (SM, NB_SET, NB_OLD)),
+                f"mode = SM mode ({names})": joined(modes),
                 "mode target": modes[NB_SET] >= modes[SM],
                 "stuck NB(set)": stuck,
-                "SM short run: mode = its mode (SM / set / old)": " / ".join(
-                    str(short[a]) for a in (SM, NB_SET, NB_OLD)
-                ),
+                f"SM short run: mode = its mode ({names})": joined(short),
                 "SM short run: mode target": short[NB_SET] >= short[SM],
                 "SM short run: stuck NB(set)": short_stuck,
-                "mode in SM mode set (SM / set / old)": " / ".join(str(in_set[a]) for a in (SM, NB_SET, NB_OLD)),
+                f"mode in SM mode set ({names})": joined(in_set),
                 "mode-set target": in_set[NB_SET] >= in_set[SM],
                 "stuck NB(set) beyond SM spread": spread_stuck,
             }
@@ -833,20 +875,36 @@ def mixing_text(args: argparse.Namespace) -> str:
     )
 
 
+def gibbs_arm_text(results: list[dict[str, Any]]) -> str:
+    """The report's words on the Gibbs arm, where the record has it (else nothing).
+
+    Example:
+        >>> gibbs_arm_text([{"runs": {SM: []}}])
+        ''
+    """
+    if GIBBS not in report_arms(results):
+        return ""
+    return (
+        f" and `{GIBBS}` (split-merge's kernel at gibbs_prob=1: the single-site sweeps with their copy-set moves, "
+        + "no other move)"
+    )
+
+
 def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dict[str, str]) -> str:
     """The markdown report: the setup, a row per case and arm, then the summaries per case and per size."""
     clock = "CPU time of each run's process" if args.clock == "cpu" else "wall time"
     setup = (
         f"Arms: `{NB_SET}` (`{args.proposal}`, {sources[NB_SET]}), `{SM}`, `{NB_OLD}` (`{args.old_proposal}`, "
-        + f"{sources[NB_OLD]}); {mixing_text(args)}; in every arm each single-site sweep ends with the "
-        + "copy-set moves (`MixtureCopyMoves`, the kernels' default). Each run is one kernel of "
+        + f"{sources[NB_OLD]}){gibbs_arm_text(results)}; {mixing_text(args)}; in every arm each single-site sweep "
+        + "ends with the copy-set moves (`MixtureCopyMoves`, the kernels' default). Each run is one kernel of "
         + f"{args.chains} vectorized "
         + f"chains, every arm from the same {args.chains} starts, for {args.seconds:g} s of {clock} scaled by "
         + f"sqrt(m n / 3840) above 16 x 240 (at most {args.max_seconds:g} s); {args.threads} thread(s). Every "
         + "chain counts as a run. The robust level is split-merge's lower median over chains of the mean log "
         + f"joint over the last quarter of its run, minus {LEVEL_MARGIN:g} nats; `median time` is the lower median "
         + "over chains of the first time at it, a chain that never gets there counting as later than all; "
-        + "`time / SM` is an arm's over split-merge's (`never`: the arm's median chain never got there). The "
+        + "`time / SM` is an arm's over split-merge's (`never`: the arm's median chain never got there; `set/Gibbs`: "
+        + "NB(set)'s over Gibbs's). The "
         + "posterior of M is over the second half of each run (chains weighted equally); a chain is `stuck` when "
         + "its M stays the same over the second half where split-merge's posterior gives that M under 0.5. "
         + reference_text(args)
@@ -865,7 +923,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
     ]
     body = "".join(f"\n\n## {title}\n\n" + markdown_table(rows, list(rows[0])) for title, rows in sections)
     plots = "\n\n![log joint](gmm_scale_logjoint.png)\n\n![active mixtures](gmm_scale_active.png)\n"
-    return "# Open-universe GMMs at scale: NB(set) vs split-merge vs NB(old)\n\n" + setup + body + plots
+    title = " vs ".join(label.split(" +")[0] for label in ARMS if label in report_arms(results))
+    return f"# Open-universe GMMs at scale: {title}\n\n" + setup + body + plots
 
 
 def rescore(folder: str | Path) -> dict[str, Any]:
@@ -903,7 +962,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.rescore:
         return rescore(args.rescore)
     unset = ("gibbs_share",) if args.gibbs_share is None else ("gibbs_prob",)  # (earlier runs keep their folders)
-    config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset))
+    config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)
     planned = sum(planned_seconds(args, m, n) for m, n, _ in cases)

@@ -56,7 +56,9 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
             assert sum(met["M posterior"].values()) == pytest.approx(1.0)
             assert len(met["stuck"]) == len(met["M change fraction"]) == len(met["times to level"]) == 2
             assert all(0.0 <= f <= 1.0 for f in met["M change fraction"])
-        assert starts[0] == starts[1] == starts[2]  # every arm from the same two starts
+        assert all(s == starts[0] for s in starts)  # every arm from the same two starts
+        gibbs = result["runs"][bench.GIBBS][0]  # single-site sweeps only: no move of split-merge's was made
+        assert gibbs["gibbs_prob"] == 1.0 and set(gibbs["acceptance"]) == {"copy split", "copy merge"}
         sm = result["metrics"][SM]
         # the level is the lower of SM's two last-quarter means minus 2 nats: both its chains get above it
         assert sm["chains reaching level"] == 2 and sm["time / SM"] == 1.0
@@ -79,7 +81,9 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
         assert sum(ref["M posterior"].values()) == pytest.approx(1.0)
         assert ref["M mode"] == bench.posterior_mode(ref["M posterior"])
     assert [t["m"] for t in record["targets"]] == [8, 12]
+    assert saved["config"]["arms"] == list(bench.ARMS)
     text = (folder / "gmm_scale.md").read_text()
+    assert "set/Gibbs" in text and "worst NB(set)/Gibbs" in text and "(SM / set / old / Gibbs)" in text
     for heading in ("## Per case and arm", "## Per case", "## Targets per size"):
         assert heading in text
     for name in ("gmm_scale_logjoint.png", "gmm_scale_active.png"):
@@ -213,6 +217,39 @@ def test_case_metrics_on_known_traces() -> None:
     assert met[SM]["SM mode set"] == [3] and met[bench.NB_OLD]["stuck beyond SM spread"] == [True, True]
 
 
+def test_reports_compare_with_the_gibbs_arm() -> None:
+    """Per case NB(set)'s time over Gibbs's; per size its worst; a record without the Gibbs arm has no such column."""
+    arms = {
+        bench.NB_SET: _run([[-99, -10, -10, -10], [-99, -10, -10, -10]], [[1, 3, 3, 3]] * 2),
+        SM: _run([[-99, -50, -10, -10], [-99, -50, -10, -10]], [[1, 2, 3, 3]] * 2),
+        bench.NB_OLD: _run([[-99, -50, -10, -10], [-99, -99, -10, -10]], [[1, 2, 3, 3]] * 2),
+        bench.GIBBS: _run([[-99, -99, -99, -10], [-99, -99, -10, -10]], [[1, 1, 3, 3]] * 2),
+    }
+    reference = {"true_active": 3.0, "true_log_joint": -10.0}
+    results = [
+        {"m": 12, "n": 60, "family": family, "seconds": 3.0, "reference": reference, "runs": runs}
+        for family, runs in (
+            ("model", {label: [{**run, "acceptance": {"x": 0.5}}] for label, run in arms.items()}),
+            ("overlap", {label: [{**run, "acceptance": {"x": 0.5}}] for label, run in reversed(arms.items())}),
+        )
+    ]
+    for result in results:
+        result["metrics"] = bench.case_metrics(result)
+    # level -12: SM's median first time 2, NB(set)'s 1, NB(old)'s lower median of (2, 2) 2, Gibbs's of (3, 2) 2
+    (row, _) = bench.summary_rows(results)
+    assert (row["set/SM"], row["old/SM"], row["Gibbs/SM"], row["set/Gibbs"]) == ("0.50", "1.00", "1.00", "0.50")
+    assert row["stuck (SM / set / old / Gibbs)"] == "0 / 0 / 0 / 0"  # whatever order the record keeps
+    (target,) = bench.size_targets(results)
+    assert target["worst NB(set)/Gibbs"] == "0.50" and target["worst Gibbs only/SM"] == "1.00"
+    assert target["mode = SM mode (SM / set / old / Gibbs)"] == "4 / 4 / 4 / 4" and target["time target"]
+    for result in results:  # a record from before the Gibbs arm
+        del result["runs"][bench.GIBBS], result["metrics"][bench.GIBBS]
+    (row, _) = bench.summary_rows(results)
+    assert "set/Gibbs" not in row and row["stuck (SM / set / old)"] == "0 / 0 / 0"
+    assert "worst NB(set)/Gibbs" not in bench.size_targets(results)[0]
+    assert bench.gibbs_arm_text(results) == ""
+
+
 def test_chain_spread_ranks_only_what_the_chains_agree_on() -> None:
     # two chains that agree: the mode alone, and a runner-up's upper bound stays under 0.5
     agree = bench.chain_spread([{"5": 90, "6": 10}, {"5": 80, "6": 20}])
@@ -282,7 +319,8 @@ def test_doctests() -> None:
 def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
     """``--gibbs-share``: every arm's kernel sets its own single-site probability; unset, the config has no key."""
     assert "gibbs_share" not in quick[0]["config"]
-    assert all(run["gibbs_prob"] == 0.5 for r in quick[0]["results"] for (run,) in r["runs"].values())
+    for result in quick[0]["results"]:
+        assert [run["gibbs_prob"] for (run,) in result["runs"].values()] == [0.5, 0.5, 0.5, 1.0]  # Gibbs: 1
     record = bench.main(
         ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0.5", "--out", str(tmp_path)]
     )
@@ -290,7 +328,7 @@ def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tm
     (result,) = record["results"]
     assert 0.0 < result["sm_reference"]["gibbs_prob"] < 1.0  # the continued chains time their own sweeps
     for label, (run,) in result["runs"].items():
-        assert 0.0 < run["gibbs_prob"] < 1.0, label
+        assert 0.0 < run["gibbs_prob"] < 1.0 or (label == bench.GIBBS and run["gibbs_prob"] == 1.0), label
     (folder,) = list(tmp_path.iterdir())
     assert "gibbs_share=0.5" in (folder / "gmm_scale.md").read_text()
     with pytest.raises(SystemExit):
