@@ -624,9 +624,13 @@ def planned_seconds(args: argparse.Namespace, m: int, n: int) -> float:
 
 
 def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
-    """Every case, in this process (``--workers 1``) or in ``--workers`` spawned ones; results in case order."""
+    """Every case, in this process (``--workers 1``) or in ``--workers`` spawned ones; results in case order.
+
+    The cases start longest first (by planned time), so that with several workers the longest do not
+    start last; a case's record does not depend on when it runs (:func:`run_case`).
+    """
     planned = [planned_seconds(args, m, n) for m, n, _ in cases]
-    jobs = [(i, m, n, family) for i, (m, n, family) in enumerate(cases)]
+    jobs = sorted(((i, m, n, family) for i, (m, n, family) in enumerate(cases)), key=lambda job: -planned[job[0]])
     results: list[dict[str, Any] | None] = [None] * len(cases)
     bar = tqdm(total=round(sum(planned), 1), unit="s", desc="GMM cases (planned sampling s)")
 
