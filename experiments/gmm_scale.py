@@ -349,6 +349,54 @@ def chain_spread(histograms: Sequence[Mapping[str, float]], z: float = TIE_SE) -
     return {"mode set": mode_set, "upper": upper}
 
 
+def hit_count_distribution(rates: Sequence[float], chains: int) -> list[float]:
+    """The distribution of the number of chains at the mode over cases whose ``chains`` chains each get there w.p. rate.
+
+    Example:
+        >>> [round(p, 3) for p in hit_count_distribution([0.5, 1.0], 2)]
+        [0.0, 0.0, 0.25, 0.5, 0.25]
+    """
+    dist = [1.0]
+    for rate in rates:
+        case = [math.comb(chains, k) * rate**k * (1.0 - rate) ** (chains - k) for k in range(chains + 1)]
+        dist = [
+            sum(dist[i] * case[k - i] for i in range(len(dist)) if 0 <= k - i <= chains)
+            for k in range(len(dist) + chains)
+        ]
+    return dist
+
+
+def exchangeable_miss_probability(nb_hits: Sequence[int], sm_hits: Sequence[int], chains: int) -> float:
+    """How likely a sampler as good as split-merge misses the mode target: fewer chains at the mode than split-merge.
+
+    Per case both arms' chains reach the mode with the same rate, estimated by pooling them (``nb_hits[c]`` and
+    ``sm_hits[c]`` of ``chains`` each); the two arms' totals over the cases are then i.i.d., and the chance that
+    one falls below the other is ``(1 - P(tie)) / 2``. Near 0 where the mode is certain (every chain or none gets
+    there); up to about 0.4 where the posterior of M is flat and a chain's own mode is nearly a draw.
+
+    Example:
+        >>> exchangeable_miss_probability([5, 5], [5, 5], 5), exchangeable_miss_probability([1], [0], 1)
+        (0.0, 0.25)
+    """
+    rates = [(a + b) / (2 * chains) for a, b in zip(nb_hits, sm_hits, strict=True)]
+    return (1.0 - sum(p * p for p in hit_count_distribution(rates, chains))) / 2.0
+
+
+def fewer_hits_p_value(nb_hits: int, sm_hits: int, chains: int) -> float:
+    """One-sided Fisher exact test that NB has fewer chains at the mode than split-merge, each arm ``chains`` chains.
+
+    The probability, given the total number at the mode, that NB's share is ``nb_hits`` or fewer.
+
+    Example:
+        >>> fewer_hits_p_value(0, 10, 10) == 1 / math.comb(20, 10), round(fewer_hits_p_value(6, 9, 10), 3)
+        (True, 0.152)
+    """
+    hits = nb_hits + sm_hits
+    low = max(0, hits - chains)
+    tail = sum(math.comb(chains, k) * math.comb(chains, hits - k) for k in range(low, nb_hits + 1))
+    return tail / math.comb(2 * chains, hits)
+
+
 def m_change_fraction(active: Sequence[float]) -> float:
     """The fraction of transitions after which the chain's M differs from before (0 without transitions).
 
@@ -781,6 +829,9 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         set_ratio = worst(NB_SET)
         modes, short = counts("chains with mode = SM mode"), counts("chains with mode = SM short-run mode")
+        chains = sum(len(r["metrics"][SM]["stuck"]) for r in cell)
+        case_hits = {a: [r["metrics"][a]["chains with mode = SM mode"] for r in cell] for a in (NB_SET, SM)}
+        miss = exchangeable_miss_probability(case_hits[NB_SET], case_hits[SM], chains // len(cell))
         in_set = counts("chains with mode in SM mode set")
         stuck = sum(sum(r["metrics"][NB_SET]["stuck"]) for r in cell)
         short_stuck = sum(sum(r["metrics"][NB_SET]["stuck (SM short-run posterior)"]) for r in cell)
@@ -802,6 +853,8 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "time target": set_ratio is not None and set_ratio <= (0.5 if m >= 12 else 1.0),
                 f"mode = SM mode ({names})": joined(modes),
                 "mode target": modes[NB_SET] >= modes[SM],
+                "P(miss) as good as SM": round(miss, 3),
+                "fewer at mode: p": round(fewer_hits_p_value(modes[NB_SET], modes[SM], chains), 3),
                 "stuck NB(set)": stuck,
                 f"SM short run: mode = its mode ({names})": joined(short),
                 "SM short run: mode target": short[NB_SET] >= short[SM],
@@ -812,6 +865,29 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def mode_target_text(targets: list[dict[str, Any]]) -> str:
+    """The report's sentence on the mode target over the sizes with m >= 12: met, expected misses, significant misses.
+
+    Example:
+        >>> rows = [{"m": 12, "mode target": False, "P(miss) as good as SM": 0.4, "fewer at mode: p": 0.3}]
+        >>> mode_target_text(rows + [{"m": 8, "mode target": False}])[:61]
+        'Mode target at 0 of 1 sizes with m >= 12; a sampler as good a'
+    """
+    rows = [t for t in targets if t["m"] >= 12]
+    if not rows:
+        return ""
+    met = sum(bool(t["mode target"]) for t in rows)
+    expected = sum(t["P(miss) as good as SM"] for t in rows)
+    significant = sum(t["fewer at mode: p"] < 0.05 for t in rows)
+    all_met = math.prod(1.0 - t["P(miss) as good as SM"] for t in rows)
+    return (
+        f"Mode target at {met} of {len(rows)} sizes with m >= 12; a sampler as good as split-merge (`P(miss) as good "
+        + f"as SM`, summed) would miss it at {expected:.1f} of them in expectation and meet it at all with "
+        + f"probability {all_met:.2f}; NB(set) has fewer chains at the "
+        + f"mode than split-merge at p < 0.05 (`fewer at mode: p`, one-sided Fisher exact) at {significant}.\n"
+    )
 
 
 def plot_cases(
@@ -915,6 +991,10 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
         + f"`SM mode set`: the M that split-merge's chains cannot rank below their mode (within {TIE_SE:g} "
         + "between-chain standard errors of the gap, each chain's histogram a replicate); `stuck beyond SM "
         + f"spread`: stuck where that M's probability plus {TIE_SE:g} standard errors is under 0.5. "
+        + "`P(miss) as good as SM`: the chance that a sampler whose chains reach the reference mode as often as "
+        + "split-merge's (per case, the two arms' rate pooled) has fewer chains there than split-merge, i.e. misses "
+        + "the mode target by chance (`exchangeable_miss_probability`); `fewer at mode: p`: a one-sided Fisher exact "
+        + "test that NB(set) has fewer. "
         + "`M changes`: the median over chains of the fraction of transitions that change M. Acceptance: NB's "
         + "proposal, split-merge's per move. The model weighs its active mixtures equally, so where the clusters' "
         + "sizes differ (`unequal`, `scaled`) its posterior favours more mixtures than the true clusters (copies on "
@@ -926,6 +1006,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
         ("Targets per size (NB(set); worst over the size's cases)", size_targets(results)),
     ]
     body = "".join(f"\n\n## {title}\n\n" + markdown_table(rows, list(rows[0])) for title, rows in sections)
+    body += "\n" + mode_target_text(sections[-1][1])
     plots = "\n\n![log joint](gmm_scale_logjoint.png)\n\n![active mixtures](gmm_scale_active.png)\n"
     title = " vs ".join(label.split(" +")[0] for label in ARMS if label in report_arms(results))
     return f"# Open-universe GMMs at scale: {title}\n\n" + setup + body + plots

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -242,12 +243,33 @@ def test_reports_compare_with_the_gibbs_arm() -> None:
     (target,) = bench.size_targets(results)
     assert target["worst NB(set)/Gibbs"] == "0.50" and target["worst Gibbs only/SM"] == "1.00"
     assert target["mode = SM mode (SM / set / old / Gibbs)"] == "4 / 4 / 4 / 4" and target["time target"]
+    assert target["P(miss) as good as SM"] == 0.0 and target["fewer at mode: p"] == 1.0  # every chain at the mode
     for result in results:  # a record from before the Gibbs arm
         del result["runs"][bench.GIBBS], result["metrics"][bench.GIBBS]
     (row, _) = bench.summary_rows(results)
     assert "set/Gibbs" not in row and row["stuck (SM / set / old)"] == "0 / 0 / 0"
     assert "worst NB(set)/Gibbs" not in bench.size_targets(results)[0]
     assert bench.gibbs_arm_text(results) == ""
+
+
+def test_mode_target_chance_matches_simulation() -> None:
+    """Two arms with the same per-case rates: the exact chance of fewer hits against 200 000 simulated pairs."""
+    rates, chains = [0.2, 0.5, 0.9], 5
+    nb_hits = [round(2 * chains * r) // 2 for r in rates]
+    sm_hits = [round(2 * chains * r) - h for r, h in zip(rates, nb_hits)]  # pooled rates: `rates`
+    exact = bench.exchangeable_miss_probability(nb_hits, sm_hits, chains)
+    torch.manual_seed(0)
+    draws = torch.distributions.Binomial(chains, torch.tensor(rates).expand(2, 200_000, 3)).sample()
+    fewer = (draws[0].sum(-1) < draws[1].sum(-1)).double()
+    assert abs(float(fewer.mean()) - exact) < 5 * float(fewer.std()) / 200_000**0.5 + 1e-9, (exact, fewer.mean())
+    assert 0.3 < exact < 0.5 and bench.exchangeable_miss_probability([0, 5], [0, 5], 5) == 0.0
+    # Fisher's one-sided p against the hypergeometric tail by enumeration of every split of 20 chains
+    for nb, sm in ((3, 7), (6, 9), (10, 10), (0, 1)):
+        total, hits = 10, nb + sm
+        splits = [
+            k for k in range(min(hits, total) + 1) for _ in range(math.comb(total, k) * math.comb(total, hits - k))
+        ]
+        assert bench.fewer_hits_p_value(nb, sm, total) == pytest.approx(sum(k <= nb for k in splits) / len(splits))
 
 
 def test_chain_spread_ranks_only_what_the_chains_agree_on() -> None:
