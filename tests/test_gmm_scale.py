@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import doctest
+import itertools
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from scipy import stats
 
 from experiments import gmm_scale as bench
 from experiments.gmm_models import (
@@ -59,7 +60,9 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
             assert all(0.0 <= f <= 1.0 for f in met["M change fraction"])
         assert all(s == starts[0] for s in starts)  # every arm from the same two starts
         gibbs = result["runs"][bench.GIBBS][0]  # single-site sweeps only: no move of split-merge's was made
-        assert gibbs["gibbs_prob"] == 1.0 and set(gibbs["acceptance"]) == {"copy split", "copy merge"}
+        assert gibbs["gibbs_prob"] == 1.0 and gibbs["split_merge_moves"] == 0
+        assert gibbs["single_site_sweeps"] == gibbs["sweeps"]
+        assert set(gibbs["acceptance"]) == {"copy split", "copy merge"}
         sm = result["metrics"][SM]
         # the level is the lower of SM's two last-quarter means minus 2 nats: both its chains get above it
         assert sm["chains reaching level"] == 2 and sm["time / SM"] == 1.0
@@ -84,7 +87,7 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
     assert [t["m"] for t in record["targets"]] == [8, 12]
     assert saved["config"]["arms"] == list(bench.ARMS)
     text = (folder / "gmm_scale.md").read_text()
-    assert "set/Gibbs" in text and "worst NB(set)/Gibbs" in text and "(SM / set / old / Gibbs)" in text
+    assert "NB(set)/Gibbs" in text and "worst NB(set)/Gibbs" in text and "(SM / set / old / Gibbs)" in text
     for heading in ("## Per case and arm", "## Per case", "## Targets per size"):
         assert heading in text
     for name in ("gmm_scale_logjoint.png", "gmm_scale_active.png"):
@@ -219,35 +222,44 @@ def test_case_metrics_on_known_traces() -> None:
 
 
 def test_reports_compare_with_the_gibbs_arm() -> None:
-    """Per case NB(set)'s time over Gibbs's; per size its worst; a record without the Gibbs arm has no such column."""
+    """Per case NB(set)'s time over Gibbs's; per size its worst and the mode statistics; old records lack the arm."""
     arms = {
-        bench.NB_SET: _run([[-99, -10, -10, -10], [-99, -10, -10, -10]], [[1, 3, 3, 3]] * 2),
+        bench.NB_SET: _run([[-99, -10, -10, -10], [-99, -10, -10, -10]], [[1, 3, 3, 3], [1, 2, 2, 2]]),
         SM: _run([[-99, -50, -10, -10], [-99, -50, -10, -10]], [[1, 2, 3, 3]] * 2),
-        bench.NB_OLD: _run([[-99, -50, -10, -10], [-99, -99, -10, -10]], [[1, 2, 3, 3]] * 2),
+        bench.NB_OLD: _run([[-99, -50, -10, -10], [-99, -99, -10, -10]], [[1, 2, 2, 2]] * 2),
         bench.GIBBS: _run([[-99, -99, -99, -10], [-99, -99, -10, -10]], [[1, 1, 3, 3]] * 2),
     }
+    never = {**arms, bench.GIBBS: _run([[-99] * 4] * 2, [[1, 1, 3, 3]] * 2)}  # Gibbs never at the level
     reference = {"true_active": 3.0, "true_log_joint": -10.0}
     results = [
         {"m": 12, "n": 60, "family": family, "seconds": 3.0, "reference": reference, "runs": runs}
         for family, runs in (
             ("model", {label: [{**run, "acceptance": {"x": 0.5}}] for label, run in arms.items()}),
-            ("overlap", {label: [{**run, "acceptance": {"x": 0.5}}] for label, run in reversed(arms.items())}),
+            ("overlap", {label: [{**run, "acceptance": {"x": 0.5}}] for label, run in reversed(never.items())}),
         )
     ]
     for result in results:
         result["metrics"] = bench.case_metrics(result)
     # level -12: SM's median first time 2, NB(set)'s 1, NB(old)'s lower median of (2, 2) 2, Gibbs's of (3, 2) 2
-    (row, _) = bench.summary_rows(results)
-    assert (row["set/SM"], row["old/SM"], row["Gibbs/SM"], row["set/Gibbs"]) == ("0.50", "1.00", "1.00", "0.50")
-    assert row["stuck (SM / set / old / Gibbs)"] == "0 / 0 / 0 / 0"  # whatever order the record keeps
+    (row, other) = bench.summary_rows(results)
+    ratios = ("NB(set)/SM", "NB(old)/SM", "Gibbs/SM", "NB(set)/Gibbs")
+    assert [row[k] for k in ratios] == ["0.50", "1.00", "1.00", "0.50"]
+    assert (other["Gibbs/SM"], other["NB(set)/Gibbs"]) == ("never", "0.00")  # NB(set) got there, Gibbs never
+    # second halves (times 2 and 3): SM at M = 3; NB(set) one chain at 3, one held at 2; NB(old) both at 2
+    assert row["chains mode = SM mode (SM / set / old / Gibbs)"] == "2 / 1 / 0 / 2"
+    assert other["stuck (SM / set / old / Gibbs)"] == "0 / 1 / 2 / 0"  # (in the arms' order, not the record's)
     (target,) = bench.size_targets(results)
-    assert target["worst NB(set)/Gibbs"] == "0.50" and target["worst Gibbs only/SM"] == "1.00"
-    assert target["mode = SM mode (SM / set / old / Gibbs)"] == "4 / 4 / 4 / 4" and target["time target"]
-    assert target["P(miss) as good as SM"] == 0.0 and target["fewer at mode: p"] == 1.0  # every chain at the mode
+    assert target["worst NB(set)/Gibbs"] == "0.50" and target["worst Gibbs/SM"] == "never"
+    assert target["mode = SM mode (SM / set / old / Gibbs)"] == "4 / 2 / 0 / 4" and not target["mode target"]
+    # NB(set) 1 and SM 2 of 2 chains per case: pooled rate 3/4 in both cases; P(miss) by enumerating 8 chains
+    outcomes = itertools.product((0, 1), repeat=8)
+    miss = sum(0.75 ** sum(o) * 0.25 ** (8 - sum(o)) for o in outcomes if sum(o[:4]) < sum(o[4:]))
+    assert target["P(miss) as good as SM"] == round(miss, 3)
+    assert target["fewer at mode: p"] == round(stats.fisher_exact([[2, 2], [4, 0]], alternative="less")[1], 3)
     for result in results:  # a record from before the Gibbs arm
         del result["runs"][bench.GIBBS], result["metrics"][bench.GIBBS]
     (row, _) = bench.summary_rows(results)
-    assert "set/Gibbs" not in row and row["stuck (SM / set / old)"] == "0 / 0 / 0"
+    assert "NB(set)/Gibbs" not in row and row["stuck (SM / set / old)"] == "0 / 1 / 2"
     assert "worst NB(set)/Gibbs" not in bench.size_targets(results)[0]
     assert bench.gibbs_arm_text(results) == ""
 
@@ -263,13 +275,14 @@ def test_mode_target_chance_matches_simulation() -> None:
     fewer = (draws[0].sum(-1) < draws[1].sum(-1)).double()
     assert abs(float(fewer.mean()) - exact) < 5 * float(fewer.std()) / 200_000**0.5 + 1e-9, (exact, fewer.mean())
     assert 0.3 < exact < 0.5 and bench.exchangeable_miss_probability([0, 5], [0, 5], 5) == 0.0
-    # Fisher's one-sided p against the hypergeometric tail by enumeration of every split of 20 chains
-    for nb, sm in ((3, 7), (6, 9), (10, 10), (0, 1)):
-        total, hits = 10, nb + sm
-        splits = [
-            k for k in range(min(hits, total) + 1) for _ in range(math.comb(total, k) * math.comb(total, hits - k))
-        ]
-        assert bench.fewer_hits_p_value(nb, sm, total) == pytest.approx(sum(k <= nb for k in splits) / len(splits))
+    for nb, sm in ((3, 7), (6, 9), (10, 10), (0, 1), (0, 0)):  # Fisher's one-sided p against scipy's
+        table = [[nb, 10 - nb], [sm, 10 - sm]]
+        assert bench.fewer_hits_p_value(nb, sm, 10) == pytest.approx(stats.fisher_exact(table, alternative="less")[1])
+    for bad in (([6], [0], 5), ([0], [-1], 5)):
+        with pytest.raises(ValueError, match="hits must lie"):
+            bench.exchangeable_miss_probability(*bad)
+    with pytest.raises(ValueError, match="hits must lie"):
+        bench.fewer_hits_p_value(11, 0, 10)
 
 
 def test_chain_spread_ranks_only_what_the_chains_agree_on() -> None:
