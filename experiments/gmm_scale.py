@@ -17,7 +17,11 @@ the same K starts, for the same sampling time (``--clock cpu`` by default):
   (:class:`~neuralblock.kernels.split_merge.SplitMergeGMM` at ``gibbs_prob=1``): the baseline that tells
   how much of an arm's speed its own moves give.
 
-The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``.
+The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``. Each
+arm but ``Gibbs only`` mixes its moves with single-site sweeps so that those take ``--gibbs-share`` of its time
+(0.5; each kernel's ``gibbs_share``, which times both at the start and fixes ``gibbs_prob``): a move can cost
+from one to fifty single-site sweeps, so a fixed ``gibbs_prob`` gives the arms very different shares.
+``--gibbs-share 0`` sets every arm's ``gibbs_prob`` to ``--gibbs-prob`` instead, as the runs before 2026-12 did.
 Per case and arm, with every chain counted as a run:
 
 * the robust level: split-merge's lower median over its chains of the mean log joint over the last
@@ -62,7 +66,7 @@ Usage::
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
     python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
     python -m experiments.gmm_scale --rescore experiments/results/gmm_scale/5aa8920ed9  # today's metrics
-    python -m experiments.gmm_scale --workers 2 --gibbs-share 0.5  # half of every arm's time in single-site sweeps
+    python -m experiments.gmm_scale --workers 2 --gibbs-share 0  # every arm at gibbs_prob 0.5 (runs before 2026-12)
 """
 
 from __future__ import annotations
@@ -133,8 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="the most sampling time of any run")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument(
-        "--gibbs-share", type=float, default=None,
-        help="instead of --gibbs-prob, every arm's share of time in single-site sweeps (each kernel's gibbs_share)",
+        "--gibbs-share", type=float, default=0.5,
+        help="every arm's share of time in single-site sweeps (each kernel's gibbs_share); 0: --gibbs-prob instead",
     )  # fmt: skip
     parser.add_argument(
         "--reference-factor", type=float, default=2.0,
@@ -157,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--seconds and --max-seconds must be positive")
     if not 0.0 <= args.reference_factor < math.inf:
         parser.error("--reference-factor must be a non-negative number")
-    if args.gibbs_share is not None and not 0.0 <= args.gibbs_share <= 1.0:
+    if not 0.0 <= args.gibbs_share <= 1.0:
         parser.error("--gibbs-share must be in [0, 1]")
     return args
 
@@ -640,7 +644,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         start = start[0]
 
     def build(label: str) -> GraphKernel:
-        mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share}
+        mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share or None}
         if label == GIBBS:  # its single-site sweeps only (the moves never run)
             return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0)
         if label == SM:
@@ -983,10 +987,10 @@ def mixing_text(args: argparse.Namespace) -> str:
     """How the arms mix single-site sweeps with their moves: ``--gibbs-prob``, or ``--gibbs-share`` and what it does.
 
     Example:
-        >>> mixing_text(parse_args([]))
+        >>> mixing_text(parse_args(["--gibbs-share", "0"]))
         'gibbs_prob=0.5'
     """
-    if args.gibbs_share is None:
+    if not args.gibbs_share:
         return f"gibbs_prob={args.gibbs_prob:g}"
     return (
         f"gibbs_share={args.gibbs_share:g} (each kernel times one single-site sweep and one sweep of its moves at "
@@ -1075,7 +1079,7 @@ def rescore(folder: str | Path) -> dict[str, Any]:
                 metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a gmm_scale record: {error}") from error
-    args = parse_args([])
+    args = parse_args(["--gibbs-share", "0"])  # (a record without the option ran at --gibbs-prob)
     vars(args).update(config)
     record["targets"] = size_targets(results)
     write_json(path, record)
@@ -1088,7 +1092,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.rescore:
         return rescore(args.rescore)
-    unset = ("gibbs_share",) if args.gibbs_share is None else ("gibbs_prob",)  # (earlier runs keep their folders)
+    unset = ("gibbs_share",) if not args.gibbs_share else ("gibbs_prob",)  # (earlier runs keep their folders)
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)

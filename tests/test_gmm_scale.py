@@ -31,7 +31,7 @@ from neuralblock.kernels.split_merge import SplitMergeGMM
 def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     """One ``--quick`` run (the default proposals; an untrained new one while none ships): record and folder."""
     out = tmp_path_factory.mktemp("gmm_scale")
-    record = bench.main(["--quick", "--out", str(out)])
+    record = bench.main(["--quick", "--trace-points", "100000", "--out", str(out)])  # every record: the level check
     (folder,) = list(out.iterdir())
     return record, folder
 
@@ -102,6 +102,7 @@ def test_workers_give_the_same_runs(tmp_path: Path) -> None:
     runs = []
     for workers in ("1", "2"):
         args = ["--quick", "--mixtures", "8", "--families", "overlap", "scaled", "--trace-points", "100000"]
+        args += ["--gibbs-share", "0"]  # (the calibrated gibbs_prob depends on the timing)
         record = bench.main([*args, "--workers", workers, "--out", str(tmp_path / workers)])
         runs.append(json.loads(json.dumps(record["results"])))
     for a, b in zip(*runs, strict=True):
@@ -352,19 +353,21 @@ def test_doctests() -> None:
 
 
 def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
-    """``--gibbs-share``: every arm's kernel sets its own single-site probability; unset, the config has no key."""
-    assert "gibbs_share" not in quick[0]["config"]
-    for result in quick[0]["results"]:
-        assert [run["gibbs_prob"] for (run,) in result["runs"].values()] == [0.5, 0.5, 0.5, 1.0]  # Gibbs: 1
-    record = bench.main(
-        ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0.5", "--out", str(tmp_path)]
-    )
+    """``--gibbs-share`` (0.5 by default): every arm's kernel sets its own single-site probability; 0 turns it off."""
+    record, folder = quick
     assert record["config"]["gibbs_share"] == 0.5 and "gibbs_prob" not in record["config"]
-    (result,) = record["results"]
-    assert 0.0 < result["sm_reference"]["gibbs_prob"] < 1.0  # the continued chains time their own sweeps
-    for label, (run,) in result["runs"].items():
-        assert 0.0 < run["gibbs_prob"] < 1.0 or (label == bench.GIBBS and run["gibbs_prob"] == 1.0), label
-    (folder,) = list(tmp_path.iterdir())
+    for result in record["results"]:
+        assert 0.0 < result["sm_reference"]["gibbs_prob"] < 1.0  # the continued chains time their own sweeps
+        for label, (run,) in result["runs"].items():
+            assert 0.0 < run["gibbs_prob"] < 1.0 or (label == bench.GIBBS and run["gibbs_prob"] == 1.0), label
     assert "gibbs_share=0.5" in (folder / "gmm_scale.md").read_text()
+    record = bench.main(
+        ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0", "--out", str(tmp_path)]
+    )
+    assert record["config"]["gibbs_prob"] == 0.5 and "gibbs_share" not in record["config"]
+    (result,) = record["results"]
+    assert [run["gibbs_prob"] for (run,) in result["runs"].values()] == [0.5, 0.5, 0.5, 1.0]  # Gibbs: 1
+    (folder,) = list(tmp_path.iterdir())
+    assert "gibbs_prob=0.5;" in (folder / "gmm_scale.md").read_text()
     with pytest.raises(SystemExit):
         bench.parse_args(["--gibbs-share", "1.5"])
