@@ -18,10 +18,11 @@ the same K starts, for the same sampling time (``--clock cpu`` by default):
   how much of an arm's speed its own moves give.
 
 The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``. Each
-arm but ``Gibbs only`` mixes its moves with single-site sweeps so that those take ``--gibbs-share`` of its time
-(0.5; each kernel's ``gibbs_share``, which times both at the start and fixes ``gibbs_prob``): a move can cost
-from one to fifty single-site sweeps, so a fixed ``gibbs_prob`` gives the arms very different shares.
-``--gibbs-share 0`` sets every arm's ``gibbs_prob`` to ``--gibbs-prob`` instead, as the runs before 2026-12 did.
+arm but ``Gibbs only`` takes a single-site sweep with probability ``--gibbs-prob`` (0.5), or, with
+``--gibbs-share S``, mixes its moves with single-site sweeps so that those take share S of its time (each
+kernel's ``gibbs_share``: a move can cost from one to fifty single-site sweeps). The share's calibration (two
+sweeps of each kind, in the first transition) counts in the arm's time: up to about 1.3 s for split-merge at
+m n = 16 x 240, often most of an arm's time to the level, so with the share the time ratios compare those costs.
 Per case and arm, with every chain counted as a run:
 
 * the robust level: split-merge's lower median over its chains of the mean log joint over the last
@@ -66,7 +67,7 @@ Usage::
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
     python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
     python -m experiments.gmm_scale --rescore experiments/results/gmm_scale/5aa8920ed9  # today's metrics
-    python -m experiments.gmm_scale --workers 2 --gibbs-share 0  # every arm at gibbs_prob 0.5 (runs before 2026-12)
+    python -m experiments.gmm_scale --workers 2 --gibbs-share 0.5  # half of every arm's time in single-site sweeps
 """
 
 from __future__ import annotations
@@ -137,8 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=60.0, help="the most sampling time of any run")
     parser.add_argument("--gibbs-prob", type=float, default=0.5)
     parser.add_argument(
-        "--gibbs-share", type=float, default=0.5,
-        help="every arm's share of time in single-site sweeps (each kernel's gibbs_share); 0: --gibbs-prob instead",
+        "--gibbs-share", type=float, default=0.0,
+        help="every arm's share of time in single-site sweeps (each kernel's gibbs_share); 0: --gibbs-prob (default)",
     )  # fmt: skip
     parser.add_argument(
         "--reference-factor", type=float, default=2.0,

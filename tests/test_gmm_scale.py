@@ -353,21 +353,20 @@ def test_doctests() -> None:
 
 
 def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tmp_path: Path) -> None:
-    """``--gibbs-share`` (0.5 by default): every arm's kernel sets its own single-site probability; 0 turns it off."""
-    record, folder = quick
-    assert record["config"]["gibbs_share"] == 0.5 and "gibbs_prob" not in record["config"]
-    for result in record["results"]:
-        assert 0.0 < result["sm_reference"]["gibbs_prob"] < 1.0  # the continued chains time their own sweeps
-        for label, (run,) in result["runs"].items():
-            assert 0.0 < run["gibbs_prob"] < 1.0 or (label == bench.GIBBS and run["gibbs_prob"] == 1.0), label
-    assert "gibbs_share=0.5" in (folder / "gmm_scale.md").read_text()
+    """``--gibbs-share``: every arm's kernel sets its own single-site probability; unset (0), the config has no key."""
+    assert "gibbs_share" not in quick[0]["config"] and quick[0]["config"]["gibbs_prob"] == 0.5
+    for result in quick[0]["results"]:
+        assert [run["gibbs_prob"] for (run,) in result["runs"].values()] == [0.5, 0.5, 0.5, 1.0]  # Gibbs: 1
+    assert "gibbs_prob=0.5;" in (quick[1] / "gmm_scale.md").read_text()
     record = bench.main(
-        ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0", "--out", str(tmp_path)]
+        ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0.5", "--out", str(tmp_path)]
     )
-    assert record["config"]["gibbs_prob"] == 0.5 and "gibbs_share" not in record["config"]
+    assert record["config"]["gibbs_share"] == 0.5 and "gibbs_prob" not in record["config"]
     (result,) = record["results"]
-    assert [run["gibbs_prob"] for (run,) in result["runs"].values()] == [0.5, 0.5, 0.5, 1.0]  # Gibbs: 1
+    assert 0.0 < result["sm_reference"]["gibbs_prob"] < 1.0  # the continued chains time their own sweeps
+    for label, (run,) in result["runs"].items():
+        assert 0.0 < run["gibbs_prob"] < 1.0 or (label == bench.GIBBS and run["gibbs_prob"] == 1.0), label
     (folder,) = list(tmp_path.iterdir())
-    assert "gibbs_prob=0.5;" in (folder / "gmm_scale.md").read_text()
+    assert "gibbs_share=0.5" in (folder / "gmm_scale.md").read_text()
     with pytest.raises(SystemExit):
         bench.parse_args(["--gibbs-share", "1.5"])
