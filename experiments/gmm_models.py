@@ -52,7 +52,8 @@ def run_sampler(
     Returns:
         Per transition, the start first (at time 0): ``times``, ``log_joint``, ``log_lik`` (the
         points' log-likelihood) and ``active`` (the number of active mixtures); plus ``sweeps``
-        (transitions, each one of every chain) and the kernel's diagnostics. With ``K > 1`` chains,
+        (transitions, each one of every chain), ``setup_seconds`` (untimed in ``times``) and the kernel's
+        diagnostics. With ``K > 1`` chains,
         ``log_joint[c]``, ``log_lik[c]`` and ``active[c]`` are chain ``c``'s traces (read at ``times``).
         ``keep_final`` adds ``final``: the last state (a tensor, to continue the run from; not JSON).
     """
@@ -82,6 +83,7 @@ def run_sampler(
     if chains > 1:  # [transitions, K] -> one list per chain (4 decimals: K traces per run stay a small record)
         trace = {key: torch.stack(values, 1).double().round(decimals=4).tolist() for key, values in trace.items()}
     record = {"times": [0.0, *run.times], **trace, "sweeps": run.samples, "diagnostics": run.diagnostics}
+    record["setup_seconds"] = round(run.setup_s, 4)
     return {**record, "final": run.params["x"].clone()} if keep_final else record
 
 

@@ -21,8 +21,10 @@ The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most 
 arm but ``Gibbs only`` takes a single-site sweep with probability ``--gibbs-prob`` (0.5), or, with
 ``--gibbs-share S``, mixes its moves with single-site sweeps so that those take share S of its time (each
 kernel's ``gibbs_share``: a move can cost from one to fifty single-site sweeps). The share's calibration (two
-sweeps of each kind, in the first transition) counts in the arm's time: up to about 1.3 s for split-merge at
-m n = 16 x 240, often most of an arm's time to the level, so with the share the time ratios compare those costs.
+sweeps of each kind) runs at the kernel's setup, outside the sampling time, and its cost is recorded per run
+(``setup_seconds``: up to about 1.3 s for split-merge at m n = 16 x 240). Records without
+``share_calibration: setup`` in their config (the runs before session 36) timed it in the first transition,
+where it was often most of an arm's time to the level: their share runs' time ratios compare those costs.
 Per case and arm, with every chain counted as a run:
 
 * the robust level: split-merge's lower median over its chains of the mean log joint over the last
@@ -996,7 +998,12 @@ def mixing_text(args: argparse.Namespace) -> str:
     return (
         f"gibbs_share={args.gibbs_share:g} (each kernel times one single-site sweep and one sweep of its moves at "
         + "its start and sets its probability of a single-site sweep so that those take this share of the time: "
-        + "column `gibbs_prob`)"
+        + "column `gibbs_prob`; "
+        + (
+            "the timing runs at setup, outside the sampling time)"
+            if getattr(args, "share_calibration", None) == "setup"
+            else "the timing ran in the first transition and counts in every arm's time to the level)"
+        )
     )
 
 
@@ -1094,6 +1101,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.rescore:
         return rescore(args.rescore)
     unset = ("gibbs_share",) if not args.gibbs_share else ("gibbs_prob",)  # (earlier runs keep their folders)
+    if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
+        args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))
     cases = cell_families(args.mixtures, args.points, args.families_per_cell, args.families)
     sources = start_worker(args)

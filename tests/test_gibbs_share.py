@@ -125,6 +125,7 @@ def test_calibration_runs_once_per_setup_and_records_nothing(kind: str, monkeypa
     start = sequential_init(fg, torch.Generator().manual_seed(0), chains=2)
     kernel.initial_params = {"x": start}
     kernel.setup(0)
+    assert calls == [1] and kernel.diagnostics()["gibbs_prob"] == 1.0  # timed at setup, in no transition's time
     params = kernel.sample({"x": start.clone()})
     assert kernel.diagnostics()["gibbs_prob"] == 1.0  # share 1: every transition a single-site sweep
     for _ in range(3):
@@ -137,6 +138,7 @@ def test_calibration_runs_once_per_setup_and_records_nothing(kind: str, monkeypa
     else:
         assert diagnostics["acceptance_by_proposal"]["gmm_pair_set"] == 0.0
     kernel.setup(0)  # a new run times again
+    assert calls == [1, 1]
     kernel.sample({"x": start.clone()})
     assert calls == [1, 1]
 
@@ -154,16 +156,20 @@ def test_the_timed_sweeps_run_on_copies(kind: str, monkeypatch: pytest.MonkeyPat
     kernel = _kernel(kind, fg, gibbs_share=1.0)  # every transition a single-site sweep
     start = sequential_init(fg, torch.Generator().manual_seed(0), chains=2)
     kernel.initial_params = {"x": start}
-    kernel.setup(0)
+    kernel.setup(0)  # builds the sweeps; the patched ones below run in the next setup's timing
 
     def in_place(fg: FactorGraph, state: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         return state.add_(1.0)
 
     monkeypatch.setattr(kernel.single_site, "sweep", in_place)
     monkeypatch.setattr(kernel, "_neural_sweep" if kind == "neural" else "_split_merge_sweep", in_place)
+    monkeypatch.setattr(kernel, "_prepare", lambda fg: setattr(kernel, "_share_pending", True))  # keep the patches
+    kernel.initial_params = {"x": start}
+    kernel.setup(0)
+    assert torch.equal(kernel.initial_params["x"], start)  # 2 timed single-site sweeps and 2 move sweeps: on copies
     live = start.clone()
     kernel._transition(live, warmup=False)
-    assert torch.equal(live, start + 1.0)  # (2 timed single-site sweeps and 2 timed move sweeps ran on copies)
+    assert torch.equal(live, start + 1.0)
 
 
 def test_the_timed_single_site_sweeps_count_no_copy_moves() -> None:

@@ -87,10 +87,11 @@ class GibbsShare:
     0.5`` spends nearly all the time on the moves. :meth:`calibrate` times both sweeps ``repeats`` times
     on copies of the starting state (the least wall time of each, the first call possibly loading caches;
     the states are discarded) and returns the probability that gives single-site sweeps ``share`` of the
-    expected time (:func:`gibbs_prob_for_share`). The kernel calls it once, in its first transition (whose
-    time includes it), and keeps the probability fixed: a fixed mixture of invariant kernels is invariant,
-    and the probability depends on the start and the machine's speed alone (so a seed no longer fixes the
-    run: read the probability used from the kernel's diagnostics).
+    expected time (:func:`gibbs_prob_for_share`). The kernel calls it once, at ``setup`` (in its first
+    transition where a wrapper prepares it without ``setup``, as replica exchange does), and keeps the
+    probability fixed: a fixed mixture of invariant kernels is invariant, and the probability depends on
+    the start and the machine's speed alone (so a seed no longer fixes the run: read the probability used
+    from the kernel's diagnostics).
 
     Args:
         share: the fraction of the sampling time single-site sweeps should take, in ``(0, 1]`` (0 would

@@ -254,6 +254,10 @@ class GraphKernel(MCMCKernel):
             state = self._valid_start(state.to(self.device))
         self._state = state
         self._follow_evidence(self.fg)
+        self._started(self.fg, state)
+
+    def _started(self, fg: FactorGraph, state: Tensor) -> None:
+        """Called at the end of :meth:`setup` with every chain's start (default: nothing); one-off work goes here."""
 
     def _checked_start(self, state: Tensor) -> Tensor:
         """A user's start, each chain's row checked by :meth:`FactorGraph.check_assignment`."""

@@ -372,8 +372,8 @@ class NeuralBlockKernel(GraphKernel):
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
-            the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs in the first transition
-            (its time counts there) and replaces ``gibbs_prob``; a seed then no longer fixes the run. Where a
+            the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs at ``setup`` (in no
+            transition's time) and replaces ``gibbs_prob``; a seed then no longer fixes the run. Where a
             neural sweep costs many single-site sweeps (a GMM's pairs at n = 1000 points), ``gibbs_prob = 0.5``
             spends nearly all the time on neural sweeps.
     """
@@ -423,7 +423,7 @@ class NeuralBlockKernel(GraphKernel):
             raise ValueError(f"window must be a positive int or None, got {window!r}")
         self.gibbs_prob = float(gibbs_prob)
         self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
-        self._share_pending = False  # set at setup: calibrate gibbs_prob before the first transition
+        self._share_pending = False  # set by _prepare: calibrate gibbs_prob at setup
         self.step_size = float(step_size)
         self.window = window
         self.compile = resolve_compile(compile, self.device)
@@ -618,8 +618,11 @@ class NeuralBlockKernel(GraphKernel):
         self._accepted_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
         self._proposed_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
 
-    def _transition(self, state: Tensor, warmup: bool) -> Tensor:
-        fg = self._graph()
+    def _started(self, fg: FactorGraph, state: Tensor) -> None:
+        self._calibrate_share(fg, state)  # at setup: not part of any transition's time
+
+    def _calibrate_share(self, fg: FactorGraph, state: Tensor) -> None:
+        """Set ``gibbs_prob`` from ``gibbs_share``, once per setup (a wrapper that prepares without setup: here)."""
         if self._share_pending and self.share_calibration is not None:
             self._share_pending = False
             beta, soft = self.beta, self.soft_zeros
@@ -628,6 +631,10 @@ class NeuralBlockKernel(GraphKernel):
                 lambda: self._neural_sweep(fg, state.clone(), beta, soft, warmup=True),
                 state.device,
             )
+
+    def _transition(self, state: Tensor, warmup: bool) -> Tensor:
+        fg = self._graph()
+        self._calibrate_share(fg, state)
         if float(torch.rand(())) < self.gibbs_prob:
             state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta, soft=self.soft_zeros)
             if not warmup:

@@ -665,8 +665,8 @@ class SplitMergeGMM(GraphKernel):
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
-            the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs in the first transition
-            (its time counts there) and replaces ``gibbs_prob``; a seed then no longer fixes the run.
+            the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs at ``setup`` (in no
+            transition's time) and replaces ``gibbs_prob``; a seed then no longer fixes the run.
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
@@ -715,7 +715,7 @@ class SplitMergeGMM(GraphKernel):
             raise ValueError(f"tuning needs birth_radius > 0 and birth_prior_weight in (0, 1), got {self.tuning}")
         self.gibbs_prob = float(gibbs_prob)
         self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
-        self._share_pending = False  # set at setup: calibrate gibbs_prob before the first transition
+        self._share_pending = False  # set by _prepare: calibrate gibbs_prob at setup
         self.step_size = float(step_size)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
@@ -736,11 +736,19 @@ class SplitMergeGMM(GraphKernel):
         Raises:
             ValueError: the starting state has log density ``-inf`` (e.g. no active mixture for the points).
         """
-        super().setup(warmup_steps, *args, **kwargs)
-        if self._state is not None and not bool(torch.isfinite(self._graph().log_joint(self._state)).all()):
+        super().setup(warmup_steps, *args, **kwargs)  # (the start is checked in _started)
+
+    def _started(self, fg: FactorGraph, state: Tensor) -> None:
+        if not bool(torch.isfinite(fg.log_joint(state)).all()):
             raise ValueError(
                 "SplitMergeGMM: the starting state has zero density (e.g. no active mixture for the points); "
                 "start from a state with a finite log density, such as neuralblock.kernels.base.sequential_init(fg)"
+            )
+        if self._share_pending and self.share_calibration is not None:  # at setup: not in any transition's time
+            self._share_pending = False
+            self.gibbs_prob = self.share_calibration.calibrate(
+                lambda: self.single_site.sweep(fg, state.clone(), adapt=False, record=False),
+                lambda: self._split_merge_sweep(fg, state.clone(), warmup=True),
             )
 
     @staticmethod
@@ -793,12 +801,6 @@ class SplitMergeGMM(GraphKernel):
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
-        if self._share_pending and self.share_calibration is not None:
-            self._share_pending = False
-            self.gibbs_prob = self.share_calibration.calibrate(
-                lambda: self.single_site.sweep(fg, state.clone(), adapt=False, record=False),
-                lambda: self._split_merge_sweep(fg, state.clone(), warmup=True),
-            )
         if float(torch.rand(())) < self.gibbs_prob:
             state = self.single_site.sweep(fg, state, adapt=warmup)
             if not warmup:
