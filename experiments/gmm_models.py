@@ -53,8 +53,8 @@ def run_sampler(
         Per transition, the start first (at time 0): ``times``, ``log_joint``, ``log_lik`` (the
         points' log-likelihood) and ``active`` (the number of active mixtures); plus ``sweeps``
         (transitions, each one of every chain), ``setup_seconds`` (untimed in ``times``) and the kernel's
-        diagnostics. With ``K > 1`` chains,
-        ``log_joint[c]``, ``log_lik[c]`` and ``active[c]`` are chain ``c``'s traces (read at ``times``).
+        diagnostics. With ``K > 1`` chains, ``log_joint[c]``, ``log_lik[c]`` and ``active[c]`` are chain
+        ``c``'s traces (read at ``times``).
         ``keep_final`` adds ``final``: the last state (a tensor, to continue the run from; not JSON).
     """
     torch.manual_seed(seed)

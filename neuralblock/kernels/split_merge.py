@@ -60,7 +60,7 @@ import itertools
 import math
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -670,7 +670,8 @@ class SplitMergeGMM(GraphKernel):
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
-        ValueError: bad arguments, or a graph that is not an open-universe GMM.
+        ValueError: bad arguments, or a graph that is not an open-universe GMM; at ``setup``, a starting
+            state of log density ``-inf`` (e.g. no active mixture for the points).
     """
 
     batched_state = True
@@ -730,15 +731,8 @@ class SplitMergeGMM(GraphKernel):
         self._checked_layout(model)  # fail early on a graph that is not an open-universe GMM
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
 
-    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        """Set up as any graph kernel; refuse a start of zero density (no move could leave it).
-
-        Raises:
-            ValueError: the starting state has log density ``-inf`` (e.g. no active mixture for the points).
-        """
-        super().setup(warmup_steps, *args, **kwargs)  # (the start is checked in _started)
-
     def _started(self, fg: FactorGraph, state: Tensor) -> None:
+        """At the end of ``setup``: refuse a start of zero density (no move could leave it); calibrate the share."""
         if not bool(torch.isfinite(fg.log_joint(state)).all()):
             raise ValueError(
                 "SplitMergeGMM: the starting state has zero density (e.g. no active mixture for the points); "
