@@ -193,3 +193,17 @@ def test_joint_dpm_floor(tmp_path: Path) -> None:
         assert 0 < row["floor_free_experts"] <= row["floor_at_data_fraction"] < 1
         assert 0 < row["floor_units"] < 1
     assert data["reachable"] == (data["smallest_floor"] <= bench.TARGET)
+
+
+@pytest.mark.timeout(120)
+def test_replica_cost_quick(tmp_path: Path) -> None:
+    bench = _load("replica_cost")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "replica_cost.json").read_text())
+    assert (tmp_path / "replica_cost.md").read_text().startswith("# Replica exchange: CPU cost per transition")
+    (row,) = data["grids"].values()
+    assert set(row["median"]) == {"gibbs", "nb", "gibbs first", "nb first"}
+    assert all(value > 0 for value in row["median"].values())
+    assert row["ratios"]["nb / gibbs"] == result["grids"]["Grids_12"]["ratios"]["nb / gibbs"] > 0
+    with pytest.raises(ValueError, match="arm must be one of"):
+        bench.transition_seconds(BENCHMARKS.parent, "Grids_12", "metropolis", budget=0.1)

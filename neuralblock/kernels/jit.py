@@ -13,6 +13,13 @@ updating them one after another is the same as updating them together; a padded 
 its class's last real instance with the same random numbers, and, run after it, proposes the
 value that instance left, which it accepts (the log ratio is 0 and ``log u < 0``): the same state.
 
+The neural block loop takes a class slot by slot, every chain at each slot: first every chain's table
+row, then the draws and tests, with the inverse-CDF search counted rather than branched. Each chain
+still takes its slots in order and chains never interact, so the states are the chain-by-chain
+loop's; but the chains' row loads now overlap, which halves the sweep where the rows outgrow the
+caches (replica exchange's tempered rows: 160 MB on a 20x20 torus at 16 temperatures;
+``benchmarks/replica_cost.py``).
+
 Numba is a dependency; where it cannot be imported (``NUMBA`` is ``False``) the kernels keep
 their NumPy functions. Compiled code is cached on disk (``cache=True``); a kernel's first sweep
 of a new argument layout compiles it (about a second, counted in the kernel's
@@ -128,11 +135,16 @@ def _block_sweep(
     span = context + size
     n_values = cdf.shape[1]
     nonfinite = 0
+    keys = np.empty(chains, dtype=np.int64)
+    currents = np.empty(chains, dtype=np.int64)
     for c in range(n_classes):
-        for k in range(chains):
-            for i in range(sizes[c]):  # (padded slots would repeat slot sizes[c] - 1: skipped)
-                at = c * width + i
-                row = i * span
+        # slot by slot, every chain at each slot (each chain still takes its slots in order: chains never interact):
+        # first every chain's row, then the proposals and tests, with no branch on the rows' values, so that the
+        # chains' row loads overlap (a table of many temperatures' rows is far larger than the caches)
+        for i in range(sizes[c]):  # (padded slots would repeat slot sizes[c] - 1: skipped)
+            at = c * width + i
+            row = i * span
+            for k in range(chains):
                 key_sum = 0.0
                 for j in range(context):
                     key_sum += state[k, ids[c, row + j]] * radix[c, i, j]
@@ -140,17 +152,19 @@ def _block_sweep(
                 current_sum = 0.0
                 for j in range(size):
                     current_sum += state[k, ids[c, row + context + j]] * block_radix[j]
-                current = np.int64(current_sum)
+                currents[k] = np.int64(current_sum)
                 if key_offset is not None:
                     key = key + key_offset[k]
                 if slot is not None:
                     key = slot[key]
+                keys[k] = key
+            for k in range(chains):
+                key, current = keys[k], currents[k]
                 u = draws[k, at]
-                proposed = 0  # argmax of an all-False row (the rows end at 1 > u: never taken)
+                below = 0  # the first value whose CDF exceeds u, counted without branches (a row is non-decreasing)
                 for v in range(n_values):
-                    if cdf[key, v] > u:
-                        proposed = v
-                        break
+                    below += cdf[key, v] <= u
+                proposed = below if below < n_values else 0  # (the rows end at 1 > u: never all below)
                 log_alpha = log_ratio[key, proposed] - log_ratio[key, current]
                 if energy is not None and beta_m1 is not None:
                     log_alpha = log_alpha + beta_m1[k] * (energy[key, proposed] - energy[key, current])

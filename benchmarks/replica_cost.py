@@ -1,0 +1,142 @@
+"""Replica exchange: the cost of a transition with Gibbs replicas and with neural block replicas.
+
+Measures, side by side in one run (one torch thread, CPU time through the public ``kernel.sample`` API, each
+measurement in a fresh subprocess, rounds interleaved, medians reported), on the UAI Ising grids ``Grids_12``
+(10x10 torus) and ``Grids_16`` (20x20) with the settings of the replica-exchange grid study (16 temperatures up
+to 10, 2 ensembles, 200 warmup transitions that adapt the ladder):
+
+* ``gibbs`` / ``nb``: CPU seconds per transition after warmup of ``ReplicaExchange`` with Gibbs replicas and
+  with ``grid-mrf-2x2`` neural replicas (the kernel's defaults: covers, ``gibbs_prob=0.1``, tempered proposals);
+* ``nb first``: the first transition after warmup, which builds the tempered proposal rows;
+* the same arms on ``--baseline`` (checked out into a temporary ``git worktree``).
+
+Ratios printed: ``nb / gibbs`` per transition (current code) and ``baseline / current`` for each arm.
+
+Run it from the repository root::
+
+    python benchmarks/replica_cost.py            # full run (about 5 minutes)
+    python benchmarks/replica_cost.py --quick    # smoke test: Grids_12, one round, no baseline
+
+It writes ``replica_cost.json`` and ``replica_cost.md`` into ``--out`` (default ``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.fused_blocks import baseline_worktree, paired_ratio  # noqa: E402
+from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: E402
+
+__all__ = ["main", "transition_seconds"]
+
+BASELINE = "1faa3a2"  # the last commit before the slot-by-slot compiled block sweep
+ARMS = ("gibbs", "nb")
+
+_SNIPPET = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+from neuralblock import ReplicaExchange, load_pretrained
+from neuralblock.io import read_uai, uai_grid
+grid, arm, budget, warmup = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+proposals = [load_pretrained("grid-mrf-2x2")] if arm == "nb" else None
+torch.manual_seed(0)
+kernel = ReplicaExchange(read_uai(uai_grid(grid)), proposals=proposals, replicas=16, max_temperature=10.0, chains=2)
+kernel.setup(warmup)
+params = kernel.initial_params
+for _ in range(warmup):
+    params = kernel.sample(params)
+start = time.process_time()
+params = kernel.sample(params)
+first = time.process_time() - start
+steps, start = 0, time.process_time()
+while time.process_time() - start < budget:
+    params = kernel.sample(params)
+    steps += 1
+print(json.dumps({"first": first, "per_transition": (time.process_time() - start) / steps}))
+"""
+
+
+def transition_seconds(tree: Path, grid: str, arm: str, budget: float, warmup: int = 200) -> dict[str, float]:
+    """CPU seconds of ``arm``'s first transition after warmup and per transition after it, in ``tree``'s code.
+
+    Example:
+        >>> out = transition_seconds(ROOT, "Grids_12", "gibbs", budget=0.2, warmup=4)
+        >>> sorted(out), out["per_transition"] > 0
+        (['first', 'per_transition'], True)
+    """
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", _SNIPPET, grid, arm, str(budget), str(warmup)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grids", nargs="+", default=["Grids_12", "Grids_16"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=3.0, help="CPU seconds of transitions per measurement")
+    parser.add_argument("--baseline", default=BASELINE, help="commit to time the same arms on ('' for none)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: Grids_12, one round, no baseline")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.grids, args.rounds, args.budget, args.baseline = ["Grids_12"], 1, 0.5, ""
+    record: dict = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "grids": {}}
+    rows = []
+    with baseline_worktree(args.baseline, prefix="re-baseline-") as worktree:
+        trees = {"": ROOT} if worktree is None else {"": ROOT, "baseline ": worktree}
+        for grid in args.grids:
+            times: dict[str, list[float]] = {}
+            for _ in range(args.rounds):  # interleaved: machine load mostly cancels in each round's ratios
+                for label, tree in trees.items():
+                    for arm in ARMS:
+                        found = transition_seconds(tree, grid, arm, args.budget)
+                        times.setdefault(f"{label}{arm}", []).append(found["per_transition"])
+                        times.setdefault(f"{label}{arm} first", []).append(found["first"])
+            median = {key: statistics.median(values) for key, values in times.items()}
+            ratios = {"nb / gibbs": paired_ratio(times, "nb", "gibbs")}
+            if worktree is not None:
+                for arm in ARMS:
+                    ratios[f"baseline / current, {arm}"] = paired_ratio(times, f"baseline {arm}", arm)
+                ratios["baseline nb / baseline gibbs"] = paired_ratio(times, "baseline nb", "baseline gibbs")
+            record["grids"][grid] = {"seconds": times, "median": median, "ratios": ratios}
+            rows.append(
+                {"grid": grid, **{f"{k} (ms)": 1e3 * v for k, v in median.items() if "first" not in k},
+                 **{f"{k} (s)": v for k, v in median.items() if "first" in k}, **ratios}
+            )  # fmt: skip
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    table = markdown_table(rows, columns, spec=".3g")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "replica_cost.json", record)
+    header = (
+        "# Replica exchange: CPU cost per transition\n\n"
+        f"16 temperatures, 2 ensembles, 200 warmup transitions; median of {args.rounds} interleaved round(s) of "
+        f"{args.budget:g} CPU s each, one thread; baseline: `{args.baseline or 'none'}`. `first`: the first "
+        "transition after warmup (neural replicas build their tempered proposal rows there).\n\n"
+    )
+    (out / "replica_cost.md").write_text(header + table + "\n")
+    print(table)
+    return record
+
+
+if __name__ == "__main__":
+    main()
