@@ -2,11 +2,14 @@
 
 Measures, side by side in one run (one torch thread, CPU time through the public ``kernel.sample`` API, each
 measurement in a fresh subprocess, rounds interleaved, medians reported), on the UAI Ising grids ``Grids_12``
-(10x10 torus) and ``Grids_16`` (20x20) with the settings of the replica-exchange grid study (16 temperatures up
-to 10, 2 ensembles, 200 warmup transitions that adapt the ladder):
+(10x10 torus) and ``Grids_16`` (20x20) and the UAI 2008 grid BN ``90-14-1`` (14x14, hard zeros: softened hot
+replicas, neural sweeps at ``T = 1`` only) with the settings of the replica-exchange grid study (16 temperatures
+up to 10, 2 ensembles, 200 warmup transitions that adapt the ladder):
 
 * ``gibbs`` / ``nb``: CPU seconds per transition after warmup of ``ReplicaExchange`` with Gibbs replicas and
-  with ``grid-mrf-2x2`` neural replicas (the kernel's defaults: covers, ``gibbs_prob=0.1``, tempered proposals);
+  with ``grid-mrf-2x2`` (``grid-bn-2x2`` on the BN) neural replicas (the kernel's defaults: covers,
+  ``gibbs_prob=0.1``, tempered proposals);
+* ``warmup``: CPU seconds per warmup transition (the first, which draws the other replicas' starts, apart);
 * ``nb first``: the first transition after warmup, which builds the tempered proposal rows;
 * the same arms on ``--baseline`` (checked out into a temporary ``git worktree``).
 
@@ -39,22 +42,26 @@ from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: 
 
 __all__ = ["main", "transition_seconds"]
 
-BASELINE = "1faa3a2"  # the last commit before the slot-by-slot compiled block sweep
+BASELINE = "c1068c5"  # the last commit before the trimmed per-transition bookkeeping
 ARMS = ("gibbs", "nb")
 
 _SNIPPET = """
 import json, sys, time, torch
 torch.set_num_threads(1)
 from neuralblock import ReplicaExchange, load_pretrained
-from neuralblock.io import read_uai, uai_grid
+from neuralblock.io import erg_grid, read_erg, read_uai, uai_grid
 grid, arm, budget, warmup = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-proposals = [load_pretrained("grid-mrf-2x2")] if arm == "nb" else None
+bn = grid.startswith("90-")
+fg = read_erg(erg_grid(grid)) if bn else read_uai(uai_grid(grid))
+proposals = [load_pretrained("grid-bn-2x2" if bn else "grid-mrf-2x2")] if arm == "nb" else None
 torch.manual_seed(0)
-kernel = ReplicaExchange(read_uai(uai_grid(grid)), proposals=proposals, replicas=16, max_temperature=10.0, chains=2)
+kernel = ReplicaExchange(fg, proposals=proposals, replicas=16, max_temperature=10.0, chains=2)
 kernel.setup(warmup)
-params = kernel.initial_params
-for _ in range(warmup):
+params = kernel.sample(kernel.initial_params)  # (draws the other replicas' starts)
+start = time.process_time()
+for _ in range(warmup - 1):
     params = kernel.sample(params)
+warm = (time.process_time() - start) / max(warmup - 1, 1)
 start = time.process_time()
 params = kernel.sample(params)
 first = time.process_time() - start
@@ -62,17 +69,17 @@ steps, start = 0, time.process_time()
 while time.process_time() - start < budget:
     params = kernel.sample(params)
     steps += 1
-print(json.dumps({"first": first, "per_transition": (time.process_time() - start) / steps}))
+print(json.dumps({"first": first, "warmup": warm, "per_transition": (time.process_time() - start) / steps}))
 """
 
 
 def transition_seconds(tree: Path, grid: str, arm: str, budget: float, warmup: int = 200) -> dict[str, float]:
-    """CPU seconds of ``arm``'s first transition after warmup and per transition after it, in ``tree``'s code.
+    """CPU seconds of ``arm``'s first transition after warmup, per transition after it and per warmup transition.
 
     Example:
         >>> out = transition_seconds(ROOT, "Grids_12", "gibbs", budget=0.2, warmup=4)
         >>> sorted(out), out["per_transition"] > 0
-        (['first', 'per_transition'], True)
+        (['first', 'per_transition', 'warmup'], True)
     """
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
@@ -90,7 +97,7 @@ def transition_seconds(tree: Path, grid: str, arm: str, budget: float, warmup: i
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grids", nargs="+", default=["Grids_12", "Grids_16"])
+    parser.add_argument("--grids", nargs="+", default=["Grids_12", "Grids_16", "90-14-1"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=3.0, help="CPU seconds of transitions per measurement")
     parser.add_argument("--baseline", default=BASELINE, help="commit to time the same arms on ('' for none)")
@@ -110,17 +117,21 @@ def main(argv: list[str] | None = None) -> dict:
                     for arm in ARMS:
                         found = transition_seconds(tree, grid, arm, args.budget)
                         times.setdefault(f"{label}{arm}", []).append(found["per_transition"])
+                        times.setdefault(f"{label}{arm} warmup", []).append(found["warmup"])
                         times.setdefault(f"{label}{arm} first", []).append(found["first"])
             median = {key: statistics.median(values) for key, values in times.items()}
             ratios = {"nb / gibbs": paired_ratio(times, "nb", "gibbs")}
             if worktree is not None:
                 for arm in ARMS:
                     ratios[f"baseline / current, {arm}"] = paired_ratio(times, f"baseline {arm}", arm)
+                    ratios[f"baseline / current, {arm} warmup"] = paired_ratio(
+                        times, f"baseline {arm} warmup", f"{arm} warmup"
+                    )
                 ratios["baseline nb / baseline gibbs"] = paired_ratio(times, "baseline nb", "baseline gibbs")
             record["grids"][grid] = {"seconds": times, "median": median, "ratios": ratios}
             rows.append(
-                {"grid": grid, **{f"{k} (ms)": 1e3 * v for k, v in median.items() if "first" not in k},
-                 **{f"{k} (s)": v for k, v in median.items() if "first" in k}, **ratios}
+                {"grid": grid, **{f"{k} (ms)": 1e3 * v for k, v in median.items() if not k.endswith("first")},
+                 **{f"{k} (s)": v for k, v in median.items() if k.endswith("first")}, **ratios}
             )  # fmt: skip
     columns = list(dict.fromkeys(key for row in rows for key in row))
     table = markdown_table(rows, columns, spec=".3g")
@@ -130,8 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
     header = (
         "# Replica exchange: CPU cost per transition\n\n"
         f"16 temperatures, 2 ensembles, 200 warmup transitions; median of {args.rounds} interleaved round(s) of "
-        f"{args.budget:g} CPU s each, one thread; baseline: `{args.baseline or 'none'}`. `first`: the first "
-        "transition after warmup (neural replicas build their tempered proposal rows there).\n\n"
+        f"{args.budget:g} CPU s each, one thread; baseline: `{args.baseline or 'none'}`. `warmup`: per warmup "
+        "transition (the first apart); `first`: the first transition after warmup (neural replicas build their "
+        "tempered proposal rows there).\n\n"
     )
     (out / "replica_cost.md").write_text(header + table + "\n")
     print(table)

@@ -202,7 +202,7 @@ def test_replica_cost_quick(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "replica_cost.json").read_text())
     assert (tmp_path / "replica_cost.md").read_text().startswith("# Replica exchange: CPU cost per transition")
     (row,) = data["grids"].values()
-    assert set(row["median"]) == {"gibbs", "nb", "gibbs first", "nb first"}
+    assert set(row["median"]) == {"gibbs", "nb", "gibbs warmup", "nb warmup", "gibbs first", "nb first"}
     assert all(value > 0 for value in row["median"].values())
     assert row["ratios"]["nb / gibbs"] == result["grids"]["Grids_12"]["ratios"]["nb / gibbs"] > 0
     with pytest.raises(ValueError, match="arm must be one of"):

@@ -244,6 +244,31 @@ def test_update_graph_moves_the_chain_to_new_evidence() -> None:
     assert params["x"].tolist() == [1.0, 1.0]
 
 
+def test_params_handed_back_are_taken_as_returned_and_other_params_are_checked() -> None:
+    """Pyro hands sample() its last output back: the chain is the one a copy of those params makes."""
+    fg = random_discrete_graph(seed=2, evidence=True)
+
+    def chain(copy: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        kernel = GibbsKernel(fg, chains=3)
+        kernel.setup(0)
+        params, draws = kernel.initial_params, []
+        for _ in range(30):
+            params = kernel.sample({"x": params["x"].clone()} if copy else params)
+            draws.append(params["x"].clone())
+        return torch.stack(draws)
+
+    handed_back = chain(copy=False)
+    assert torch.equal(handed_back, chain(copy=True)) and (handed_back[..., 4] == 1).all()
+    kernel = GibbsKernel(fg, chains=3)
+    kernel.setup(0)
+    params = kernel.sample(kernel.initial_params)
+    bad = params["x"].clone()
+    bad[1, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kernel.sample({"x": bad})
+
+
 def test_float64_starts_keep_continuous_evidence() -> None:
     fg, _, _ = gaussian_chain()
     fg.set_evidence({"x3": 0.1})

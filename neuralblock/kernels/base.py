@@ -78,6 +78,7 @@ class GraphKernel(MCMCKernel):
         self.fg: FactorGraph | None = model if isinstance(model, FactorGraph) else None
         self._pending_init: dict[str, Tensor] | None = None
         self._state: Tensor | None = None
+        self._returned: Tensor | None = None  # the state site this kernel last returned (checked when it was made)
         self._warmup_steps = 0
         self._t = 0
         self._elapsed = 0.0
@@ -240,7 +241,8 @@ class GraphKernel(MCMCKernel):
         self._elapsed = 0.0
         self._reset_stats()
         self._prepare(self.fg)
-        self._state, self._evidence = None, None  # a user's start is checked against the evidence, not overwritten
+        # a user's start is checked against the evidence, not overwritten
+        self._state, self._evidence, self._returned = None, None, None
         if self._pending_init is not None:
             state = self._checked_start(self._params_to_state(self._pending_init))
             self._pending_init = None
@@ -331,17 +333,29 @@ class GraphKernel(MCMCKernel):
         if self._t == self._warmup_steps:
             self.end_warmup()
         self._state = state
-        return self._state_to_params(state)
+        params = self._state_to_params(state)
+        self._returned = None if self.from_pyro else params[STATE_SITE]
+        return params
 
     # -- params <-> state -------------------------------------------------------------
     def _params_to_state(self, params: dict[str, Tensor]) -> Tensor:
         """The kernel's state (``[n]``, or ``[K, n]`` for batched chains) from Pyro's params."""
-        fg = self._graph()
         if self.from_pyro:
             return self._pyro_params_to_state(params)
         if STATE_SITE not in params:
             raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
-        x = torch.as_tensor(params[STATE_SITE])
+        x = params[STATE_SITE]
+        if x is self._returned and self._state is not None:  # Pyro hands back what sample() returned: no new check
+            state = self._state.clone()
+        else:
+            state = self._checked_params_state(torch.as_tensor(x))
+        if self._evidence is not None:  # observed variables hold the graph's current evidence
+            state[..., self._evidence[0]] = self._evidence[1].to(state)
+        return state
+
+    def _checked_params_state(self, x: Tensor) -> Tensor:
+        """The state of a user's (or another sampler's) state site: shape, dtype and finiteness checked."""
+        fg = self._graph()
         if self.batched_state:
             if x.dim() == 1 and self.chains == 1:
                 x = x.unsqueeze(0)
@@ -353,10 +367,7 @@ class GraphKernel(MCMCKernel):
                 )
         else:
             x = x.reshape(-1)
-        state = fg.check_state(x).to(self.device).clone()
-        if self._evidence is not None:  # observed variables hold the graph's current evidence
-            state[..., self._evidence[0]] = self._evidence[1].to(state)
-        return state
+        return fg.check_state(x).to(self.device).clone()
 
     def _state_to_params(self, state: Tensor) -> dict[str, Tensor]:
         """Pyro's params from the kernel's state (the chain dimension is dropped when ``chains=1``)."""

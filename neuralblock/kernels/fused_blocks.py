@@ -902,6 +902,8 @@ class FusedBlockSweep:
         self.jit = NUMBA
         self._jit_layouts: set[tuple] = set()  # argument layouts this sweep has run (the first run compiles)
         self._jit_by_dtype: dict[torch.dtype, tuple[np.ndarray, ...]] = {}
+        # the last rows a compiled sweep read, their NumPy views and which were absent (see _jit_rows)
+        self._jit_views: tuple[tuple[Tensor | None, ...], tuple[np.ndarray | None, ...], tuple[bool, ...]] | None = None
         self._last_offsets: tuple[_TemperedTables, Tensor, Tensor | None] | None = None
         self._chain_cache: tuple[tuple, tuple, tuple[Tensor | None, Tensor | None, Tensor | None]] | None = None
         self.compile_seconds = 0.0
@@ -998,6 +1000,20 @@ class FusedBlockSweep:
         found = (beta_rows, key_offset, chain_log_zero)
         self._chain_cache = (inputs, versions, found)
         return found
+
+    def _jit_rows(self, rows: tuple[Tensor | None, ...]) -> tuple[tuple[np.ndarray | None, ...], tuple[bool, ...]]:
+        """NumPy views of the rows a compiled sweep reads, and which are absent; remembered for the same tensors.
+
+        A view shares its tensor's memory, so it follows in-place changes; new tensors (a refreshed or
+        tempered table, new temperatures) are new inputs.
+        """
+        last = self._jit_views
+        if last is not None and len(last[0]) == len(rows) and all(a is b for a, b in zip(last[0], rows)):
+            return last[1], last[2]
+        views = tuple(_numpy_or_none(t) for t in rows)
+        absent = tuple(t is None for t in rows[3:])
+        self._jit_views = (rows, views, absent)
+        return views, absent
 
     def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, int]:
         """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
@@ -1123,12 +1139,12 @@ class FusedBlockSweep:
             if stacked is not None:
                 part = slice(first, last) if whole else slice(c, c + 1)
                 own = slice(0, count * width) if whole else slice((c - first) * width, (c - first + 1) * width)
-                extra_np = tuple(_numpy_or_none(t) for t in extra)
+                (cdf_np, ratio_np, values_np, *extra_np), absent = self._jit_rows((cdf, log_ratio, values, *extra))
                 found = self._run_jit(
-                    tuple(t is None for t in extra_np) + (state.dtype, cdf.dtype, whole),
+                    absent + (state.dtype, cdf.dtype, whole),
                     work, *(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]),
-                    cdf.numpy(), log_ratio.numpy(), np.ascontiguousarray(draws[:, own].numpy()),
-                    np.ascontiguousarray(log_accept[:, own].numpy()), values.numpy(), *extra_np,
+                    cdf_np, ratio_np, np.ascontiguousarray(draws[:, own].numpy()),
+                    np.ascontiguousarray(log_accept[:, own].numpy()), values_np, *extra_np,
                 )  # fmt: skip
                 found_np.append(found)
                 continue
@@ -1152,8 +1168,10 @@ class FusedBlockSweep:
             accepts.append(acc)
             broken.append(bad)
         proposed = chains * sum(self.sizes[first:last])
-        if found_np:  # (padded slots were skipped)
-            counts = found_np[0][0] if len(found_np) == 1 else np.sum([f[0] for f in found_np], 0)
+        if len(found_np) == 1:  # (padded slots were skipped)
+            return state, torch.from_numpy(found_np[0][0]), torch.tensor(found_np[0][1]), proposed
+        if found_np:
+            counts = np.sum([f[0] for f in found_np], 0)
             return state, torch.from_numpy(counts), torch.tensor(sum(f[1] for f in found_np)), proposed
         real = self.real[first:last].to(state.device)
         accepted = (torch.stack(accepts, 1) & real).sum((1, 2))  # padded slots repeat a real one: not counted

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,8 +51,11 @@ __all__ = [
     "NUMBA",
     "SUMMED_DIRECTLY",
     "TableLogJoint",
+    "GibbsClassArgs",
     "block_sweep",
     "gibbs_class",
+    "gibbs_class_args",
+    "gibbs_class_prepared",
     "swap_replicas",
     "timed_first_call",
 ]
@@ -303,6 +306,36 @@ def _gibbs_class(state, vars_, scopes, strides, index, mask, flat, noise, beta, 
     return stuck
 
 
+class GibbsClassArgs(NamedTuple):
+    """A colour class's index arrays for :func:`gibbs_class`, converted once (see :func:`gibbs_class_args`)."""
+
+    vars_: np.ndarray
+    scopes: np.ndarray
+    strides: np.ndarray
+    entries: np.ndarray  # the tables' entries of each value (``index`` of :func:`gibbs_class`)
+    mask: np.ndarray | None
+    float_strides: bool
+    layout: tuple  # the arrays' dtypes and ranks (a part of the compiled signature)
+
+
+def gibbs_class_args(
+    vars_: np.ndarray, scopes: np.ndarray, strides: np.ndarray, index: np.ndarray, mask: np.ndarray | None, dtype: Any
+) -> GibbsClassArgs:
+    """A class's arrays as :func:`gibbs_class` reads them with tables of ``dtype`` (the mask in that dtype).
+
+    Example:
+        >>> args = gibbs_class_args(np.array([0]), np.zeros((1, 1, 1), np.int64), np.ones((1, 1, 1)),
+        ...                         np.zeros((1, 1, 2), np.int64), None, np.float32)
+        >>> args.float_strides, args.mask is None
+        (True, True)
+    """
+    if mask is not None:
+        mask = mask.astype(dtype, copy=False)
+    arrays = (vars_, scopes, strides, index, mask)
+    layout = tuple(None if a is None else (a.dtype, a.ndim) for a in arrays)
+    return GibbsClassArgs(*arrays, bool(np.issubdtype(strides.dtype, np.floating)), layout)
+
+
 def gibbs_class(
     state: np.ndarray,
     vars_: np.ndarray,
@@ -321,6 +354,8 @@ def gibbs_class(
     in the order of its factors, as NumPy adds them along that axis, except that NumPy sums 8 or more
     terms pairwise when the class has a single variable (the axis is then contiguous): there the
     log-odds may differ in the last bit and, very rarely, a draw with them (the same conditionals).
+    A sweep that runs the same classes again converts their arrays once (:func:`gibbs_class_args`)
+    and calls :func:`gibbs_class_prepared`.
 
     Example:
         >>> state = np.zeros((1, 2), dtype=np.float32)  # x0 alone in its class; one factor [x0, x1], x1 = 0
@@ -329,15 +364,32 @@ def gibbs_class(
         >>> gibbs_class(state, *args, np.array([[0.5]], np.float32)), state.tolist()  # 0.5 < log 3
         (0, [[1.0, 0.0]])
     """
+    prepared = gibbs_class_args(vars_, scopes, strides, index, mask, flat.dtype)
     if beta is not None:
         beta = beta.astype(flat.dtype)  # as the NumPy function: the temperatures in the tables' dtype
-    if mask is not None:
-        mask = mask.astype(flat.dtype, copy=False)
-    float_strides = bool(np.issubdtype(strides.dtype, np.floating))
-    cast = np.empty(1, dtype=state.dtype)  # rounds a value to the state's dtype, as NumPy's astype(state.dtype)
+    return gibbs_class_prepared(state, prepared, flat, noise, beta, table_offset, np.empty(1, dtype=state.dtype))
+
+
+def gibbs_class_prepared(
+    state: np.ndarray,
+    args: GibbsClassArgs,
+    flat: np.ndarray,
+    noise: np.ndarray,
+    beta: np.ndarray | None,
+    table_offset: np.ndarray | None,
+    cast: np.ndarray,
+) -> int:
+    """:func:`gibbs_class` on a class's converted arrays; ``beta`` already in the tables' dtype.
+
+    ``cast`` is a one-entry scratch array of the state's dtype (it rounds a value as NumPy's
+    ``astype(state.dtype)`` does).
+    """
     return int(
-        _gibbs_class(state, vars_, scopes, strides, index, mask, flat, noise, beta, table_offset, float_strides, cast)
-    )
+        _gibbs_class(
+            state, args.vars_, args.scopes, args.strides, args.entries, args.mask, flat, noise, beta, table_offset,
+            args.float_strides, cast,
+        )
+    )  # fmt: skip
 
 
 @_compiled

@@ -716,14 +716,7 @@ class NeuralBlockKernel(GraphKernel):
                     accepted, bad = int(accepted), int(bad)
                 discarded = fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
                 if not warmup:
-                    per_chain = per_chain.cpu()
-                    offered = torch.full_like(per_chain, proposed // len(state))  # every chain proposes every block
-                    if rows is not None:  # counts of every chain (0 for those that took the single-site sweep)
-                        place = rows.cpu()
-                        per_chain = per_chain.new_zeros(chains).index_copy_(0, place, per_chain)
-                        offered = offered.new_zeros(chains).index_copy_(0, place, offered)
-                    self._accepted_per_chain[i] = self._accepted_per_chain[i] + per_chain
-                    self._proposed_per_chain[i] = self._proposed_per_chain[i] + offered
+                    self._count_per_chain(i, per_chain.cpu(), proposed // len(state), rows, chains)
             else:
                 state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, classes, beta)
             rate = accepted / max(proposed, 1)  # a running rate for the progress bar
@@ -738,6 +731,24 @@ class NeuralBlockKernel(GraphKernel):
                 torch.cuda.synchronize(state.device)
             self._block_seconds += time.perf_counter() - start
         return state
+
+    def _count_per_chain(self, i: int, accepted: Tensor, offered: int, rows: Tensor | None, chains: int) -> None:
+        """Add a fused sweep's blocks accepted ``[K']`` and offered (each chain's) to proposal ``i``'s per-chain counts.
+
+        With ``rows``, the sweep ran the chains ``rows`` of ``chains``; the others count 0.
+        """
+        total, offers = self._accepted_per_chain[i], self._proposed_per_chain[i]
+        width = len(accepted) if rows is None else chains
+        if total.shape != (width,):  # the first sweep's counts (the totals start as 0-dim zeros)
+            total, offers = torch.zeros(width), torch.zeros(width)
+            self._accepted_per_chain[i], self._proposed_per_chain[i] = total, offers
+        if rows is None:
+            total += accepted
+            offers += offered
+        else:  # the chains of rows (those that took the single-site sweep count 0)
+            place = rows.cpu()
+            total.index_add_(0, place, accepted.to(total.dtype))
+            offers.index_add_(0, place, torch.full((len(place),), float(offered)))
 
     def _general_sweep(
         self, i: int, fg: FactorGraph, state: Tensor, bounds: tuple[int, int], beta: Tensor | None = None

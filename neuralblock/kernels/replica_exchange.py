@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -83,6 +84,16 @@ __all__ = ["ReplicaExchange", "geometric_ladder", "swap_replicas"]
 _RATE_SMOOTHING = 0.1  # running swap acceptance per pair (warmup adaptation)
 _AUTO_ZERO_PENALTY = 0.5  # zero_penalty="auto": nats per zero table entry at the hottest replica
 _MIN_GAP = 1e-3  # least gap between neighbouring temperatures (distinct float32 inverse temperatures)
+
+
+def _pair_means(prob: np.ndarray) -> np.ndarray:
+    """Each pair's mean swap probability over the ensembles, ``[P, K] -> [P]`` (NumPy's ``mean``, without its wrapper).
+
+    Example:
+        >>> _pair_means(np.array([[1.0, 0.5], [0.0, 0.25]])).tolist()
+        [0.75, 0.125]
+    """
+    return np.add.reduce(prob, axis=-1) / prob.shape[-1]
 
 
 def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
@@ -376,7 +387,7 @@ class ReplicaExchange(GraphKernel):
         fg = self._graph()
         if self.replica_states is None:
             self.replica_states = self._start_replicas(state)
-        replicas = self.replica_states.clone()
+        replicas = self.replica_states.clone()  # (Pyro keeps the beta = 1 replicas returned before)
         replicas[0] = state  # Pyro's params are the beta = 1 replicas
         size, n = self.replicas * self.chains, fg.num_variables
         beta, log_zero, index, row_beta, cold = self._ladder_tensors(state.dtype)
@@ -395,14 +406,17 @@ class ReplicaExchange(GraphKernel):
         if self.replicas > 1:
             parity = self._steps % 2
             if self._joints is not None and replicas.dtype in (torch.float32, torch.float64):
-                replicas, mean_prob = self._swap_compiled(self._joints, replicas.clone(), beta, log_zero, parity)
+                # (in place: the inner kernel's states are new, not the caller's)
+                replicas, mean_prob = self._swap_compiled(self._joints, replicas, beta, log_zero, parity)
             else:
                 replicas, mean_prob = self._swap(fg, replicas, beta, log_zero, parity)
-            rate = self._swap_rate[parity::2]  # the pairs (parity, parity + 1), (parity + 2, ...): views
+            # the running rates and counts of the pairs (parity, parity + 1), (parity + 2, ...), through NumPy views
+            # of the float64 CPU tensors (the same IEEE arithmetic as torch's, a fraction of its cost per call)
+            rate = self._swap_rate.numpy()[parity::2]
             rate += _RATE_SMOOTHING * (mean_prob - rate)
             if not warmup:
-                self._swap_attempts[parity::2] += 1.0
-                self._swap_accept[parity::2] += mean_prob
+                self._swap_attempts.numpy()[parity::2] += 1.0
+                self._swap_accept.numpy()[parity::2] += mean_prob
             elif self.adapt:
                 self._adapt_ladder()
         self._steps += 1
@@ -420,16 +434,20 @@ class ReplicaExchange(GraphKernel):
         cached = self._ladder_cache
         if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:]:
             beta = self.betas.to(self.device)
-            index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major
-            neural = self.neural_count()
-            cold = None if neural == self.replicas else index < neural  # (None: every replica)
-            cached = (key, (beta, self.zero_log_potentials(), index, beta[index].to(dtype), cold))
+            if cached is not None and cached[0][3:] == key[3:]:  # the same rows, new temperatures (warmup)
+                index, cold = cached[1][2], cached[1][4]
+            else:
+                index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major
+                neural = self.neural_count()
+                cold = None if neural == self.replicas else index < neural  # (None: every replica)
+            row_beta = beta.repeat_interleave(self.chains).to(dtype)
+            cached = (key, (beta, self.zero_log_potentials(), index, row_beta, cold))
             self._ladder_cache = cached
         return cached[1]
 
     def _swap(
         self, fg: FactorGraph, replicas: Tensor, beta: Tensor, log_zero: Tensor | None, parity: int
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, np.ndarray]:
         """Swaps of the pairs of ``parity`` (torch): the replicas after them and each pair's mean acceptance."""
         size, n = self.replicas * self.chains, fg.num_variables
         flat_states = replicas.reshape(size, n).cpu()
@@ -440,7 +458,7 @@ class ReplicaExchange(GraphKernel):
         count = None if zeros is None else zeros.log_joint(flat_states, check=False).reshape(log_p.shape).to(log_p)
         on_device = None if log_zero is None else log_zero.to(self.device)
         replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, on_device)
-        return replicas, prob.mean(-1).double().cpu()
+        return replicas, _pair_means(prob.double().cpu().numpy())
 
     def _swap_compiled(
         self,
@@ -449,7 +467,7 @@ class ReplicaExchange(GraphKernel):
         beta: Tensor,
         log_zero: Tensor | None,
         parity: int,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, np.ndarray]:
         """:meth:`_swap` through the compiled loops (:func:`~neuralblock.kernels.jit.swap_replicas`), in place.
 
         The log joints are added in float64 (see :class:`~neuralblock.kernels.jit.TableLogJoint`); the
@@ -465,30 +483,33 @@ class ReplicaExchange(GraphKernel):
         betas = beta.double().numpy()
         zero_logs = None if log_zero is None else log_zero.double().numpy()
         delta = swap_replicas_compiled(work, log_p, betas, parity, log_u, count, zero_logs)
-        return replicas, torch.from_numpy(delta).clamp(max=0.0).exp().mean(-1)  # as the torch path rounds them
+        return replicas, _pair_means(torch.from_numpy(delta).clamp_(max=0.0).exp_().numpy())  # (torch's exp, as _swap)
 
     def _adapt_ladder(self) -> None:
-        """One step of the Vousden-Farr-Mandel adaptation towards equal swap rates (``T_1``, ``T_R`` fixed)."""
+        """One step of the Vousden-Farr-Mandel adaptation towards equal swap rates (``T_1``, ``T_R`` fixed).
+
+        In NumPy float64 (a step runs at every warmup transition on ``R`` numbers: torch's calls would cost more).
+        """
         if self.replicas < 3:
             return
         self._adapt_steps += 1
         kappa = self.adapt_t0 / (self.adapt_nu * (self._adapt_steps + self.adapt_t0))
-        temps = self.temperatures
-        log_gaps = temps.diff().log()
-        rate = self._swap_rate
+        temps = self.temperatures.numpy()
+        log_gaps = np.log(np.diff(temps))
+        rate = self._swap_rate.numpy()
         step = kappa * (rate[:-1] - rate[1:])
         if self.penalty is not None:  # softened zeros: the first gap stays (see "Hard zeros" above)
             step[0] = 0.0
         log_gaps[:-1] += step
-        gaps = log_gaps.exp().clamp(min=_MIN_GAP)
+        gaps = np.maximum(np.exp(log_gaps), _MIN_GAP)
         held = 1 if self.penalty is not None else 0  # gaps not adapted
         span = float(temps[-1] - temps[0] - gaps[:held].sum())
         inner = gaps[held:-1].sum()
         if inner >= span:  # keep the hottest temperature: shrink the inner gaps to leave room for the last
             gaps[held:-1] *= 0.999 * span / float(inner)
-        new = torch.cat([temps[:1], temps[0] + gaps[:-1].cumsum(0), temps[-1:]])
-        if bool((new.diff() >= _MIN_GAP).all()):  # else skip the step: neighbours stay at least _MIN_GAP apart
-            self.temperatures = new
+        new = np.concatenate([temps[:1], temps[0] + np.cumsum(gaps[:-1]), temps[-1:]])
+        if bool((np.diff(new) >= _MIN_GAP).all()):  # else skip the step: neighbours stay at least _MIN_GAP apart
+            self.temperatures = torch.from_numpy(new)
 
     def _tempered_sweeps(self) -> int:
         """Neural sweeps (warmup included) whose chains read their temperature's tables."""
