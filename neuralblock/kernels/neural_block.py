@@ -745,10 +745,10 @@ class NeuralBlockKernel(GraphKernel):
         if rows is None:
             total += accepted
             offers += offered
-        else:  # the chains of rows (those that took the single-site sweep count 0)
-            place = rows.cpu()
-            total.index_add_(0, place, accepted.to(total.dtype))
-            offers.index_add_(0, place, torch.full((len(place),), float(offered)))
+        else:  # the chains of rows, each once (those that took the single-site sweep count 0), through NumPy views
+            place = rows.cpu().numpy()
+            total.numpy()[place] += accepted.numpy()
+            offers.numpy()[place] += offered
 
     def _general_sweep(
         self, i: int, fg: FactorGraph, state: Tensor, bounds: tuple[int, int], beta: Tensor | None = None
