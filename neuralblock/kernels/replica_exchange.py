@@ -10,11 +10,19 @@ replicas of each ensemble propose to swap states, alternating the even and the o
 product of the tempered targets invariant, so the ``beta = 1`` replica samples ``p``; only it
 is returned to Pyro.
 
-During warmup the ladder adapts towards equal swap rates between all neighbours (Vousden,
-Farr and Mandel, MNRAS 455, 2016): with ``T = 1 / beta`` and ``S_r = log(T_{r+1} - T_r)``,
-``S_r += kappa(t) (A_r - A_{r+1})`` for the running swap acceptance ``A`` of each pair, with
-``kappa(t) = t0 / (nu (t + t0))``; ``T_1 = 1`` and the hottest temperature stay fixed. The
-adapted ladder is in ``diagnostics()``.
+During warmup the ladder adapts towards equal swap rates between all neighbours; ``T_1 = 1`` and
+the hottest temperature stay fixed, and the adapted ladder is in ``diagnostics()``. By default
+(``adaptation="barrier"``) the warmup runs in rounds that end at transitions ``W / 2^j`` (``W``
+warmup transitions, rounds of at least 8), and after each round the ladder is set from that round's
+swap rejection rates ``1 - A_r``: summed along the ladder they trace the communication barrier
+``Lambda(beta)`` of non-reversible parallel tempering (Syed, Bouchard-Cote, Deligiannidis and
+Doucet, JRSS-B 84, 2022), and the new inverse temperatures split it into equal parts.
+``adaptation="vousden"`` takes small steps instead (Vousden, Farr and Mandel, MNRAS 455, 2016):
+with ``T = 1 / beta`` and ``S_r = log(T_{r+1} - T_r)``, ``S_r += kappa(t) (A_r - A_{r+1})`` for the
+running swap acceptance ``A`` of each pair, with ``kappa(t) = t0 / (nu (t + t0))``. On fresh 20x20
+Ising tori (16 temperatures up to 10, 200 warmup transitions) the pairs' swap rates after warmup
+spanned 0.25-0.49 and 0.29-0.38 with the rounds, 0.09-0.51 and 0.14-0.47 with the small steps,
+which needed 2000 warmup transitions to span 0.25-0.35.
 
 A neural inner kernel proposes, at every temperature that takes neural sweeps (see below), from a
 *tempered* proposal
@@ -84,6 +92,8 @@ __all__ = ["ReplicaExchange", "geometric_ladder", "swap_replicas"]
 _RATE_SMOOTHING = 0.1  # running swap acceptance per pair (warmup adaptation)
 _AUTO_ZERO_PENALTY = 0.5  # zero_penalty="auto": nats per zero table entry at the hottest replica
 _MIN_GAP = 1e-3  # least gap between neighbouring temperatures (distinct float32 inverse temperatures)
+_MIN_ROUND = 8  # barrier adaptation: the shortest round (transitions)
+_MIN_REJECTION = 1e-3  # barrier adaptation: a pair's least rejection rate (keeps the barrier increasing)
 
 
 def _pair_means(prob: np.ndarray) -> np.ndarray:
@@ -177,8 +187,10 @@ class ReplicaExchange(GraphKernel):
             replicas with more neural sweeps reached a given marginal error sooner than with 0.5).
         chains: independent ensembles ``K`` (each returns its ``beta = 1`` replica).
         adapt: adapt the ladder during warmup.
-        adapt_nu: ``nu`` of the adaptation rate ``kappa(t) = t0 / (nu (t + t0))``.
-        adapt_t0: ``t0`` of the adaptation rate.
+        adaptation: ``"barrier"`` (rounds that split the communication barrier evenly) or ``"vousden"``
+            (small steps at every warmup transition); see above.
+        adapt_nu: ``nu`` of the ``"vousden"`` adaptation rate ``kappa(t) = t0 / (nu (t + t0))``.
+        adapt_t0: ``t0`` of the ``"vousden"`` adaptation rate.
         device: where states and tables live.
         compile: passed to the inner kernel.
         tempered_proposals: neural replicas propose from the proposal raised to their ``beta`` once the ladder
@@ -209,6 +221,7 @@ class ReplicaExchange(GraphKernel):
         gibbs_prob: float = 0.1,
         chains: int = 1,
         adapt: bool = True,
+        adaptation: str = "barrier",
         adapt_nu: float = 10.0,
         adapt_t0: float = 100.0,
         device: str | torch.device | None = None,
@@ -257,6 +270,10 @@ class ReplicaExchange(GraphKernel):
         self.gibbs_prob = gibbs_prob
         self.adapt = bool(adapt)
         self.adapt_nu, self.adapt_t0 = float(adapt_nu), float(adapt_t0)
+        if adaptation not in ("barrier", "vousden"):
+            raise ValueError(f"adaptation must be 'barrier' or 'vousden', got {adaptation!r}")
+        self.adaptation = adaptation
+        self._round_cache: tuple[int, frozenset[int]] | None = None
         self.compile = compile
         self.tempered_proposals = bool(tempered_proposals)
         if (
@@ -371,6 +388,8 @@ class ReplicaExchange(GraphKernel):
         self._swap_accept = torch.zeros(pairs, dtype=torch.float64)
         self._steps = 0
         self._adapt_steps = 0
+        self._round_sum = np.zeros(pairs)  # barrier adaptation: the round's swap probabilities and attempts per pair
+        self._round_count = np.zeros(pairs)
         if hasattr(self, "inner"):
             self.inner._reset_stats()
 
@@ -417,8 +436,13 @@ class ReplicaExchange(GraphKernel):
             if not warmup:
                 self._swap_attempts.numpy()[parity::2] += 1.0
                 self._swap_accept.numpy()[parity::2] += mean_prob
-            elif self.adapt:
+            elif self.adapt and self.adaptation == "vousden":
                 self._adapt_ladder()
+            elif self.adapt:
+                self._round_sum[parity::2] += mean_prob
+                self._round_count[parity::2] += 1.0
+                if self._t + 1 in self._round_ends():
+                    self._barrier_ladder()
         self._steps += 1
         self.replica_states = replicas
         return replicas[0]
@@ -509,6 +533,48 @@ class ReplicaExchange(GraphKernel):
             gaps[held:-1] *= 0.999 * span / float(inner)
         new = np.concatenate([temps[:1], temps[0] + np.cumsum(gaps[:-1]), temps[-1:]])
         if bool((np.diff(new) >= _MIN_GAP).all()):  # else skip the step: neighbours stay at least _MIN_GAP apart
+            self.temperatures = torch.from_numpy(new)
+
+    def _round_ends(self) -> frozenset[int]:
+        """The warmup transitions after which the barrier adaptation sets a new ladder: ``W // 2^j``, at least 8.
+
+        Example:
+            >>> kernel = ReplicaExchange(FactorGraph(), replicas=3)
+            >>> kernel._warmup_steps = 200
+            >>> sorted(kernel._round_ends())
+            [12, 25, 50, 100, 200]
+        """
+        warmup = self._warmup_steps
+        if self._round_cache is None or self._round_cache[0] != warmup:
+            ends, end = set(), warmup
+            while end >= _MIN_ROUND:
+                ends.add(end)
+                end //= 2
+            self._round_cache = (warmup, frozenset(ends))
+        return self._round_cache[1]
+
+    def _barrier_ladder(self) -> None:
+        """A new ladder from the last round's swap rejection rates (Syed et al., JRSS-B 84, 2022).
+
+        The rejection rates ``1 - A_r`` of the pairs, summed along the ladder, trace the
+        communication barrier ``Lambda(beta)`` (piecewise linear in ``beta``); the new inverse
+        temperatures split it into equal parts, which evens the rates in one step, however uneven
+        they were. ``T_1 = 1`` and ``T_R`` stay; on softened models the first gap stays too (see
+        "Hard zeros"). The round's counts are then cleared.
+        """
+        count, total = self._round_count, self._round_sum
+        if self.replicas < 3 or not bool((count > 0).all()):
+            return
+        reject = np.maximum(1.0 - total / count, _MIN_REJECTION)  # (> 0: the barrier rises along the ladder)
+        count[:] = 0.0
+        total[:] = 0.0
+        temps = self.temperatures.numpy()
+        held = 1 if self.penalty is not None else 0  # gaps not adapted
+        barrier = np.concatenate([[0.0], np.cumsum(reject)])[held:]
+        targets = np.linspace(barrier[0], barrier[-1], len(barrier))
+        new = temps.copy()
+        new[held + 1 : -1] = 1.0 / np.interp(targets[1:-1], barrier, 1.0 / temps[held:])
+        if bool((np.diff(new) >= _MIN_GAP).all()):  # else keep the ladder: neighbours stay _MIN_GAP apart
             self.temperatures = torch.from_numpy(new)
 
     def _tempered_sweeps(self) -> int:
