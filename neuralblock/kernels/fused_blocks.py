@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from neuralblock._memo import LastInputs
 from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.functional import use_numpy
 from neuralblock.kernels.gibbs import SoftZeros, compiled, flat_tables, pad_by_owner
@@ -905,7 +906,7 @@ class FusedBlockSweep:
         # the last rows a compiled sweep read, their NumPy views and which were absent (see _jit_rows)
         self._jit_views: tuple[tuple[Tensor | None, ...], tuple[np.ndarray | None, ...], tuple[bool, ...]] | None = None
         self._last_offsets: tuple[_TemperedTables, Tensor, Tensor | None] | None = None
-        self._chain_cache: tuple[tuple, tuple, tuple[Tensor | None, Tensor | None, Tensor | None]] | None = None
+        self._chain_cache = LastInputs[tuple[Tensor | None, Tensor | None, Tensor | None]]()
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
@@ -973,10 +974,9 @@ class FusedBlockSweep:
         Remembered for the last inputs (the same tensors, unchanged: a replica-exchange ladder moves in warmup only).
         """
         inputs = (self.tempered, beta, *(soft or (None, None)))  # (a SoftZeros is made per transition)
-        versions = tuple(t._version for t in inputs[1:] if t is not None)
-        last = self._chain_cache
-        if last is not None and all(a is b for a, b in zip(last[0], inputs)) and last[1] == versions:
-            return last[2]
+        last = self._chain_cache.get(inputs)
+        if last is not None:
+            return last
         table, tempered, key_offset = self.table, self.tempered, None
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
         if tempered is not None and beta is not None:
@@ -998,7 +998,7 @@ class FusedBlockSweep:
                 raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
             chain_log_zero = soft.log_zero.to(device, table.cdf.dtype)[soft.entry]
         found = (beta_rows, key_offset, chain_log_zero)
-        self._chain_cache = (inputs, versions, found)
+        self._chain_cache.put(inputs, found)
         return found
 
     def _jit_rows(self, rows: tuple[Tensor | None, ...]) -> tuple[tuple[np.ndarray | None, ...], tuple[bool, ...]]:

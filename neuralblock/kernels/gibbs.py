@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from neuralblock._memo import LastInputs
 from neuralblock.graph import BlockScaffold, FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, discrete_latent_variables, warn_frozen
 from neuralblock.kernels.functional import gibbs_sample, use_numpy
@@ -389,7 +390,7 @@ class GibbsPlan:
         self.compile_seconds = 0.0
         self.zeros: Tensor | None = None  # where the flat tables hold a zero (log -inf), if anywhere
         self._soft: tuple[Tensor, Tensor] | None = None  # (log_zero, one copy of the tables per entry)
-        self._soft_last: tuple[tuple, tuple, tuple[Tensor, Tensor]] | None = None  # the last _soft_inputs
+        self._soft_last = LastInputs[tuple[Tensor, Tensor]]()  # the last _soft_inputs
         self._find_zeros()
         if compile and self.tables_only:
             self.update = compiled(gibbs_class_update)
@@ -403,7 +404,8 @@ class GibbsPlan:
     def _find_zeros(self) -> None:
         zeros = None if self.flat is None else self.flat == -math.inf
         self.zeros = zeros if zeros is not None and bool(zeros.any()) else None
-        self._soft, self._soft_last = None, None
+        self._soft = None
+        self._soft_last.clear()
 
     def _soft_tables(self, flat: Tensor, zeros: Tensor, log_zero: Tensor) -> Tensor:
         """One copy of ``flat`` per value of ``log_zero``, each entry where ``zeros`` at that log-potential (cached)."""
@@ -418,14 +420,13 @@ class GibbsPlan:
         Remembered for the same inputs (the same tensors, unchanged): a replica-exchange ladder moves in warmup only.
         """
         inputs = (flat, zeros, soft.entry, soft.log_zero)
-        versions = (soft.entry._version, soft.log_zero._version, device)
-        last = self._soft_last
-        if last is not None and all(a is b for a, b in zip(last[0], inputs)) and last[1] == versions:
-            return last[2]
+        last = self._soft_last.get(inputs, (device,))
+        if last is not None:
+            return last
         values, copy = torch.unique(soft.log_zero.to(flat.dtype), return_inverse=True)
         offset = copy.to(device)[soft.entry] * flat.numel()
         found = (self._soft_tables(flat, zeros, values), offset)
-        self._soft_last = (inputs, versions, found)
+        self._soft_last.put(inputs, found, (device,))
         return found
 
     @staticmethod

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from neuralblock._memo import LastInputs
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.graph.supports import is_real
 from neuralblock.kernels.adaptation import GibbsShare
@@ -431,7 +432,7 @@ class NeuralBlockKernel(GraphKernel):
         self.soft_zeros: SoftZeros | None = None  # per-chain log-potentials of zero entries (ReplicaExchange)
         # chains that take the neural sweeps (None: all); the others take a single-site sweep instead (ReplicaExchange)
         self.neural_rows: Tensor | None = None
-        self._row_split: tuple[tuple, tuple, tuple[_RowPart, _RowPart]] | None = None  # (inputs, versions, parts)
+        self._row_split = LastInputs[tuple[_RowPart, _RowPart]]()  # the last _split_rows
         self.num_instances: list[int] = []  # set at setup
         self.fused: list[_Fused | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
@@ -667,9 +668,8 @@ class NeuralBlockKernel(GraphKernel):
         """
         beta, soft = self.beta, self.soft_zeros
         inputs = (rows, beta, *(soft or (None, None)))  # (a SoftZeros is made per transition: its tensors are kept)
-        versions = tuple(t._version for t in inputs if t is not None)
-        last = self._row_split
-        if last is None or not all(a is b for a, b in zip(last[0], inputs)) or last[1] != versions:
+        last = self._row_split.get(inputs)
+        if last is None:
             mask = rows.to(torch.bool)
 
             def part(chains: Tensor) -> _RowPart:
@@ -679,9 +679,9 @@ class NeuralBlockKernel(GraphKernel):
                     None if soft is None else SoftZeros(soft.entry[chains], soft.log_zero),
                 )
 
-            last = (inputs, versions, (part(mask.nonzero().squeeze(-1)), part((~mask).nonzero().squeeze(-1))))
-            self._row_split = last
-        return last[2]
+            last = (part(mask.nonzero().squeeze(-1)), part((~mask).nonzero().squeeze(-1)))
+            self._row_split.put(inputs, last)
+        return last
 
     def _neural_sweep(
         self,
