@@ -196,6 +196,23 @@ def test_joint_dpm_floor(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_ladder_adaptation_quick(tmp_path: Path) -> None:
+    bench = _load("ladder_adaptation")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "ladder_adaptation.json").read_text())
+    assert (tmp_path / "ladder_adaptation.md").read_text().startswith("# Replica exchange: swap rates after")
+    assert (tmp_path / "ladder_adaptation.png").stat().st_size > 0
+    (runs_by_arm,) = data["cases"].values()
+    assert set(runs_by_arm) == {"barrier, W=200", "vousden, W=200"}
+    for runs in runs_by_arm.values():
+        (run,) = runs
+        assert len(run["rates"]) == 15 and all(0.0 <= rate <= 1.0 for rate in run["rates"])
+    assert result["cases"]["ising-10-5"] == data["cases"]["ising-10-5"]
+    with pytest.raises(ValueError, match="a case is"):
+        bench.make_case("torus-10", 0)
+
+
+@pytest.mark.timeout(120)
 def test_replica_cost_quick(tmp_path: Path) -> None:
     bench = _load("replica_cost")
     result = bench.main(["--quick", "--out", str(tmp_path)])
