@@ -37,7 +37,7 @@ from experiments.common import pyplot  # noqa: E402
 from experiments.grid_study import random_ising_grid  # noqa: E402
 from motifs.grid import random_grid_bn  # noqa: E402
 from neuralblock import ReplicaExchange  # noqa: E402
-from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: E402
+from neuralblock.diagnostics.reports import markdown_table, write_json, write_report  # noqa: E402
 from neuralblock.graph import FactorGraph  # noqa: E402
 
 __all__ = ["main", "make_case", "swap_rates"]
@@ -137,20 +137,18 @@ def main(argv: list[str] | None = None) -> dict:
                         "warmup CPU s": statistics.median(run["warmup_seconds"] for run in runs),
                     }
                 )
-    table = markdown_table(rows, list(rows[0]), spec=".3g")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "ladder_adaptation.json", record)
-    header = (
+    _plot(record, out / "ladder_adaptation.png")
+    intro = (
         "# Replica exchange: swap rates after the ladder's warmup adaptation\n\n"
         f"Gibbs replicas, 16 temperatures up to 10, 2 ensembles; {args.post} transitions at the adapted ladder "
         f"measure each pair's swap acceptance; medians over {args.seeds} fresh case(s) and seed(s). The BN's "
         "first gap is held (softened hot replicas), so its first pair's rate is the share of possible states "
         "there; `lowest, held gap aside` leaves the first pair out.\n\n"
     )
-    (out / "ladder_adaptation.md").write_text(header + table + "\n")
-    _plot(record, out / "ladder_adaptation.png")
-    print(table)
+    write_report(out, "ladder_adaptation.md", intro + markdown_table(rows, list(rows[0]), spec=".3g") + "\n")
     return record
 
 
