@@ -107,6 +107,20 @@ def _pair_means(prob: np.ndarray) -> np.ndarray:
     return np.add.reduce(prob, axis=-1) / prob.shape[-1]
 
 
+def round_ends(warmup: int) -> frozenset[int]:
+    """The warmup transitions after which the barrier adaptation sets a new ladder: ``warmup // 2^j``, at least 8.
+
+    Example:
+        >>> sorted(round_ends(200)), round_ends(7)
+        ([12, 25, 50, 100, 200], frozenset())
+    """
+    ends, end = set(), warmup
+    while end >= _MIN_ROUND:
+        ends.add(end)
+        end //= 2
+    return frozenset(ends)
+
+
 def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
     """Temperatures ``1 = T_1 < ... < T_R = max_temperature``, geometrically spaced (float64).
 
@@ -274,7 +288,6 @@ class ReplicaExchange(GraphKernel):
         if adaptation not in ("barrier", "vousden"):
             raise ValueError(f"adaptation must be 'barrier' or 'vousden', got {adaptation!r}")
         self.adaptation = adaptation
-        self._round_cache: tuple[int, frozenset[int]] | None = None
         self.compile = compile
         self.tempered_proposals = bool(tempered_proposals)
         if (
@@ -391,6 +404,7 @@ class ReplicaExchange(GraphKernel):
         self._adapt_steps = 0
         self._round_sum = np.zeros(pairs)  # barrier adaptation: the round's swap probabilities and attempts per pair
         self._round_count = np.zeros(pairs)
+        self._round_ends = round_ends(self._warmup_steps)  # (setup sets the warmup length first)
         if hasattr(self, "inner"):
             self.inner._reset_stats()
 
@@ -442,7 +456,7 @@ class ReplicaExchange(GraphKernel):
             elif self.adapt:
                 self._round_sum[parity::2] += mean_prob
                 self._round_count[parity::2] += 1.0
-                if self._t + 1 in self._round_ends():
+                if self._t + 1 in self._round_ends:
                     self._barrier_ladder()
         self._steps += 1
         self.replica_states = replicas
@@ -535,24 +549,6 @@ class ReplicaExchange(GraphKernel):
         new = np.concatenate([temps[:1], temps[0] + np.cumsum(gaps[:-1]), temps[-1:]])
         if bool((np.diff(new) >= _MIN_GAP).all()):  # else skip the step: neighbours stay at least _MIN_GAP apart
             self.temperatures = torch.from_numpy(new)
-
-    def _round_ends(self) -> frozenset[int]:
-        """The warmup transitions after which the barrier adaptation sets a new ladder: ``W // 2^j``, at least 8.
-
-        Example:
-            >>> kernel = ReplicaExchange(FactorGraph(), replicas=3)
-            >>> kernel._warmup_steps = 200
-            >>> sorted(kernel._round_ends())
-            [12, 25, 50, 100, 200]
-        """
-        warmup = self._warmup_steps
-        if self._round_cache is None or self._round_cache[0] != warmup:
-            ends, end = set(), warmup
-            while end >= _MIN_ROUND:
-                ends.add(end)
-                end //= 2
-            self._round_cache = (warmup, frozenset(ends))
-        return self._round_cache[1]
 
     def _barrier_ladder(self) -> None:
         """A new ladder from the last round's swap rejection rates (Syed et al., JRSS-B 84, 2022).
