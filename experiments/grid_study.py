@@ -162,10 +162,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="*",
         default=[],
         metavar="SIDExCOUPLING",
-        help="fresh Ising tori like the UAI Grids, e.g. 10x5 (held-out checks of defaults; each drawn with seed 3000)",
+        help="fresh Ising tori like the UAI Grids, e.g. 10x5 (held-out checks of defaults; drawn with --ising-seed)",
     )
+    parser.add_argument("--ising-seed", type=int, default=3000, help="the generator seed of the --ising tori")
     parser.add_argument(
         "--re-gibbs-prob", type=float, default=None, help="RE-NB's single-site sweep probability (default: its own)"
+    )
+    parser.add_argument(
+        "--re-warmup-neural",
+        type=int,
+        default=None,
+        help="RE-NB's warmup_neural_replicas (default: its own; 0: every replica, as after warmup)",
     )
     add_choices(parser, clock=(["cpu", "wall"], "time budget and time axis"))
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")
@@ -191,7 +198,9 @@ def make_kernel(label: str, fg: FactorGraph, proposal: NeuralBlockProposal, args
         return GibbsKernel(fg, chains=args.chains)
     if label in GRADIENT_ARMS:
         return GRADIENT_ARMS[label](fg, chains=args.chains)
-    options = {} if args.re_gibbs_prob is None else {"gibbs_prob": args.re_gibbs_prob}
+    options: dict[str, float | int | None] = {} if args.re_gibbs_prob is None else {"gibbs_prob": args.re_gibbs_prob}
+    if args.re_warmup_neural is not None and label == "RE-NB":
+        options["warmup_neural_replicas"] = args.re_warmup_neural or None
     return ReplicaExchange(
         fg,
         proposals=[proposal] if label == "RE-NB" else None,
@@ -225,9 +234,9 @@ def load_instances(args: argparse.Namespace) -> dict[str, tuple[FactorGraph, tor
             out[name] = (fg, marginals(fg)[0].to(torch.get_default_dtype()), "bn")
     for spec in args.ising:  # (one seed for all: a name is one graph in every run)
         side, coupling = spec.split("x")
-        name = f"ising-{side}-c{coupling}"
+        name = f"ising-{side}-c{coupling}" + ("" if args.ising_seed == 3000 else f"-s{args.ising_seed}")
         if wanted is None or name in wanted:
-            fg = random_ising_grid(int(side), float(coupling), torch.Generator().manual_seed(3000))
+            fg = random_ising_grid(int(side), float(coupling), torch.Generator().manual_seed(args.ising_seed))
             out[name] = (fg, marginals(fg)[0].to(torch.get_default_dtype()), "mrf")
     return out
 

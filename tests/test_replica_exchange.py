@@ -57,6 +57,34 @@ def test_beta_one_replica_samples_the_target(inner: str) -> None:
         assert diag["tempered_proposals"]  # built on the adapted ladder after warmup, then used
 
 
+def test_only_the_coldest_replicas_take_neural_sweeps_while_the_ladder_adapts() -> None:
+    """Before the powered rows exist the untempered proposal misfits the hot replicas: they take Gibbs sweeps."""
+    fg = coupled_chain(seed=4)
+    torch.manual_seed(3)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+
+    def rows_in_and_after_warmup(**options: object) -> tuple[list[bool] | None, list[bool] | None]:
+        kernel = ReplicaExchange(fg, [proposal], replicas=4, max_temperature=6.0, chains=2, gibbs_prob=0.0, **options)
+        kernel.setup(10)
+        params = kernel.sample(kernel.initial_params)
+        assert isinstance(kernel.inner, NeuralBlockKernel)
+        during = kernel.inner.neural_rows
+        for _ in range(10):  # the rest of warmup, then one transition after it
+            params = kernel.sample(params)
+        after = kernel.inner.neural_rows
+        return (None if during is None else during.tolist()), (None if after is None else after.tolist())
+
+    assert rows_in_and_after_warmup() == ([True] * 2 + [False] * 6, None)  # replica-major: T = 1 of both ensembles
+    assert rows_in_and_after_warmup(warmup_neural_replicas=2) == ([True] * 4 + [False] * 4, None)
+    assert rows_in_and_after_warmup(warmup_neural_replicas=None) == (None, None)  # as after warmup
+    assert rows_in_and_after_warmup(adapt=False) == (None, None)  # a fixed ladder: powered rows from the start
+    assert rows_in_and_after_warmup(tempered_proposals=False) == (None, None)  # the same proposal throughout
+    assert rows_in_and_after_warmup(neural_replicas=2, warmup_neural_replicas=3) == ([True] * 4 + [False] * 4,) * 2
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="warmup_neural_replicas"):
+            ReplicaExchange(fg, [proposal], warmup_neural_replicas=bad)  # type: ignore[arg-type]
+
+
 def test_every_replica_samples_its_tempered_target() -> None:
     """With a fixed ladder, replica r's states follow p^(beta_r) (swaps and tempered sweeps are both exact)."""
     fg = coupled_chain(seed=3)

@@ -805,6 +805,10 @@ def powered_rows(table: BlockTable, betas: Tensor, log_zero: Tensor | None = Non
     return _TemperedTables(betas, cdf, log_ratio, table.rows, None if log_zero is None else log_zero.double().cpu())
 
 
+_WholeRows = tuple[tuple[np.ndarray, np.ndarray], tuple["np.ndarray | None", ...], tuple, bool]
+"""A compiled whole sweep's rows: the CDF and ``w``, the values and chains' extras, the layout, whether tempered."""
+
+
 def _numpy_or_none(tensor: Tensor | None) -> np.ndarray | None:
     """The NumPy view of a CPU tensor, or ``None``."""
     return None if tensor is None else tensor.numpy()
@@ -907,6 +911,9 @@ class FusedBlockSweep:
         self._jit_views: tuple[tuple[Tensor | None, ...], tuple[np.ndarray | None, ...], tuple[bool, ...]] | None = None
         self._last_offsets: tuple[_TemperedTables, Tensor, Tensor | None] | None = None
         self._chain_cache = LastInputs[tuple[Tensor | None, Tensor | None, Tensor | None]]()
+        self._whole_rows = LastInputs[_WholeRows]()  # (see _sweep_whole)
+        # per range of classes and dtype: their index arrays and real slots (see _sweep_whole)
+        self._class_index: dict[tuple[int, int, torch.dtype], tuple[tuple[np.ndarray, ...], int]] = {}
         self.compile_seconds = 0.0
         self.tempered: _TemperedTables | None = None  # rows per temperature of a replica-exchange ladder
         self.tempered_sweeps = 0  # sweeps whose chains read their temperature's rows
@@ -1015,6 +1022,57 @@ class FusedBlockSweep:
         self._jit_views = (rows, views, absent)
         return views, absent
 
+    def _sweep_whole(
+        self, state: Tensor, draws: Tensor, log_accept: Tensor, beta: Tensor | None, soft: SoftZeros | None,
+        first: int, last: int,
+    ) -> tuple[Tensor, Tensor, Tensor, int]:  # fmt: skip
+        """Classes ``first..last - 1`` of a prefilled table in one compiled call (see :meth:`sweep`).
+
+        The classes' index arrays are made once per range and dtype, and the rows the chains read once per
+        inputs (remembered for the same tensors, unchanged: the rows change with new parameters, the chains'
+        temperatures in warmup only), so a call costs the uniforms, one copy of the states and the loop.
+        """
+        table = self.table
+        inputs = (self.tempered, beta, *(soft or (None, None)), table.cdf, table.log_ratio)
+        rows = self._whole_rows.get(inputs, (state.dtype,))
+        if rows is None:
+            rows = self._rows_call(beta, soft, state.dtype, state.device)
+            self._whole_rows.put(inputs, rows, (state.dtype,))
+        (cdf, log_ratio), tail, layout, tempered = rows
+        found = self._class_index.get((first, last, state.dtype))
+        if found is None:
+            stacked, part = self._jit_arrays(state.dtype), slice(first, last)
+            index = (*(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]))
+            found = self._class_index[(first, last, state.dtype)] = (index, sum(self.sizes[first:last]))
+        index, slots = found
+        if tempered:
+            self.tempered_sweeps += 1
+        state = state.clone()  # (updated in place through a NumPy view: the caller's tensor is never written)
+        (accepted, nonfinite), seconds = timed_first_call(
+            self._jit_layouts, layout, block_sweep,
+            state.numpy(), *index, cdf, log_ratio, draws.numpy(), log_accept.numpy(), *tail,
+        )  # fmt: skip
+        self.compile_seconds += seconds
+        return state, torch.from_numpy(accepted), torch.scalar_tensor(nonfinite, dtype=torch.long), len(state) * slots
+
+    def _rows_call(
+        self, beta: Tensor | None, soft: SoftZeros | None, dtype: torch.dtype, device: torch.device
+    ) -> _WholeRows:
+        """The rows a compiled sweep reads (the CDF and ``w``, then the values and the chains' extras of
+        :func:`~neuralblock.kernels.jit.block_sweep`), its layout, and whether the chains read their temperatures'
+        rows."""
+        table = self.table
+        beta_rows, key_offset, chain_log_zero = self._chain_rows(beta, soft, device)
+        cdf, log_ratio, energy, zeros = table.cdf, table.log_ratio, table.energy_rows, None
+        if key_offset is not None:
+            cdf, log_ratio = self.tempered_rows()
+        elif chain_log_zero is not None:
+            log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
+        extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
+        tail = (self._in_dtype(dtype)[2].numpy(), *(_numpy_or_none(t) for t in extra))
+        layout = tuple(t is None for t in extra) + (dtype, cdf.dtype, True)
+        return (cdf.numpy(), log_ratio.numpy()), tail, layout, key_offset is not None
+
     def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, int]:
         """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
         out, seconds = timed_first_call(self._jit_layouts, layout, block_sweep, *args)
@@ -1109,6 +1167,8 @@ class FusedBlockSweep:
             draws = draws.reshape(chains, count, width).transpose(0, 1).contiguous()  # [C, K, width]
             log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
         soft = soft if table.has_zeros else None  # the zeros' potentials matter only where there are zeros
+        if on_jit and table.prefilled:  # prefilled tables never change during a sweep: one compiled call
+            return self._sweep_whole(state, draws, log_accept, beta, soft, first, last)
         beta_rows, key_offset, chain_log_zero = self._chain_rows(beta, soft, state.device)
         if key_offset is not None:
             self.tempered_sweeps += 1
@@ -1122,10 +1182,7 @@ class FusedBlockSweep:
         accepts: list[Tensor] = []
         broken: list[Tensor] = []
         found_np: list[tuple[np.ndarray, int]] = []  # the compiled path's counts: accepted per chain, non-finite
-        # prefilled tables never change during a sweep: one compiled call runs every class (a table that fills up
-        # during this sweep takes one call per class to its end)
-        whole = on_jit and table.prefilled
-        for c in range(first, first + 1) if whole else range(first, last):
+        for c in range(first, last):  # (a table that fills up during this sweep: one compiled call per class)
             if not table.prefilled:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
@@ -1137,11 +1194,10 @@ class FusedBlockSweep:
                 log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
             extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
             if stacked is not None:
-                part = slice(first, last) if whole else slice(c, c + 1)
-                own = slice(0, count * width) if whole else slice((c - first) * width, (c - first + 1) * width)
+                part, own = slice(c, c + 1), slice((c - first) * width, (c - first + 1) * width)
                 (cdf_np, ratio_np, values_np, *extra_np), absent = self._jit_rows((cdf, log_ratio, values, *extra))
                 found = self._run_jit(
-                    absent + (state.dtype, cdf.dtype, whole),
+                    absent + (state.dtype, cdf.dtype, False),
                     work, *(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]),
                     cdf_np, ratio_np, np.ascontiguousarray(draws[:, own].numpy()),
                     np.ascontiguousarray(log_accept[:, own].numpy()), values_np, *extra_np,

@@ -710,13 +710,15 @@ class NeuralBlockKernel(GraphKernel):
                     )
                 else:
                     state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
-                accepted: int | Tensor = per_chain.sum()
-                bad: int | Tensor = nonfinite
+                accepted: int | Tensor
+                bad: int | Tensor
                 if per_chain.device.type == "cpu":  # (on a GPU the counts stay there until read after warmup)
-                    accepted, bad = int(accepted), int(bad)
+                    accepted, bad = int(per_chain.numpy().sum()), int(nonfinite)
+                else:
+                    accepted, bad = per_chain.sum(), nonfinite
                 discarded = fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
                 if not warmup:
-                    self._count_per_chain(i, per_chain.cpu(), proposed // len(state), rows, chains)
+                    self._count_per_chain(i, per_chain, proposed // len(state), rows, chains)
             else:
                 state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, classes, beta)
             rate = accepted / max(proposed, 1)  # a running rate for the progress bar
@@ -742,12 +744,14 @@ class NeuralBlockKernel(GraphKernel):
         if total.shape != (width,):  # the first sweep's counts (the totals start as 0-dim zeros)
             total, offers = torch.zeros(width), torch.zeros(width)
             self._accepted_per_chain[i], self._proposed_per_chain[i] = total, offers
+        # through NumPy views of the CPU totals (the same sums, a fraction of torch's cost per call)
+        counts = accepted.cpu().numpy()
         if rows is None:
-            total += accepted
-            offers += offered
-        else:  # the chains of rows, each once (those that took the single-site sweep count 0), through NumPy views
+            total.numpy()[:] += counts
+            offers.numpy()[:] += offered
+        else:  # the chains of rows, each once (those that took the single-site sweep count 0)
             place = rows.cpu().numpy()
-            total.numpy()[place] += accepted.numpy()
+            total.numpy()[place] += counts
             offers.numpy()[place] += offered
 
     def _general_sweep(
