@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--re-warmup-neural",
         type=int,
         default=None,
-        help="RE-NB's warmup_neural_replicas (default: its own; 0: every replica, as after warmup)",
+        help="RE-NB's warmup_neural_replicas (default: its own; 0: None, the replicas that take them after warmup)",
     )
     add_choices(parser, clock=(["cpu", "wall"], "time budget and time axis"))
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")

@@ -712,7 +712,7 @@ class NeuralBlockKernel(GraphKernel):
                     state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
                 accepted: int | Tensor
                 bad: int | Tensor
-                if per_chain.device.type == "cpu":  # (on a GPU the counts stay there until read after warmup)
+                if per_chain.device.type == "cpu":  # (on a GPU the totals stay there; the per-chain counts are copied)
                     accepted, bad = int(per_chain.numpy().sum()), int(nonfinite)
                 else:
                     accepted, bad = per_chain.sum(), nonfinite
@@ -742,7 +742,7 @@ class NeuralBlockKernel(GraphKernel):
         total, offers = self._accepted_per_chain[i], self._proposed_per_chain[i]
         width = len(accepted) if rows is None else chains
         if total.shape != (width,):  # the first sweep's counts (the totals start as 0-dim zeros)
-            total, offers = torch.zeros(width), torch.zeros(width)
+            total, offers = (torch.zeros(width, dtype=torch.float64, device="cpu") for _ in range(2))  # (exact counts)
             self._accepted_per_chain[i], self._proposed_per_chain[i] = total, offers
         # through NumPy views of the CPU totals (the same sums, a fraction of torch's cost per call)
         counts = accepted.cpu().numpy()

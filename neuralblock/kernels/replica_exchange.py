@@ -42,10 +42,11 @@ was 0.29 / 0.41 / 0.58 against 0.07 / 0.05 / 0.04 this way (Gibbs replicas: 0.04
 the median time to mean marginal error 0.05 was 0.20 / 0.27 / 0.35 s against 0.19 / 0.21 / 0.26 s
 (Gibbs replicas 0.08 / 0.12 / 0.19 s; ``python -m experiments.grid_study --arms RE-Gibbs RE-NB --seeds
 4 --seconds 8 --clock cpu --threads 1 --replicas 16 --ising 10x2 10x5 10x8 10x12 --ising-seed 4000``,
-with ``--re-warmup-neural 0`` for every temperature). Where a proposal is not fully tabulated (the fused
-path with a dense table), and after the model's parameters change (``update_graph``: compound
-samplers), every temperature uses the untempered proposal after warmup. Any proposal keeps MH exact;
-the block acceptance per temperature and the sweeps that used the tempered rows are reported.
+with ``--re-warmup-neural 0`` for neural sweeps at every temperature in warmup too). Where a proposal
+is not fully tabulated (the fused path with a dense table), and after the model's parameters change
+(``update_graph``: compound samplers), every temperature uses the untempered proposal after warmup.
+Any proposal keeps MH exact; the block acceptance per temperature and the sweeps that used the
+tempered rows are reported.
 
 **Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
 constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
@@ -229,7 +230,9 @@ class ReplicaExchange(GraphKernel):
         neural_replicas: how many of the coldest replicas take neural sweeps (the others take a single-site
             sweep instead); ``None``: all; ``"auto"``: all, and only ``T = 1`` on softened models (see above).
         warmup_neural_replicas: how many of the coldest replicas take neural sweeps while the ladder adapts
-            with ``tempered_proposals`` (before the powered rows exist; see above); ``None``: as after warmup.
+            with ``tempered_proposals`` (before the powered rows exist; see above; at most ``neural_replicas``'
+            count); ``None``: as after warmup. Where no powered rows can be built (a proposal that is not fully
+            tabulated) the hotter replicas take single-site sweeps in warmup and the untempered proposal after.
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
@@ -329,7 +332,7 @@ class ReplicaExchange(GraphKernel):
         self.replica_states: Tensor | None = None
         self._joints: tuple[TableLogJoint, TableLogJoint | None] | None = None  # compiled swaps' log joints
         self._ladder_cache: tuple[tuple, tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]] | None = None
-        self._warmup_mask: Tensor | None = None  # (see _warmup_rows)
+        self._warmup_mask: tuple[tuple, Tensor] | None = None  # (see _warmup_rows)
         self._reset_stats()
 
     @property
@@ -486,9 +489,10 @@ class ReplicaExchange(GraphKernel):
         """The rows that take neural sweeps while the ladder adapts (``warmup_neural_replicas``; ``[R K]`` bool)."""
         if self.warmup_neural_replicas is None or self.warmup_neural_replicas >= self.neural_count():
             return cold
-        if self._warmup_mask is None or self._warmup_mask.shape != index.shape:
-            self._warmup_mask = index < self.warmup_neural_replicas
-        return self._warmup_mask
+        key = (index.shape, self.warmup_neural_replicas)
+        if self._warmup_mask is None or self._warmup_mask[0] != key:
+            self._warmup_mask = (key, index < self.warmup_neural_replicas)
+        return self._warmup_mask[1]
 
     def _ladder_tensors(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]:
         """``beta [R]``, the zeros' log-potentials ``[R]`` (or ``None``), each row's replica and ``beta`` ``[R K]``,
