@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from test_experiments_quick import load  # tests/ is on sys.path under pytest
+
+from neuralblock import ReplicaExchange, load_pretrained
 
 
 @pytest.mark.parametrize("name", ["gibbs_grids", "grid_study"])
@@ -70,3 +73,22 @@ def test_grid_study_gradient_sampler_arms(tmp_path: Path) -> None:
     summary = record["instances"]["nd-bn-6"]["gradient_summary"]
     assert summary["best_gradient_arm"] in ("GWG", "DMALA", "PAS") and set(summary["medians"]) == set(arms)
     assert set(record["gradient_comparison"]) == {"NB+Gibbs"}
+
+
+def test_grid_study_fresh_tori_and_replica_options() -> None:
+    """``--ising-seed`` names its tori apart from the default seed's; ``--re-warmup-neural`` reaches RE-NB only."""
+    study = load("grid_study")
+    args = study.parse_args(["--ising", "4x2", "--ising-seed", "7", "--instances", "ising-4-c2-s7"])
+    (name,) = study.load_instances(args)
+    assert name == "ising-4-c2-s7"
+    default = study.parse_args(["--ising", "4x2", "--instances", "ising-4-c2"])
+    fresh = study.load_instances(default)["ising-4-c2"][0]
+    assert not torch.equal(fresh.groups[0].log_tables, study.load_instances(args)[name][0].groups[0].log_tables)
+    proposal = load_pretrained("grid-mrf-2x2")
+    for flag, expected in (("0", None), ("2", 2)):
+        options = study.parse_args(["--replicas", "4", "--re-warmup-neural", flag])
+        kernel = study.make_kernel("RE-NB", fresh, proposal, options)
+        assert isinstance(kernel, ReplicaExchange) and kernel.warmup_neural_replicas == expected
+    options = study.parse_args(["--replicas", "4"])
+    assert study.make_kernel("RE-NB", fresh, proposal, options).warmup_neural_replicas == 1  # the kernel's own
+    assert study.make_kernel("RE-Gibbs", fresh, proposal, options).proposals is None
