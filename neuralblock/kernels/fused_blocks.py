@@ -1061,17 +1061,28 @@ class FusedBlockSweep:
         """The rows a compiled sweep reads (the CDF and ``w``, then the values and the chains' extras of
         :func:`~neuralblock.kernels.jit.block_sweep`), its layout, and whether the chains read their temperatures'
         rows."""
+        chain_rows = self._chain_rows(beta, soft, device)
+        cdf, log_ratio, extra = self._rows_read(*chain_rows)
+        tail = (self._in_dtype(dtype)[2].numpy(), *(_numpy_or_none(t) for t in extra))
+        layout = tuple(t is None for t in extra) + (dtype, cdf.dtype, True)
+        return (cdf.numpy(), log_ratio.numpy()), tail, layout, chain_rows[1] is not None
+
+    def _rows_read(
+        self, beta_rows: Tensor | None, key_offset: Tensor | None, chain_log_zero: Tensor | None
+    ) -> tuple[Tensor, Tensor, tuple[Tensor | None, ...]]:
+        """The CDF and ``w`` rows the chains read, and the extras of :func:`fused_class_update` after the values.
+
+        With ``key_offset`` each chain reads its temperature's rows; with ``chain_log_zero`` (soft zeros) the rows'
+        finite parts with the zero counts; else the table's rows (with the ``beta`` correction where given).
+        """
         table = self.table
-        beta_rows, key_offset, chain_log_zero = self._chain_rows(beta, soft, device)
         cdf, log_ratio, energy, zeros = table.cdf, table.log_ratio, table.energy_rows, None
         if key_offset is not None:
             cdf, log_ratio = self.tempered_rows()
         elif chain_log_zero is not None:
             log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
         extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
-        tail = (self._in_dtype(dtype)[2].numpy(), *(_numpy_or_none(t) for t in extra))
-        layout = tuple(t is None for t in extra) + (dtype, cdf.dtype, True)
-        return (cdf.numpy(), log_ratio.numpy()), tail, layout, key_offset is not None
+        return cdf, log_ratio, extra
 
     def _run_jit(self, layout: tuple, *args: np.ndarray | None) -> tuple[np.ndarray, int]:
         """:func:`~neuralblock.kernels.jit.block_sweep`; the first run of an argument layout counts as compile time."""
@@ -1187,12 +1198,7 @@ class FusedBlockSweep:
                 table.ensure(fg, self.class_instances[c], table.keys(state, self.rows[c]), self.rows[c], state)
             start = time.perf_counter() if self.compiled and self.compile_seconds == 0.0 else None
             # (read after ensure(): a table in slot mode may have grown its tensors)
-            cdf, log_ratio, energy, zeros = table.cdf, table.log_ratio, table.energy_rows, None
-            if key_offset is not None:
-                cdf, log_ratio = self.tempered_rows()
-            elif chain_log_zero is not None:
-                log_ratio, energy, zeros = self._split_rows(), table.finite_energy, table.zero_count
-            extra = (None if beta_rows is None else energy, beta_rows, table.slot, key_offset, zeros, chain_log_zero)
+            cdf, log_ratio, extra = self._rows_read(beta_rows, key_offset, chain_log_zero)
             if stacked is not None:
                 part, own = slice(c, c + 1), slice((c - first) * width, (c - first + 1) * width)
                 (cdf_np, ratio_np, values_np, *extra_np), absent = self._jit_rows((cdf, log_ratio, values, *extra))
