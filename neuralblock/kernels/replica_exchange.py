@@ -107,6 +107,10 @@ _MIN_ROUND = 8  # barrier adaptation: the shortest round (transitions)
 _MIN_REJECTION = 1e-3  # barrier adaptation: a pair's least rejection rate (keeps the barrier increasing)
 
 
+_LadderTensors = tuple[Tensor, "Tensor | None", Tensor, Tensor, "Tensor | None", "Tensor | None"]
+"""``ReplicaExchange._ladder_tensors``: betas, zeros' log-potentials, rows' replicas and betas, neural rows."""
+
+
 def _pair_means(prob: np.ndarray) -> np.ndarray:
     """Each pair's mean swap probability over the ensembles, ``[P, K] -> [P]`` (NumPy's ``mean``, without its wrapper).
 
@@ -331,8 +335,7 @@ class ReplicaExchange(GraphKernel):
             )
         self.replica_states: Tensor | None = None
         self._joints: tuple[TableLogJoint, TableLogJoint | None] | None = None  # compiled swaps' log joints
-        self._ladder_cache: tuple[tuple, tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]] | None = None
-        self._warmup_mask: tuple[tuple, Tensor] | None = None  # (see _warmup_rows)
+        self._ladder_cache: tuple[tuple, _LadderTensors] | None = None
         self._reset_stats()
 
     @property
@@ -447,11 +450,11 @@ class ReplicaExchange(GraphKernel):
         replicas = self.replica_states.clone()  # (Pyro keeps the beta = 1 replicas returned before)
         replicas[0] = state  # Pyro's params are the beta = 1 replicas
         size, n = self.replicas * self.chains, fg.num_variables
-        beta, log_zero, index, row_beta, cold = self._ladder_tensors(state.dtype)
+        beta, log_zero, index, row_beta, cold, warm = self._ladder_tensors(state.dtype)
         self.inner.soft_zeros = None if log_zero is None else SoftZeros(index, log_zero)
         fixed = not warmup or not self.adapt or self.replicas < 3
         if isinstance(self.inner, NeuralBlockKernel):  # the coldest replicas' chains take the neural sweeps
-            self.inner.neural_rows = cold if fixed or not self.tempered_proposals else self._warmup_rows(index, cold)
+            self.inner.neural_rows = cold if fixed or not self.tempered_proposals else warm
         if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
             neural = self.neural_count()  # rows for the temperatures whose replicas take neural sweeps
             self._tempered = self.inner.temper(
@@ -485,34 +488,28 @@ class ReplicaExchange(GraphKernel):
         self.replica_states = replicas
         return replicas[0]
 
-    def _warmup_rows(self, index: Tensor, cold: Tensor | None) -> Tensor | None:
-        """The rows that take neural sweeps while the ladder adapts (``warmup_neural_replicas``; ``[R K]`` bool)."""
-        if self.warmup_neural_replicas is None or self.warmup_neural_replicas >= self.neural_count():
-            return cold
-        key = (index.shape, self.warmup_neural_replicas)
-        if self._warmup_mask is None or self._warmup_mask[0] != key:
-            self._warmup_mask = (key, index < self.warmup_neural_replicas)
-        return self._warmup_mask[1]
-
-    def _ladder_tensors(self, dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | None]:
+    def _ladder_tensors(self, dtype: torch.dtype) -> _LadderTensors:
         """``beta [R]``, the zeros' log-potentials ``[R]`` (or ``None``), each row's replica and ``beta`` ``[R K]``,
-        and the rows of the replicas that take neural sweeps ``[R K]`` (bool; ``None``: all).
+        and the rows of the replicas that take neural sweeps ``[R K]`` after warmup and while the ladder adapts
+        (``warmup_neural_replicas``; bool, ``None``: all).
 
         Made again only when the ladder, the penalty or the dtype changes (the ladder moves in warmup only).
         """
-        key = (self.temperatures, self.temperatures._version, self.penalty, dtype, self.neural_count())  # (_version:
+        neural = self.neural_count()
+        warmup = neural if self.warmup_neural_replicas is None else min(self.warmup_neural_replicas, neural)
+        key = (self.temperatures, self.temperatures._version, self.penalty, dtype, neural, warmup)  # (_version:
         # in-place edits)
         cached = self._ladder_cache
         if cached is None or cached[0][0] is not key[0] or cached[0][1:] != key[1:]:
             beta = self.betas.to(self.device)
             if cached is not None and cached[0][3:] == key[3:]:  # the same rows, new temperatures (warmup)
-                index, cold = cached[1][2], cached[1][4]
+                index, cold, warm = cached[1][2], cached[1][4], cached[1][5]
             else:
                 index = torch.arange(self.replicas, device=self.device).repeat_interleave(self.chains)  # replica-major
-                neural = self.neural_count()
                 cold = None if neural == self.replicas else index < neural  # (None: every replica)
+                warm = cold if warmup == neural else index < warmup
             row_beta = beta.repeat_interleave(self.chains).to(dtype)
-            cached = (key, (beta, self.zero_log_potentials(), index, row_beta, cold))
+            cached = (key, (beta, self.zero_log_potentials(), index, row_beta, cold, warm))
             self._ladder_cache = cached
         return cached[1]
 
