@@ -467,7 +467,7 @@ class GibbsPlan:
             prepared = self._jit_args[flat_np.dtype]
             beta_cast = None if beta_np is None else beta_np.astype(flat_np.dtype)  # as the NumPy function
             cast = np.empty(1, dtype=work.dtype)
-            shared = tuple(None if a is None else (a.dtype, a.ndim) for a in (work, flat_np, beta_np, offset_np))
+            shared = (work.dtype, flat_np.dtype, beta_np is None, offset_np is None)  # (beta, offset: 1-D or None)
         for c, (vars_, tables, arrays) in enumerate(zip(self.classes, self.fused, self._numpy)):
             noise = self._noise(state, vars_, tables)
             if noise.dim() == 3:  # the torch function's Gumbel draws -log E, taken in torch: both paths round alike
@@ -488,8 +488,9 @@ class GibbsPlan:
 
     def sweep(
         self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None, soft: SoftZeros | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals.
+    ) -> tuple[Tensor, Tensor | int]:
+        """One chromatic sweep of states ``[..., n]``; returns the new states and the number of stuck conditionals
+        (an int where the classes ran in NumPy or compiled, else a tensor on the states' device).
 
         ``beta`` (one inverse temperature per state) tempers each state's target to ``p(x)^beta``;
         ``soft`` gives each state's zero table entries a finite log-potential (:class:`SoftZeros`;
@@ -509,7 +510,7 @@ class GibbsPlan:
             limit = JIT_MAX_ENTRIES if self.jit and NUMBA else NUMPY_MAX_ENTRIES
             if self.update is gibbs_class_update and use_numpy(self.numpy, state, limit):
                 state, stuck_count = self._sweep_numpy(state, flat, beta, offset)
-                return state.reshape(shape), torch.tensor(stuck_count)
+                return state.reshape(shape), stuck_count
             stuck = torch.zeros((), dtype=torch.long, device=state.device)
             for vars_, tables in zip(self.classes, self.fused):
                 start = time.perf_counter()
@@ -641,7 +642,7 @@ class GibbsKernel(GraphKernel):
 
     def _reset_stats(self) -> None:
         self._sweeps = 0
-        self._stuck = torch.zeros((), dtype=torch.long)
+        self._stuck: int | Tensor = 0  # (a tensor once a sweep ran in torch)
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         if self.plan is None:
@@ -649,7 +650,7 @@ class GibbsKernel(GraphKernel):
         state, stuck = self.plan.sweep(self._graph(), state, self.beta, self.soft_zeros)
         if not warmup:
             self._sweeps += 1
-            self._stuck = self._stuck + stuck.cpu()
+            self._stuck = self._stuck + (stuck if isinstance(stuck, int) else stuck.cpu())
         return state
 
     def logging(self) -> dict[str, float]:

@@ -149,6 +149,49 @@ def geometric_ladder(replicas: int, max_temperature: float) -> Tensor:
     return torch.logspace(0.0, math.log10(max_temperature), replicas, dtype=torch.float64)
 
 
+def _acceptance(delta: np.ndarray) -> np.ndarray:
+    """Swap acceptance probabilities ``exp(min(delta, 0))`` from the log ratios (NumPy's ``exp``: both swap paths).
+
+    Example:
+        >>> _acceptance(np.array([[0.5, -math.inf]])).tolist()
+        [[1.0, 0.0]]
+    """
+    return np.exp(np.minimum(delta, 0.0))
+
+
+def _exchange(
+    states: Tensor,
+    log_p: Tensor,
+    beta: Tensor,
+    parity: int,
+    zeros: Tensor | None = None,
+    log_zero: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`swap_replicas` with each attempted pair's log acceptance ratio ``delta [P, K]`` (NaN made ``-inf``)."""
+    replicas = states.shape[0]
+    first = torch.arange(parity, replicas - 1, 2, device=states.device)
+    if len(first) == 0:
+        return states, log_p, log_p.new_zeros(0, log_p.shape[1])
+    second = first + 1
+    if zeros is None or log_zero is None:
+        delta = (beta[first] - beta[second]).to(log_p.dtype)[:, None] * (log_p[second] - log_p[first])  # [P, K]
+    else:  # replica r's log target at replica s's state (a state without zero entries: no -inf * 0)
+
+        def target(r: Tensor, s: Tensor) -> Tensor:
+            penalty = torch.where(zeros[s] > 0, log_zero[r].to(log_p.dtype)[:, None] * zeros[s], 0.0)
+            return beta[r].to(log_p.dtype)[:, None] * (log_p[s] + penalty)
+
+        delta = target(first, second) + target(second, first) - target(first, first) - target(second, second)
+    delta = torch.nan_to_num(delta, nan=-math.inf)
+    accept = torch.rand_like(delta).log() < delta
+    order = torch.arange(replicas, device=states.device)[:, None].expand(replicas, states.shape[1]).clone()
+    order[first] = torch.where(accept, second[:, None], first[:, None])
+    order[second] = torch.where(accept, first[:, None], second[:, None])
+    states = states.gather(0, order[..., None].expand_as(states))
+    log_p = log_p.gather(0, order)
+    return states, log_p, delta
+
+
 def swap_replicas(
     states: Tensor,
     log_p: Tensor,
@@ -178,27 +221,7 @@ def swap_replicas(
         >>> new.flatten().tolist(), prob.tolist()  # the colder replica takes the likelier state
         ([1.0, 0.0], [[1.0]])
     """
-    replicas = states.shape[0]
-    first = torch.arange(parity, replicas - 1, 2, device=states.device)
-    if len(first) == 0:
-        return states, log_p, log_p.new_zeros(0, log_p.shape[1])
-    second = first + 1
-    if zeros is None or log_zero is None:
-        delta = (beta[first] - beta[second]).to(log_p.dtype)[:, None] * (log_p[second] - log_p[first])  # [P, K]
-    else:  # replica r's log target at replica s's state (a state without zero entries: no -inf * 0)
-
-        def target(r: Tensor, s: Tensor) -> Tensor:
-            penalty = torch.where(zeros[s] > 0, log_zero[r].to(log_p.dtype)[:, None] * zeros[s], 0.0)
-            return beta[r].to(log_p.dtype)[:, None] * (log_p[s] + penalty)
-
-        delta = target(first, second) + target(second, first) - target(first, first) - target(second, second)
-    delta = torch.nan_to_num(delta, nan=-math.inf)
-    accept = torch.rand_like(delta).log() < delta
-    order = torch.arange(replicas, device=states.device)[:, None].expand(replicas, states.shape[1]).clone()
-    order[first] = torch.where(accept, second[:, None], first[:, None])
-    order[second] = torch.where(accept, first[:, None], second[:, None])
-    states = states.gather(0, order[..., None].expand_as(states))
-    log_p = log_p.gather(0, order)
+    states, log_p, delta = _exchange(states, log_p, beta, parity, zeros, log_zero)
     return states, log_p, delta.clamp(max=0.0).exp()
 
 
@@ -525,8 +548,8 @@ class ReplicaExchange(GraphKernel):
         log_p = log_p.to(self.device).double()
         count = None if zeros is None else zeros.log_joint(flat_states, check=False).reshape(log_p.shape).to(log_p)
         on_device = None if log_zero is None else log_zero.to(self.device)
-        replicas, _, prob = swap_replicas(replicas, log_p, beta, parity, count, on_device)
-        return replicas, _pair_means(prob.double().cpu().numpy())
+        replicas, _, delta = _exchange(replicas, log_p, beta, parity, count, on_device)
+        return replicas, _pair_means(_acceptance(delta.double().cpu().numpy()))
 
     def _swap_compiled(
         self,
@@ -539,7 +562,8 @@ class ReplicaExchange(GraphKernel):
         """:meth:`_swap` through the compiled loops (:func:`~neuralblock.kernels.jit.swap_replicas`), in place.
 
         The log joints are added in float64 (see :class:`~neuralblock.kernels.jit.TableLogJoint`); the
-        tests' uniforms are the torch path's stream.
+        tests' uniforms are the torch path's stream, and the acceptance probabilities its arithmetic
+        (:func:`_acceptance`).
         """
         finite, zeros = joints  # (the finite part and the zero count, see FactorGraph.split_zeros)
         work = replicas.numpy()
@@ -551,7 +575,7 @@ class ReplicaExchange(GraphKernel):
         betas = beta.double().numpy()
         zero_logs = None if log_zero is None else log_zero.double().numpy()
         delta = swap_replicas_compiled(work, log_p, betas, parity, log_u, count, zero_logs)
-        return replicas, _pair_means(torch.from_numpy(delta).clamp_(max=0.0).exp_().numpy())  # (torch's exp, as _swap)
+        return replicas, _pair_means(_acceptance(delta))
 
     def _adapt_ladder(self) -> None:
         """One step of the Vousden-Farr-Mandel adaptation towards equal swap rates (``T_1``, ``T_R`` fixed).
