@@ -177,6 +177,32 @@ def test_cover_sweeps_update_one_cover_in_turn() -> None:
             fused.sweep(fg, params["x"], classes=bad)  # type: ignore[arg-type]
 
 
+def test_neural_rows_first_or_anywhere_make_the_same_chains() -> None:
+    """Neural chains leading the state (slices) or spread (gathered): the same draws make the same chains."""
+    fg = chain_graph(seed=4)
+    proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
+    order = torch.tensor([2, 0, 1])  # chain 0 of the leading layout is chain 2 of the spread one, and so on
+
+    def run(mask: list[bool], start: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(3)
+        kernel = NeuralBlockKernel(fg, proposals=[proposal], gibbs_prob=0.0, chains=3)  # (no whole-state sweeps)
+        kernel.setup(0)
+        kernel.neural_rows = torch.tensor(mask)
+        params, states = {"x": start}, []
+        for _ in range(30):
+            params = kernel.sample(params)
+            states.append(params["x"])
+        assert kernel._rows_lead == mask[0]
+        return torch.stack(states)
+
+    start = torch.stack([fg.initial_state()] * 3)
+    start[:, 0] = torch.tensor([1.0, 0.0, 1.0])
+    leading = run([True, False, False], start)
+    spread = run([False, False, True], start[torch.argsort(order)])
+    assert torch.equal(leading, spread[:, order])
+    assert len(torch.unique(leading.reshape(len(leading), -1), dim=0)) > 1
+
+
 def test_speculative_step_keeps_classes_up_to_the_first_accept() -> None:
     fg = chain_graph(seed=2)
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ false-failure rate at most 1e-3 per compared distribution over random seeds.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from pyro.infer import MCMC
@@ -188,7 +189,7 @@ def test_ladder_adapts_towards_equal_swap_rates() -> None:
     kernel = ReplicaExchange(fg, replicas=4, max_temperature=8.0)
     kernel.setup(0)
     before = kernel.temperatures.clone()
-    kernel._swap_rate = torch.tensor([0.9, 0.1, 0.5], dtype=torch.float64)  # pair 0 swaps too easily
+    kernel._swap_rate = np.array([0.9, 0.1, 0.5])  # pair 0 swaps too easily
     kernel._adapt_ladder()
     after = kernel.temperatures
     assert after[0] == 1.0 and after[-1] == pytest.approx(8.0)
@@ -464,7 +465,7 @@ def test_neighbouring_temperatures_stay_apart() -> None:
         ReplicaExchange(coupled_chain(seed=0), replicas=3, max_temperature=1.0015)
     kernel = ReplicaExchange(coupled_chain(seed=0), replicas=16, max_temperature=1.02)
     kernel.setup(0)
-    kernel._swap_rate = torch.linspace(0.9, 0.0, 15, dtype=torch.float64)  # rates falling along the ladder
+    kernel._swap_rate = np.linspace(0.9, 0.0, 15)  # rates falling along the ladder
     for _ in range(500):
         kernel._adapt_ladder()
     assert float(kernel.temperatures.diff().min()) >= 1e-3 and kernel.temperatures[-1] == pytest.approx(1.02)

@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -433,6 +434,7 @@ class NeuralBlockKernel(GraphKernel):
         # chains that take the neural sweeps (None: all); the others take a single-site sweep instead (ReplicaExchange)
         self.neural_rows: Tensor | None = None
         self._row_split = LastInputs[tuple[_RowPart, _RowPart]]()  # the last _split_rows
+        self._rows_lead = False  # whether the last _split_rows' neural chains are the first ones
         self.num_instances: list[int] = []  # set at setup
         self.fused: list[_Fused | None] = []
         self._reset_stats()  # diagnostics() and logging() answer before setup (e.g. in the parent of worker chains)
@@ -616,8 +618,9 @@ class NeuralBlockKernel(GraphKernel):
         self._block_seconds = 0.0
         self._single_sweeps = 0.0
         self._transitions = 0  # neural sweeps so far, warmup included
-        self._accepted_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
-        self._proposed_per_chain: list[Tensor] = [torch.zeros(()) for _ in range(n)]  # fused path only
+        # per chain, fused path only (NumPy float64 on the CPU: exact counts, added at a fraction of torch's cost)
+        self._accepted_per_chain: list[np.ndarray] = [np.zeros(()) for _ in range(n)]
+        self._proposed_per_chain: list[np.ndarray] = [np.zeros(()) for _ in range(n)]
 
     def _started(self, fg: FactorGraph, state: Tensor) -> None:
         self._calibrate_share(fg, state)  # at setup: not part of any transition's time
@@ -648,16 +651,25 @@ class NeuralBlockKernel(GraphKernel):
                 shape = tuple(self.neural_rows.shape)
                 raise ValueError(f"neural_rows must mask the {len(state)} chains, got shape {shape}")
             (neural, neural_beta, neural_soft), (single, single_beta, single_soft) = self._split_rows(self.neural_rows)
-            out = torch.empty_like(state)
+            lead = self._rows_lead  # the neural chains are the first ones (a ladder's coldest): slices, no copies
+            cut = len(neural)
+            single_out = neural_out = None
             if len(single):
-                out[single] = self.single_site.sweep(fg, state[single], warmup, single_beta, single_soft)
+                mine = state[cut:] if lead else state[single]
+                single_out = self.single_site.sweep(fg, mine, warmup, single_beta, single_soft)
                 if not warmup:
                     self._single_sweeps += len(single) / len(state)  # (in chain-sweeps of the whole state)
             if len(neural):
-                out[neural] = self._neural_sweep(
-                    fg, state[neural], neural_beta, neural_soft, warmup, neural, len(state)
-                )
-            state = out
+                mine = state[:cut] if lead else state[neural]
+                neural_out = self._neural_sweep(fg, mine, neural_beta, neural_soft, warmup, neural, len(state))
+            if lead:
+                state = torch.cat([part for part in (neural_out, single_out) if part is not None])
+            else:
+                state = torch.empty_like(state)
+                if single_out is not None:
+                    state[single] = single_out
+                if neural_out is not None:
+                    state[neural] = neural_out
         self._transitions += 1
         return state
 
@@ -681,6 +693,7 @@ class NeuralBlockKernel(GraphKernel):
 
             last = (part(mask.nonzero().squeeze(-1)), part((~mask).nonzero().squeeze(-1)))
             self._row_split.put(inputs, last)
+            self._rows_lead = bool(mask[: int(mask.sum())].all())  # the neural chains come first
         return last
 
     def _neural_sweep(
@@ -742,17 +755,16 @@ class NeuralBlockKernel(GraphKernel):
         total, offers = self._accepted_per_chain[i], self._proposed_per_chain[i]
         width = len(accepted) if rows is None else chains
         if total.shape != (width,):  # the first sweep's counts (the totals start as 0-dim zeros)
-            total, offers = (torch.zeros(width, dtype=torch.float64, device="cpu") for _ in range(2))  # (exact counts)
+            total, offers = np.zeros(width), np.zeros(width)
             self._accepted_per_chain[i], self._proposed_per_chain[i] = total, offers
-        # through NumPy views of the CPU totals (the same sums, a fraction of torch's cost per call)
         counts = accepted.cpu().numpy()
         if rows is None:
-            total.numpy()[:] += counts
-            offers.numpy()[:] += offered
+            total += counts
+            offers += offered
         else:  # the chains of rows, each once (those that took the single-site sweep count 0)
             place = rows.cpu().numpy()
-            total.numpy()[place] += counts
-            offers.numpy()[place] += offered
+            total[place] += counts
+            offers[place] += offered
 
     def _general_sweep(
         self, i: int, fg: FactorGraph, state: Tensor, bounds: tuple[int, int], beta: Tensor | None = None

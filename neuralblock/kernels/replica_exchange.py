@@ -379,7 +379,7 @@ class ReplicaExchange(GraphKernel):
         self._compile_joints(fg)
         self.replica_states = None
         self._tempered = None
-        self._swap_rate = torch.full((max(self.replicas - 1, 0),), 0.5, dtype=torch.float64)
+        self._swap_rate = np.full(max(self.replicas - 1, 0), 0.5)  # (NumPy float64: updated at every transition)
 
     def _soften(self, fg: FactorGraph) -> None:
         """Whether the hot replicas soften the model's zeros (see ``zero_penalty``), and at what penalty."""
@@ -447,8 +447,8 @@ class ReplicaExchange(GraphKernel):
 
     def _reset_stats(self) -> None:
         pairs = max(self.replicas - 1, 0)
-        self._swap_attempts = torch.zeros(pairs, dtype=torch.float64)
-        self._swap_accept = torch.zeros(pairs, dtype=torch.float64)
+        self._swap_attempts = np.zeros(pairs)
+        self._swap_accept = np.zeros(pairs)
         self._steps = 0
         self._adapt_steps = 0
         self._round_sum = np.zeros(pairs)  # barrier adaptation: the round's swap probabilities and attempts per pair
@@ -470,8 +470,8 @@ class ReplicaExchange(GraphKernel):
         fg = self._graph()
         if self.replica_states is None:
             self.replica_states = self._start_replicas(state)
-        replicas = self.replica_states.clone()  # (Pyro keeps the beta = 1 replicas returned before)
-        replicas[0] = state  # Pyro's params are the beta = 1 replicas
+        # Pyro's params are the beta = 1 replicas (a new tensor: Pyro keeps the beta = 1 replicas returned before)
+        replicas = torch.cat((state.to(self.replica_states).unsqueeze(0), self.replica_states[1:]))
         size, n = self.replicas * self.chains, fg.num_variables
         beta, log_zero, index, row_beta, cold, warm = self._ladder_tensors(state.dtype)
         self.inner.soft_zeros = None if log_zero is None else SoftZeros(index, log_zero)
@@ -493,13 +493,12 @@ class ReplicaExchange(GraphKernel):
                 replicas, mean_prob = self._swap_compiled(self._joints, replicas, beta, log_zero, parity)
             else:
                 replicas, mean_prob = self._swap(fg, replicas, beta, log_zero, parity)
-            # the running rates and counts of the pairs (parity, parity + 1), (parity + 2, ...), through NumPy views
-            # of the float64 CPU tensors (the same IEEE arithmetic as torch's, a fraction of its cost per call)
-            rate = self._swap_rate.numpy()[parity::2]
+            # the running rates and counts of the pairs (parity, parity + 1), (parity + 2, ...): NumPy float64
+            rate = self._swap_rate[parity::2]
             rate += _RATE_SMOOTHING * (mean_prob - rate)
             if not warmup:
-                self._swap_attempts.numpy()[parity::2] += 1.0
-                self._swap_accept.numpy()[parity::2] += mean_prob
+                self._swap_attempts[parity::2] += 1.0
+                self._swap_accept[parity::2] += mean_prob
             elif self.adapt and self.adaptation == "vousden":
                 self._adapt_ladder()
             elif self.adapt:
@@ -588,7 +587,7 @@ class ReplicaExchange(GraphKernel):
         kappa = self.adapt_t0 / (self.adapt_nu * (self._adapt_steps + self.adapt_t0))
         temps = self.temperatures.numpy()
         log_gaps = np.log(np.diff(temps))
-        rate = self._swap_rate.numpy()
+        rate = np.asarray(self._swap_rate)
         step = kappa * (rate[:-1] - rate[1:])
         if self.penalty is not None:  # softened zeros: the first gap stays (see "Hard zeros" above)
             step[0] = 0.0
@@ -646,7 +645,7 @@ class ReplicaExchange(GraphKernel):
         For neural replicas, ``block_acceptance_by_temperature`` gives each temperature's
         block acceptance (fused path; NaN for replicas that took single-site sweeps only).
         """
-        attempts = self._swap_attempts.clamp(min=1.0)
+        attempts = np.maximum(self._swap_attempts, 1.0)
         out: KernelDiagnostics = {
             "temperatures": self.temperatures.tolist(),
             "swap_acceptance": (self._swap_accept / attempts).tolist(),
@@ -663,12 +662,12 @@ class ReplicaExchange(GraphKernel):
             rates = []
             for i, fused in enumerate(self.inner.fused):
                 accepted, offered = self.inner._accepted_per_chain[i], self.inner._proposed_per_chain[i]
-                if fused is None or accepted.dim() != 1 or not self.inner._proposed[i]:
+                if fused is None or accepted.ndim != 1 or not self.inner._proposed[i]:
                     continue
                 per_replica, proposed = (
-                    t.double().reshape(self.replicas, self.chains).sum(-1) for t in (accepted, offered)
+                    t.reshape(self.replicas, self.chains).sum(-1) for t in (accepted, offered)
                 )  # (replicas that took no neural sweep: NaN)
-                rates.append(torch.where(proposed > 0, per_replica / proposed.clamp(min=1.0), math.nan))
+                rates.append(np.where(proposed > 0, per_replica / np.maximum(proposed, 1.0), math.nan))
             if rates:
-                out["block_acceptance_by_temperature"] = torch.stack(rates).mean(0).tolist()
+                out["block_acceptance_by_temperature"] = np.mean(rates, 0).tolist()
         return out
