@@ -174,6 +174,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="RE-NB's warmup_neural_replicas (default: its own; 0: None, the replicas that take them after warmup)",
     )
+    parser.add_argument(
+        "--re-tempered-tables",
+        type=int,
+        default=None,
+        help="RE-NB's tempered_tables (default: its own; 0: None, powered rows for every temperature)",
+    )
     add_choices(parser, clock=(["cpu", "wall"], "time budget and time axis"))
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["NB+Gibbs", "Gibbs"], help="samplers to run")
@@ -201,6 +207,8 @@ def make_kernel(label: str, fg: FactorGraph, proposal: NeuralBlockProposal, args
     options: dict[str, float | int | None] = {} if args.re_gibbs_prob is None else {"gibbs_prob": args.re_gibbs_prob}
     if args.re_warmup_neural is not None and label == "RE-NB":
         options["warmup_neural_replicas"] = args.re_warmup_neural or None
+    if args.re_tempered_tables is not None and label == "RE-NB":
+        options["tempered_tables"] = args.re_tempered_tables or None
     return ReplicaExchange(
         fg,
         proposals=[proposal] if label == "RE-NB" else None,

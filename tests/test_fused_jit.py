@@ -23,7 +23,7 @@ from test_vectorized_chains import mixed_graph
 
 from neuralblock import GibbsKernel, ReplicaExchange
 from neuralblock.kernels import jit
-from neuralblock.kernels.fused_blocks import _draw_cdf, fused_class_update_numpy
+from neuralblock.kernels.fused_blocks import _draw_cdf, fused_class_update, fused_class_update_numpy
 from neuralblock.kernels.gibbs import gibbs_class_update_numpy
 from neuralblock.kernels.replica_exchange import swap_replicas
 
@@ -56,7 +56,10 @@ def test_compiled_gibbs_adds_five_factor_terms_in_numpy_order() -> None:
     assert_same_chain(lambda: GibbsKernel(fg, chains=4))
 
 
-VARIANTS = ["plain", "slot", "tempered offsets", "beta correction", "soft zeros", "soft zeros, beta", "zeros at T=1"]
+VARIANTS = [
+    "plain", "slot", "tempered offsets", "beta correction", "soft zeros", "soft zeros, beta", "zeros at T=1",
+    "offsets and beta correction",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -90,12 +93,13 @@ def test_block_sweep_equals_the_numpy_function_class_by_class(dtype: type, varia
     extra: dict[str, np.ndarray | None] = dict.fromkeys(["energy", "beta", "slot", "key_offset", "zeros", "log_zero"])
     if variant == "slot":
         extra["slot"] = rng.permutation(rows)
-    if variant == "tempered offsets":
+    if variant in ("tempered offsets", "offsets and beta correction"):
         extra["key_offset"] = np.array([0, 20, 0, 20])  # each chain's temperature's rows
-    if variant in ("beta correction", "soft zeros, beta"):
+    if variant in ("beta correction", "offsets and beta correction", "soft zeros, beta"):
         extra["beta"] = rng.uniform(0.2, 1.0, chains).astype(cdf.dtype)
-    if variant == "beta correction":
-        extra["energy"] = rng.normal(size=(rows, values_n)).astype(cdf.dtype)
+    if variant in ("beta correction", "offsets and beta correction"):  # (read at the keys before the offsets)
+        extra["energy"] = rng.normal(size=(rows // 2 if extra["key_offset"] is not None else rows, values_n))
+        extra["energy"] = extra["energy"].astype(cdf.dtype)
     if variant.startswith("soft zeros") or variant == "zeros at T=1":
         extra["zeros"] = rng.integers(0, 3, (rows, values_n)).astype(cdf.dtype)
         extra["log_zero"] = -rng.uniform(1.0, 4.0, chains).astype(cdf.dtype)
@@ -110,6 +114,15 @@ def test_block_sweep_equals_the_numpy_function_class_by_class(dtype: type, varia
         )  # fmt: skip
         expected_accepted.append(found[0])
         expected_finite.append(found[1])
+    if variant == "offsets and beta correction":  # torch's function reads the same rows
+        as_torch = [None if a is None else torch.from_numpy(a) for a in extra.values()]
+        by_torch = torch.from_numpy(state.copy())
+        for c in range(classes):
+            by_torch = fused_class_update(
+                by_torch, *(torch.from_numpy(a) for a in (ids[c], radix[c], block_radix, block_ids[c], base[c])),
+                *(torch.from_numpy(a) for a in (cdf, log_ratio, draws[c], log_accept[c], values)), *as_torch,
+            )[0]  # fmt: skip
+        assert np.array_equal(by_torch.numpy(), expected)
     got = state.copy()
     sizes = np.array([width, width, width - 1])  # class 2's last slot is padding
     as_drawn = [u.transpose(1, 0, 2).reshape(chains, classes * width).copy() for u in (draws, log_accept)]

@@ -86,15 +86,22 @@ def test_only_the_coldest_replicas_take_neural_sweeps_while_the_ladder_adapts() 
             ReplicaExchange(fg, [proposal], warmup_neural_replicas=bad)  # type: ignore[arg-type]
 
 
-def test_every_replica_samples_its_tempered_target() -> None:
-    """With a fixed ladder, replica r's states follow p^(beta_r) (swaps and tempered sweeps are both exact)."""
+@pytest.mark.parametrize("tempered_tables", [None, 2])
+def test_every_replica_samples_its_tempered_target(tempered_tables: int | None) -> None:
+    """With a fixed ladder, replica r's states follow p^(beta_r) (swaps and tempered sweeps are both exact).
+
+    With two tables (T = 1 and 5), the T = 2 replica proposes from T = 5's rows, its ratio corrected by its beta.
+    """
     fg = coupled_chain(seed=3)
     states, _ = enumerate_joint(fg)
     log_p = fg.log_joint(states).double()
     temperatures = [1.0, 2.0, 5.0]
     torch.manual_seed(1)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
-    kernel = ReplicaExchange(fg, [proposal], temperatures=temperatures, chains=8, adapt=False, neural_replicas=None)
+    kernel = ReplicaExchange(
+        fg, [proposal], temperatures=temperatures, chains=8, adapt=False, neural_replicas=None,
+        tempered_tables=tempered_tables,
+    )  # fmt: skip
     kernel.setup(0)
     params = kernel.initial_params
     draws = []
@@ -116,6 +123,12 @@ def test_every_replica_samples_its_tempered_target() -> None:
     assert kernel.diagnostics()["temperatures"] == temperatures  # no adaptation
     assert kernel.diagnostics()["tempered_proposals"]  # each replica proposed from its tempered model
     assert kernel.diagnostics()["tempered_sweeps"] > 500  # and the sweeps read the tempered tables
+    fused = kernel.inner.fused[0]
+    assert fused is not None and fused.tempered is not None
+    assert fused.tempered.betas.tolist() == pytest.approx([1.0, 0.2] if tempered_tables else [1.0, 0.5, 0.2])
+    assert kernel.diagnostics()["tempered_tables"] == (2 if tempered_tables else 3)
+    acceptance = kernel.diagnostics()["block_acceptance_by_temperature"]
+    assert all(0 < a < 1 for a in acceptance)
 
 
 def test_tempered_rows_hold_the_powered_proposal_and_the_tempered_energy() -> None:

@@ -76,7 +76,8 @@ def test_grid_study_gradient_sampler_arms(tmp_path: Path) -> None:
 
 
 def test_grid_study_fresh_tori_and_replica_options() -> None:
-    """``--ising-seed`` names its tori apart from the default seed's; ``--re-warmup-neural`` reaches RE-NB only."""
+    """``--ising-seed`` names its tori apart from the default seed's; ``--re-warmup-neural`` and
+    ``--re-tempered-tables`` reach RE-NB only."""
     study = load("grid_study")
     args = study.parse_args(["--ising", "4x2", "--ising-seed", "7", "--instances", "ising-4-c2-s7"])
     (name,) = study.load_instances(args)
@@ -89,6 +90,10 @@ def test_grid_study_fresh_tori_and_replica_options() -> None:
         options = study.parse_args(["--replicas", "4", "--re-warmup-neural", flag])
         kernel = study.make_kernel("RE-NB", fresh, proposal, options)
         assert isinstance(kernel, ReplicaExchange) and kernel.warmup_neural_replicas == expected
+    for flag, tables in (("0", None), ("3", 3)):
+        options = study.parse_args(["--replicas", "4", "--re-tempered-tables", flag])
+        kernel = study.make_kernel("RE-NB", fresh, proposal, options)
+        assert isinstance(kernel, ReplicaExchange) and kernel.tempered_tables == tables
     options = study.parse_args(["--replicas", "4"])
     assert study.make_kernel("RE-NB", fresh, proposal, options).warmup_neural_replicas == 1  # the kernel's own
     assert study.make_kernel("RE-Gibbs", fresh, proposal, options).proposals is None

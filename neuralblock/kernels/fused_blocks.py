@@ -593,7 +593,9 @@ def fused_class_update(
     For tempered targets ``p(x)^beta`` (one ``beta`` per chain), either each chain reads the rows of
     its temperature's own table (``key_offset``: proposal and energies of the tempered model, so
     ``w`` is already tempered), or it reads the untempered rows and the log-ratio gains
-    ``(beta - 1) (E[j'] - E[j])``, with the rows' block energies ``E`` (any proposal keeps MH exact).
+    ``(beta - 1) (E[j'] - E[j])``, with the rows' block energies ``E`` (any proposal keeps MH exact). With
+    both, a chain reads the rows of a nearby temperature's table and ``beta - 1`` is its own ``beta`` less
+    that table's; ``E`` is read at the key before the offset (the untempered table's row).
     With ``zeros`` (each row's count ``Z`` of zero table entries) and ``log_zero`` (one per chain), the
     chains target ``exp(beta (F + log_zero Z))`` (:class:`~neuralblock.kernels.gibbs.SoftZeros`), where
     ``E = F`` and ``w`` are the rows' finite parts: the log-ratio gains ``beta log_zero (Z[j'] - Z[j])``.
@@ -612,7 +614,7 @@ def fused_class_update(
         draws: ``[K, I]`` uniforms of the proposal draws (inverse CDF).
         log_accept: ``[K, I]`` logs of the uniforms of the accept tests.
         values: ``[J, b]`` block values of each joint index (the state's dtype).
-        energy: ``[R, J]`` block energies ``E`` per row (tempered targets only).
+        energy: ``[R, J]`` block energies ``E`` per row of the untempered table (tempered targets only).
         beta: ``[K]`` inverse temperatures (with ``energy``), or ``None`` for the target itself.
         slot: ``[keys]`` the stored row of each key (a :class:`BlockTable` in slot mode), or ``None``
             when the rows are the keys.
@@ -643,9 +645,10 @@ def fused_class_update(
     first = keys * width
     flat_ratio = log_ratio.view(-1)
     log_alpha = flat_ratio.take(first + proposed) - flat_ratio.take(first + current)
-    if energy is not None and beta is not None:
+    if energy is not None and beta is not None:  # (the energies' rows are the table's: before any offset)
         flat_energy = energy.view(-1)
-        change = flat_energy.take(first + proposed) - flat_energy.take(first + current)
+        table_first = first if key_offset is None else first - key_offset[:, None] * width
+        change = flat_energy.take(table_first + proposed) - flat_energy.take(table_first + current)
         log_alpha = log_alpha + (beta[:, None] - 1) * change
     if zeros is not None and log_zero is not None:
         flat_zeros = zeros.view(-1)
@@ -719,9 +722,11 @@ def fused_class_update_numpy(
         at_proposed, at_current = first + proposed, first + current
         flat_ratio = log_ratio.reshape(-1)
         log_alpha = flat_ratio[at_proposed] - flat_ratio[at_current]
-        if energy is not None and beta is not None:
+        if energy is not None and beta is not None:  # (the energies' rows are the table's: before any offset)
             flat_energy = energy.reshape(-1)
-            log_alpha = log_alpha + (beta[:, None] - 1) * (flat_energy[at_proposed] - flat_energy[at_current])
+            shift = 0 if key_offset is None else key_offset[:, None] * width
+            change = flat_energy[at_proposed - shift] - flat_energy[at_current - shift]
+            log_alpha = log_alpha + (beta[:, None] - 1) * change
         if zeros is not None and log_zero is not None:
             flat_zeros = zeros.reshape(-1)
             gained = flat_zeros[at_proposed] - flat_zeros[at_current]
@@ -750,6 +755,26 @@ class _TemperedTables(NamedTuple):
         if not bool(match.any(1).all()):
             return None
         return match.to(torch.long).argmax(1) * self.rows
+
+    def assign(self, beta: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Each chain's table, the coldest at or above its temperature: first rows ``[K]`` and the tables' ``beta``.
+
+        ``None`` when some chain is hotter than every table. A chain between two tables reads the hotter one's
+        (flatter) rows, with the energy correction ``(beta - beta_table) dE`` in its MH ratio.
+
+        Example:
+            >>> betas = torch.tensor([1.0, 0.25], dtype=torch.float64)
+            >>> t = _TemperedTables(betas, torch.ones(4, 1), torch.ones(4, 1), 2)
+            >>> rows, table_beta = t.assign(torch.tensor([1.0, 0.5, 0.25]))
+            >>> rows.tolist(), table_beta.tolist(), t.assign(torch.tensor([0.1]))
+            ([0, 2, 2], [1.0, 0.25, 0.25], None)
+        """
+        chain = beta.to(self.betas)
+        usable = self.betas[None, :] <= chain[:, None]  # [K, A] tables at or above each chain's temperature
+        if not bool(usable.any(1).all()):
+            return None
+        index = torch.where(usable, self.betas[None, :], -math.inf).argmax(1)  # the coldest of them
+        return index * self.rows, self.betas[index]
 
 
 def powered_rows(table: BlockTable, betas: Tensor, log_zero: Tensor | None = None) -> _TemperedTables:
@@ -909,7 +934,7 @@ class FusedBlockSweep:
         self._jit_by_dtype: dict[torch.dtype, tuple[np.ndarray, ...]] = {}
         # the last rows a compiled sweep read, their NumPy views and which were absent (see _jit_rows)
         self._jit_views: tuple[tuple[Tensor | None, ...], tuple[np.ndarray | None, ...], tuple[bool, ...]] | None = None
-        self._last_offsets: tuple[_TemperedTables, Tensor, Tensor | None] | None = None
+        self._last_assigned: tuple[_TemperedTables, Tensor, tuple[Tensor, Tensor] | None] | None = None
         self._chain_cache = LastInputs[tuple[Tensor | None, Tensor | None, Tensor | None]]()
         self._whole_rows = LastInputs[_WholeRows]()  # (see _sweep_whole)
         # per range of classes and dtype: their index arrays and real slots (see _sweep_whole)
@@ -964,13 +989,13 @@ class FusedBlockSweep:
             )
         return self._jit_by_dtype[dtype]
 
-    def _offsets(self, tempered: _TemperedTables, beta: Tensor) -> Tensor | None:
-        """``tempered.offsets(beta)``, remembered for the last ``beta`` (the ladder changes in warmup only)."""
-        last = self._last_offsets
+    def _assigned(self, tempered: _TemperedTables, beta: Tensor) -> tuple[Tensor, Tensor] | None:
+        """``tempered.assign(beta)``, remembered for the last ``beta`` (the ladder changes in warmup only)."""
+        last = self._last_assigned
         if last is not None and last[0] is tempered and last[1].shape == beta.shape and torch.equal(last[1], beta):
             return last[2]
-        found = tempered.offsets(beta)
-        self._last_offsets = (tempered, beta.clone(), found)
+        found = tempered.assign(beta)
+        self._last_assigned = (tempered, beta.clone(), found)
         return found
 
     def _chain_rows(
@@ -986,27 +1011,32 @@ class FusedBlockSweep:
             return last
         table, tempered, key_offset = self.table, self.tempered, None
         beta_rows = None if beta is None else beta.to(table.cdf.dtype)
+        correction = None  # with tables of some temperatures only: 1 + each chain's beta less its table's
         if tempered is not None and beta is not None:
-            if soft is None and tempered.log_zero is None:
-                key_offset = self._offsets(tempered, beta)
+            found = self._assigned(tempered, beta)
+            if soft is None and tempered.log_zero is None and found is not None:
+                key_offset, table_beta = found
+                gap = beta.to(table_beta) - table_beta
+                correction = (gap + 1.0).to(table.cdf.dtype) if bool((gap != 0).any()) else None
             elif (
                 soft is not None
                 and tempered.log_zero is not None
                 and torch.equal(tempered.log_zero, soft.log_zero[: len(tempered.log_zero)])  # (a ladder's coldest part)
+                and found is not None
+                and torch.equal(found[1], beta.to(found[1]))  # (every chain on a table's own temperature)
             ):
                 by_entry = soft.entry * tempered.rows  # built for these models: each chain's temperature by its entry
-                by_beta = self._offsets(tempered, beta)  # and built for this ladder
-                key_offset = by_entry if by_beta is not None and torch.equal(by_beta, by_entry) else None
+                key_offset = by_entry if torch.equal(found[0], by_entry) else None  # and built for this ladder
         chain_log_zero = None
-        if key_offset is not None:  # each chain reads its temperature's rows: no beta correction
-            beta_rows = None
+        if key_offset is not None:  # each chain reads its (or a nearby) temperature's rows
+            beta_rows = correction
         elif soft is not None:  # the rows' finite parts, with the beta and zero-count corrections
             if table.slot is not None:
                 raise ValueError("soft zeros need a dense proposal table; this one keeps its rows in slots")
             chain_log_zero = soft.log_zero.to(device, table.cdf.dtype)[soft.entry]
-        found = (beta_rows, key_offset, chain_log_zero)
-        self._chain_cache.put(inputs, found)
-        return found
+        rows = (beta_rows, key_offset, chain_log_zero)
+        self._chain_cache.put(inputs, rows)
+        return rows
 
     def _jit_rows(self, rows: tuple[Tensor | None, ...]) -> tuple[tuple[np.ndarray | None, ...], tuple[bool, ...]]:
         """NumPy views of the rows a compiled sweep reads, and which are absent; remembered for the same tensors.

@@ -140,6 +140,7 @@ def _block_sweep(
     nonfinite = 0
     keys = np.empty(chains, dtype=np.int64)
     currents = np.empty(chains, dtype=np.int64)
+    table_keys = np.empty(chains, dtype=np.int64)  # (the energies' rows: before the offset)
     for c in range(n_classes):
         # slot by slot, every chain at each slot (each chain still takes its slots in order: chains never interact):
         # first every chain's row, then the proposals and tests, with no branch on the rows' values, so that the
@@ -161,6 +162,7 @@ def _block_sweep(
                 if slot is not None:
                     key = slot[key]
                 keys[k] = key
+                table_keys[k] = key if key_offset is None else key - key_offset[k]
             for k in range(chains):
                 key, current = keys[k], currents[k]
                 u = draws[k, at]
@@ -170,7 +172,8 @@ def _block_sweep(
                 proposed = below if below < n_values else 0  # (the rows end at 1 > u: never all below)
                 log_alpha = log_ratio[key, proposed] - log_ratio[key, current]
                 if energy is not None and beta_m1 is not None:
-                    log_alpha = log_alpha + beta_m1[k] * (energy[key, proposed] - energy[key, current])
+                    row = table_keys[k]
+                    log_alpha = log_alpha + beta_m1[k] * (energy[row, proposed] - energy[row, current])
                 if zeros is not None and log_zero is not None:
                     gained = zeros[key, proposed] - zeros[key, current]
                     penalty = gained - gained if gained == 0 else log_zero[k] * gained

@@ -25,28 +25,33 @@ Ising tori with couplings up to 2, 5 and 10 (16 temperatures up to 10, 200 warmu
 0.30-0.37, 0.24-0.49 and 0.33-0.51 with the rounds, and 0.16-0.51, 0.14-0.49 and 0.16-0.71 with the
 small steps, which took 2000 warmup transitions to span 0.28-0.39, 0.23-0.36 and 0.34-0.51.
 
-A neural inner kernel proposes, at every temperature that takes neural sweeps (see below), from a
-*tempered* proposal
-(``tempered_proposals``, the default): the proposal raised to the power ``beta``. The log importance
-weights of ``q^beta`` against a block's conditional under ``p^beta`` are ``beta`` times those of
-``q`` under ``p``, so where ``q`` fits at ``beta = 1`` the powered proposal fits the hot
-conditionals as well or better, while the untempered proposal is too sharp for them. Once the ladder
-is fixed (after warmup, or from the start without adaptation) each temperature's rows are computed
-from the fully tabulated proposal table and its block energies, with no network pass (one ``[rows,
-J]`` softmax per temperature). Until then, while the ladder adapts, only the ``warmup_neural_replicas``
-coldest replicas (default: the ``T = 1`` ones, where the untempered proposal fits) take neural sweeps and
-the others single-site sweeps. With the untempered proposal at every temperature the replicas ended
-warmup further from the target: on fresh 10x10 Ising tori (couplings up to 5, 8 and 12, generator seed
-4000, 4 seeds, 16 temperatures, 200 warmup transitions) the median error of the first draw after warmup
-was 0.29 / 0.41 / 0.58 against 0.07 / 0.05 / 0.04 this way (Gibbs replicas: 0.04 / 0.03 / 0.26), and
-the median time to mean marginal error 0.05 was 0.20 / 0.27 / 0.35 s against 0.19 / 0.21 / 0.26 s
-(Gibbs replicas 0.08 / 0.12 / 0.19 s; ``python -m experiments.grid_study --arms RE-Gibbs RE-NB --seeds
-4 --seconds 8 --clock cpu --threads 1 --replicas 16 --ising 10x2 10x5 10x8 10x12 --ising-seed 4000``,
-with ``--re-warmup-neural 0`` for neural sweeps at every temperature in warmup too). Where a proposal
-is not fully tabulated (the fused path with a dense table), and after the model's parameters change
-(``update_graph``: compound samplers), every temperature uses the untempered proposal after warmup.
-Any proposal keeps MH exact; the block acceptance per temperature and the sweeps that used the
-tempered rows are reported.
+A neural inner kernel proposes, at every temperature that takes neural sweeps (see below), from a *tempered*
+proposal (``tempered_proposals``, the default): the proposal raised to the power ``beta``. The log importance
+weights of ``q^beta`` against a block's conditional under ``p^beta`` are ``beta`` times those of ``q`` under
+``p``, so where ``q`` fits at ``beta = 1`` the powered proposal fits the hot conditionals as well or better,
+while the untempered proposal is too sharp for them. Once the ladder is fixed (after warmup, or from the start
+without adaptation) the rows are computed from the fully tabulated proposal table and its block energies, with
+no network pass (one ``[rows, J]`` softmax per temperature), for ``tempered_tables=4`` temperatures spread
+along the ladder (``T = 1``, the hottest and two between); a replica between two of them reads the hotter
+one's (flatter) rows and corrects its MH ratio by ``(beta - beta_table) (E[j'] - E[j])`` with the untempered
+block energies, so MH stays exact. On fresh 10x10 Ising tori (generator seed 4000, couplings up to 2, 5, 8 and
+12; 4 seeds x 8 s CPU; 16 temperatures) this cut the first draw after warmup from 0.07-0.13 s to 0.014-0.024 s
+and the median time to mean marginal error 0.05 from 0.175 / 0.186 / 0.208 / 0.274 s to 0.117 / 0.121 / 0.129
+/ 0.127 s (RE-Gibbs 0.123 / 0.077 / 0.117 / 0.217 s; 3 tables: 0.109 / 0.116 / 0.123 / 0.139 s; 8: 0.147 /
+0.130 / 0.142 / 0.163 s), while the lowest block acceptance over the temperatures fell from 0.92-0.97 to
+0.64-0.83 (``--re-tempered-tables`` of ``experiments/grid_study.py``). Until then, while the ladder adapts,
+only the ``warmup_neural_replicas`` coldest replicas (default: the ``T = 1`` ones, where the untempered
+proposal fits) take neural sweeps and the others single-site sweeps. With the untempered proposal at every
+temperature the replicas ended warmup further from the target: on fresh 10x10 Ising tori (couplings up to 5, 8
+and 12, generator seed 4000, 4 seeds, 16 temperatures, 200 warmup transitions) the median error of the first
+draw after warmup was 0.29 / 0.41 / 0.58 against 0.07 / 0.05 / 0.04 this way (Gibbs replicas: 0.04 / 0.03 /
+0.26), and the median time to mean marginal error 0.05 was 0.20 / 0.27 / 0.35 s against 0.19 / 0.21 / 0.26 s
+(Gibbs replicas 0.08 / 0.12 / 0.19 s; ``python -m experiments.grid_study --arms RE-Gibbs RE-NB --seeds 4
+--seconds 8 --clock cpu --threads 1 --replicas 16 --ising 10x2 10x5 10x8 10x12 --ising-seed 4000``, with
+``--re-warmup-neural 0`` for neural sweeps at every temperature in warmup too). Where a proposal is not fully
+tabulated (the fused path with a dense table), and after the model's parameters change (``update_graph``:
+compound samplers), every temperature uses the untempered proposal after warmup. Any proposal keeps MH exact;
+the block acceptance per temperature and the sweeps that used the tempered rows are reported.
 
 **Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
 constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
@@ -260,6 +265,9 @@ class ReplicaExchange(GraphKernel):
             with ``tempered_proposals`` (before the powered rows exist; see above; at most ``neural_replicas``'
             count); ``None``: as after warmup. Where no powered rows can be built (a proposal that is not fully
             tabulated) the hotter replicas take single-site sweeps in warmup and the untempered proposal after.
+        tempered_tables: build powered rows for this many of the neural replicas' temperatures only, spread along
+            the ladder from ``T = 1`` to the hottest (see above); the others read the rows of the next hotter one,
+            their MH ratios corrected by their own ``beta``. ``None``: every temperature (on softened models always).
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
@@ -287,6 +295,7 @@ class ReplicaExchange(GraphKernel):
         cover: bool | str = "auto",
         neural_replicas: int | str | None = "auto",
         warmup_neural_replicas: int | None = 1,
+        tempered_tables: int | None = 4,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         if zero_penalty is not None and zero_penalty != "auto":
@@ -346,6 +355,11 @@ class ReplicaExchange(GraphKernel):
         ):
             raise ValueError(f"warmup_neural_replicas must be a positive int or None, got {warmup_neural_replicas!r}")
         self.warmup_neural_replicas = warmup_neural_replicas
+        if tempered_tables is not None and (
+            isinstance(tempered_tables, bool) or not isinstance(tempered_tables, int) or tempered_tables < 2
+        ):
+            raise ValueError(f"tempered_tables must be an int of at least 2 or None, got {tempered_tables!r}")
+        self.tempered_tables = tempered_tables
         self._tempered: bool | None = None  # None: not tried yet for this ladder; then whether tables were built
         size = self.replicas * chains
         if self.proposals is None:
@@ -425,6 +439,21 @@ class ReplicaExchange(GraphKernel):
             return 1 if self.penalty is not None else self.replicas
         return min(int(self.neural_replicas), self.replicas)
 
+    def _table_replicas(self) -> Tensor:
+        """The replicas whose temperatures get powered rows: every neural one, or ``tempered_tables`` spread evenly
+        along them from the coldest to the hottest (every one on softened models, whose rows are per temperature).
+
+        Example:
+            >>> from neuralblock.io import read_uai, uai_grid
+            >>> kernel = ReplicaExchange(read_uai(uai_grid("Grids_12")), replicas=16, tempered_tables=4)
+            >>> kernel._table_replicas().tolist()
+            [0, 5, 10, 15]
+        """
+        neural = self.neural_count()
+        if self.tempered_tables is None or self.penalty is not None or self.tempered_tables >= neural:
+            return torch.arange(neural)
+        return torch.linspace(0, neural - 1, self.tempered_tables, dtype=torch.float64).round().long().unique()
+
     def zero_log_potentials(self) -> Tensor | None:
         """Each replica's log-potential of a zero table entry, ``[R]`` (float64; ``-inf`` at ``T = 1``), or ``None``.
 
@@ -479,9 +508,9 @@ class ReplicaExchange(GraphKernel):
         if isinstance(self.inner, NeuralBlockKernel):  # the coldest replicas' chains take the neural sweeps
             self.inner.neural_rows = cold if fixed or not self.tempered_proposals else warm
         if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
-            neural = self.neural_count()  # rows for the temperatures whose replicas take neural sweeps
+            tables = self._table_replicas()  # rows for (some of) the temperatures whose replicas take neural sweeps
             self._tempered = self.inner.temper(
-                self.betas[:neural].to(state.dtype), None if log_zero is None else log_zero[:neural]
+                self.betas[tables].to(state.dtype), None if log_zero is None else log_zero[tables]
             )
         self.inner.beta = row_beta
         flat = self.inner._transition(replicas.reshape(size, n), warmup)
@@ -628,9 +657,13 @@ class ReplicaExchange(GraphKernel):
 
     def _tempered_sweeps(self) -> int:
         """Neural sweeps (warmup included) whose chains read their temperature's tables."""
+        return sum(f.tempered_sweeps for f in self._fused_sweeps())
+
+    def _fused_sweeps(self) -> list[FusedBlockSweep]:
+        """The inner kernel's fused block sweeps (none with Gibbs replicas)."""
         if not isinstance(self.inner, NeuralBlockKernel):
-            return 0
-        return sum(f.tempered_sweeps for f in self.inner.fused if isinstance(f, FusedBlockSweep))
+            return []
+        return [f for f in self.inner.fused if isinstance(f, FusedBlockSweep)]
 
     def logging(self) -> dict[str, float]:
         """The inner kernel's fields and the mean swap acceptance so far."""
@@ -657,6 +690,9 @@ class ReplicaExchange(GraphKernel):
             "tempered_proposals": bool(self._tempered),
             "zero_penalty": self.penalty,
             "tempered_sweeps": self._tempered_sweeps(),
+            "tempered_tables": max(
+                (len(f.tempered.betas) for f in self._fused_sweeps() if f.tempered is not None), default=0
+            ),
         }
         if isinstance(self.inner, NeuralBlockKernel):
             rates = []

@@ -86,6 +86,7 @@ class KernelDiagnostics(TypedDict, total=False):
         tempered_proposals: whether ReplicaExchange's neural proposals read tempered tables (bool).
         tempered_sweeps: ReplicaExchange's fused sweeps whose chains read their temperature's tables
             (count; warmup included).
+        tempered_tables: how many of ReplicaExchange's temperatures have powered proposal rows (count; 0: none).
         zero_penalty: ReplicaExchange's cost (nats) of a zero table entry at the hottest replica, whose
             zeros are softened, or ``None`` (tempered powers ``p(x)^beta``).
         block_acceptance_by_temperature: ReplicaExchange's neural block acceptance per temperature (list of
@@ -171,6 +172,7 @@ class KernelDiagnostics(TypedDict, total=False):
     replicas: float
     tempered_proposals: bool
     tempered_sweeps: int
+    tempered_tables: int
     zero_penalty: float | None
     block_acceptance_by_temperature: list[float]
     # ParticleGibbs
