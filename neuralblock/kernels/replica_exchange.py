@@ -36,9 +36,9 @@ along the ladder (``T = 1``, the hottest and two between); a replica between two
 one's (flatter) rows and corrects its MH ratio by ``(beta - beta_table) (E[j'] - E[j])`` with the untempered
 block energies, so MH stays exact. On fresh 10x10 Ising tori (generator seed 4000, couplings up to 2, 5, 8 and
 12; 4 seeds x 8 s CPU; 16 temperatures) this cut the first draw after warmup from 0.07-0.13 s to 0.014-0.024 s
-and the median time to mean marginal error 0.05 from 0.175 / 0.186 / 0.208 / 0.274 s to 0.117 / 0.121 / 0.129
-/ 0.127 s (RE-Gibbs 0.123 / 0.077 / 0.117 / 0.217 s; 3 tables: 0.109 / 0.116 / 0.123 / 0.139 s; 8: 0.147 /
-0.130 / 0.142 / 0.163 s), while the lowest block acceptance over the temperatures fell from 0.92-0.97 to
+and the median time to mean marginal error 0.05 from 0.17 / 0.18 / 0.20 / 0.27 s to 0.11 / 0.12 / 0.11 / 0.12
+s (RE-Gibbs 0.10 / 0.08 / 0.12 / 0.17 s; 3 tables: 0.11 / 0.11 / 0.12 / 0.12 s; 8: 0.15 / 0.12 / 0.14 / 0.16
+s), while the lowest block acceptance over the temperatures fell from 0.92-0.97 to
 0.64-0.83 (``--re-tempered-tables`` of ``experiments/grid_study.py``). Until then, while the ladder adapts,
 only the ``warmup_neural_replicas`` coldest replicas (default: the ``T = 1`` ones, where the untempered
 proposal fits) take neural sweeps and the others single-site sweeps. With the untempered proposal at every
