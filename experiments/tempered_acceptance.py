@@ -94,6 +94,7 @@ def run_instance(name: str, args: argparse.Namespace) -> dict[str, Any]:
             adapt=False,
             tempered_proposals=tempered,
             neural_replicas=None,  # every temperature's block acceptance
+            tempered_tables=None,  # each temperature's own powered rows
         )
         MCMC(kernel, num_samples=args.samples, warmup_steps=args.warmup, disable_progbar=True).run()
         diagnostics = kernel.diagnostics()

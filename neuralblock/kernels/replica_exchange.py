@@ -164,15 +164,39 @@ def _acceptance(delta: np.ndarray) -> np.ndarray:
     return np.exp(np.minimum(delta, 0.0))
 
 
-def _exchange(
+def swap_replicas(
     states: Tensor,
     log_p: Tensor,
     beta: Tensor,
     parity: int,
     zeros: Tensor | None = None,
     log_zero: Tensor | None = None,
+    log_ratios: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`swap_replicas` with each attempted pair's log acceptance ratio ``delta [P, K]`` (NaN made ``-inf``)."""
+    """Propose swaps of neighbouring replicas ``(r, r + 1)`` with ``r % 2 == parity``, for every ensemble.
+
+    Args:
+        states: ``[R, K, n]`` replica states of ``K`` ensembles.
+        log_p: ``[R, K]`` untempered log densities of the states.
+        beta: ``[R]`` inverse temperatures.
+        parity: 0 for the pairs (1, 2), (3, 4), ... (0-based (0, 1), (2, 3), ...), 1 for the others.
+        zeros: ``[R, K]`` the states' numbers of zero table entries; with it, ``log_p`` holds the
+            finite parts ``F`` and replica ``r`` targets ``exp(beta_r (F + log_zero[r] Z))``.
+        log_zero: ``[R]`` each replica's log-potential of a zero entry (``-inf``: the model itself).
+
+        log_ratios: return each attempted pair's log acceptance ratio ``delta`` (NaN made ``-inf``) instead of its
+            probability ``exp(min(delta, 0))``.
+
+    Returns:
+        The states and log densities after the swaps, and each attempted pair's acceptance
+        probability ``[P, K]`` (pairs ``parity, parity + 2, ...``; ``log_ratios``: its log ratio).
+
+    Example:
+        >>> states = torch.tensor([[[0.0]], [[1.0]]])  # two replicas, one ensemble
+        >>> new, log_p, prob = swap_replicas(states, torch.tensor([[-5.0], [0.0]]), torch.tensor([1.0, 0.5]), 0)
+        >>> new.flatten().tolist(), prob.tolist()  # the colder replica takes the likelier state
+        ([1.0, 0.0], [[1.0]])
+    """
     replicas = states.shape[0]
     first = torch.arange(parity, replicas - 1, 2, device=states.device)
     if len(first) == 0:
@@ -194,40 +218,7 @@ def _exchange(
     order[second] = torch.where(accept, first[:, None], second[:, None])
     states = states.gather(0, order[..., None].expand_as(states))
     log_p = log_p.gather(0, order)
-    return states, log_p, delta
-
-
-def swap_replicas(
-    states: Tensor,
-    log_p: Tensor,
-    beta: Tensor,
-    parity: int,
-    zeros: Tensor | None = None,
-    log_zero: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Propose swaps of neighbouring replicas ``(r, r + 1)`` with ``r % 2 == parity``, for every ensemble.
-
-    Args:
-        states: ``[R, K, n]`` replica states of ``K`` ensembles.
-        log_p: ``[R, K]`` untempered log densities of the states.
-        beta: ``[R]`` inverse temperatures.
-        parity: 0 for the pairs (1, 2), (3, 4), ... (0-based (0, 1), (2, 3), ...), 1 for the others.
-        zeros: ``[R, K]`` the states' numbers of zero table entries; with it, ``log_p`` holds the
-            finite parts ``F`` and replica ``r`` targets ``exp(beta_r (F + log_zero[r] Z))``.
-        log_zero: ``[R]`` each replica's log-potential of a zero entry (``-inf``: the model itself).
-
-    Returns:
-        The states and log densities after the swaps, and each attempted pair's acceptance
-        probability ``[P, K]`` (pairs ``parity, parity + 2, ...``).
-
-    Example:
-        >>> states = torch.tensor([[[0.0]], [[1.0]]])  # two replicas, one ensemble
-        >>> new, log_p, prob = swap_replicas(states, torch.tensor([[-5.0], [0.0]]), torch.tensor([1.0, 0.5]), 0)
-        >>> new.flatten().tolist(), prob.tolist()  # the colder replica takes the likelier state
-        ([1.0, 0.0], [[1.0]])
-    """
-    states, log_p, delta = _exchange(states, log_p, beta, parity, zeros, log_zero)
-    return states, log_p, delta.clamp(max=0.0).exp()
+    return states, log_p, delta if log_ratios else delta.clamp(max=0.0).exp()
 
 
 class ReplicaExchange(GraphKernel):
@@ -576,7 +567,7 @@ class ReplicaExchange(GraphKernel):
         log_p = log_p.to(self.device).double()
         count = None if zeros is None else zeros.log_joint(flat_states, check=False).reshape(log_p.shape).to(log_p)
         on_device = None if log_zero is None else log_zero.to(self.device)
-        replicas, _, delta = _exchange(replicas, log_p, beta, parity, count, on_device)
+        replicas, _, delta = swap_replicas(replicas, log_p, beta, parity, count, on_device, log_ratios=True)
         return replicas, _pair_means(_acceptance(delta.double().cpu().numpy()))
 
     def _swap_compiled(
