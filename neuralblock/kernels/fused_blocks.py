@@ -1134,8 +1134,10 @@ class FusedBlockSweep:
 
         Chains whose ``beta`` is on the ladder (or, with ``log_zero``, whose :class:`SoftZeros`
         entry names a temperature) then read their temperature's rows (proposal and block
-        energies of ``p(x)^beta``: the MH ratio needs no ``beta`` correction). Only fully
-        tabulated dense tables are tempered; otherwise nothing changes and ``False`` is returned.
+        energies of ``p(x)^beta``: the MH ratio needs no ``beta`` correction); without ``log_zero``, a
+        chain between two of ``betas`` reads the hotter one's rows with the correction
+        ``(beta - betas[r]) dE`` (:meth:`_TemperedTables.assign`). Only fully tabulated dense tables are
+        tempered; otherwise nothing changes and ``False`` is returned.
         """
         if self.table.slot is not None or not self.table.prefilled:
             return False

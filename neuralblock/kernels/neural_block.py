@@ -578,8 +578,9 @@ class NeuralBlockKernel(GraphKernel):
         the untempered proposal is too sharp. Each proposal on the fused path with a fully tabulated
         dense table gains one block of rows per temperature
         (:func:`~neuralblock.kernels.fused_blocks.powered_rows`: no network pass); a chain whose
-        :attr:`beta` is one of ``betas`` then reads its temperature's rows (exact MH for
-        ``p(x)^beta`` either way). Returns whether any proposal was tempered.
+        :attr:`beta` is one of ``betas`` then reads its temperature's rows, and one between two of them the
+        hotter one's, its MH ratio corrected by its own ``beta`` (exact MH for ``p(x)^beta`` either way).
+        Returns whether any proposal was tempered.
 
         Args:
             betas: ``[R]`` inverse temperatures (the ladder; rows of :attr:`beta` take these values).
