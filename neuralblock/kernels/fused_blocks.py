@@ -649,7 +649,8 @@ def fused_class_update(
         flat_energy = energy.view(-1)
         table_first = first if key_offset is None else first - key_offset[:, None] * width
         change = flat_energy.take(table_first + proposed) - flat_energy.take(table_first + current)
-        log_alpha = log_alpha + (beta[:, None] - 1) * change
+        gap = beta[:, None] - 1
+        log_alpha = log_alpha + torch.where(gap == 0, torch.zeros_like(change), gap * change)  # (no 0 * -inf)
     if zeros is not None and log_zero is not None:
         flat_zeros = zeros.view(-1)
         gained = flat_zeros.take(first + proposed) - flat_zeros.take(first + current)
@@ -726,7 +727,8 @@ def fused_class_update_numpy(
             flat_energy = energy.reshape(-1)
             shift = 0 if key_offset is None else key_offset[:, None] * width
             change = flat_energy[at_proposed - shift] - flat_energy[at_current - shift]
-            log_alpha = log_alpha + (beta[:, None] - 1) * change
+            gap = beta[:, None] - 1
+            log_alpha = log_alpha + np.where(gap == 0, np.zeros_like(change), gap * change)  # (no 0 * -inf: NaN)
         if zeros is not None and log_zero is not None:
             flat_zeros = zeros.reshape(-1)
             gained = flat_zeros[at_proposed] - flat_zeros[at_current]

@@ -171,7 +171,7 @@ def _block_sweep(
                     below += cdf[key, v] <= u
                 proposed = below if below < n_values else 0  # (the rows end at 1 > u: never all below)
                 log_alpha = log_ratio[key, proposed] - log_ratio[key, current]
-                if energy is not None and beta_m1 is not None:
+                if energy is not None and beta_m1 is not None and beta_m1[k] != 0:  # (no 0 * -inf: NaN)
                     row = table_keys[k]
                     log_alpha = log_alpha + beta_m1[k] * (energy[row, proposed] - energy[row, current])
                 if zeros is not None and log_zero is not None:
