@@ -46,13 +46,18 @@ good as split-merge (:func:`exchangeable_miss_probability`; where the posterior 
 is nearly a draw, and a copy of split-merge misses the target at some sizes by chance) and a one-sided Fisher
 exact test of NB(set) having fewer chains at the mode (:func:`fewer_hits_p_value`).
 
-Split-merge's posterior of M (the reference of the mode and stuck metrics) comes from its chains run
-longer: they continue from the split-merge arm's last states for ``--reference-factor`` times the budget
-more, and the posterior pools each chain's histogram over the second half of its whole run
-(:func:`reference_posterior`). At equal time split-merge's own short chains do not mix between M at the
-larger sizes, and a mode read from them both misses the posterior's and favours the arm it came from.
-Both metrics are also reported against split-merge's short-run posterior (``--reference-factor 0`` makes
-that the reference).
+Split-merge's posterior of M (the reference of the mode and stuck metrics) comes from longer runs of its
+own, independent of every arm (``--reference-start fresh``, the default): ``--chains`` new split-merge chains
+from fresh starts (another generator seed) run for ``1 + --reference-factor`` budgets, and the posterior pools
+each chain's histogram over the second half of its run (:func:`reference_posterior`). At equal time
+split-merge's own short chains do not mix between M at the larger sizes, and a mode read from them both misses
+the posterior's and favours the arm it came from. Until session 42 the reference chains were the split-merge
+arm's own, continued from its last states for ``--reference-factor`` budgets more
+(``--reference-start continued``): a chain that sat at one M went on from there, so the reference still leaned
+towards split-merge's chains (on seed 7, six n = 60 cases, NB's chains were at the mode of long pooled runs 22
+times of 30 and split-merge's 12, while against split-merge's own mode the counts were 12 and 23:
+``experiments/gmm_scale_reference.py``). Both metrics are also reported against split-merge's short-run
+posterior (``--reference-factor 0`` makes that the reference).
 
 Outputs in ``--out/<config hash>/``: ``gmm_scale.json`` (everything, traces included),
 ``gmm_scale.md`` (a row per case and arm, a summary per case and per size) and the plots
@@ -68,6 +73,7 @@ Usage::
     python -m experiments.gmm_scale --workers 2 --old-proposal gmm_pair_set --seed 2  # the two set proposals
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
     python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
+    python -m experiments.gmm_scale --workers 2 --reference-start continued  # the arm's chains continued (< session 42)
     python -m experiments.gmm_scale --rescore experiments/results/gmm_scale/5aa8920ed9  # today's metrics
     python -m experiments.gmm_scale --workers 2 --gibbs-share 0.5  # half of every arm's time in single-site sweeps
 """
@@ -116,6 +122,8 @@ LEVEL_MARGIN = 2.0
 TIE_SE = 2.0
 """Standard errors within which split-merge's chains cannot rank an M below their mode (:func:`chain_spread`)."""
 REFERENCE_SIZE = 16 * 240
+FRESH_SEED_OFFSET = 500_000
+"""Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
 """``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
 
 
@@ -145,8 +153,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--reference-factor", type=float, default=2.0,
-        help="split-merge's reference chains continue for this many budgets more (0: its short runs are the reference)",
+        help="split-merge's reference chains run this many budgets more than an arm (0: its short runs are it)",
     )  # fmt: skip
+    add_choices(
+        parser,
+        reference_start=(
+            ["fresh", "continued"],
+            "split-merge's reference chains: new ones from fresh starts (1 + factor budgets), or the arm's continued",
+        ),
+    )
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
     parser.add_argument(
@@ -387,9 +402,9 @@ def exchangeable_miss_probability(nb_hits: Sequence[int], sm_hits: Sequence[int]
     same rate, set to their pooled frequency (``nb_hits[c]`` and ``sm_hits[c]`` of ``chains`` each; the rate's own
     uncertainty is ignored, so an observed rate of 0 or 1 gives that case no chance of a miss); the two arms'
     totals over the cases are then i.i.d., and the chance that one falls below the other is ``(1 - P(tie)) / 2``,
-    under 1/2. What the model leaves out makes a real miss likelier still: the reference mode comes from
-    split-merge's own chains continued, so its chains are favoured. Near 0 where the mode is certain; about 0.4
-    at 10 chains where the posterior of M is flat and a chain's own mode is nearly a draw.
+    under 1/2. Where the reference mode comes from split-merge's own chains (its short runs, or them continued),
+    what the model leaves out makes a real miss likelier still: its chains are favoured. Near 0 where the mode is
+    certain; about 0.4 at 10 chains where the posterior of M is flat and a chain's own mode is nearly a draw.
 
     Example:
         >>> exchangeable_miss_probability([5, 5], [5, 5], 5), exchangeable_miss_probability([1], [0], 1)
@@ -449,9 +464,9 @@ def joined_chains(first: dict[str, Any], more: dict[str, Any]) -> list[dict[str,
     return joined
 
 
-def reference_posterior(first: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """Split-merge's reference posterior of M: its chains ``first`` continued by ``more``, each chain's
-    histogram over the second half of its whole run, pooled (chains weighted equally).
+def reference_posterior(first: dict[str, Any], more: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Split-merge's reference posterior of M: its chains ``first`` (continued by ``more``, if given), each
+    chain's histogram over the second half of its whole run, pooled (chains weighted equally).
 
     Example:
         >>> first = {"times": [0.0, 1.0], "log_joint": [0.0] * 2, "log_lik": [0.0] * 2, "active": [2.0, 3.0]}
@@ -459,8 +474,11 @@ def reference_posterior(first: dict[str, Any], more: dict[str, Any]) -> dict[str
         >>> ref = reference_posterior(first, more)
         >>> ref["M histograms"], ref["M mode"]
         ([{'3': 1, '4': 2}], 4)
+        >>> reference_posterior(more)["M histograms"]  # fresh chains: their own run
+        [{'4': 2}]
     """
-    hists = [m_histogram(second_half(c["times"], c["active"])) for c in joined_chains(first, more)]
+    chains = chain_traces(first) if more is None else joined_chains(first, more)
+    hists = [m_histogram(second_half(c["times"], c["active"])) for c in chains]
     posterior = pooled_posterior(hists)
     return {"M histograms": hists, "M posterior": posterior, "M mode": posterior_mode(posterior)}
 
@@ -544,7 +562,7 @@ def spread_metrics(result: dict[str, Any], metrics: dict[str, dict[str, Any]]) -
     """Per arm, the mode and stuck metrics that allow for split-merge's between-chain uncertainty.
 
     From the chains' histograms alone (so stored records can be rescored, :func:`rescore`): split-merge's
-    reference chains (its continued chains, else its arm's) give the mode set and upper bounds of
+    reference chains (its longer runs, else its arm's) give the mode set and upper bounds of
     :func:`chain_spread`. A chain counts when its mode is in the mode set; it is stuck when it holds one M
     over the second half whose upper bound is under 0.5 (split-merge's chains put under 0.5 on it beyond
     their spread).
@@ -642,9 +660,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     fg, _, reference = family_gmm(family, m, n, args.seed)
     seconds = run_seconds(m, n, args.seconds, args.max_seconds)
     chains = args.chains
-    start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
-    if chains == 1:
-        start = start[0]
+    start = case_starts(fg, reference["seed"], chains)
 
     def build(label: str) -> GraphKernel:
         mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share or None}
@@ -655,7 +671,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, **mix)
 
     runs: dict[str, list[dict[str, Any]]] = {}
-    continued = args.reference_factor > 0
+    continued = args.reference_factor > 0 and args.reference_start == "continued"
     for label in ARMS:
         keep_final = continued and label == SM
         run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock, keep_final=keep_final)
@@ -667,16 +683,35 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
             run["split_merge_moves"] = sum(diag["proposed"].values())
         runs[label] = [run]
     result = {"m": m, "n": n, "family": family, "seconds": seconds, "reference": reference, "runs": runs}
-    if continued:  # split-merge's reference chains: the arm's chains, continued (not part of any arm's metrics)
-        more_seconds = round(args.reference_factor * seconds, 2)
-        final = runs[SM][0].pop("final")
-        more = run_sampler(build(SM), final, more_seconds, seed=reference["seed"] + 1, clock=args.clock)
-        result["sm_reference"] = {"seconds": more_seconds, "sweeps": more["sweeps"]}
+    if args.reference_factor > 0:  # split-merge's reference chains (not part of any arm's metrics)
+        if continued:  # the arm's chains, continued
+            more_seconds = round(args.reference_factor * seconds, 2)
+            more = run_sampler(build(SM), runs[SM][0].pop("final"), more_seconds, seed=reference["seed"] + 1,
+                               clock=args.clock)  # fmt: skip
+            posterior = reference_posterior(runs[SM][0], more)
+        else:  # new chains from fresh starts: independent of every arm's
+            more_seconds = round((1.0 + args.reference_factor) * seconds, 2)
+            fresh = case_starts(fg, reference["seed"] + FRESH_SEED_OFFSET, chains)
+            more = run_sampler(build(SM), fresh, more_seconds, seed=reference["seed"] + 2, clock=args.clock)
+            posterior = reference_posterior(more)
+        result["sm_reference"] = {"seconds": more_seconds, "sweeps": more["sweeps"], "start": args.reference_start}
         result["sm_reference"]["gibbs_prob"] = more["diagnostics"]["gibbs_prob"]  # (--gibbs-share: its own timing)
-        result["sm_reference"].update(reference_posterior(runs[SM][0], more))
+        result["sm_reference"].update(posterior)
     result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
     runs.update({label: [thin_run(run, args.trace_points)] for label, (run,) in runs.items()})
     return index, result
+
+
+def case_starts(fg: Any, seed: int, chains: int) -> torch.Tensor:
+    """``chains`` random starts of a case's model from ``seed`` (``[n]`` for one chain, else ``[chains, n]``).
+
+    Example:
+        >>> fg, _, _ = family_gmm("overlap", 8, 60)
+        >>> case_starts(fg, 5, 3).shape, case_starts(fg, 5, 1).shape
+        (torch.Size([3, 144]), torch.Size([144]))
+    """
+    start = sequential_init(fg, torch.Generator().manual_seed(seed), chains=chains)
+    return start[0] if chains == 1 else start
 
 
 def arm_acceptance(label: str, diagnostics: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
@@ -702,13 +737,17 @@ def arm_acceptance(label: str, diagnostics: dict[str, Any], args: argparse.Names
 
 
 def planned_seconds(args: argparse.Namespace, m: int, n: int) -> float:
-    """The sampling time one case plans: every arm's budget and split-merge's reference continuation.
+    """The sampling time one case plans: every arm's budget and split-merge's reference chains.
 
     Example:
-        >>> planned_seconds(parse_args(["--seconds", "10"]), 8, 60)
-        60.0
+        >>> planned_seconds(parse_args(["--seconds", "10"]), 8, 60), planned_seconds(parse_args(
+        ...     ["--seconds", "10", "--reference-start", "continued"]), 8, 60)
+        (70.0, 60.0)
     """
-    return (len(ARMS) + args.reference_factor) * run_seconds(m, n, args.seconds, args.max_seconds)
+    reference = args.reference_factor
+    if reference and args.reference_start == "fresh":
+        reference += 1.0
+    return (len(ARMS) + reference) * run_seconds(m, n, args.seconds, args.max_seconds)
 
 
 def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
@@ -979,6 +1018,12 @@ def reference_text(args: argparse.Namespace) -> str:
     """The report's sentence on split-merge's posterior of M, the reference of the mode and stuck metrics."""
     if not args.reference_factor:
         return "Split-merge's posterior of M is its arm's own (the short runs). "
+    if getattr(args, "reference_start", "continued") == "fresh":
+        return (
+            "Split-merge's posterior of M (`SM mode`, `stuck`) is from new split-merge chains, from fresh starts "
+            + f"(independent of every arm), run for {1 + args.reference_factor:g} budgets, over the second half of "
+            + "each run; the columns marked `SM short run` use the arm's own chains instead. "
+        )
     return (
         "Split-merge's posterior of M (`SM mode`, `stuck`) is from its chains continued from the arm's last "
         + f"states for {args.reference_factor:g} budgets more, over the second half of each whole run; the "
@@ -1087,7 +1132,8 @@ def rescore(folder: str | Path) -> dict[str, Any]:
                 metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a gmm_scale record: {error}") from error
-    args = parse_args(["--gibbs-share", "0"])  # (a record without the option ran at --gibbs-prob)
+    # (a record without these options ran at --gibbs-prob, its reference chains continued)
+    args = parse_args(["--gibbs-share", "0", "--reference-start", "continued"])
     vars(args).update(config)
     record["targets"] = size_targets(results)
     write_json(path, record)

@@ -79,9 +79,10 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
                 continue
             for chain in chain_traces(run):
                 assert chain["log_joint"][0] < true - 100 and max(chain["log_joint"]) > true - 60
-        # split-merge's reference: its two chains continued for one budget more (--quick's factor)
+        # split-merge's reference: two new chains from fresh starts for 1 + 1 budgets (--quick's factor)
         ref = result["sm_reference"]
-        assert ref["seconds"] == result["seconds"] and ref["sweeps"] >= 1 and len(ref["M histograms"]) == 2
+        assert ref["start"] == "fresh" and ref["seconds"] == 2 * result["seconds"]
+        assert ref["sweeps"] >= 1 and len(ref["M histograms"]) == 2
         assert sum(ref["M posterior"].values()) == pytest.approx(1.0)
         assert ref["M mode"] == bench.posterior_mode(ref["M posterior"])
     assert [t["m"] for t in record["targets"]] == [8, 12]
@@ -344,6 +345,23 @@ def test_reference_chains_continue_from_the_last_state() -> None:
     assert len(ref["M histograms"]) == 2 and sum(ref["M posterior"].values()) == pytest.approx(1.0)
     with pytest.raises(SystemExit):
         bench.parse_args(["--reference-factor", "-1"])
+
+
+def test_fresh_reference_chains_start_apart_from_the_arms(tmp_path: Path) -> None:
+    """Split-merge's reference chains: new ones from other starts (default), or the arm's continued."""
+    fg, _, reference = family_gmm("overlap", 8, 60)
+    arms = bench.case_starts(fg, reference["seed"], 2)
+    fresh = bench.case_starts(fg, reference["seed"] + bench.FRESH_SEED_OFFSET, 2)
+    assert not torch.equal(arms, fresh)
+    assert torch.equal(arms, bench.case_starts(fg, reference["seed"], 2))  # a case's starts are its seed's
+    argv = ["--quick", "--mixtures", "8", "--families", "overlap", "--seconds", "0.3", "--max-seconds", "0.3"]
+    record = bench.main([*argv, "--reference-start", "continued", "--out", str(tmp_path)])
+    (result,) = record["results"]
+    ref = result["sm_reference"]
+    assert ref["start"] == "continued" and ref["seconds"] == result["seconds"]  # --quick: one budget more
+    assert record["config"]["reference_start"] == "continued"
+    (folder,) = list(tmp_path.iterdir())
+    assert "continued from the arm's last states" in (folder / "gmm_scale.md").read_text()
 
 
 def test_doctests() -> None:
