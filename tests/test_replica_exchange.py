@@ -157,8 +157,12 @@ def test_tempered_rows_hold_the_powered_proposal_and_the_tempered_energy() -> No
     assert torch.equal(tempered.cdf[:rows], table.cdf)  # beta = 1: the kernel's own table
     assert torch.allclose(tempered.log_ratio[:rows], table.log_ratio)
     beta = torch.tensor([1.0, 1.0, 1 / 3, 1 / 3, 1 / 7, 1 / 7]).float()
-    assert tempered.offsets(beta).tolist() == [0, 0, rows, rows, 2 * rows, 2 * rows]
-    assert tempered.offsets(torch.tensor([0.5]).float()) is None  # off the ladder: untempered path
+    assigned = tempered.assign(beta)
+    assert assigned is not None and assigned[0].tolist() == [0, 0, rows, rows, 2 * rows, 2 * rows]
+    assert torch.equal(assigned[1], tempered.betas.repeat_interleave(2))  # on the ladder: no correction
+    between = tempered.assign(torch.tensor([0.5]).float())  # between T = 1 and 3: the hotter table's rows
+    assert between is not None and between[0].tolist() == [rows] and between[1].tolist() == pytest.approx([1 / 3])
+    assert tempered.assign(torch.tensor([0.1]).float()) is None  # hotter than every table: untempered path
 
 
 def test_hot_rows_of_a_sharp_proposal_draw_every_possible_block_value() -> None:

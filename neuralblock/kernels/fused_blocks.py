@@ -751,13 +751,6 @@ class _TemperedTables(NamedTuple):
     rows: int
     log_zero: Tensor | None = None  # per temperature: the zero entries' log-potential (SoftZeros)
 
-    def offsets(self, beta: Tensor) -> Tensor | None:
-        """Each chain's first row (``[K]``), or ``None`` when some chain's ``beta`` is not on the ladder."""
-        match = beta.to(self.betas)[:, None] == self.betas[None, :]
-        if not bool(match.any(1).all()):
-            return None
-        return match.to(torch.long).argmax(1) * self.rows
-
     def assign(self, beta: Tensor) -> tuple[Tensor, Tensor] | None:
         """Each chain's table, the coldest at or above its temperature: first rows ``[K]`` and the tables' ``beta``.
 
@@ -812,7 +805,7 @@ def powered_rows(table: BlockTable, betas: Tensor, log_zero: Tensor | None = Non
         >>> found = q.motif.find_instances(fg)
         >>> table = BlockTable(fg, q, found, BlockTableEnergy(fg, found.blocks, [2, 2]), torch.device("cpu"))
         >>> hot = powered_rows(table, torch.tensor([1.0, 0.5]))
-        >>> bool(torch.allclose(hot.cdf[:1], table.cdf)), hot.cdf.shape[0], hot.offsets(torch.tensor([0.5])).tolist()
+        >>> bool(torch.allclose(hot.cdf[:1], table.cdf)), hot.cdf.shape[0], hot.assign(torch.tensor([0.5]))[0].tolist()
         (True, 2, [1])
     """
     if table.slot is not None or not table.prefilled:
