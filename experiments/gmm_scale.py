@@ -558,8 +558,19 @@ def case_metrics(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return metrics
 
 
+def total_variation(p: Mapping[str, float], q: Mapping[str, float]) -> float:
+    """The total-variation distance ``0.5 sum_M |p(M) - q(M)|`` between two posteriors of M (keys: M as text).
+
+    Example:
+        >>> total_variation({"3": 0.5, "4": 0.5}, {"4": 0.75, "5": 0.25})
+        0.5
+    """
+    return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
+
+
 def spread_metrics(result: dict[str, Any], metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per arm, the mode and stuck metrics that allow for split-merge's between-chain uncertainty.
+    """Per arm, the mode and stuck metrics that allow for split-merge's between-chain uncertainty, and the
+    total-variation distance of the arm's pooled posterior of M from split-merge's reference posterior.
 
     From the chains' histograms alone (so stored records can be rescored, :func:`rescore`): split-merge's
     reference chains (its longer runs, else its arm's) give the mode set and upper bounds of
@@ -572,13 +583,18 @@ def spread_metrics(result: dict[str, Any], metrics: dict[str, dict[str, Any]]) -
         >>> met = spread_metrics({}, {label: {"M histograms": h} for label, h in hists.items()})
         >>> met[NB_SET]["chains with mode in SM mode set"], met[NB_SET]["stuck beyond SM spread"]
         (1, [False, True])
+        >>> met[NB_SET]["TV to SM reference"]  # NB's 8: 1/2, 7: 1/2 against split-merge's 6: 1/2, 8: 1/2
+        0.5
     """
     reference = result.get("sm_reference")
-    spread = chain_spread(reference["M histograms"] if reference else metrics[SM]["M histograms"])
+    reference_hists = reference["M histograms"] if reference else metrics[SM]["M histograms"]
+    spread = chain_spread(reference_hists)
+    reference_posterior_m = pooled_posterior(reference_hists)
     out = {}
     for label, met in metrics.items():
         hists = met["M histograms"]
         out[label] = {
+            "TV to SM reference": total_variation(pooled_posterior(hists), reference_posterior_m),
             "SM mode set": spread["mode set"],
             "chains with mode in SM mode set": sum(posterior_mode(h) in spread["mode set"] for h in hists),
             "stuck beyond SM spread": [len(h) == 1 and spread["upper"].get(next(iter(h)), 0.0) < 0.5 for h in hists],
@@ -881,9 +897,32 @@ def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"chains mode in it ({names})": _per_arm(met, "chains with mode in SM mode set", arms),
                 f"stuck ({names})": _per_arm(met, "stuck", arms),
                 f"stuck beyond SM spread ({names})": _per_arm(met, "stuck beyond SM spread", arms),
+                f"TV to SM reference ({names})": " / ".join(f"{met[a]['TV to SM reference']:.2f}" for a in arms),
             }
         )
     return rows
+
+
+def distance_text(results: list[dict[str, Any]]) -> str:
+    """The report's line on each arm's median total-variation distance from split-merge's reference posterior of M.
+
+    Example:
+        >>> met = {a: {"TV to SM reference": tv} for a, tv in ((NB_SET, 0.1), (SM, 0.3))}
+        >>> text = distance_text([{"m": 12, "metrics": met}, {"m": 8, "metrics": met}])
+        >>> text.startswith("Median over the 1 cases"), text.endswith("posterior: NB(set) 0.10, SM 0.30.")
+        (True, True)
+    """
+    cases = [r for r in results if r["m"] >= 12]
+    arms = [a for a in ARMS if cases and a in cases[0]["metrics"]]
+    if not arms or "TV to SM reference" not in cases[0]["metrics"][arms[0]]:
+        return ""
+    medians = [
+        f"{RATIO_NAMES[a]} {lower_median(r['metrics'][a]['TV to SM reference'] for r in cases):.2f}" for a in arms
+    ]
+    return (
+        f"Median over the {len(cases)} cases with m >= 12 of the total-variation distance of each arm's pooled "
+        + f"posterior of M from split-merge's reference posterior: {', '.join(medians)}."
+    )
 
 
 def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1092,7 +1131,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
         + "`P(miss) as good as SM`: the chance that a sampler whose chains reach the reference mode as often as "
         + "split-merge's (per case, the two arms' rate pooled) has fewer chains there than split-merge, i.e. misses "
         + "the mode target by chance (`exchangeable_miss_probability`); `fewer at mode: p`: a one-sided Fisher exact "
-        + "test that NB(set) has fewer. "
+        + "test that NB(set) has fewer. `TV to SM reference`: the total-variation distance of an arm's pooled "
+        + "posterior of M from the reference's (where the reference's chains did not mix, its own noise too). "
         + "`M changes`: the median over chains of the fraction of transitions that change M. Acceptance: NB's "
         + "proposal, split-merge's per move, Gibbs's copy-set moves. The model weighs its active mixtures equally, "
         + "so where the clusters' sizes differ (`unequal`, `scaled`) its posterior favours more mixtures than the "
@@ -1105,7 +1145,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
         ("Targets per size (NB(set); worst over the size's cases)", size_targets(results)),
     ]
     body = "".join(f"\n\n## {title}\n\n" + markdown_table(rows, list(rows[0])) for title, rows in sections)
-    body += "\n" + mode_target_text(sections[-1][1])
+    body += "\n" + mode_target_text(sections[-1][1]) + "\n\n" + distance_text(results)
     plots = "\n\n![log joint](gmm_scale_logjoint.png)\n\n![active mixtures](gmm_scale_active.png)\n"
     title = " vs ".join(RATIO_NAMES[label] for label in ARMS if label in report_arms(results))
     return f"# Open-universe GMMs at scale: {title}\n\n" + setup + body + plots

@@ -58,6 +58,9 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
             assert sum(met["M posterior"].values()) == pytest.approx(1.0)
             assert len(met["stuck"]) == len(met["M change fraction"]) == len(met["times to level"]) == 2
             assert all(0.0 <= f <= 1.0 for f in met["M change fraction"])
+            reference = result["sm_reference"]["M posterior"]  # (the distance of the arm's posterior of M from it)
+            assert met["TV to SM reference"] == pytest.approx(bench.total_variation(met["M posterior"], reference))
+            assert 0.0 <= met["TV to SM reference"] <= 1.0
         assert all(s == starts[0] for s in starts)  # every arm from the same two starts
         gibbs = result["runs"][bench.GIBBS][0]  # single-site sweeps only: no move of split-merge's was made
         assert gibbs["gibbs_prob"] == 1.0 and gibbs["split_merge_moves"] == 0
@@ -89,6 +92,7 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
     assert saved["config"]["arms"] == list(bench.ARMS)
     text = (folder / "gmm_scale.md").read_text()
     assert "NB(set)/Gibbs" in text and "worst NB(set)/Gibbs" in text and "(SM / set / old / Gibbs)" in text
+    assert "TV to SM reference (SM / set / old / Gibbs)" in text and "total-variation distance" in text
     for heading in ("## Per case and arm", "## Per case", "## Targets per size"):
         assert heading in text
     for name in ("gmm_scale_logjoint.png", "gmm_scale_active.png"):
