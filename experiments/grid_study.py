@@ -458,7 +458,7 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
             final = sum(r[arm]["errors"][-1] for r in runs) / len(runs)
             median = sorted(hit)[(len(hit) - 1) // 2] if len(hit) == len(runs) else None
             cells.append(f"{final:.4f} / {_seconds(median)} ({len(hit)}/{len(runs)})")
-        comparison, final_comparison = "-", "-"
+        comparison, final_comparison = "- | -", "-"
         if "RE-NB" in arms and "RE-Gibbs" in arms:
             finals = [[r[a]["errors"][-1] for r in runs] for a in ("RE-NB", "RE-Gibbs")]
             final_gap, final_se, final_p = paired_difference(*finals)
@@ -468,10 +468,13 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
             nb, gibbs = censored_pairs(runs, times["RE-NB"], times["RE-Gibbs"], ("RE-NB", "RE-Gibbs"))
             gap, gap_se, p_value = paired_difference(nb, gibbs)
             comparison = _signed(gap, gap_se, p_value)
+            needed = seeds_for_power(gap, gap_se, len(runs))
+            comparison += f" | {'-' if needed is None else needed}"
             entry["replica_summary"] = {
                 "re_nb_minus_re_gibbs_seconds": gap,
                 "se": gap_se,
                 "p_value": p_value,
+                "seeds_for_power": needed,
                 "final_error_difference": final_gap,
                 "final_error_se": final_se,
                 "final_error_p_value": final_p,
@@ -499,10 +502,13 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
         "`-` unless every seed got there) (seeds that got there). `RE-NB - RE-Gibbs`: mean paired difference of "
         "those times, both cut at the seed's common end (the shorter run; a run that never got there counts that "
         "end, so a seed where neither did is a tie), +- SE, paired t-test p; `final error`: the same for the "
-        "errors at the end of the equal sampling budget.",
+        f"errors at the end of the equal sampling budget. `seeds for {POWER:.0%} power`: the seeds a paired t-test "
+        f"needs to find the observed mean difference at p < 0.05 with that power, were it the true one and the "
+        "seeds' spread the true spread (`-`: no difference; over 1000 counts as `-` too).",
         "",
-        "| instance | " + " | ".join(arms) + " | RE-NB - RE-Gibbs (s) | final error RE-NB - RE-Gibbs |",
-        "|---|" + "---|" * (len(arms) + 2),
+        "| instance | " + " | ".join(arms) + f" | RE-NB - RE-Gibbs (s) | seeds for {POWER:.0%} power "
+        "| final error RE-NB - RE-Gibbs |",
+        "|---|" + "---|" * (len(arms) + 3),
         *rows,
         "",
         _replica_summary(named, "UAI instances", level, reached_all, faster, slower, lower, higher),
@@ -527,6 +533,8 @@ def _replica_summary(names: list[str], kind: str, level: float, *lists: list[str
 
 
 NB_ARMS = ("NB+Gibbs", "RE-NB")
+POWER = 0.8
+"""The power of the seeds-needed column of the replica-exchange table (:func:`seeds_for_power`)."""
 
 
 def gradient_table(record: dict, seconds: float, seeds: int) -> str:
@@ -642,6 +650,30 @@ def paired_difference(nb: list[float], gibbs: list[float]) -> tuple[float, float
     se = float(gaps.std() / math.sqrt(len(gaps)))
     p_value = 2 * student_t_sf(abs(float(gaps.mean())) / se, len(gaps) - 1) if se > 0 else None
     return float(gaps.mean()), se, p_value
+
+
+def seeds_for_power(
+    gap: float, se: float | None, seeds: int, power: float = POWER, alpha: float = 0.05, most: int = 1000
+) -> int | None:
+    """The seeds a two-sided paired t-test at ``alpha`` needs to detect a mean difference ``gap`` with ``power``.
+
+    The observed spread over ``seeds`` seeds (``se * sqrt(seeds)``) is taken as the true one, and the power
+    read from the noncentral t distribution. ``None`` without a difference or a spread, or beyond ``most``.
+
+    Example:
+        >>> seeds_for_power(-1.0, 0.2, 5), seeds_for_power(-0.1, 0.2, 5), seeds_for_power(0.0, 0.2, 5)
+        (4, 159, None)
+    """
+    if se is None or not se > 0 or gap == 0:
+        return None
+    from scipy import stats  # (a dev dependency, as the studies')
+
+    effect = abs(gap) / (se * math.sqrt(seeds))
+    for count in range(2, most + 1):
+        critical, shift = stats.t.ppf(1 - alpha / 2, count - 1), effect * math.sqrt(count)
+        if stats.nct.sf(critical, count - 1, shift) + stats.nct.cdf(-critical, count - 1, shift) >= power:
+            return count
+    return None
 
 
 def _signed(value: float, se: float | None, p_value: float | None) -> str:

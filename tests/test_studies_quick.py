@@ -52,6 +52,8 @@ def test_grid_study_replica_exchange_arms(tmp_path: Path) -> None:
     assert run["RE-NB"]["diagnostics"]["tempered_proposals"]
     assert len(run["RE-NB"]["diagnostics"]["temperatures"]) == 4
     assert "re_nb_faster_than_re_gibbs" in record and "times_to_level" in record["instances"]["nd-bn-6"]
+    assert "| seeds for 80% power |" in (folder / "grid_study.md").read_text()
+    assert record["instances"]["nd-bn-6"]["replica_summary"]["seeds_for_power"] is None  # one seed: no spread
 
 
 def test_grid_study_gradient_sampler_arms(tmp_path: Path) -> None:
@@ -97,3 +99,27 @@ def test_grid_study_fresh_tori_and_replica_options() -> None:
     options = study.parse_args(["--replicas", "4"])
     assert study.make_kernel("RE-NB", fresh, proposal, options).warmup_neural_replicas == 1  # the kernel's own
     assert study.make_kernel("RE-Gibbs", fresh, proposal, options).proposals is None
+
+
+def test_seeds_for_power_follow_the_t_test() -> None:
+    """The seeds-needed column: a difference the observed seeds already find needs no more; a smaller one needs more."""
+    from scipy import stats
+
+    study = load("grid_study")
+    gaps = torch.tensor([-1.1, -0.8, -1.4, -0.9, -1.3], dtype=torch.float64)  # p about 1e-4 over 5 seeds
+    mean, se, p_value = study.paired_difference(gaps.tolist(), [0.0] * 5)
+    assert p_value is not None and p_value < 0.01
+    needed = study.seeds_for_power(mean, se, 5)
+    assert needed is not None and needed <= 5
+    # at the count it returns the power reaches 80%, one seed fewer it does not (noncentral t, two-sided 0.05)
+    small = study.seeds_for_power(mean / 4, se, 5)
+    assert small is not None and small > needed
+    effect = abs(mean / 4) / (se * 5**0.5)
+
+    def power(count: int) -> float:
+        critical, shift = stats.t.ppf(0.975, count - 1), effect * count**0.5
+        return stats.nct.sf(critical, count - 1, shift) + stats.nct.cdf(-critical, count - 1, shift)
+
+    assert power(small) >= 0.8 > power(small - 1)
+    assert study.seeds_for_power(0.0, se, 5) is None and study.seeds_for_power(mean, None, 1) is None
+    assert study.seeds_for_power(mean / 1000, se, 5) is None  # beyond 1000 seeds
