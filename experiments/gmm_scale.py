@@ -106,6 +106,7 @@ from motifs.gmm_pair import GmmPairMotif, gmm_graph
 from neuralblock import NeuralBlockKernel
 from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
+from neuralblock.graph import FactorGraph
 from neuralblock.kernels.base import GraphKernel, sequential_init
 from neuralblock.kernels.split_merge import SplitMergeGMM
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
@@ -122,9 +123,9 @@ LEVEL_MARGIN = 2.0
 TIE_SE = 2.0
 """Standard errors within which split-merge's chains cannot rank an M below their mode (:func:`chain_spread`)."""
 REFERENCE_SIZE = 16 * 240
+"""``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
 FRESH_SEED_OFFSET = 500_000
 """Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
-"""``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
 
 
 # ------------------------------------------------------------------------------ options
@@ -589,7 +590,7 @@ def spread_metrics(result: dict[str, Any], metrics: dict[str, dict[str, Any]]) -
     reference = result.get("sm_reference")
     reference_hists = reference["M histograms"] if reference else metrics[SM]["M histograms"]
     spread = chain_spread(reference_hists)
-    reference_posterior_m = pooled_posterior(reference_hists)
+    reference_posterior_m = reference["M posterior"] if reference else pooled_posterior(reference_hists)
     out = {}
     for label, met in metrics.items():
         hists = met["M histograms"]
@@ -710,7 +711,9 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
             fresh = case_starts(fg, reference["seed"] + FRESH_SEED_OFFSET, chains)
             more = run_sampler(build(SM), fresh, more_seconds, seed=reference["seed"] + 2, clock=args.clock)
             posterior = reference_posterior(more)
+        starts = [c["log_joint"][0] for c in chain_traces(more)]  # (the record of where its chains began)
         result["sm_reference"] = {"seconds": more_seconds, "sweeps": more["sweeps"], "start": args.reference_start}
+        result["sm_reference"]["start log joints"] = starts
         result["sm_reference"]["gibbs_prob"] = more["diagnostics"]["gibbs_prob"]  # (--gibbs-share: its own timing)
         result["sm_reference"].update(posterior)
     result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
@@ -718,7 +721,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     return index, result
 
 
-def case_starts(fg: Any, seed: int, chains: int) -> torch.Tensor:
+def case_starts(fg: FactorGraph, seed: int, chains: int) -> torch.Tensor:
     """``chains`` random starts of a case's model from ``seed`` (``[n]`` for one chain, else ``[chains, n]``).
 
     Example:
@@ -908,19 +911,23 @@ def distance_text(results: list[dict[str, Any]]) -> str:
 
     Example:
         >>> met = {a: {"TV to SM reference": tv} for a, tv in ((NB_SET, 0.1), (SM, 0.3))}
-        >>> text = distance_text([{"m": 12, "metrics": met}, {"m": 8, "metrics": met}])
-        >>> text.startswith("Median over the 1 cases"), text.endswith("posterior: NB(set) 0.10, SM 0.30.")
+        >>> reference = {"seconds": 1.0}  # (a reference run: split-merge's own distance counts)
+        >>> text = distance_text([{"m": 12, "metrics": met, "sm_reference": reference}, {"m": 8, "metrics": met}])
+        >>> text.startswith("Lower median over the 1 cases"), text.endswith("posterior: NB(set) 0.10, SM 0.30.")
         (True, True)
+        >>> distance_text([{"m": 12, "metrics": met}]).endswith("posterior: NB(set) 0.10.")  # no reference run: no SM
+        True
     """
     cases = [r for r in results if r["m"] >= 12]
-    arms = [a for a in ARMS if cases and a in cases[0]["metrics"]]
-    if not arms or "TV to SM reference" not in cases[0]["metrics"][arms[0]]:
+    # (without a reference run split-merge's own posterior is the reference: its distance is 0 by construction)
+    arms = [a for a in ARMS if cases and a in cases[0]["metrics"] and (a != SM or cases[0].get("sm_reference"))]
+    if not arms:
         return ""
     medians = [
         f"{RATIO_NAMES[a]} {lower_median(r['metrics'][a]['TV to SM reference'] for r in cases):.2f}" for a in arms
     ]
     return (
-        f"Median over the {len(cases)} cases with m >= 12 of the total-variation distance of each arm's pooled "
+        f"Lower median over the {len(cases)} cases with m >= 12 of the total-variation distance of each arm's pooled "
         + f"posterior of M from split-merge's reference posterior: {', '.join(medians)}."
     )
 
@@ -1057,7 +1064,7 @@ def reference_text(args: argparse.Namespace) -> str:
     """The report's sentence on split-merge's posterior of M, the reference of the mode and stuck metrics."""
     if not args.reference_factor:
         return "Split-merge's posterior of M is its arm's own (the short runs). "
-    if getattr(args, "reference_start", "continued") == "fresh":
+    if args.reference_start == "fresh":
         return (
             "Split-merge's posterior of M (`SM mode`, `stuck`) is from new split-merge chains, from fresh starts "
             + f"(independent of every arm), run for {1 + args.reference_factor:g} budgets, over the second half of "
@@ -1187,6 +1194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.rescore:
         return rescore(args.rescore)
     unset = ("gibbs_share",) if not args.gibbs_share else ("gibbs_prob",)  # (earlier runs keep their folders)
+    unset += ("reference_start",) if args.reference_start == "continued" else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))

@@ -468,7 +468,8 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
             nb, gibbs = censored_pairs(runs, times["RE-NB"], times["RE-Gibbs"], ("RE-NB", "RE-Gibbs"))
             gap, gap_se, p_value = paired_difference(nb, gibbs)
             comparison = _signed(gap, gap_se, p_value)
-            needed = seeds_for_power(gap, gap_se, len(runs))
+            censored = any(t is None for arm in ("RE-NB", "RE-Gibbs") for t in times[arm])  # (t-test: not valid)
+            needed = None if censored else seeds_for_power(gap, gap_se, len(runs))
             comparison += f" | {'-' if needed is None else needed}"
             entry["replica_summary"] = {
                 "re_nb_minus_re_gibbs_seconds": gap,
@@ -503,8 +504,9 @@ def replica_table(record: dict, seconds: float, seeds: int) -> str:
         "those times, both cut at the seed's common end (the shorter run; a run that never got there counts that "
         "end, so a seed where neither did is a tie), +- SE, paired t-test p; `final error`: the same for the "
         f"errors at the end of the equal sampling budget. `seeds for {POWER:.0%} power`: the seeds a paired t-test "
-        f"needs to find the observed mean difference at p < 0.05 with that power, were it the true one and the "
-        "seeds' spread the true spread (`-`: no difference; over 1000 counts as `-` too).",
+        f"needs to find the observed mean difference (either sign) at p < 0.05 with that power, were it the true one "
+        "and the seeds' spread the true spread: a restatement of the observed t, not a forecast (`-`: one seed, no "
+        "difference, a seed of either arm that never got there, or over 1000).",
         "",
         "| instance | " + " | ".join(arms) + f" | RE-NB - RE-Gibbs (s) | seeds for {POWER:.0%} power "
         "| final error RE-NB - RE-Gibbs |",

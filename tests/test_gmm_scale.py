@@ -85,6 +85,8 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
         # split-merge's reference: two new chains from fresh starts for 1 + 1 budgets (--quick's factor)
         ref = result["sm_reference"]
         assert ref["start"] == "fresh" and ref["seconds"] == 2 * result["seconds"]
+        assert len(ref["start log joints"]) == 2  # its chains began elsewhere than every arm's
+        assert all(a != b for a, b in zip(ref["start log joints"], starts[0], strict=True))
         assert ref["sweeps"] >= 1 and len(ref["M histograms"]) == 2
         assert sum(ref["M posterior"].values()) == pytest.approx(1.0)
         assert ref["M mode"] == bench.posterior_mode(ref["M posterior"])
@@ -317,16 +319,23 @@ def test_rescore_rewrites_a_stored_run(quick: tuple[dict[str, Any], Path], tmp_p
     stripped = json.loads(json.dumps(saved))
     for result in stripped["results"]:
         for met in result["metrics"].values():
-            for key in ("SM mode set", "chains with mode in SM mode set", "stuck beyond SM spread"):
+            for key in (
+                "SM mode set",
+                "chains with mode in SM mode set",
+                "stuck beyond SM spread",
+                "TV to SM reference",
+            ):
                 del met[key]
     del stripped["targets"]
+    del stripped["config"]["reference_start"]  # (the records before session 42: continued reference chains)
     (tmp_path / "gmm_scale.json").write_text(json.dumps(stripped))
     record = bench.main(["--rescore", str(tmp_path)])
     assert record["targets"] == saved["targets"]
     for before, after in zip(saved["results"], record["results"]):
         assert after["metrics"] == before["metrics"]
     assert json.loads((tmp_path / "gmm_scale.json").read_text())["targets"] == saved["targets"]
-    assert "mode-set target" in (tmp_path / "gmm_scale.md").read_text()
+    text = (tmp_path / "gmm_scale.md").read_text()
+    assert "mode-set target" in text and "continued from the arm's last states" in text and "TV to SM reference" in text
     (tmp_path / "gmm_scale.json").write_text('{"results": []}')
     with pytest.raises(ValueError, match="not a gmm_scale record"):
         bench.rescore(tmp_path)
@@ -363,7 +372,7 @@ def test_fresh_reference_chains_start_apart_from_the_arms(tmp_path: Path) -> Non
     (result,) = record["results"]
     ref = result["sm_reference"]
     assert ref["start"] == "continued" and ref["seconds"] == result["seconds"]  # --quick: one budget more
-    assert record["config"]["reference_start"] == "continued"
+    assert "reference_start" not in record["config"]  # (continued runs keep the configuration of the runs before it)
     (folder,) = list(tmp_path.iterdir())
     assert "continued from the arm's last states" in (folder / "gmm_scale.md").read_text()
 

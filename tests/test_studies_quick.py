@@ -106,7 +106,7 @@ def test_seeds_for_power_follow_the_t_test() -> None:
     from scipy import stats
 
     study = load("grid_study")
-    gaps = torch.tensor([-1.1, -0.8, -1.4, -0.9, -1.3], dtype=torch.float64)  # p about 1e-4 over 5 seeds
+    gaps = torch.tensor([-1.1, -0.8, -1.4, -0.9, -1.3], dtype=torch.float64)  # p about 7e-4 over 5 seeds
     mean, se, p_value = study.paired_difference(gaps.tolist(), [0.0] * 5)
     assert p_value is not None and p_value < 0.01
     needed = study.seeds_for_power(mean, se, 5)
@@ -123,3 +123,5 @@ def test_seeds_for_power_follow_the_t_test() -> None:
     assert power(small) >= 0.8 > power(small - 1)
     assert study.seeds_for_power(0.0, se, 5) is None and study.seeds_for_power(mean, None, 1) is None
     assert study.seeds_for_power(mean / 1000, se, 5) is None  # beyond 1000 seeds
+    # textbook sample sizes of a two-sided paired t-test at 80% power: effect 0.5 -> 34, 0.8 -> 15, 1.0 -> 10
+    assert [study.seeds_for_power(d, 1 / 2, 4) for d in (0.5, 0.8, 1.0)] == [34, 15, 10]  # (spread se sqrt(4) = 1)
