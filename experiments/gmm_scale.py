@@ -124,6 +124,8 @@ TIE_SE = 2.0
 """Standard errors within which split-merge's chains cannot rank an M below their mode (:func:`chain_spread`)."""
 REFERENCE_SIZE = 16 * 240
 """``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
+TIME_DIGITS = 6
+"""Decimals of the seconds kept in a stored trace (microseconds: the metrics are computed before, from every record)."""
 FRESH_SEED_OFFSET = 500_000
 """Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
 
@@ -606,8 +608,9 @@ def spread_metrics(result: dict[str, Any], metrics: dict[str, dict[str, Any]]) -
 def thin_run(run: dict[str, Any], points: int) -> dict[str, Any]:
     """A :func:`~experiments.gmm_models.run_sampler` record cut to at most ``points`` records (``points >= 4``).
 
-    It keeps evenly spaced and log-spaced records (the early climb), the first and the last, so the
-    record of a long run stays small; ``sweeps`` still counts every transition.
+    It keeps evenly spaced and log-spaced records (the early climb), the first and the last, with the times
+    to the microsecond (:data:`TIME_DIGITS`), so the record of a long run stays small; ``sweeps`` still counts
+    every transition.
 
     Example:
         >>> run = {"times": [0.0, 1.0, 2.0, 3.0, 4.0], "log_joint": [5.0, 6.0, 7.0, 8.0, 9.0], "sweeps": 4}
@@ -618,11 +621,11 @@ def thin_run(run: dict[str, Any], points: int) -> dict[str, Any]:
     """
     count = len(run["times"])
     if count <= points:
-        return run
+        return {**run, "times": [round(t, TIME_DIGITS) for t in run["times"]]}
     even = torch.linspace(0, count - 1, points // 2).round().long().tolist()
     logs = torch.logspace(0, math.log10(count - 1), points - points // 2).round().long().tolist()
     keep = sorted({0, count - 1, *even, *logs})
-    thinned = {**run, "times": [run["times"][i] for i in keep]}
+    thinned = {**run, "times": [round(run["times"][i], TIME_DIGITS) for i in keep]}
     for key in ("log_joint", "log_lik", "active"):
         trace = run[key]
         chains = trace if trace and isinstance(trace[0], list) else None
