@@ -705,12 +705,12 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     result = {"m": m, "n": n, "family": family, "seconds": seconds, "reference": reference, "runs": runs}
     if args.reference_factor > 0:  # split-merge's reference chains (not part of any arm's metrics)
         if continued:  # the arm's chains, continued
-            more_seconds = round(args.reference_factor * seconds, 2)
+            more_seconds = round(reference_budgets(args) * seconds, 2)
             more = run_sampler(build(SM), runs[SM][0].pop("final"), more_seconds, seed=reference["seed"] + 1,
                                clock=args.clock)  # fmt: skip
             posterior = reference_posterior(runs[SM][0], more)
         else:  # new chains from fresh starts: independent of every arm's
-            more_seconds = round((1.0 + args.reference_factor) * seconds, 2)
+            more_seconds = round(reference_budgets(args) * seconds, 2)
             fresh = case_starts(fg, reference["seed"] + FRESH_SEED_OFFSET, chains)
             more = run_sampler(build(SM), fresh, more_seconds, seed=reference["seed"] + 2, clock=args.clock)
             posterior = reference_posterior(more)
@@ -766,10 +766,20 @@ def planned_seconds(args: argparse.Namespace, m: int, n: int) -> float:
         ...     ["--seconds", "10", "--reference-start", "continued"]), 8, 60)
         (70.0, 60.0)
     """
-    reference = args.reference_factor
-    if reference and args.reference_start == "fresh":
-        reference += 1.0
-    return (len(ARMS) + reference) * run_seconds(m, n, args.seconds, args.max_seconds)
+    return (len(ARMS) + reference_budgets(args)) * run_seconds(m, n, args.seconds, args.max_seconds)
+
+
+def reference_budgets(args: argparse.Namespace) -> float:
+    """How many run budgets split-merge's reference chains take: ``1 + factor`` from fresh starts, ``factor``
+    continued (the arm's own budget came first), 0 without reference chains.
+
+    Example:
+        >>> reference_budgets(parse_args([])), reference_budgets(parse_args(["--reference-start", "continued"]))
+        (3.0, 2.0)
+    """
+    if not args.reference_factor:
+        return 0.0
+    return args.reference_factor + (1.0 if args.reference_start == "fresh" else 0.0)
 
 
 def run_cases(args: argparse.Namespace, cases: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
