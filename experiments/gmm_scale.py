@@ -164,6 +164,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ["fresh", "continued"],
             "split-merge's reference chains: new ones from fresh starts (1 + factor budgets), or the arm's continued",
         ),
+        nb_cover=(
+            ["rounds", "every"],
+            "the NB arms' neural sweeps: one round of disjoint pairs (the kernel's default), or every pair",
+        ),
     )
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
@@ -688,7 +692,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
             return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0)
         if label == SM:
             return SplitMergeGMM(fg, chains=chains, **mix)
-        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, **mix)
+        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, cover=args.nb_cover == "rounds", **mix)
 
     runs: dict[str, list[dict[str, Any]]] = {}
     continued = args.reference_factor > 0 and args.reference_start == "continued"
@@ -1111,6 +1115,22 @@ def mixing_text(args: argparse.Namespace) -> str:
     )
 
 
+def cover_text(args: argparse.Namespace) -> str:
+    """The report's words on what one neural sweep of the NB arms visits (``--nb-cover``).
+
+    Example:
+        >>> cover_text(parse_args(["--nb-cover", "every"]))
+        'each neural sweep of the NB arms visits every pair of mixtures (m (m - 1) / 2 pair moves)'
+    """
+    if args.nb_cover == "every":
+        return "each neural sweep of the NB arms visits every pair of mixtures (m (m - 1) / 2 pair moves)"
+    return (
+        "each neural sweep of the NB arms is one round of a round-robin tournament over the mixtures (m / 2 "
+        + "disjoint pairs, each mixture in one; every pair once in m - 1 rounds, taken in turn: the kernel's "
+        + "default, `cover=None`)"
+    )
+
+
 def gibbs_arm_text(results: list[dict[str, Any]]) -> str:
     """The report's words on the Gibbs arm, where the record has it (else nothing).
 
@@ -1132,9 +1152,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
     arms_mixing = "the other arms " if GIBBS in report_arms(results) else ""
     setup = (
         f"Arms: `{NB_SET}` (`{args.proposal}`, {sources[NB_SET]}), `{SM}`, `{NB_OLD}` (`{args.old_proposal}`, "
-        + f"{sources[NB_OLD]}){gibbs_arm_text(results)}; {arms_mixing}{mixing_text(args)}; in every arm each "
-        + "single-site sweep ends with the copy-set moves (`MixtureCopyMoves`, the kernels' default). Each run is "
-        + f"one kernel of {args.chains} vectorized "
+        + f"{sources[NB_OLD]}){gibbs_arm_text(results)}; {arms_mixing}{mixing_text(args)}; {cover_text(args)}; in "
+        + "every arm each single-site sweep ends with the copy-set moves (`MixtureCopyMoves`, the kernels' "
+        + f"default). Each run is one kernel of {args.chains} vectorized "
         + f"chains, every arm from the same {args.chains} starts, for {args.seconds:g} s of {clock} scaled by "
         + f"sqrt(m n / 3840) above 16 x 240 (at most {args.max_seconds:g} s); {args.threads} thread(s). Every "
         + "chain counts as a run. The robust level is split-merge's lower median over chains of the mean log "
@@ -1192,8 +1212,8 @@ def rescore(folder: str | Path) -> dict[str, Any]:
                 metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a gmm_scale record: {error}") from error
-    # (a record without these options ran at --gibbs-prob, its reference chains continued)
-    args = parse_args(["--gibbs-share", "0", "--reference-start", "continued"])
+    # (a record without these options ran at --gibbs-prob, its reference chains continued, NB's sweeps every pair)
+    args = parse_args(["--gibbs-share", "0", "--reference-start", "continued", "--nb-cover", "every"])
     vars(args).update(config)
     record["targets"] = size_targets(results)
     write_json(path, record)
@@ -1208,6 +1228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return rescore(args.rescore)
     unset = ("gibbs_share",) if not args.gibbs_share else ("gibbs_prob",)  # (earlier runs keep their folders)
     unset += ("reference_start",) if args.reference_start == "continued" else ()
+    unset += ("nb_cover",) if args.nb_cover == "every" else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))

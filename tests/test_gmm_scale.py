@@ -377,6 +377,28 @@ def test_fresh_reference_chains_start_apart_from_the_arms(tmp_path: Path) -> Non
     assert "continued from the arm's last states" in (folder / "gmm_scale.md").read_text()
 
 
+@pytest.mark.parametrize("cover", ["rounds", "every"])
+def test_nb_cover_sets_the_nb_arms_sweeps(cover: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--nb-cover``: one round of disjoint pairs per neural sweep (default), or every pair (the runs before)."""
+    built = []
+
+    class Recorded(bench.NeuralBlockKernel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if "cover" in kwargs:  # (the warm-up's kernel takes the default)
+                built.append(kwargs["cover"])
+
+    monkeypatch.setattr(bench, "NeuralBlockKernel", Recorded)
+    argv = ["--quick", "--mixtures", "8", "--families", "overlap", "--seconds", "0.2", "--max-seconds", "0.2"]
+    record = bench.main([*argv, "--reference-factor", "0", "--nb-cover", cover, "--out", str(tmp_path)])
+    assert built == [cover == "rounds"] * 2  # the two NB arms
+    assert ("nb_cover" in record["config"]) == (cover == "rounds")  # (runs with every pair keep their folders)
+    (folder,) = list(tmp_path.iterdir())
+    text = (folder / "gmm_scale.md").read_text()
+    assert ("one round of a round-robin tournament" in text) == (cover == "rounds")
+    assert ("visits every pair of mixtures" in text) == (cover == "every")
+
+
 def test_doctests() -> None:
     """experiments/ is outside the doctest paths of the pytest config, so the examples run here."""
     result = doctest.testmod(bench)

@@ -66,6 +66,7 @@ __all__ = [
     "mixture_layout",
     "mixture_pair_step",
     "pair_context",
+    "pair_rounds",
     "step_constants",
     "supports_fused_mixture",
 ]
@@ -185,6 +186,39 @@ def mixture_layout(fg: FactorGraph, motif: Motif, instances: MotifInstances) -> 
         p,
         _bit_log_odds(fg, group),
     )
+
+
+def pair_rounds(pairs: Tensor) -> list[Tensor] | None:
+    """Rounds of a round-robin tournament over the mixtures: covers of disjoint pairs that hold each pair once.
+
+    ``pairs [P, 2]`` are the mixture indices of each instance. Where they are every unordered pair of
+    ``m`` mixtures once, the circle method splits them into ``m - 1`` rounds (``m`` when ``m`` is odd) in which
+    each mixture is in one pair (one mixture sits out when ``m`` is odd), each round in instance order. Greedy
+    covers (:func:`~neuralblock.kernels.neural_block.disjoint_covers`) need more covers, and visit some pairs
+    more often than others, where ``m`` is not a power of two (at ``m = 12``: 15 covers holding 90 pairs for 66).
+
+    Returns:
+        Instance indices of each round, or ``None`` where ``pairs`` are not all pairs of ``m`` mixtures once.
+
+    Example:
+        >>> rounds = pair_rounds(torch.tensor([[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]))
+        >>> [r.tolist() for r in rounds]
+        [[2, 3], [1, 4], [0, 5]]
+    """
+    if pairs.dim() != 2 or pairs.shape[1] != 2 or len(pairs) == 0:
+        return None
+    low, high = pairs.min(1).values, pairs.max(1).values
+    m = int(high.max()) + 1
+    index = {(int(a), int(b)): k for k, (a, b) in enumerate(zip(low.tolist(), high.tolist()))}
+    if len(index) != len(pairs) or len(pairs) != m * (m - 1) // 2 or int(low.min()) < 0 or bool((low == high).any()):
+        return None
+    seats = m + m % 2  # an odd number of mixtures gets a sitting-out seat (its pairs are skipped)
+    rounds = []
+    for r in range(seats - 1):
+        ring = [(r, seats - 1)] + [((r + k) % (seats - 1), (r - k) % (seats - 1)) for k in range(1, seats // 2)]
+        members = [index[(min(a, b), max(a, b))] for a, b in ring if max(a, b) < m]
+        rounds.append(torch.tensor(sorted(members), dtype=torch.long))
+    return rounds
 
 
 def _bit_log_odds(fg: FactorGraph, group: GaussianMixtureGroup) -> Tensor:
@@ -413,16 +447,24 @@ class FusedMixtureSweep:
         proposal: the ``gmm_pair`` proposal.
         instances: the proposal's instances in sweep order.
         window: pairs per step and chain (``None``: from the recent acceptance rate).
+        offsets: ``[C + 1]`` the first instance of each class (each cover's classes are consecutive), for
+            sweeps of a range of classes (a cover); ``None``: one instance per class.
     """
 
     default_candidates: CandidateOptions | None = CandidateOptions()
     default_reuse: bool = True
 
     def __init__(
-        self, fg: FactorGraph, proposal: NeuralBlockProposal, instances: MotifInstances, window: int | None = None
+        self,
+        fg: FactorGraph,
+        proposal: NeuralBlockProposal,
+        instances: MotifInstances,
+        window: int | None = None,
+        offsets: Tensor | None = None,
     ) -> None:
         self.proposal = proposal
         self.window = window
+        self.offsets = torch.arange(len(instances) + 1) if offsets is None else offsets.cpu()
         self.compile_seconds = 0.0  # the compiled sweep's first call of each argument layout
         # CPU sweeps of gmm_pair_set proposals run the compiled loop of :mod:`~neuralblock.kernels.jit_mixture`
         # (where Numba is installed); False keeps the eager steps
@@ -464,18 +506,23 @@ class FusedMixtureSweep:
             return min(self.window, cap)
         return speculative_width(self.rate, cap, _SLOT_COST * chains)
 
-    def sweep(self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
-        """Decide every pair of every chain once, in sweep order.
+    def sweep(
+        self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None, classes: tuple[int, int] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Decide every pair of every chain once, in sweep order (or the pairs of the classes ``first..last - 1``).
 
         Returns:
             The states, accepted pairs per chain ``[K]``, the non-finite count and the pairs decided
             (the pairs proposed but not decided are in :attr:`discarded`).
         """
-        chains, total = state.shape[0], len(self.layout.pairs)
+        chains = state.shape[0]
+        first, total = 0, len(self.layout.pairs)
+        if classes is not None:  # (total: the end of the range)
+            first, total = int(self.offsets[classes[0]]), int(self.offsets[classes[1]])
         self.discarded = 0
         if self._compiled_for(state):
-            return self._compiled_sweep(state, beta)
-        position = torch.zeros(chains, dtype=torch.long)
+            return self._compiled_sweep(state, beta, first, total)
+        position = torch.full((chains,), first, dtype=torch.long)
         accepted = torch.zeros(chains, dtype=torch.long)
         nonfinite = torch.zeros((), dtype=torch.long)
         with torch.no_grad():
@@ -502,7 +549,7 @@ class FusedMixtureSweep:
                 decided = int(step.consumed.sum())
                 if decided:  # the width follows the rate of pairs that end a step
                     self.rate = 0.9 * self.rate + 0.1 * float(step.ended.sum()) / decided
-        return state, accepted, nonfinite, chains * total
+        return state, accepted, nonfinite, chains * (total - first)
 
     def _compiled_for(self, state: Tensor) -> bool:
         """Whether this sweep takes the compiled loop: Numba on, a ``gmm_pair_set`` network, a CPU float state."""
@@ -515,14 +562,17 @@ class FusedMixtureSweep:
             and not state.requires_grad
         )
 
-    def _compiled_sweep(self, state: Tensor, beta: Tensor | None) -> tuple[Tensor, Tensor, Tensor, int]:
-        """:meth:`sweep` by :func:`~neuralblock.kernels.jit_mixture.mixture_pair_sweep`: each pair once, in order.
+    def _compiled_sweep(
+        self, state: Tensor, beta: Tensor | None, first: int, last: int
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
+        """:meth:`sweep` by :func:`~neuralblock.kernels.jit_mixture.mixture_pair_sweep`: pairs ``first..last - 1``
+        once, in order.
 
         Every chain decides its pairs one after another (no speculation: nothing proposed is discarded).
         """
         network = cast(MixtureNetwork, self.network)
-        chains, total = state.shape[0], len(self.layout.pairs)
-        slots = np.ascontiguousarray(np.broadcast_to(np.arange(total, dtype=np.int64), (chains, total)))
+        chains, total = state.shape[0], last - first
+        slots = np.ascontiguousarray(np.broadcast_to(np.arange(first, last, dtype=np.int64), (chains, total)))
         valid = np.ones((chains, total), dtype=np.bool_)
         draws = draw_pairs(chains, total, network.components, self.layout.values.shape[1])
         out = state.detach().clone().contiguous()

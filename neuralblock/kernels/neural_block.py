@@ -45,7 +45,7 @@ from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, speculative_width
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
 from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_fused_continuous
-from neuralblock.kernels.fused_mixture import FusedMixtureSweep, supports_fused_mixture
+from neuralblock.kernels.fused_mixture import FusedMixtureSweep, mixture_layout, pair_rounds, supports_fused_mixture
 from neuralblock.kernels.fused_sampled import FusedSampledSweep, supports_fused_sampled
 from neuralblock.kernels.gibbs import SoftZeros, resolve_compile
 from neuralblock.kernels.single_site import SingleSiteSweep
@@ -367,8 +367,14 @@ class NeuralBlockKernel(GraphKernel):
             each variable then lies in four overlapping windows). A cover sweep costs a fraction of a
             full one and moves each of its blocks' variables once (on a 10x10 grid the four tilings hold
             100, 80, 80 and 64 of them); each is an exact MH kernel, so any order of them leaves the
-            target invariant. Covers run on the fused block path and the general path (``True`` refuses
-            other paths; ``"auto"`` uses covers where they run and every instance elsewhere).
+            target invariant. Covers run on the fused block and mixture paths and the general path (``True``
+            refuses other paths; ``"auto"`` uses covers where they run and every instance elsewhere). On the
+            mixture path a cover is a round of a round-robin tournament (:func:`~neuralblock.kernels.fused_mixture.
+            pair_rounds`): ``m / 2`` disjoint pairs, each mixture in one, all pairs once in ``m - 1`` rounds.
+            ``None`` (the default): rounds on the mixture path and every instance elsewhere. A GMM's pairs are
+            ``m (m - 1) / 2`` moves that each read every point, so a sweep of them all costs about ``1.5 (m - 1)``
+            single-site sweeps (about 45 at ``m = 32``) and ``gibbs_prob`` would weigh them far above the
+            single-site sweeps; a round costs about as much as one.
         copy_moves: on an open-universe GMM, end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
@@ -393,15 +399,15 @@ class NeuralBlockKernel(GraphKernel):
         device: str | torch.device | None = None,
         compile: bool | str = "auto",
         fused: bool = True,
-        cover: bool | str = False,
+        cover: bool | str | None = None,
         copy_moves: bool = True,
         gibbs_share: float | None = None,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self.use_fused = bool(fused)
-        if not isinstance(cover, bool) and cover != "auto":
-            raise TypeError(f"cover must be True, False or 'auto', got {cover!r}")
+        if not isinstance(cover, bool) and cover not in ("auto", None):
+            raise TypeError(f"cover must be True, False, 'auto' or None, got {cover!r}")
         self.cover = cover
         self.cover_classes: list[list[tuple[int, int]]] = []  # per proposal: each cover's classes (first, last)
         if isinstance(proposals, NeuralBlockProposal):
@@ -468,14 +474,19 @@ class NeuralBlockKernel(GraphKernel):
                 path = FusedContinuousSweep
             elif self.use_fused and supports_fused_mixture(fg, motif, instances):
                 path = FusedMixtureSweep
-            covers = path in (None, FusedBlockSweep) and self.cover is not False
+            cover = self.cover if self.cover is not None else path is FusedMixtureSweep  # (None: rounds of pairs)
+            covers = path in (None, FusedBlockSweep, FusedMixtureSweep) and cover is not False
             if self.cover is True and not covers:
                 raise ValueError(
                     f"cover=True: proposal {motif.name} takes the {path.__name__ if path else ''} path, which "
-                    "updates every instance in a sweep; covers run on the fused block path and the general path "
-                    "(cover='auto' uses them where they run)"
+                    "updates every instance in a sweep; covers run on the fused block and mixture paths and the "
+                    "general path (cover='auto' uses them where they run)"
                 )
-            colouring, bounds = self._colour(fg, instances, covers)
+            cover_sets = None
+            if covers and len(instances):  # a mixture's pairs: round-robin rounds, each mixture in one pair
+                rounds = pair_rounds(mixture_layout(fg, motif, instances).pairs) if path is FusedMixtureSweep else None
+                cover_sets = rounds or disjoint_covers(instances.blocks)
+            colouring, bounds = self._colour(fg, instances, cover_sets)
             self.cover_classes.append(bounds)
             sizes = torch.tensor([len(members) for members in colouring], dtype=torch.long)
             order = torch.cat(colouring) if colouring else torch.zeros(0, dtype=torch.long)
@@ -489,7 +500,7 @@ class NeuralBlockKernel(GraphKernel):
             elif path is FusedContinuousSweep:
                 fused = FusedContinuousSweep(fg, proposal, ordered, offsets, self.device, self.compile)
             elif path is FusedMixtureSweep:
-                fused = FusedMixtureSweep(fg, proposal, ordered, self.window)
+                fused = FusedMixtureSweep(fg, proposal, ordered, self.window, offsets)
             self.fused.append(fused)
             classes, sweep = [], None
             if fused is None:
@@ -537,12 +548,14 @@ class NeuralBlockKernel(GraphKernel):
                 )
 
     @staticmethod
-    def _colour(fg: FactorGraph, instances: MotifInstances, cover: bool) -> tuple[list[Tensor], list[tuple[int, int]]]:
-        """Colour classes of the instances (cover by cover with ``cover``) and each cover's ``(first, last)`` class."""
-        covers = disjoint_covers(instances.blocks) if cover and len(instances) else [None]
+    def _colour(
+        fg: FactorGraph, instances: MotifInstances, covers: list[Tensor] | None
+    ) -> tuple[list[Tensor], list[tuple[int, int]]]:
+        """Colour classes of the instances (cover by cover, given ``covers``); each cover's ``(first, last)`` class."""
         colouring: list[Tensor] = []
         bounds = []
-        for members in covers:
+        every: list[Tensor | None] = [None]
+        for members in covers or every:
             blocks = instances.blocks if members is None else instances.blocks[members]
             reads = instances.context if members is None else instances.context[members]
             classes = fg.color_blocks(blocks, reads=reads)
@@ -721,6 +734,10 @@ class NeuralBlockKernel(GraphKernel):
                 if isinstance(fused, FusedBlockSweep):
                     state, per_chain, nonfinite, proposed = fused.sweep(
                         fg, state, beta, soft, classes if len(bounds) > 1 else None
+                    )
+                elif isinstance(fused, FusedMixtureSweep):
+                    state, per_chain, nonfinite, proposed = fused.sweep(
+                        fg, state, beta, classes if len(bounds) > 1 else None
                     )
                 else:
                     state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
