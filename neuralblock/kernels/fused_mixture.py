@@ -434,6 +434,9 @@ def _energy_change(
 class FusedMixtureSweep:
     """The ``gmm_pair`` proposal's pairs on the fused path: one sweep visits every pair of every chain once.
 
+    Or the pairs of a range of classes (``sweep(..., classes=)``): the kernel's covers, rounds of disjoint pairs
+    (:func:`pair_rounds`), are consecutive classes.
+
     The compiled sweep (:mod:`~neuralblock.kernels.jit_mixture`) mixes data-refined candidates into each
     pair's proposal on models of at least ``candidates.min_points`` points (:attr:`candidates`, default
     :attr:`default_candidates`; ``None``: the network alone) and reuses a pair's proposal for the later pairs
