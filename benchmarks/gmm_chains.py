@@ -94,7 +94,8 @@ def build(fg: FactorGraph, start: torch.Tensor, arm: str, chains: int) -> tuple[
     begin = time.perf_counter()
     kernel: Any
     if arm in ("nb", "nb_general"):
-        kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair")], gibbs_prob=0.0, chains=chains, fused=arm == "nb")
+        proposals = [load_pretrained("gmm_pair")]  # every pair per sweep, on both paths (the kernel's default: a round)
+        kernel = NeuralBlockKernel(fg, proposals, gibbs_prob=0.0, chains=chains, fused=arm == "nb", cover=False)
     else:
         kernel = SplitMergeGMM(fg, gibbs_prob=0.0 if arm == "split_merge" else 1.0, chains=chains)
     kernel.initial_params = {"x": start if chains == 1 else start.expand(chains, -1).clone()}

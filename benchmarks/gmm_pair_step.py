@@ -87,7 +87,7 @@ def time_sweep(
         fused_mixture.FusedMixtureSweep.default_reuse = False
     fg, _, reference = family_gmm(family, m, n)
     start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
-    kernel = NeuralBlockKernel(fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains)
+    kernel = NeuralBlockKernel(fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains, cover=False)  # all pairs
     kernel.initial_params = {"x": start}
     kernel.setup(0)
     torch.manual_seed(0)

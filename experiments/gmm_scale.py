@@ -692,7 +692,9 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
             return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0)
         if label == SM:
             return SplitMergeGMM(fg, chains=chains, **mix)
-        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, cover=args.nb_cover == "rounds", **mix)
+        return NeuralBlockKernel(
+            fg, proposals=[_WORKER[label]], chains=chains, cover=None if args.nb_cover == "rounds" else False, **mix
+        )
 
     runs: dict[str, list[dict[str, Any]]] = {}
     continued = args.reference_factor > 0 and args.reference_start == "continued"

@@ -3,6 +3,8 @@ speculative per-chain batches keep the exact open-universe GMM posterior."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyro
 import pytest
 import torch
@@ -237,17 +239,18 @@ def test_pair_rounds_hold_every_pair_once_and_each_mixture_once_per_round(m: int
 def test_pair_rounds_refuse_sets_that_are_not_every_pair_once() -> None:
     assert pair_rounds(torch.tensor([[0, 1], [0, 2]])) is None  # (1, 2) missing
     assert pair_rounds(torch.tensor([[0, 1], [1, 0], [0, 2], [1, 2]])) is None  # (0, 1) twice
-    assert pair_rounds(torch.tensor([[0, 0], [0, 1], [1, 1]])) is None  # a mixture paired with itself
+    assert pair_rounds(torch.tensor([[0, 1], [0, 2], [1, 1]])) is None  # a mixture paired with itself
     assert pair_rounds(torch.zeros(0, 2, dtype=torch.long)) is None
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_a_cover_sweep_decides_one_round_of_disjoint_pairs(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_neural_sweep_decides_the_next_round_of_disjoint_pairs(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if not compiled:
         monkeypatch.setattr(fused_mixture, "NUMBA", False)
     fg = _graph(m=6, n=20, seed=5)
-    proposal = load_pretrained("gmm_pair_copies")
-    kernel = NeuralBlockKernel(fg, [proposal], gibbs_prob=0.0, chains=3, cover=True)
+    kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], gibbs_prob=0.0, chains=3)  # default: rounds
     kernel.initial_params = {
         "x": torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(3)])
     }
@@ -255,14 +258,52 @@ def test_a_cover_sweep_decides_one_round_of_disjoint_pairs(compiled: bool, monke
     sweep = kernel.fused[0]
     assert isinstance(sweep, FusedMixtureSweep) and sweep._compiled_for(kernel.initial_params["x"]) == compiled
     assert len(kernel.cover_classes[0]) == 5  # 15 pairs of 6 mixtures in 5 rounds of 3
-    rounds = [sweep.layout.pairs[int(sweep.offsets[a]) : int(sweep.offsets[b])] for a, b in kernel.cover_classes[0]]
+    spans = [(int(sweep.offsets[a]), int(sweep.offsets[b])) for a, b in kernel.cover_classes[0]]
+    rounds = [sweep.layout.pairs[a:b] for a, b in spans]
     assert all(len(r) == 3 and len(r.unique()) == 6 for r in rounds)
     assert len(torch.cat(rounds).sort(1).values.unique(dim=0)) == 15
+    decided: list[tuple[int, set[int]]] = []  # (transition, pair rows handed to the sweep's steps)
+
+    def recorded(step: Any, slot_of: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            slots, valid = slot_of(args)
+            rows = {int(p) for p in torch.as_tensor(slots)[torch.as_tensor(valid)].reshape(-1)}
+            if decided and decided[-1][0] == kernel._transitions:
+                decided[-1][1].update(rows)
+            else:
+                decided.append((kernel._transitions, rows))
+            return step(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(
+        fused_mixture, "mixture_pair_sweep", recorded(fused_mixture.mixture_pair_sweep, lambda a: a[1:3])
+    )
+    monkeypatch.setattr(fused_mixture, "mixture_pair_step", recorded(fused_mixture.mixture_pair_step, lambda a: a[3:5]))
     pyro.set_rng_seed(0)
     params = kernel.initial_params
     for _ in range(7):
         params = kernel.sample(params)
+    assert [t for t, _ in decided] == list(range(7))
+    for t, rows in decided:  # the rounds in turn, each round's pairs once
+        a, b = spans[t % 5]
+        assert rows == set(range(a, b))
     assert kernel._proposed[0] == 7 * 3 * 3  # 7 sweeps of one round each (3 pairs) in 3 chains
+
+
+def test_the_default_takes_rounds_on_the_mixture_path_only() -> None:
+    fg = _graph(m=6, n=20, seed=5)
+    for fused, covers in ((True, 5), (False, 1)):  # the general path: every pair per sweep
+        kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.0, fused=fused)
+        kernel.initial_params = {"x": gmm_initial_state(fg)}
+        kernel.setup(0)
+        assert isinstance(kernel.fused[0], FusedMixtureSweep) == fused and len(kernel.cover_classes[0]) == covers
+    kernel = NeuralBlockKernel(fg, [_proposal()], gibbs_prob=0.0, cover=False)
+    kernel.initial_params = {"x": gmm_initial_state(fg)}
+    kernel.setup(0)
+    assert len(kernel.cover_classes[0]) == 1
+    with pytest.raises(TypeError, match="cover must be"):
+        NeuralBlockKernel(fg, [_proposal()], cover="rounds")
 
 
 @pytest.mark.parametrize(("compiled", "gibbs_prob"), [(True, 0.0), (True, 0.3), (False, 0.0)])

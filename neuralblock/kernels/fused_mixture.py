@@ -497,14 +497,16 @@ class FusedMixtureSweep:
             self._constants[dtype] = step_constants(self.layout, dtype)
         return self._constants[dtype]
 
-    def _width(self, chains: int) -> int:
+    def _width(self, chains: int, remaining: int | None = None) -> int:
         """Pairs per chain and step: ``window``, or :func:`speculative_width` of the recent acceptance rate.
 
         A step's cost grows with ``chains x w`` (per pair) on top of a fixed part (the calls), so the
-        best width shrinks as chains are added. Capped so the step's temporaries stay bounded.
+        best width shrinks as chains are added. Capped so the step's temporaries stay bounded, and at the
+        most pairs a chain has ``remaining`` in its sweep (default: all pairs).
         """
         points, means = self.layout.values.shape[0], self.layout.mean_ids.shape[0]
-        cap = max(1, min(len(self.layout.pairs), _MAX_SLOT_ENTRIES // max(chains * points * means, 1)))
+        left = len(self.layout.pairs) if remaining is None else remaining
+        cap = max(1, min(left, _MAX_SLOT_ENTRIES // max(chains * points * means, 1)))
         if self.window is not None:
             return min(self.window, cap)
         return speculative_width(self.rate, cap, _SLOT_COST * chains)
@@ -519,27 +521,27 @@ class FusedMixtureSweep:
             (the pairs proposed but not decided are in :attr:`discarded`).
         """
         chains = state.shape[0]
-        first, total = 0, len(self.layout.pairs)
-        if classes is not None:  # (total: the end of the range)
-            first, total = int(self.offsets[classes[0]]), int(self.offsets[classes[1]])
+        first, last = 0, len(self.layout.pairs)
+        if classes is not None:
+            first, last = int(self.offsets[classes[0]]), int(self.offsets[classes[1]])
         self.discarded = 0
         if self._compiled_for(state):
-            return self._compiled_sweep(state, beta, first, total)
+            return self._compiled_sweep(state, beta, first, last)
         position = torch.full((chains,), first, dtype=torch.long)
         accepted = torch.zeros(chains, dtype=torch.long)
         nonfinite = torch.zeros((), dtype=torch.long)
         with torch.no_grad():
-            while bool((position < total).any()):
-                live = (position < total).nonzero().squeeze(1)  # chains that finished their sweep wait
+            while bool((position < last).any()):
+                live = (position < last).nonzero().squeeze(1)  # chains that finished their sweep wait
                 every = len(live) == chains
-                width = self._width(len(live))
+                width = self._width(len(live), int((last - position[live]).max()))
                 slots = position[live, None] + torch.arange(width)
-                valid = slots < total
+                valid = slots < last
                 step = mixture_pair_step(
                     state if every else state[live],
                     self.proposal,
                     self.layout,
-                    slots.clamp(max=total - 1),
+                    slots.clamp(max=last - 1),
                     valid,
                     None if beta is None else (beta if every else beta[live]),
                     self.constants(state.dtype),
@@ -552,7 +554,7 @@ class FusedMixtureSweep:
                 decided = int(step.consumed.sum())
                 if decided:  # the width follows the rate of pairs that end a step
                     self.rate = 0.9 * self.rate + 0.1 * float(step.ended.sum()) / decided
-        return state, accepted, nonfinite, chains * (total - first)
+        return state, accepted, nonfinite, chains * (last - first)
 
     def _compiled_for(self, state: Tensor) -> bool:
         """Whether this sweep takes the compiled loop: Numba on, a ``gmm_pair_set`` network, a CPU float state."""

@@ -369,12 +369,13 @@ class NeuralBlockKernel(GraphKernel):
             100, 80, 80 and 64 of them); each is an exact MH kernel, so any order of them leaves the
             target invariant. Covers run on the fused block and mixture paths and the general path (``True``
             refuses other paths; ``"auto"`` uses covers where they run and every instance elsewhere). On the
-            mixture path a cover is a round of a round-robin tournament (:func:`~neuralblock.kernels.fused_mixture.
-            pair_rounds`): ``m / 2`` disjoint pairs, each mixture in one, all pairs once in ``m - 1`` rounds.
+            mixture path a cover is a round of a round-robin tournament
+            (:func:`~neuralblock.kernels.fused_mixture.pair_rounds`): ``m / 2`` disjoint pairs, each mixture in
+            one, all pairs once in ``m - 1`` rounds (with ``fused=False``: :func:`disjoint_covers`).
             ``None`` (the default): rounds on the mixture path and every instance elsewhere. A GMM's pairs are
             ``m (m - 1) / 2`` moves that each read every point, so a sweep of them all costs tens of single-site
             sweeps at ``n = 1000`` (21-55 at ``m = 16-32``) and ``gibbs_prob`` would weigh them far above the
-            single-site sweeps; a round costs 2-4.5 (the GMM benchmark at scale, every size).
+            single-site sweeps; a round costs a few (2-4.5 on the GMM benchmark at scale, seed 13).
         copy_moves: on an open-universe GMM, end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
