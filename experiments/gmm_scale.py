@@ -125,6 +125,8 @@ TIE_SE = 2.0
 REFERENCE_SIZE = 16 * 240
 """``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
 TIME_DIGITS = 6
+# log joints and likelihoods in a stored trace (the metrics are computed before, from every record)
+LOG_DIGITS = 2
 """Decimals of the seconds kept in a stored trace (microseconds: the metrics are computed before, from every record)."""
 FRESH_SEED_OFFSET = 500_000
 """Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
@@ -613,27 +615,28 @@ def thin_run(run: dict[str, Any], points: int) -> dict[str, Any]:
     """A :func:`~experiments.gmm_models.run_sampler` record cut to at most ``points`` records (``points >= 4``).
 
     It keeps evenly spaced and log-spaced records (the early climb), the first and the last, with the times
-    to the microsecond (:data:`TIME_DIGITS`), so the record of a long run stays small; ``sweeps`` still counts
-    every transition.
+    to the microsecond (:data:`TIME_DIGITS`), the log joints and likelihoods to 0.01 nats (:data:`LOG_DIGITS`) and
+    M as a whole number, so the record of a long run stays small; ``sweeps`` still counts every transition.
 
     Example:
         >>> run = {"times": [0.0, 1.0, 2.0, 3.0, 4.0], "log_joint": [5.0, 6.0, 7.0, 8.0, 9.0], "sweeps": 4}
         >>> run = {**run, "log_lik": run["log_joint"], "active": [[1.0, 2.0, 2.0, 3.0, 3.0]] * 2}
         >>> small = thin_run(run, 4)
         >>> small["times"], small["active"], small["sweeps"]
-        ([0.0, 1.0, 4.0], [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], 4)
+        ([0.0, 1.0, 4.0], [[1, 2, 3], [1, 2, 3]], 4)
     """
     count = len(run["times"])
-    if count <= points:
-        return {**run, "times": [round(t, TIME_DIGITS) for t in run["times"]]}
-    even = torch.linspace(0, count - 1, points // 2).round().long().tolist()
-    logs = torch.logspace(0, math.log10(count - 1), points - points // 2).round().long().tolist()
-    keep = sorted({0, count - 1, *even, *logs})
+    keep = list(range(count))
+    if count > points:
+        even = torch.linspace(0, count - 1, points // 2).round().long().tolist()
+        logs = torch.logspace(0, math.log10(count - 1), points - points // 2).round().long().tolist()
+        keep = sorted({0, count - 1, *even, *logs})
     thinned = {**run, "times": [round(run["times"][i], TIME_DIGITS) for i in keep]}
-    for key in ("log_joint", "log_lik", "active"):
+    for key, digits in (("log_joint", LOG_DIGITS), ("log_lik", LOG_DIGITS), ("active", None)):
         trace = run[key]
-        chains = trace if trace and isinstance(trace[0], list) else None
-        thinned[key] = [[c[i] for i in keep] for c in chains] if chains else [trace[i] for i in keep]
+        chains = trace if trace and isinstance(trace[0], list) else [trace]
+        kept = [[round(c[i], digits) for i in keep] for c in chains]  # (M: a whole number, written as one)
+        thinned[key] = kept if trace and isinstance(trace[0], list) else kept[0]
     return thinned
 
 

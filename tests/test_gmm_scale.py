@@ -71,7 +71,7 @@ def test_quick_mode_writes_outputs(quick: tuple[dict[str, Any], Path]) -> None:
         assert sm["chains reaching level"] == 2 and sm["time / SM"] == 1.0
         assert sm["level"] == pytest.approx(
             min(bench.last_part_mean(c["times"], c["log_joint"]) for c in chain_traces(result["runs"][SM][0])) - 2.0,
-            abs=1e-3,  # lower_median reads float32
+            abs=1e-2,  # lower_median reads float32; the stored traces are to 0.01 nats (bench.LOG_DIGITS)
         )
         # Every chain climbs from its start, hundreds of nats below the truth, to within 10 nats of it (or above) in
         # a second (split-merge and the shipped proposal, seed 0). The 60-nat band is loose for load; an untrained
