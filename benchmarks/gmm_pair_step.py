@@ -2,7 +2,8 @@
 
 Times, in interleaved rounds, one :class:`~neuralblock.NeuralBlockKernel` sweep of every mixture pair
 of ``--chains`` vectorized chains (neural moves alone, ``gibbs_prob=0``) with the shipped ``--proposal``
-in four arms:
+(or, with ``--cover rounds``, one neural transition of the kernel's default: one round of ``m / 2``
+disjoint pairs, :func:`~neuralblock.kernels.fused_mixture.pair_rounds`) in four arms:
 
 * ``compiled``: this checkout's default, the compiled loop of :mod:`neuralblock.kernels.jit_mixture` with its
   data-refined candidates (:class:`~neuralblock.kernels.jit_mixture.CandidateOptions`);
@@ -23,7 +24,8 @@ Run it from the repository root::
     python benchmarks/gmm_pair_step.py            # full run (a few minutes)
     python benchmarks/gmm_pair_step.py --quick    # smoke test: one small size, one short round, no baseline
 
-It writes ``gmm_pair_step.json`` and ``gmm_pair_step.md`` into ``--out`` (default ``benchmarks/results/``).
+It writes ``gmm_pair_step.json`` and ``gmm_pair_step.md`` (``gmm_pair_step_rounds.*`` with ``--cover rounds``)
+into ``--out`` (default ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ __all__ = ["main", "parse_size", "size_ratio_lines"]
 
 BASELINE = "796acff"  # the last commit before the leaner eager step and the compiled loop
 ARMS = ("compiled", "fresh", "network", "eager", "baseline")
+SWEEP_WORDS = {  # what one timed "sweep" is, per --cover
+    "every": "one sweep decides every mixture pair of every chain.",
+    "rounds": "one sweep decides one round of m / 2 disjoint mixture pairs of every chain (a transition of the "
+    "kernel's default, `cover=None`; the rounds in turn).",
+}
 
 _SNIPPET = """
 import json, sys, warnings
@@ -57,18 +64,27 @@ sys.path.insert(0, sys.argv[1])
 from gmm_pair_step import time_sweep
 family, m, n, chains, name, budget, arm = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), \
     sys.argv[6], float(sys.argv[7]), sys.argv[8]
-print(json.dumps(time_sweep(family, m, n, chains, name, budget, arm, int(sys.argv[9]))))
+print(json.dumps(time_sweep(family, m, n, chains, name, budget, arm, int(sys.argv[9]), sys.argv[10])))
 """
 
 
 def time_sweep(
-    family: str, m: int, n: int, chains: int, proposal: str, budget: float, arm: str, warm: int = 0
+    family: str,
+    m: int,
+    n: int,
+    chains: int,
+    proposal: str,
+    budget: float,
+    arm: str,
+    warm: int = 0,
+    cover: str = "every",
 ) -> dict[str, Any]:
     """CPU seconds per sweep and the acceptance of one arm on one case, in this process (its checkout's code).
 
     ``arm`` ``"compiled"`` runs the compiled loop (with its candidates), ``"fresh"`` the compiled loop computing
     every pair's proposal, ``"network"`` the compiled loop with the network alone, any other the eager steps (a
-    commit without the compiled loop ignores it). ``warm`` sweeps run untimed first (the chains climb).
+    commit without the compiled loop ignores it). ``warm`` sweeps run untimed first (the chains climb). ``cover``
+    ``"every"`` times sweeps of every pair, ``"rounds"`` the kernel's default transitions (one round of pairs each).
     """
     import torch
     from fused_blocks import sweep_seconds
@@ -87,7 +103,9 @@ def time_sweep(
         fused_mixture.FusedMixtureSweep.default_reuse = False
     fg, _, reference = family_gmm(family, m, n)
     start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=chains)
-    kernel = NeuralBlockKernel(fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains, cover=False)  # all pairs
+    kernel = NeuralBlockKernel(
+        fg, [load_proposal(proposal)], gibbs_prob=0.0, chains=chains, cover=False if cover == "every" else None
+    )
     kernel.initial_params = {"x": start}
     kernel.setup(0)
     torch.manual_seed(0)
@@ -126,7 +144,7 @@ def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> di
         candidates = fused_mixture.FusedMixtureSweep.default_candidates
         reuse = fused_mixture.FusedMixtureSweep.default_reuse
         try:
-            return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm, args.warm)
+            return time_sweep(args.family, m, n, args.chains, args.proposal, args.budget, arm, args.warm, args.cover)
         finally:
             fused_mixture.NUMBA = NUMBA
             fused_mixture.FusedMixtureSweep.default_candidates = candidates
@@ -134,7 +152,7 @@ def _sweep(tree: Path, arm: str, args: argparse.Namespace, m: int, n: int) -> di
     here = str(Path(__file__).resolve().parent)
     command = [sys.executable, "-c", _SNIPPET, here, args.family, str(m), str(n), str(args.chains), args.proposal]
     out = subprocess.run(
-        [*command, str(args.budget), arm, str(args.warm)],
+        [*command, str(args.budget), arm, str(args.warm), args.cover],
         cwd=tree,
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
@@ -176,8 +194,9 @@ def _markdown(result: dict[str, Any]) -> str:
         "# The mixture-pair sweep of a gmm_pair_set proposal: compiled, eager and an earlier commit",
         "",
         f"`NeuralBlockKernel` with the shipped `{result['proposal']}` proposal alone (`gibbs_prob=0`), "
-        f"{result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; one sweep decides "
-        "every mixture pair of every chain. `compiled`: the default compiled loop (with its data-refined candidates); "
+        f"{result['chains']} vectorized chains, on the GMM benchmark's `{result['family']}` cases; "
+        + SWEEP_WORDS[result.get("cover", "every")]
+        + " `compiled`: the default compiled loop (with its data-refined candidates); "
         "`fresh`: the compiled loop computing every pair's proposal (no reuse); "
         "`network`: the compiled loop with the network alone; `eager`: the eager fused steps; "
         f"`baseline`: the {result['baseline_arm']} arm of commit `{result['baseline'] or '-'}`. CPU, one torch "
@@ -223,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--baseline-arm", choices=("eager", "compiled"), default="eager", help="which of the baseline's sweeps to time"
     )
+    parser.add_argument(
+        "--cover", choices=tuple(SWEEP_WORDS), default="every", help="time sweeps of every pair, or rounds of pairs"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke test: 8x60, one short round, no baseline arm")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args(argv)
@@ -231,9 +253,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)
-    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "quick")
-    result.update({key: getattr(args, key) for key in settings}, load_average=list(os.getloadavg()))
-    write_results(args.out, "gmm_pair_step", result, _markdown(result))
+    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "cover")
+    result.update({key: getattr(args, key) for key in (*settings, "quick")}, load_average=list(os.getloadavg()))
+    name = "gmm_pair_step" if args.cover == "every" else "gmm_pair_step_rounds"
+    write_results(args.out, name, result, _markdown(result))
     return result
 
 

@@ -96,11 +96,16 @@ def test_gmm_single_site_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_gmm_pair_step_quick(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("cover", "name", "words"), [("every", "gmm_pair_step", "every"), ("rounds", "gmm_pair_step_rounds", "one round")]
+)
+def test_gmm_pair_step_quick(tmp_path: Path, cover: str, name: str, words: str) -> None:
     bench = _load("gmm_pair_step")
-    result = bench.main(["--quick", "--out", str(tmp_path)])
-    data = json.loads((tmp_path / "gmm_pair_step.json").read_text())
-    assert (tmp_path / "gmm_pair_step.md").read_text().startswith("# The mixture-pair sweep of a gmm_pair_set")
+    result = bench.main(["--quick", "--cover", cover, "--out", str(tmp_path)])
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    text = (tmp_path / f"{name}.md").read_text()
+    assert text.startswith("# The mixture-pair sweep of a gmm_pair_set") and f"one sweep decides {words}" in text
+    assert data["cover"] == cover
     row = data["sizes"]["8x60"]
     assert row["fused"] and set(row["ms_per_sweep"]) == {"compiled", "fresh", "network", "eager"}  # no baseline
     assert all(ms > 0 for ms in row["ms_per_sweep"].values())

@@ -23,6 +23,8 @@ from neuralblock.kernels.jit_mixture import (
     MixtureNetwork,
     PairDraws,
     _log_q_candidates,
+    _silu,
+    _token_outputs,
     draw_pairs,
     mixture_pair_sweep,
     pair_candidates,
@@ -107,6 +109,53 @@ def test_the_compiled_moves_are_the_eager_steps(hidden, dtype: torch.dtype) -> N
     finite = np.isfinite(want)
     assert np.allclose(got_alpha[finite], want[finite], atol=tolerance * 10, rtol=1e-4)
     assert finite.sum() > 10
+
+
+def test_the_float32_silu_is_within_rounding_of_the_exact_one() -> None:
+    x = np.concatenate([np.linspace(-90.0, 90.0, 200_001), [0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
+    exact = x.astype(np.float64) / (1.0 + np.exp(-x.astype(np.float64)))
+    got = x.copy()
+    _silu(got, np.empty_like(got), np.empty(len(got), dtype=np.int32))
+    error = np.abs(got - exact)
+    assert np.all((error <= 3e-7 * np.abs(exact)) | (error < 1e-32)), float((error / np.abs(exact)).max())
+    special = np.array([np.nan, np.inf, 80.5], dtype=np.float32)
+    _silu(special, np.empty(3, np.float32), np.empty(3, np.int32))
+    assert np.isnan(special[0]) and special[1] == np.inf and special[2] == np.float32(80.5)
+
+
+def test_token_outputs_are_a_pure_function_of_each_token() -> None:
+    # the cache reuses a token's outputs bitwise: a token's outputs must not depend on the block it came in
+    net = MixtureNetwork.from_proposal(load_pretrained("gmm_pair_copies"))
+    assert net is not None
+    rng = np.random.default_rng(0)
+    n, hidden, heads = 300, net.phi2_b.shape[0], net.score_b.shape[0]
+    dim = net.phi1_w.shape[0] - 3
+    points = rng.normal(size=(n, dim)).astype(np.float32)
+    tokens = np.concatenate([points, rng.uniform(-1, 0, (n, 1)), rng.uniform(0, 1, (n, 1)), np.ones((n, 1))], 1)
+    tokens = tokens.astype(np.float32)
+    base = (points @ net.phi1_w[:dim] + net.phi1_w[dim + 2] + net.phi1_b).astype(np.float32)
+    order = rng.permutation(n)  # 300 tokens in three blocks, in a shuffled order, into slot 5 of each point
+
+    def outputs(points_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        phi, scores = np.zeros((n, 8, hidden), np.float32), np.zeros((n, 8, heads), np.float32)
+        scratch = [np.zeros((hidden, 128), np.float32), np.zeros((hidden, 128), np.float32)]
+        scratch += [np.zeros((heads, 128), np.float32), np.empty(hidden * 128, np.float32)]
+        slots = np.full(len(points_of), 5)
+        _token_outputs(
+            points_of, slots, len(points_of), tokens, base, net.phi1_w, net.phi2_w, net.phi2_b, net.score_w,
+            net.score_b, phi, scores, *scratch, np.empty(hidden * 128, np.int32),
+        )  # fmt: skip
+        return phi[:, 5], scores[:, 5]
+
+    together = outputs(order)
+    alone = [outputs(np.array([j])) for j in (0, 17, 299)]
+    for j, (phi, scores) in zip((0, 17, 299), alone, strict=True):
+        assert np.array_equal(phi[j], together[0][j]) and np.array_equal(scores[j], together[1][j])
+    silu = torch.nn.functional.silu
+    weights = [torch.from_numpy(w).double() for w in (net.phi1_w, net.phi1_b, net.phi2_w, net.phi2_b)]
+    phi = silu(silu(torch.from_numpy(tokens).double() @ weights[0] + weights[1]) @ weights[2] + weights[3])
+    scores = phi @ torch.from_numpy(net.score_w).double() + torch.from_numpy(net.score_b).double()
+    assert np.allclose(together[0], phi.numpy(), atol=1e-4) and np.allclose(together[1], scores.numpy(), atol=1e-4)
 
 
 @pytest.mark.parametrize("candidates", [None, CandidateOptions(max_points=7, min_points=1)])
