@@ -203,11 +203,13 @@ def _markdown(result: dict[str, Any]) -> str:
         "thread, CPU time per "
         f"sweep over about {result['budget']} s per arm and round after {result['warm'] + 2} untimed sweeps, "
         "medians over "
-        f"{result['rounds']} interleaved rounds (each arm a fresh subprocess, same start and seed). Load average "
+        f"{result['rounds']} interleaved rounds (each arm a fresh subprocess, same start and seed; an arm whose "
+        "arithmetic rounds otherwise, the eager steps or another commit's loop, soon follows a chain of its own, so "
+        "the arms' states and acceptance differ). Load average "
         f"{', '.join(f'{x:.2f}' for x in result['load_average'])}. Ratios: medians over rounds of one arm's time "
         "over another's in the same round (below 1: the first is faster).",
         "",
-        "| m x n | arm | ms per sweep | acceptance |",
+        f"| m x n | arm | ms per {'round' if result.get('cover') == 'rounds' else 'sweep'} | acceptance |",
         "|---|---|---|---|",
     ]
     for size, row in result["sizes"].items():
@@ -253,8 +255,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)
-    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "cover")
-    result.update({key: getattr(args, key) for key in (*settings, "quick")}, load_average=list(os.getloadavg()))
+    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "cover", "quick")
+    result.update({key: getattr(args, key) for key in settings}, load_average=list(os.getloadavg()))
     name = "gmm_pair_step" if args.cover == "every" else "gmm_pair_step_rounds"
     write_results(args.out, name, result, _markdown(result))
     return result

@@ -118,9 +118,10 @@ def test_the_float32_silu_is_within_rounding_of_the_exact_one() -> None:
     _silu(got, np.empty_like(got), np.empty(len(got), dtype=np.int32))
     error = np.abs(got - exact)
     assert np.all((error <= 3e-7 * np.abs(exact)) | (error < 1e-32)), float((error / np.abs(exact)).max())
-    special = np.array([np.nan, np.inf, 80.5], dtype=np.float32)
-    _silu(special, np.empty(3, np.float32), np.empty(3, np.int32))
-    assert np.isnan(special[0]) and special[1] == np.inf and special[2] == np.float32(80.5)
+    special = np.array([np.nan, np.inf, -np.inf, 100.0, -100.0, -1000.0], dtype=np.float32)
+    _silu(special, np.empty(6, np.float32), np.empty(6, np.int32))  # (beyond the exp's clamps at +-80)
+    assert np.isnan(special[0]) and special[1] == np.inf and special[2] == -np.inf and special[3] == 100.0
+    assert -100.0 * 1.9e-35 < special[4] < 0.0 and -1000.0 * 1.9e-35 < special[5] < 0.0
 
 
 def test_token_outputs_are_a_pure_function_of_each_token() -> None:
@@ -159,10 +160,13 @@ def test_token_outputs_are_a_pure_function_of_each_token() -> None:
 
 
 @pytest.mark.parametrize("candidates", [None, CandidateOptions(max_points=7, min_points=1)])
-def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: CandidateOptions | None) -> None:
+@pytest.mark.parametrize("points", [20, 300])
+def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: CandidateOptions | None, points: int) -> None:
     # the compiled sweep updates a chain's state and per-point terms (and the candidates' copies) after every
     # accepted move; calls of one pair each start from the state afresh: the same decisions from the same numbers
-    _, state, layout, net, slots = _every_pair(_set_proposal((16,), seed=1), m=5, n=20, chains=4, seed=3)
+    # (at 300 points the token network takes blocks of 128 new tokens, and the later pairs of one call reuse the
+    # cached outputs of the earlier pairs' tokens, which calls of one pair compute afresh)
+    _, state, layout, net, slots = _every_pair(_set_proposal((16,), seed=1), m=5, n=points, chains=4, seed=3)
     pairs = slots.shape[1]
     torch.manual_seed(0)
     draws = draw_pairs(4, pairs, net.components, 2)

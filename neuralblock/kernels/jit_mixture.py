@@ -27,7 +27,8 @@ any number (20 x 1000, 5 chains: 12% of the tokens computed, 46% with the last t
 go through the network 128 at a time (:func:`_token_outputs`), each output summed in the same order whatever
 else the block holds, and SiLU takes a float32 ``exp`` whose loops vectorize (:func:`_silu`, within 3e-7
 relative of the exact one); a round of pairs at n = 1000 then costs 0.79x (12 x 1000) and 0.83x (32 x 1000) of
-the per-token loop's (``benchmarks/gmm_pair_step.py --cover rounds``, medians of 7 paired rounds). The energy
+the per-token loop's (``benchmarks/gmm_pair_step.py --cover rounds``, medians of 7 paired rounds, round by round
+0.55-1.14). The energy
 skips a mean's term 40 nats below the point's log-sum so far (``1 + e^-40`` rounds to 1 in float64). A
 pair's proposal reads only its conditioning set, the other mixtures' active means and bits, so pairs with no
 active member, or with the same single one, share it: it is kept and reused until an accepted move changes an
@@ -282,10 +283,11 @@ def _silu(x, work, powers):
 
     ``exp(-x)`` is ``2^k exp(r)``: ``k`` the nearest integer to ``-x / ln 2`` (by the ``1.5 * 2^23`` rounding
     trick), ``r`` the rest in two parts (Cody and Waite), ``exp(r)`` a degree-7 polynomial (Cephes' ``expf``)
-    and ``2^k`` added to its exponent bits. ``-x`` is clamped to ``[-80, 80]`` first (``silu(x) = x`` to float32
-    above 80, and below -80 under 1e-33). Within 3e-7 relative of the exact SiLU elsewhere; a pure function of
-    each entry (the token cache reuses its outputs). ``work`` (float32) and ``powers`` (int32) are scratch
-    vectors at least as long as ``x``.
+    and ``2^k`` added to its exponent bits (Cephes' ``expf`` coefficients). ``-x`` is clamped to ``[-80, 80]``
+    first: above 80 ``silu(x) = x`` in float32; below -80 it gives ``x e^-80`` (under ``|x| 1.9e-35``, the exact
+    value being smaller still), and ``-inf`` for ``-inf`` (NaN exactly). Within 3e-7 relative of the exact SiLU on
+    ``[-80, inf)``; a pure function of each entry (the token cache reuses its outputs). ``work`` (float32) and
+    ``powers`` (int32) are scratch vectors at least as long as ``x``.
     """
     size = x.shape[0]
     for i in range(size):
@@ -310,6 +312,21 @@ def _silu(x, work, powers):
 
 
 @_compiled
+def _block_affine(x, w, b, out, size):
+    """``out[:, t] = w.T @ x[:, t] + b`` for the first ``size`` columns (``w``: ``[in, out]``), columns innermost.
+
+    Each entry is summed over the inputs in order, as :func:`_affine` sums it, whatever the other columns hold.
+    """
+    for o in range(out.shape[0]):
+        for t in range(size):
+            out[o, t] = b[o]
+        for i in range(x.shape[0]):
+            weight = w[i, o]
+            for t in range(size):
+                out[o, t] += x[i, t] * weight
+
+
+@_compiled
 def _affine(x, w, b, out):  # out = x @ w + b (w: [in, out]), as axpy over the output
     out[:] = b
     for i in range(x.shape[0]):
@@ -328,10 +345,10 @@ def _token_outputs(
 
     Token ``t`` is point ``j = points_of[t]``'s (``tokens[j]``; its first layer's pair-free part is
     ``token_base[j]``), and its outputs go to slot ``slots_of[t]`` of ``cached_phi[j]`` and ``cached_scores[j]``.
-    The tokens are taken ``_TOKEN_BLOCK`` at a time, the block's tokens innermost in every loop (``h1``, ``h2``:
-    ``[hidden, _TOKEN_BLOCK]``, ``scores``: ``[heads, _TOKEN_BLOCK]`` float32 scratch; ``work``, ``powers``:
-    :func:`_silu`'s). Each output is summed in the same order whatever else the block holds: a pure function of
-    its token.
+    The tokens are taken ``_TOKEN_BLOCK`` at a time, one column each, the columns innermost in the network's loops
+    (``h1``, ``h2``: ``[hidden, _TOKEN_BLOCK]``, ``scores``: ``[heads, _TOKEN_BLOCK]`` float32 scratch; ``work``,
+    ``powers``: :func:`_silu`'s). Each output is summed in the same order whatever else the block holds, and only
+    the block's own columns are read: a pure function of its token.
     """
     hidden, heads = phi2_b.shape[0], score_b.shape[0]
     dim = phi1_w.shape[0] - 3
@@ -342,22 +359,12 @@ def _token_outputs(
             for t in range(size):
                 j = points_of[start + t]
                 h1[h, t] = token_base[j, h] + tokens[j, dim] * w_explained + tokens[j, dim + 1] * w_poorly
-        _silu(h1.reshape(-1), work, powers)
-        for o in range(hidden):
-            for t in range(size):
-                h2[o, t] = phi2_b[o]
-            for i in range(hidden):
-                w = phi2_w[i, o]
-                for t in range(size):
-                    h2[o, t] += h1[i, t] * w
-        _silu(h2.reshape(-1), work, powers)
-        for a in range(heads):
-            for t in range(size):
-                scores[a, t] = score_b[a]
-            for i in range(hidden):
-                w = score_w[i, a]
-                for t in range(size):
-                    scores[a, t] += h2[i, t] * w
+        for h in range(hidden):
+            _silu(h1[h, :size], work, powers)
+        _block_affine(h1, phi2_w, phi2_b, h2, size)
+        for h in range(hidden):
+            _silu(h2[h, :size], work, powers)
+        _block_affine(h2, score_w, score_b, scores, size)
         for t in range(size):
             j, slot = points_of[start + t], slots_of[start + t]
             for o in range(hidden):
@@ -796,7 +803,7 @@ def _mixture_pairs(
     width1 = trunk_b1.shape[0]
     x1 = np.empty(width0, dtype=np.float32)
     x2 = np.empty(width1, dtype=np.float32)
-    silu_work = np.empty(max(hidden * _TOKEN_BLOCK, width0, width1), dtype=np.float32)
+    silu_work = np.empty(max(_TOKEN_BLOCK, width0, width1), dtype=np.float32)
     silu_powers = np.empty(silu_work.shape[0], dtype=np.int32)
     mix = np.empty(n_comp, dtype=np.float32)
     disc = np.empty(n_comp * 4, dtype=np.float32)
