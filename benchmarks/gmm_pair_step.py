@@ -255,8 +255,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.sizes, args.rounds, args.budget, args.baseline = [(8, 60)], 1, 0.05, ""
     result = run(args)
-    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "cover", "quick")
-    result.update({key: getattr(args, key) for key in settings}, load_average=list(os.getloadavg()))
+    settings = ("proposal", "family", "chains", "rounds", "budget", "warm", "baseline", "baseline_arm", "cover")
+    result.update({key: getattr(args, key) for key in (*settings, "quick")}, load_average=list(os.getloadavg()))
     name = "gmm_pair_step" if args.cover == "every" else "gmm_pair_step_rounds"
     write_results(args.out, name, result, _markdown(result))
     return result
