@@ -375,7 +375,8 @@ class NeuralBlockKernel(GraphKernel):
             ``None`` (the default): rounds on the mixture path and every instance elsewhere. A GMM's pairs are
             ``m (m - 1) / 2`` moves that each read every point, so a sweep of them all costs tens of single-site
             sweeps at ``n = 1000`` (21-55 at ``m = 16-32``) and ``gibbs_prob`` would weigh them far above the
-            single-site sweeps; a round costs a few (2-4.5 on the GMM benchmark at scale, seed 13).
+            single-site sweeps; a round costs a few (2-4.5 on the GMM benchmark at scale, seed 13; 1.5-3.9
+            on seed 15, with the token network taken in blocks).
         copy_moves: on an open-universe GMM, end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
