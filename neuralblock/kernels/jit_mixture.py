@@ -283,7 +283,7 @@ def _silu(x, work, powers):
 
     ``exp(-x)`` is ``2^k exp(r)``: ``k`` the nearest integer to ``-x / ln 2`` (by the ``1.5 * 2^23`` rounding
     trick), ``r`` the rest in two parts (Cody and Waite), ``exp(r)`` a degree-7 polynomial (Cephes' ``expf``)
-    and ``2^k`` added to its exponent bits (Cephes' ``expf`` coefficients). ``-x`` is clamped to ``[-80, 80]``
+    and ``2^k`` added to its exponent bits. ``-x`` is clamped to ``[-80, 80]``
     first: above 80 ``silu(x) = x`` in float32; below -80 it gives ``x e^-80`` (under ``|x| 1.9e-35``, the exact
     value being smaller still), and ``-inf`` for ``-inf`` (NaN exactly). Within 3e-7 relative of the exact SiLU on
     ``[-80, inf)``; a pure function of each entry (the token cache reuses its outputs). ``work`` (float32) and
