@@ -279,3 +279,46 @@ def test_compiled_sweeps_follow_rows_filled_on_visits_and_slots(monkeypatch: pyt
         table = kernel.fused[0].table  # type: ignore[attr-defined]
         assert not table.prefilled and (budget is None or table.evictions > 0)
         assert len(kernel.cover_classes[0]) == (2 if cover else 1)
+
+
+@pytest.mark.parametrize("cover", [False, True])
+def test_one_call_replica_transition_makes_the_separate_calls_chain(
+    cover: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A neural replica-exchange transition in one compiled call (sweep, then swaps) is the two calls', bit for bit."""
+    import neuralblock.kernels.replica_exchange as replica_exchange
+
+    q = proposal()
+    calls = []
+    one_call = replica_exchange.replica_block_transition
+
+    def counted(*args: object) -> object:
+        calls.append(1)
+        return one_call(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replica_exchange, "replica_block_transition", counted)
+
+    def chain(joined: bool) -> tuple[torch.Tensor, dict]:
+        torch.manual_seed(5)
+        kernel = ReplicaExchange(
+            chain_graph(seed=4), [q], replicas=4, max_temperature=5.0, chains=2, gibbs_prob=0.3, cover=cover
+        )
+        if not joined:
+            monkeypatch.setattr(kernel, "_one_call_sweep", lambda *args: None)
+        kernel.setup(30)
+        params, states = kernel.initial_params, []
+        for _ in range(150):
+            params = kernel.sample(params)
+            states.append(params["x"].clone())
+        diagnostics = kernel.diagnostics()
+        inner = diagnostics.pop("inner")
+        kept = ("swap_acceptance", "temperatures", "tempered_sweeps", "block_acceptance_by_temperature")
+        counts = ("acceptance_by_proposal", "nonfinite_rejections", "single_site_sweeps")
+        return torch.stack(states), {**{k: diagnostics[k] for k in kept}, **{k: inner[k] for k in counts}}
+
+    joined, joined_stats = chain(True)
+    assert 60 < len(calls) < 120  # post-warmup neural turns (30 % single-site ones)
+    separate, separate_stats = chain(False)
+    assert torch.equal(joined, separate)
+    assert joined_stats == separate_stats and joined_stats["tempered_sweeps"] > 0
+    assert len(torch.unique(joined.reshape(len(joined), -1), dim=0)) > 10

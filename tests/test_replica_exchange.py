@@ -55,32 +55,45 @@ def test_beta_one_replica_samples_the_target(inner: str) -> None:
         assert float(offered.sum()) == inner_kernel._proposed[0] and bool((offered[2:] == 0).all()) == covers
         accepted = inner_kernel._accepted_per_chain[0].reshape(4, 8).sum(-1)
         assert acceptance[:2].tolist() == pytest.approx((accepted[:2] / offered[:2]).tolist())
-        assert diag["tempered_proposals"]  # built on the adapted ladder after warmup, then used
+        assert diag["tempered_proposals"]  # built at setup for the initial ladder, then used
 
 
-def test_only_the_coldest_replicas_take_neural_sweeps_while_the_ladder_adapts() -> None:
-    """Before the powered rows exist the untempered proposal misfits the hot replicas: they take Gibbs sweeps."""
+def test_powered_rows_from_setup_or_only_the_coldest_replicas_neural_while_the_ladder_adapts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Powered rows are built at setup for the initial ladder and serve every neural replica in warmup too; where
+    they cannot be built (a table filled as chains visit rows), the untempered proposal misfits the hot replicas,
+    so in warmup only the coldest take neural sweeps."""
+    import neuralblock.kernels.fused_blocks as fused_blocks
+
     fg = coupled_chain(seed=4)
     torch.manual_seed(3)
     proposal = NeuralBlockProposal(ChainWindow(), components=3, hidden=(16,))
 
-    def rows_in_and_after_warmup(**options: object) -> tuple[list[bool] | None, list[bool] | None]:
+    def rows_in_and_after_warmup(**options: object) -> tuple[list[bool] | None, list[bool] | None, bool]:
         kernel = ReplicaExchange(fg, [proposal], replicas=4, max_temperature=6.0, chains=2, gibbs_prob=0.0, **options)
         kernel.setup(10)
+        built = bool(kernel._tempered)  # at setup, before any transition
         params = kernel.sample(kernel.initial_params)
         assert isinstance(kernel.inner, NeuralBlockKernel)
         during = kernel.inner.neural_rows
         for _ in range(10):  # the rest of warmup, then one transition after it
             params = kernel.sample(params)
         after = kernel.inner.neural_rows
-        return (None if during is None else during.tolist()), (None if after is None else after.tolist())
+        return (None if during is None else during.tolist()), (None if after is None else after.tolist()), built
 
-    assert rows_in_and_after_warmup() == ([True] * 2 + [False] * 6, None)  # replica-major: T = 1 of both ensembles
-    assert rows_in_and_after_warmup(warmup_neural_replicas=2) == ([True] * 4 + [False] * 4, None)
-    assert rows_in_and_after_warmup(warmup_neural_replicas=None) == (None, None)  # as after warmup
-    assert rows_in_and_after_warmup(adapt=False) == (None, None)  # a fixed ladder: powered rows from the start
-    assert rows_in_and_after_warmup(tempered_proposals=False) == (None, None)  # the same proposal throughout
-    assert rows_in_and_after_warmup(neural_replicas=2, warmup_neural_replicas=3) == ([True] * 4 + [False] * 4,) * 2
+    assert rows_in_and_after_warmup() == (None, None, True)
+    assert rows_in_and_after_warmup(warmup_neural_replicas=2) == (None, None, True)  # (rows exist: moot)
+    assert rows_in_and_after_warmup(tempered_proposals=False) == (None, None, False)  # the same proposal throughout
+    assert rows_in_and_after_warmup(neural_replicas=2) == ([True] * 4 + [False] * 4,) * 2 + (True,)
+    monkeypatch.setattr(fused_blocks, "_PREFILL_ROWS", 0)  # rows filled as chains visit them: no powered rows
+    assert rows_in_and_after_warmup() == ([True] * 2 + [False] * 6, None, False)  # replica-major: T = 1 of both
+    assert rows_in_and_after_warmup(warmup_neural_replicas=2) == ([True] * 4 + [False] * 4, None, False)
+    assert rows_in_and_after_warmup(warmup_neural_replicas=None) == (None, None, False)  # as after warmup
+    assert rows_in_and_after_warmup(adapt=False) == (None, None, False)  # a fixed ladder: no warmup rows to hold
+    assert rows_in_and_after_warmup(neural_replicas=2, warmup_neural_replicas=3) == ([True] * 4 + [False] * 4,) * 2 + (
+        False,
+    )
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="warmup_neural_replicas"):
             ReplicaExchange(fg, [proposal], warmup_neural_replicas=bad)  # type: ignore[arg-type]

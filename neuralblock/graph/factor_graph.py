@@ -759,10 +759,9 @@ class FactorGraph:
         u = torch.rand(self.num_variables, generator=generator)
         state = torch.where(cards > 0, (u * cards).floor().clamp(max=(cards - 1).clamp(min=0)), torch.zeros(()))
         state = state.to(torch.get_default_dtype())
-        for v in range(self.num_variables):
-            if cards[v] == 0:
-                y = (torch.rand((), generator=generator) * 4 - 2).to(state.dtype)
-                state[v] = torch.distributions.transform_to(self._supports[v])(y)
+        for v in (cards == 0).nonzero().flatten().tolist():  # (the continuous ones, in id order)
+            y = (torch.rand((), generator=generator) * 4 - 2).to(state.dtype)
+            state[v] = torch.distributions.transform_to(self._supports[v])(y)
         for v, value in self.evidence.items():
             state[v] = value
         return state

@@ -1057,21 +1057,7 @@ class FusedBlockSweep:
         inputs (remembered for the same tensors, unchanged: the rows change with new parameters, the chains'
         temperatures in warmup only), so a call costs the uniforms, one copy of the states and the loop.
         """
-        table = self.table
-        inputs = (self.tempered, beta, *(soft or (None, None)), table.cdf, table.log_ratio)
-        rows = self._whole_rows.get(inputs, (state.dtype,))
-        if rows is None:
-            rows = self._rows_call(beta, soft, state.dtype, state.device)
-            self._whole_rows.put(inputs, rows, (state.dtype,))
-        (cdf, log_ratio), tail, layout, tempered = rows
-        found = self._class_index.get((first, last, state.dtype))
-        if found is None:
-            stacked, part = self._jit_arrays(state.dtype), slice(first, last)
-            index = (*(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]))
-            found = self._class_index[(first, last, state.dtype)] = (index, sum(self.sizes[first:last]))
-        index, slots = found
-        if tempered:
-            self.tempered_sweeps += 1
+        index, slots, (cdf, log_ratio), tail, layout = self.whole_arguments(state.dtype, beta, soft, first, last)
         state = state.clone()  # (updated in place through a NumPy view: the caller's tensor is never written)
         (accepted, nonfinite), seconds = timed_first_call(
             self._jit_layouts, layout, block_sweep,
@@ -1079,6 +1065,31 @@ class FusedBlockSweep:
         )  # fmt: skip
         self.compile_seconds += seconds
         return state, torch.from_numpy(accepted), torch.scalar_tensor(nonfinite, dtype=torch.long), len(state) * slots
+
+    def whole_arguments(
+        self, dtype: torch.dtype, beta: Tensor | None, soft: SoftZeros | None, first: int, last: int
+    ) -> tuple[tuple[np.ndarray, ...], int, tuple[np.ndarray, np.ndarray], tuple[np.ndarray | None, ...], tuple]:
+        """What one compiled sweep of classes ``first..last - 1`` of a prefilled table reads (counting a tempered one).
+
+        Returns the classes' index arrays, their real slots, the CDF and ``w`` rows, the values and the chains'
+        extras of :func:`~neuralblock.kernels.jit.block_sweep` after the uniforms, and the argument layout; each
+        remembered (see :meth:`_sweep_whole`).
+        """
+        table = self.table
+        inputs = (self.tempered, beta, *(soft or (None, None)), table.cdf, table.log_ratio)
+        rows = self._whole_rows.get(inputs, (dtype,))
+        if rows is None:
+            rows = self._rows_call(beta, soft, dtype, table.cdf.device)
+            self._whole_rows.put(inputs, rows, (dtype,))
+        pair, tail, layout, tempered = rows
+        found = self._class_index.get((first, last, dtype))
+        if found is None:
+            stacked, part = self._jit_arrays(dtype), slice(first, last)
+            index = (*(a[part] for a in stacked[:2]), stacked[2], *(a[part] for a in stacked[3:]))
+            found = self._class_index[(first, last, dtype)] = (index, sum(self.sizes[first:last]))
+        if tempered:
+            self.tempered_sweeps += 1
+        return found[0], found[1], pair, tail, layout
 
     def _rows_call(
         self, beta: Tensor | None, soft: SoftZeros | None, dtype: torch.dtype, device: torch.device
@@ -1164,6 +1175,26 @@ class FusedBlockSweep:
             self._positions[key] = found
         return self._positions[key]
 
+    def uniforms(self, chains: int, first: int, last: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """A sweep's uniforms of classes ``first..last - 1``: the proposals' (rows' dtype), then the tests' (float64).
+
+        Both ``[K, C W]``, drawn from torch's global RNG in this order.
+        """
+        size = (last - first) * len(self.rand_index[0])
+        draws = torch.rand(chains, size, device=device, dtype=self.table.cdf.dtype)
+        return draws, torch.rand(chains, size, device=device, dtype=torch.float64)  # (a double-precision test)
+
+    def one_call(self, state: Tensor) -> bool:
+        """Whether a sweep of ``state`` runs as one compiled call (:meth:`whole_arguments`): a prefilled table on the
+        compiled CPU path."""
+        return (
+            self.jit
+            and NUMBA
+            and not self.compiled
+            and self.table.prefilled
+            and use_numpy(self.numpy, state, JIT_MAX_ENTRIES)
+        )
+
     def sweep(
         self,
         fg: FactorGraph,
@@ -1194,8 +1225,7 @@ class FusedBlockSweep:
         limit = JIT_MAX_ENTRIES if self.jit and NUMBA else NUMPY_MAX_ENTRIES
         on_numpy = not self.compiled and use_numpy(self.numpy, state, limit)
         on_jit = on_numpy and self.jit and NUMBA
-        draws = torch.rand(chains, count * width, device=state.device, dtype=table.cdf.dtype)
-        accept = torch.rand(chains, count * width, device=state.device, dtype=torch.float64)  # double-precision test
+        draws, accept = self.uniforms(chains, first, last, state.device)
         if on_jit:  # the compiled loop reads them as drawn, [K, C width], and skips padded slots
             log_accept = accept.log_()
         else:

@@ -56,6 +56,7 @@ __all__ = [
     "gibbs_class",
     "gibbs_class_args",
     "gibbs_class_prepared",
+    "replica_block_transition",
     "swap_replicas",
     "timed_first_call",
 ]
@@ -516,3 +517,62 @@ def swap_replicas(
     deltas = np.zeros((pairs, log_p.shape[1]), dtype=np.float64)
     _swap_replicas(states, log_p, beta, parity, zeros, log_zero, log_u, deltas)
     return deltas
+
+
+@_compiled
+def _replica_block_transition(
+    state, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values, energy,
+    beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, scopes, strides, offsets, flat, log_p, betas, parity,
+    log_u, deltas, replicas,
+):  # fmt: skip
+    nonfinite = _block_sweep(
+        state, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values, energy,
+        beta_m1, slot, key_offset, zeros, log_zero, beta, accepted,
+    )  # fmt: skip
+    _table_log_joint(state, scopes, strides, offsets, flat, log_p)
+    chains, n = state.shape[0] // replicas, state.shape[1]
+    _swap_replicas(
+        state.reshape(replicas, chains, n), log_p.reshape(replicas, chains), betas, parity, None, None, log_u, deltas
+    )
+    return nonfinite
+
+
+def replica_block_transition(
+    state: np.ndarray,
+    sweep: tuple[np.ndarray | None, ...],
+    joint: TableLogJoint,
+    betas: np.ndarray,
+    parity: int,
+    log_u: np.ndarray,
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """A replica-exchange transition of neural blocks as one compiled call, in place: :func:`block_sweep`, then the
+    swaps of :func:`swap_replicas` (on models without soft zeros).
+
+    The same arithmetic as those two calls one after the other, so with the same uniforms the states, counts and
+    ratios are theirs bit for bit; only the calls between them are saved.
+
+    Args:
+        state: ``[R K, n]`` replica-major states (replica ``r``'s ensembles in rows ``r K .. r K + K - 1``).
+        sweep: :func:`block_sweep`'s arguments after the state, ``ids`` to ``log_zero`` (17 arrays or ``None``).
+        joint: the model's :class:`TableLogJoint` (the swaps' log densities).
+        betas: ``[R]`` inverse temperatures (float64).
+        parity: which neighbouring pairs propose to swap (see :func:`swap_replicas`).
+        log_u: ``[P, K]`` log uniforms of the swap tests.
+
+    Returns:
+        Accepted blocks per state ``[R K]``, the number of non-finite block ratios, and each attempted pair's log
+        swap ratio ``[P, K]``.
+    """
+    replicas = betas.shape[0]
+    if state.shape[0] % replicas or len(sweep) != 17:
+        raise ValueError(f"expected [R K, n] states for {replicas} replicas and 17 sweep arguments")
+    *head, energy, beta, slot, key_offset, zeros, log_zero = sweep
+    accepted = np.zeros(state.shape[0], dtype=np.int64)
+    beta_m1 = None if beta is None else beta - 1  # (as block_sweep rounds it)
+    deltas = np.zeros(log_u.shape, dtype=np.float64)
+    log_p = np.empty(state.shape[0], dtype=np.float64)
+    nonfinite = _replica_block_transition(
+        state, *head, energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, joint.scopes,
+        joint.strides, joint.offsets, joint.flat, log_p, betas, parity, log_u, deltas, replicas,
+    )  # fmt: skip
+    return accepted, int(nonfinite), deltas

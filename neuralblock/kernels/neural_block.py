@@ -655,11 +655,8 @@ class NeuralBlockKernel(GraphKernel):
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
         self._calibrate_share(fg, state)
-        if float(torch.rand(())) < self.gibbs_prob:
-            state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta, soft=self.soft_zeros)
-            if not warmup:
-                self._single_sweeps += 1
-            return state
+        if self.single_site_turn():
+            return self.single_site_transition(fg, state, warmup)
         if self.neural_rows is None:
             state = self._neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
         else:  # the chains of neural_rows take the neural sweep, the others a single-site sweep
@@ -688,6 +685,22 @@ class NeuralBlockKernel(GraphKernel):
                     state[neural] = neural_out
         self._transitions += 1
         return state
+
+    def single_site_turn(self) -> bool:
+        """Whether a transition takes the single-site sweep (probability ``gibbs_prob``; one draw of torch's RNG)."""
+        return float(torch.rand(())) < self.gibbs_prob
+
+    def single_site_transition(self, fg: FactorGraph, state: Tensor, warmup: bool) -> Tensor:
+        """A transition's single-site sweep of every chain (at the chains' :attr:`beta` and :attr:`soft_zeros`)."""
+        state = self.single_site.sweep(fg, state, adapt=warmup, beta=self.beta, soft=self.soft_zeros)
+        if not warmup:
+            self._single_sweeps += 1
+        return state
+
+    def neural_classes(self, i: int) -> tuple[int, int] | None:
+        """The classes proposal ``i``'s next neural sweep updates: its next cover in turn (``None``: every class)."""
+        bounds = self.cover_classes[i]
+        return bounds[self._transitions % len(bounds)] if len(bounds) > 1 else None
 
     def _split_rows(self, rows: Tensor) -> tuple[_RowPart, _RowPart]:
         """The chains of the mask ``rows`` and the others, each with its chains' ``beta`` and :class:`SoftZeros`.
@@ -730,42 +743,62 @@ class NeuralBlockKernel(GraphKernel):
         for i, fused in enumerate(self.fused):
             if soft is not None and not isinstance(fused, FusedBlockSweep):
                 raise ValueError(f"soft zeros need proposal {self._label(i)} on the fused block path")
-            bounds = self.cover_classes[i]
-            classes = bounds[self._transitions % len(bounds)]  # the covers in turn (one range: every class)
+            classes = self.neural_classes(i)  # the covers in turn
             if fused is not None:
                 if isinstance(fused, FusedBlockSweep):
-                    state, per_chain, nonfinite, proposed = fused.sweep(
-                        fg, state, beta, soft, classes if len(bounds) > 1 else None
-                    )
+                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta, soft, classes)
                 elif isinstance(fused, FusedMixtureSweep):
-                    state, per_chain, nonfinite, proposed = fused.sweep(
-                        fg, state, beta, classes if len(bounds) > 1 else None
-                    )
+                    state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta, classes)
                 else:
                     state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
-                accepted: int | Tensor
-                bad: int | Tensor
-                if per_chain.device.type == "cpu":  # (on a GPU the totals stay there; the per-chain counts are copied)
-                    accepted, bad = int(per_chain.numpy().sum()), int(nonfinite)
-                else:
-                    accepted, bad = per_chain.sum(), nonfinite
                 discarded = fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
-                if not warmup:
-                    self._count_per_chain(i, per_chain, proposed // len(state), rows, chains)
+                self.record_fused_sweep(i, per_chain, nonfinite, proposed, warmup, discarded, rows, chains)
             else:
-                state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, classes, beta)
-            rate = accepted / max(proposed, 1)  # a running rate for the progress bar
-            self._recent[i] = rate if self._transitions == 0 else 0.9 * self._recent[i] + 0.1 * rate
-            if not warmup:
-                self._accepted[i] = self._accepted[i] + accepted  # (an int on the CPU, else a tensor on the device)
-                self._proposed[i] += proposed
-                self._nonfinite[i] = self._nonfinite[i] + bad
-                self._discarded[i] += discarded
+                bounds = self.cover_classes[i][0] if classes is None else classes
+                state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, bounds, beta)
+                self._record_sweep(i, accepted, bad, proposed, discarded, warmup)
         if not warmup:
             if state.device.type == "cuda":
                 torch.cuda.synchronize(state.device)
             self._block_seconds += time.perf_counter() - start
         return state
+
+    def record_fused_sweep(
+        self,
+        i: int,
+        per_chain: Tensor,
+        nonfinite: Tensor | int,
+        proposed: int,
+        warmup: bool,
+        discarded: int = 0,
+        rows: Tensor | None = None,
+        chains: int = 0,
+    ) -> None:
+        """Count a fused sweep of proposal ``i``: accepted blocks per chain ``[K']``, non-finite ratios, proposals.
+
+        With ``rows``, the sweep ran the chains ``rows`` of ``chains`` (see :meth:`_count_per_chain`).
+        """
+        accepted: int | Tensor
+        bad: int | Tensor
+        if per_chain.device.type == "cpu":  # (on a GPU the totals stay there; the per-chain counts are copied)
+            accepted, bad = int(per_chain.numpy().sum()), int(nonfinite)
+        else:
+            accepted, bad = per_chain.sum(), nonfinite
+        if not warmup:
+            self._count_per_chain(i, per_chain, proposed // len(per_chain), rows, chains)
+        self._record_sweep(i, accepted, bad, proposed, discarded, warmup)
+
+    def _record_sweep(
+        self, i: int, accepted: int | Tensor, bad: int | Tensor, proposed: int, discarded: int, warmup: bool
+    ) -> None:
+        """Proposal ``i``'s running acceptance and (after warmup) its totals."""
+        rate = accepted / max(proposed, 1)  # a running rate for the progress bar
+        self._recent[i] = rate if self._transitions == 0 else 0.9 * self._recent[i] + 0.1 * rate
+        if not warmup:
+            self._accepted[i] = self._accepted[i] + accepted  # (an int on the CPU, else a tensor on the device)
+            self._proposed[i] += proposed
+            self._nonfinite[i] = self._nonfinite[i] + bad
+            self._discarded[i] += discarded
 
     def _count_per_chain(self, i: int, accepted: Tensor, offered: int, rows: Tensor | None, chains: int) -> None:
         """Add a fused sweep's blocks accepted ``[K']`` and offered (each chain's) to proposal ``i``'s per-chain counts.

@@ -29,29 +29,36 @@ A neural inner kernel proposes, at every temperature that takes neural sweeps (s
 proposal (``tempered_proposals``, the default): the proposal raised to the power ``beta``. The log importance
 weights of ``q^beta`` against a block's conditional under ``p^beta`` are ``beta`` times those of ``q`` under
 ``p``, so where ``q`` fits at ``beta = 1`` the powered proposal fits the hot conditionals as well or better,
-while the untempered proposal is too sharp for them. Once the ladder is fixed (after warmup, or from the start
-without adaptation) the rows are computed from the fully tabulated proposal table and its block energies, with
-no network pass (one ``[rows, J]`` softmax per temperature), for ``tempered_tables=4`` temperatures spread
-along the ladder (``T = 1``, the hottest and two between); a replica between two of them reads the hotter
-one's (flatter) rows and corrects its MH ratio by ``(beta - beta_table) (E[j'] - E[j])`` with the untempered
-block energies, so MH stays exact. On fresh 10x10 Ising tori (generator seed 4000, couplings up to 2, 5, 8 and
-12; 4 seeds x 8 s CPU; 16 temperatures) this cut the first draw after warmup from 0.07-0.13 s to 0.014-0.024 s
-and the median time to mean marginal error 0.05 from 0.17 / 0.18 / 0.20 / 0.27 s to 0.11 / 0.12 / 0.11 / 0.12
-s (RE-Gibbs 0.10 / 0.08 / 0.12 / 0.17 s; 3 tables: 0.11 / 0.11 / 0.12 / 0.12 s; 8: 0.15 / 0.12 / 0.14 / 0.16
-s), while the lowest block acceptance over the temperatures fell from 0.92-0.97 to
-0.64-0.83 (``--re-tempered-tables`` of ``experiments/grid_study.py``). Until then, while the ladder adapts,
-only the ``warmup_neural_replicas`` coldest replicas (default: the ``T = 1`` ones, where the untempered
-proposal fits) take neural sweeps and the others single-site sweeps. With the untempered proposal at every
-temperature the replicas ended warmup further from the target: on fresh 10x10 Ising tori (couplings up to 5, 8
-and 12, generator seed 4000, 4 seeds, 16 temperatures, 200 warmup transitions) the median error of the first
-draw after warmup was 0.29 / 0.41 / 0.58 against 0.07 / 0.05 / 0.04 this way (Gibbs replicas: 0.04 / 0.03 /
-0.26), and the median time to mean marginal error 0.05 was 0.20 / 0.27 / 0.35 s against 0.19 / 0.21 / 0.26 s
-(Gibbs replicas 0.08 / 0.12 / 0.19 s; ``python -m experiments.grid_study --arms RE-Gibbs RE-NB --seeds 4
---seconds 8 --clock cpu --threads 1 --replicas 16 --ising 10x2 10x5 10x8 10x12 --ising-seed 4000``, with
-``--re-warmup-neural 0`` for neural sweeps at every temperature in warmup too). Where a proposal is not fully
-tabulated (the fused path with a dense table), and after the model's parameters change (``update_graph``:
-compound samplers), every temperature uses the untempered proposal after warmup. Any proposal keeps MH exact;
-the block acceptance per temperature and the sweeps that used the tempered rows are reported.
+while the untempered proposal is too sharp for them. The rows are computed at setup from the fully tabulated
+proposal table and its block energies, with no network pass (one ``[rows, J]`` softmax per temperature), for
+``tempered_tables=4`` temperatures spread along the initial ladder (``T = 1``, the hottest and two between);
+a replica between two of them (the ladder moves in warmup) reads the hotter one's (flatter) rows and corrects
+its MH ratio by ``(beta - beta_table) (E[j'] - E[j])`` with the untempered block energies, so MH stays exact
+in warmup and after. Tables at 4 temperatures rather than every one: on fresh 10x10 Ising tori (generator
+seed 4000, couplings up to 2, 5, 8 and 12; 4 seeds x 8 s CPU; 16 temperatures) the median time to mean
+marginal error 0.05 was 0.11 / 0.12 / 0.11 / 0.12 s against 0.15 / 0.12 / 0.14 / 0.16 s with 8 and 0.17 /
+0.18 / 0.20 / 0.27 s with every one, while the lowest block acceptance over the temperatures fell from
+0.92-0.97 to 0.64-0.83 (``--re-tempered-tables`` of ``experiments/grid_study.py``; rows built after warmup
+then). Rows from setup rather than after warmup (where the hot replicas took single-site sweeps while the
+ladder adapted, and the first draw after warmup waited for the rows): on fresh 10x10 tori (generator seed
+5000, couplings up to 5, 8, 12 and 15; 4 seeds x 4 s CPU) 200 warmup transitions took 0.034-0.041 s against
+0.046-0.053 s (Gibbs replicas 0.033-0.039 s), and the median time to error 0.05 was 0.12 / 0.62 / 0.24 / 1.29
+s against 0.20 / 0.70 / 0.59 / 2.33 s (Gibbs replicas 0.25 / 1.66 / 0.65 / 3.73 s). Where no rows can be
+built (a proposal off the fused path's dense, fully tabulated table), only the
+``warmup_neural_replicas`` coldest replicas (default: the ``T = 1`` ones, where the untempered proposal fits)
+take neural sweeps while the ladder adapts, and every temperature the untempered proposal after: with the
+untempered proposal at every temperature in warmup the replicas ended it further from the target (on fresh
+10x10 tori, couplings up to 5, 8 and 12, generator seed 4000, the median error of the first draw after warmup
+was 0.29 / 0.41 / 0.58 against 0.07 / 0.05 / 0.04). After the model's parameters change (``update_graph``:
+compound samplers) every temperature uses the untempered proposal. Any proposal keeps MH exact; the block
+acceptance per temperature and the sweeps that used the tempered rows are reported.
+
+**One call per transition.** With every replica taking the neural sweeps of one proposal on the compiled path
+(a prefilled table, table factors, no soft zeros), a neural transition runs the sweep and the swaps in one
+compiled call (:func:`~neuralblock.kernels.jit.replica_block_transition`), with the uniforms of the two
+calls it replaces, drawn in their order: the same chain, bit for bit, at 0.95x of their time per transition
+on the UAI grids ``Grids_11`` (10x10) and ``Grids_17`` (20x20), medians of 7 paired rounds of 400
+transitions (16 temperatures, 2 ensembles).
 
 **Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
 constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
@@ -87,6 +94,7 @@ Example:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -97,7 +105,7 @@ from neuralblock.graph import FactorGraph, TableGroup
 from neuralblock.kernels.base import GraphKernel, find_valid_start, sequential_init
 from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel, SoftZeros
-from neuralblock.kernels.jit import NUMBA, TableLogJoint
+from neuralblock.kernels.jit import NUMBA, TableLogJoint, replica_block_transition, timed_first_call
 from neuralblock.kernels.jit import swap_replicas as swap_replicas_compiled
 from neuralblock.kernels.neural_block import NeuralBlockKernel
 from neuralblock.kernels.vocabulary import KernelDiagnostics
@@ -241,8 +249,8 @@ class ReplicaExchange(GraphKernel):
         adapt_t0: ``t0`` of the ``"vousden"`` adaptation rate.
         device: where states and tables live.
         compile: passed to the inner kernel.
-        tempered_proposals: neural replicas propose from the proposal raised to their ``beta`` once the ladder
-            is fixed.
+        tempered_proposals: neural replicas propose from the proposal raised to their ``beta`` (rows built at
+            setup, see above).
         zero_penalty: on models with zero table entries, the nats each zero costs the hottest replica
             (see "Hard zeros" above). ``"auto"``: 0.5 where the model has zeros and every update
             supports it (table factors, fused neural blocks with dense tables); ``None``: plain
@@ -253,9 +261,9 @@ class ReplicaExchange(GraphKernel):
         neural_replicas: how many of the coldest replicas take neural sweeps (the others take a single-site
             sweep instead); ``None``: all; ``"auto"``: all, and only ``T = 1`` on softened models (see above).
         warmup_neural_replicas: how many of the coldest replicas take neural sweeps while the ladder adapts
-            with ``tempered_proposals`` (before the powered rows exist; see above; at most ``neural_replicas``'
-            count); ``None``: as after warmup. Where no powered rows can be built (a proposal that is not fully
-            tabulated) the hotter replicas take single-site sweeps in warmup and the untempered proposal after.
+            with ``tempered_proposals`` where no powered rows exist then (a proposal that is not fully tabulated;
+            softened models, whose rows are built for the fixed ladder; see above; at most ``neural_replicas``'
+            count); ``None``: as after warmup. Where rows are built at setup, every neural replica uses them.
         tempered_tables: build powered rows for this many of the neural replicas' temperatures only, spread along
             the ladder from ``T = 1`` to the hottest (see above); the others read the rows of the next hotter one,
             their MH ratios corrected by their own ``beta``. ``None``: every temperature (on softened models always).
@@ -477,6 +485,22 @@ class ReplicaExchange(GraphKernel):
         if hasattr(self, "inner"):
             self.inner._reset_stats()
 
+    def _started(self, fg: FactorGraph, state: Tensor) -> None:
+        """At setup (off the warmup's clock): the other replicas' starts, drawn right after the ``beta = 1`` ones, and
+        the neural replicas' powered rows for the initial ladder (``tempered_proposals``; not on softened models,
+        whose rows wait for the fixed ladder)."""
+        self.replica_states = self._start_replicas(state)
+        if self.penalty is None:
+            self._temper_rows(state.dtype, None)
+
+    def _temper_rows(self, dtype: torch.dtype, log_zero: Tensor | None) -> None:
+        """Build the powered rows of the table temperatures (:meth:`_table_replicas`) once, where they can be."""
+        if self._tempered is None and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
+            tables = self._table_replicas()  # rows for (some of) the temperatures whose replicas take neural sweeps
+            self._tempered = self.inner.temper(
+                self.betas[tables].to(dtype), None if log_zero is None else log_zero[tables]
+            )
+
     def _start_replicas(self, state: Tensor) -> Tensor:
         """All replicas of every ensemble, ``[R, K, n]``: the given ``beta = 1`` states and fresh valid starts."""
         fg = self._graph()
@@ -496,22 +520,24 @@ class ReplicaExchange(GraphKernel):
         beta, log_zero, index, row_beta, cold, warm = self._ladder_tensors(state.dtype)
         self.inner.soft_zeros = None if log_zero is None else SoftZeros(index, log_zero)
         fixed = not warmup or not self.adapt or self.replicas < 3
+        if fixed:  # (softened models, or a kernel not set up: their rows are built here, for the fixed ladder)
+            self._temper_rows(state.dtype, log_zero)
         if isinstance(self.inner, NeuralBlockKernel):  # the coldest replicas' chains take the neural sweeps
-            self.inner.neural_rows = cold if fixed or not self.tempered_proposals else warm
-        if self._tempered is None and fixed and self.tempered_proposals and isinstance(self.inner, NeuralBlockKernel):
-            tables = self._table_replicas()  # rows for (some of) the temperatures whose replicas take neural sweeps
-            self._tempered = self.inner.temper(
-                self.betas[tables].to(state.dtype), None if log_zero is None else log_zero[tables]
-            )
+            self.inner.neural_rows = cold if fixed or not self.tempered_proposals or self._tempered else warm
         self.inner.beta = row_beta
-        flat = self.inner._transition(replicas.reshape(size, n), warmup)
+        parity = self._steps % 2
+        states, mean_prob = replicas.reshape(size, n), None
+        fused = self._one_call_sweep(states, log_zero)
+        if fused is None:
+            flat = self.inner._transition(states, warmup)
+        else:  # (mean_prob: the swaps of a neural sweep's one call)
+            flat, mean_prob = self._one_call_transition(fg, fused, states, beta, parity, warmup)
         replicas = flat.reshape(self.replicas, self.chains, n)
         if self.replicas > 1:
-            parity = self._steps % 2
-            if self._joints is not None and replicas.dtype in (torch.float32, torch.float64):
+            if mean_prob is None and self._joints is not None and replicas.dtype in (torch.float32, torch.float64):
                 # (in place: the inner kernel's states are new, not the caller's)
                 replicas, mean_prob = self._swap_compiled(self._joints, replicas, beta, log_zero, parity)
-            else:
+            elif mean_prob is None:
                 replicas, mean_prob = self._swap(fg, replicas, beta, log_zero, parity)
             # the running rates and counts of the pairs (parity, parity + 1), (parity + 2, ...): NumPy float64
             rate = self._swap_rate[parity::2]
@@ -529,6 +555,62 @@ class ReplicaExchange(GraphKernel):
         self._steps += 1
         self.replica_states = replicas
         return replicas[0]
+
+    def _one_call_sweep(self, states: Tensor, log_zero: Tensor | None) -> FusedBlockSweep | None:
+        """The fused block sweep a transition of ``states [R K, n]`` can run in one compiled call with its swaps
+        (:func:`~neuralblock.kernels.jit.replica_block_transition`), else ``None``.
+
+        That holds for neural replicas of one proposal on the compiled path with a prefilled table, every replica
+        taking the neural sweeps (after warmup, or without adaptation), with compiled swaps and no soft zeros.
+        """
+        inner = self.inner
+        if (
+            self.replicas < 2
+            or not isinstance(inner, NeuralBlockKernel)
+            or len(inner.fused) != 1
+            or inner.neural_rows is not None
+            or log_zero is not None
+            or self._joints is None
+            or self._joints[1] is not None
+            or states.dtype not in (torch.float32, torch.float64)
+        ):
+            return None
+        fused = inner.fused[0]
+        return fused if isinstance(fused, FusedBlockSweep) and fused.one_call(states) else None
+
+    def _one_call_transition(
+        self, fg: FactorGraph, fused: FusedBlockSweep, states: Tensor, beta: Tensor, parity: int, warmup: bool
+    ) -> tuple[Tensor, np.ndarray | None]:
+        """The inner kernel's transition of ``states``, and on a neural turn the swaps of ``parity`` in the same
+        compiled call: the states after them (new) and each pair's mean swap acceptance (``None``: not swapped yet).
+
+        It draws from torch's RNG in the order of the calls it replaces (the turn, the sweep's uniforms, the swap
+        tests'), so its chains are theirs bit for bit; the inner kernel counts the sweep as its own.
+        """
+        inner = self.inner
+        assert isinstance(inner, NeuralBlockKernel) and self._joints is not None
+        inner._calibrate_share(fg, states)
+        if inner.single_site_turn():  # (as the inner kernel's transition: the turn first)
+            return inner.single_site_transition(fg, states, warmup), None
+        classes = inner.neural_classes(0)
+        first, last = (0, len(fused.sizes)) if classes is None else classes
+        start = time.perf_counter()
+        draws, accept = fused.uniforms(len(states), first, last, states.device)
+        pairs = len(range(parity, self.replicas - 1, 2))
+        log_u = torch.rand(pairs, self.chains, dtype=torch.float64).log_().numpy()
+        index, slots, rows, tail, layout = fused.whole_arguments(states.dtype, inner.beta, None, first, last)
+        work = states.clone()  # (updated in place through a NumPy view: the caller's tensor is never written)
+        arguments = (*index, *rows, draws.numpy(), accept.log_().numpy(), *tail)
+        (accepted, nonfinite, delta), seconds = timed_first_call(
+            fused._jit_layouts, ("replica", *layout), replica_block_transition,
+            work.numpy(), arguments, self._joints[0], beta.double().numpy(), parity, log_u,
+        )  # fmt: skip
+        fused.compile_seconds += seconds
+        inner.record_fused_sweep(0, torch.from_numpy(accepted), nonfinite, len(work) * slots, warmup)
+        inner._transitions += 1
+        if not warmup:
+            inner._block_seconds += time.perf_counter() - start  # (with the swaps: they are the same call)
+        return work, _pair_means(_acceptance(delta))
 
     def _ladder_tensors(self, dtype: torch.dtype) -> _LadderTensors:
         """``beta [R]``, the zeros' log-potentials ``[R]`` (or ``None``), each row's replica and ``beta`` ``[R K]``,
