@@ -9,8 +9,12 @@ up to 10, 2 ensembles, 200 warmup transitions that adapt the ladder):
 * ``gibbs`` / ``nb``: CPU seconds per transition after warmup of ``ReplicaExchange`` with Gibbs replicas and
   with ``grid-mrf-2x2`` (``grid-bn-2x2`` on the BN) neural replicas (the kernel's defaults: covers,
   ``gibbs_prob=0.1``, tempered proposals);
-* ``warmup``: CPU seconds per warmup transition (the first, which draws the other replicas' starts, apart);
-* ``nb first``: the first transition after warmup, which builds the tempered proposal rows;
+* ``start``: CPU seconds of ``setup`` and the first warmup transition together (the other replicas' starts and,
+  since commit 2a285a0, the neural replicas' tempered proposal rows are made at setup; before, the first
+  transition drew the starts);
+* ``warmup``: CPU seconds per warmup transition after the first;
+* ``first``: the first transition after warmup (until commit 2a285a0 the neural replicas built their tempered
+  proposal rows there);
 * the same arms on ``--baseline`` (checked out into a temporary ``git worktree``).
 
 Ratios printed: ``nb / gibbs`` per transition (current code) and ``baseline / current`` for each arm.
@@ -42,7 +46,7 @@ from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: 
 
 __all__ = ["main", "transition_seconds"]
 
-BASELINE = "c1068c5"  # the last commit before the trimmed per-transition bookkeeping
+BASELINE = "1831c58"  # the last commit before the starts and tempered rows at setup and the one-call transition
 ARMS = ("gibbs", "nb")
 
 _SNIPPET = """
@@ -56,8 +60,10 @@ fg = read_erg(erg_grid(grid)) if bn else read_uai(uai_grid(grid))
 proposals = [load_pretrained("grid-bn-2x2" if bn else "grid-mrf-2x2")] if arm == "nb" else None
 torch.manual_seed(0)
 kernel = ReplicaExchange(fg, proposals=proposals, replicas=16, max_temperature=10.0, chains=2)
+start = time.process_time()
 kernel.setup(warmup)
-params = kernel.sample(kernel.initial_params)  # (draws the other replicas' starts)
+params = kernel.sample(kernel.initial_params)
+begun = time.process_time() - start
 start = time.process_time()
 for _ in range(warmup - 1):
     params = kernel.sample(params)
@@ -69,17 +75,19 @@ steps, start = 0, time.process_time()
 while time.process_time() - start < budget:
     params = kernel.sample(params)
     steps += 1
-print(json.dumps({"first": first, "warmup": warm, "per_transition": (time.process_time() - start) / steps}))
+per_transition = (time.process_time() - start) / steps
+print(json.dumps({"start": begun, "first": first, "warmup": warm, "per_transition": per_transition}))
 """
 
 
 def transition_seconds(tree: Path, grid: str, arm: str, budget: float, warmup: int = 200) -> dict[str, float]:
-    """CPU seconds of ``arm``'s first transition after warmup, per transition after it and per warmup transition.
+    """CPU seconds of ``arm``'s setup with its first transition, per warmup transition after it, of the first
+    transition after warmup and per transition after that.
 
     Example:
         >>> out = transition_seconds(ROOT, "Grids_12", "gibbs", budget=0.2, warmup=4)
         >>> sorted(out), out["per_transition"] > 0
-        (['first', 'per_transition', 'warmup'], True)
+        (['first', 'per_transition', 'start', 'warmup'], True)
     """
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
@@ -119,19 +127,22 @@ def main(argv: list[str] | None = None) -> dict:
                         times.setdefault(f"{label}{arm}", []).append(found["per_transition"])
                         times.setdefault(f"{label}{arm} warmup", []).append(found["warmup"])
                         times.setdefault(f"{label}{arm} first", []).append(found["first"])
+                        times.setdefault(f"{label}{arm} start", []).append(found["start"])
             median = {key: statistics.median(values) for key, values in times.items()}
             ratios = {"nb / gibbs": paired_ratio(times, "nb", "gibbs")}
             if worktree is not None:
                 for arm in ARMS:
                     ratios[f"baseline / current, {arm}"] = paired_ratio(times, f"baseline {arm}", arm)
-                    ratios[f"baseline / current, {arm} warmup"] = paired_ratio(
-                        times, f"baseline {arm} warmup", f"{arm} warmup"
-                    )
+                    for part in ("warmup", "start", "first"):
+                        ratios[f"baseline / current, {arm} {part}"] = paired_ratio(
+                            times, f"baseline {arm} {part}", f"{arm} {part}"
+                        )
                 ratios["baseline nb / baseline gibbs"] = paired_ratio(times, "baseline nb", "baseline gibbs")
             record["grids"][grid] = {"seconds": times, "median": median, "ratios": ratios}
+            once = ("first", "start")  # (seconds; the others milliseconds per transition)
             rows.append(
-                {"grid": grid, **{f"{k} (ms)": 1e3 * v for k, v in median.items() if not k.endswith("first")},
-                 **{f"{k} (s)": v for k, v in median.items() if k.endswith("first")}, **ratios}
+                {"grid": grid, **{f"{k} (ms)": 1e3 * v for k, v in median.items() if not k.endswith(once)},
+                 **{f"{k} (s)": v for k, v in median.items() if k.endswith(once)}, **ratios}
             )  # fmt: skip
     columns = list(dict.fromkeys(key for row in rows for key in row))
     table = markdown_table(rows, columns, spec=".3g")
@@ -141,9 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
     header = (
         "# Replica exchange: CPU cost per transition\n\n"
         f"16 temperatures, 2 ensembles, 200 warmup transitions; median of {args.rounds} interleaved round(s) of "
-        f"{args.budget:g} CPU s each, one thread; baseline: `{args.baseline or 'none'}`. `warmup`: per warmup "
-        "transition (the first apart); `first`: the first transition after warmup (neural replicas build their "
-        "tempered proposal rows there).\n\n"
+        f"{args.budget:g} CPU s each, one thread; baseline: `{args.baseline or 'none'}`. `start`: setup and the "
+        "first warmup transition; `warmup`: per warmup transition after it; `first`: the first transition after "
+        "warmup (until 2a285a0 neural replicas built their tempered proposal rows there).\n\n"
     )
     (out / "replica_cost.md").write_text(header + table + "\n")
     print(table)

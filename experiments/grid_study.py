@@ -21,7 +21,7 @@ Replica-exchange arms (``--arms ... RE-Gibbs RE-NB``, issue 22):
 ``--max-temperature`` (the ladder adapted during warmup) and Gibbs or NB+Gibbs replicas with the
 kernel's defaults (``gibbs_prob`` 0.1 unless ``--re-gibbs-prob``, one 2x2 tiling per neural sweep, neural
 sweeps at every temperature, at ``T = 1`` only on models with softened zeros; NB replicas propose from
-their tempered model once the ladder is fixed); ``--chains / --replicas``
+their tempered model, rows built at setup); ``--chains / --replicas``
 ensembles, so every arm updates ``--chains`` states per sweep, and only the ``beta = 1``
 replicas' draws are pooled. They report each arm's time to mean marginal error ``--level``
 (0.05; reached *for good*: from that checkpoint on the error stays at or below it), and RE-NB
