@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--re-tempered-tables",
         type=int,
         default=None,
-        help="RE-NB's tempered_tables (default: its own; 0: None, powered rows for every temperature)",
+        help="RE-NB's tempered_tables (default: its own; 0: None, powered rows for every initial temperature)",
     )
     add_choices(parser, clock=(["cpu", "wall"], "time budget and time axis"))
     parser.add_argument("--instances", nargs="*", default=None, help="subset of instance names")

@@ -80,12 +80,16 @@ def test_powered_rows_from_setup_or_only_the_coldest_replicas_neural_while_the_l
         for _ in range(10):  # the rest of warmup, then one transition after it
             params = kernel.sample(params)
         after = kernel.inner.neural_rows
+        table = kernel.inner.fused[0].table  # type: ignore[union-attr]
+        # rows for the fixed ladder wherever the table is full by then (a table filled on visits may be)
+        assert bool(kernel._tempered) == (kernel.tempered_proposals and table.prefilled)
         return (None if during is None else during.tolist()), (None if after is None else after.tolist()), built
 
     assert rows_in_and_after_warmup() == (None, None, True)
     assert rows_in_and_after_warmup(warmup_neural_replicas=2) == (None, None, True)  # (rows exist: moot)
     assert rows_in_and_after_warmup(tempered_proposals=False) == (None, None, False)  # the same proposal throughout
-    assert rows_in_and_after_warmup(neural_replicas=2) == ([True] * 4 + [False] * 4,) * 2 + (True,)
+    # with fewer neural replicas than temperatures their hottest moves in warmup: rows for the fixed ladder
+    assert rows_in_and_after_warmup(neural_replicas=2) == ([True] * 2 + [False] * 6, [True] * 4 + [False] * 4, False)
     monkeypatch.setattr(fused_blocks, "_PREFILL_ROWS", 0)  # rows filled as chains visit them: no powered rows
     assert rows_in_and_after_warmup() == ([True] * 2 + [False] * 6, None, False)  # replica-major: T = 1 of both
     assert rows_in_and_after_warmup(warmup_neural_replicas=2) == ([True] * 4 + [False] * 4, None, False)

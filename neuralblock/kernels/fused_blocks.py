@@ -1235,7 +1235,7 @@ class FusedBlockSweep:
             draws = draws.reshape(chains, count, width).transpose(0, 1).contiguous()  # [C, K, width]
             log_accept = accept.reshape(chains, count, width).log().transpose(0, 1)
         soft = soft if table.has_zeros else None  # the zeros' potentials matter only where there are zeros
-        if on_jit and table.prefilled:  # prefilled tables never change during a sweep: one compiled call
+        if self.one_call(state):  # prefilled tables never change during a sweep: one compiled call
             return self._sweep_whole(state, draws, log_accept, beta, soft, first, last)
         beta_rows, key_offset, chain_log_zero = self._chain_rows(beta, soft, state.device)
         if key_offset is not None:

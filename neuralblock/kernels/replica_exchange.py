@@ -40,25 +40,32 @@ marginal error 0.05 was 0.11 / 0.12 / 0.11 / 0.12 s against 0.15 / 0.12 / 0.14 /
 0.18 / 0.20 / 0.27 s with every one, while the lowest block acceptance over the temperatures fell from
 0.92-0.97 to 0.64-0.83 (``--re-tempered-tables`` of ``experiments/grid_study.py``; rows built after warmup
 then). Rows from setup rather than after warmup (where the hot replicas took single-site sweeps while the
-ladder adapted, and the first draw after warmup waited for the rows): on fresh 10x10 tori (generator seed
-5000, couplings up to 5, 8, 12 and 15; 4 seeds x 4 s CPU) 200 warmup transitions took 0.034-0.041 s against
-0.046-0.053 s (Gibbs replicas 0.033-0.039 s), and the median time to error 0.05 was 0.12 / 0.62 / 0.24 / 1.29
-s against 0.20 / 0.70 / 0.59 / 2.33 s (Gibbs replicas 0.25 / 1.66 / 0.65 / 3.73 s). Where no rows can be
-built (a proposal off the fused path's dense, fully tabulated table), only the
-``warmup_neural_replicas`` coldest replicas (default: the ``T = 1`` ones, where the untempered proposal fits)
-take neural sweeps while the ladder adapts, and every temperature the untempered proposal after: with the
+ladder adapted, and the first draw after warmup waited for the rows), with the hot replicas' starts drawn at
+setup too (they were drawn at the first warmup transition): on fresh 10x10 tori (generator seed 5000,
+couplings up to 5, 8, 12 and 15; 4 seeds x 4 s CPU, setup not counted) 200 warmup transitions took
+0.034-0.043 s against 0.079-0.089 s (Gibbs replicas, whose starts moved too, 0.037-0.041 s against
+0.066-0.074 s), and the median time to mean marginal error 0.05 was 0.10 / 0.65 / 0.27 / 1.38 s against 0.33
+/ 0.79 / 0.67 / 2.24 s (Gibbs replicas 0.31 / 1.81 / 0.72 / 3.73 s; commit 2a285a0 against 1831c58). The
+work moved into setup is about 0.03 s of starts and 0.02 s of rows on these grids, less than those gains.
+The rows are built at setup where the neural replicas include the hottest (the default), whose temperature
+stays fixed; with fewer (``neural_replicas``) their hottest may move in warmup, and the rows are built for
+the fixed ladder. Where no rows can be built (a proposal off the fused path's dense, fully
+tabulated table), only the ``warmup_neural_replicas`` coldest replicas (default: the ``T = 1`` ones, where
+the untempered proposal fits) take neural sweeps while the ladder adapts, and every temperature the
+untempered proposal after: with the
 untempered proposal at every temperature in warmup the replicas ended it further from the target (on fresh
 10x10 tori, couplings up to 5, 8 and 12, generator seed 4000, the median error of the first draw after warmup
 was 0.29 / 0.41 / 0.58 against 0.07 / 0.05 / 0.04). After the model's parameters change (``update_graph``:
-compound samplers) every temperature uses the untempered proposal. Any proposal keeps MH exact; the block
+compound samplers) the replicas use the untempered proposal: in warmup only the ``warmup_neural_replicas``
+coldest take neural sweeps, after it every neural one. Any proposal keeps MH exact; the block
 acceptance per temperature and the sweeps that used the tempered rows are reported.
 
 **One call per transition.** With every replica taking the neural sweeps of one proposal on the compiled path
 (a prefilled table, table factors, no soft zeros), a neural transition runs the sweep and the swaps in one
 compiled call (:func:`~neuralblock.kernels.jit.replica_block_transition`), with the uniforms of the two
-calls it replaces, drawn in their order: the same chain, bit for bit, at 0.95x of their time per transition
-on the UAI grids ``Grids_11`` (10x10) and ``Grids_17`` (20x20), medians of 7 paired rounds of 400
-transitions (16 temperatures, 2 ensembles).
+calls it replaces, drawn in their order: the same chain, bit for bit (``benchmarks/replica_cost.py`` times
+it: with the starts and rows made at setup, a neural-replica transition was 1.13x faster on ``Grids_12`` and
+1.25x on ``Grids_16`` than at commit 1831c58).
 
 **Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
 constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
@@ -265,8 +272,9 @@ class ReplicaExchange(GraphKernel):
             softened models, whose rows are built for the fixed ladder; see above; at most ``neural_replicas``'
             count); ``None``: as after warmup. Where rows are built at setup, every neural replica uses them.
         tempered_tables: build powered rows for this many of the neural replicas' temperatures only, spread along
-            the ladder from ``T = 1`` to the hottest (see above); the others read the rows of the next hotter one,
-            their MH ratios corrected by their own ``beta``. ``None``: every temperature (on softened models always).
+            the ladder from ``T = 1`` to the hottest (see above; the initial ladder's temperatures where the rows
+            are built at setup); the others read the rows of the next hotter one, their MH ratios corrected by their
+            own ``beta``. ``None``: every temperature (on softened models always).
 
     Samples: the ``beta = 1`` replicas, laid out as :class:`GibbsKernel`'s with ``chains=K``.
     ``replica_states`` holds the last ``[R, K, n]`` replica states for diagnostics.
@@ -487,11 +495,21 @@ class ReplicaExchange(GraphKernel):
 
     def _started(self, fg: FactorGraph, state: Tensor) -> None:
         """At setup (off the warmup's clock): the other replicas' starts, drawn right after the ``beta = 1`` ones, and
-        the neural replicas' powered rows for the initial ladder (``tempered_proposals``; not on softened models,
-        whose rows wait for the fixed ladder)."""
+        the neural replicas' powered rows for the initial ladder (``tempered_proposals``).
+
+        Inside a compound sampler (a model conditioned on other blocks, whose values move before the first
+        transition) both wait for the first transition. The rows are built at setup only where the neural
+        replicas include the hottest, whose temperature the adaptation keeps, so that no neural replica is ever
+        hotter than every table (it would read the untempered rows); elsewhere (and on softened models, or where
+        they cannot be built yet) they are built for the fixed ladder.
+        """
+        if self._conditioned is not None:
+            return
         self.replica_states = self._start_replicas(state)
-        if self.penalty is None:
+        if self.penalty is None and self.neural_count() == self.replicas:
             self._temper_rows(state.dtype, None)
+            if not self._tempered:
+                self._tempered = None  # (a table still filling as chains visit rows: tried again, for the fixed ladder)
 
     def _temper_rows(self, dtype: torch.dtype, log_zero: Tensor | None) -> None:
         """Build the powered rows of the table temperatures (:meth:`_table_replicas`) once, where they can be."""
@@ -561,7 +579,8 @@ class ReplicaExchange(GraphKernel):
         (:func:`~neuralblock.kernels.jit.replica_block_transition`), else ``None``.
 
         That holds for neural replicas of one proposal on the compiled path with a prefilled table, every replica
-        taking the neural sweeps (after warmup, or without adaptation), with compiled swaps and no soft zeros.
+        taking the neural sweeps (in warmup too where the powered rows exist then), with compiled swaps and no soft
+        zeros. The inner kernel's block time (``updates_per_second``) then includes the swaps.
         """
         inner = self.inner
         if (
