@@ -606,8 +606,9 @@ class ReplicaExchange(GraphKernel):
         It draws from torch's RNG in the order of the calls it replaces (the turn, the sweep's uniforms, the swap
         tests'), so its chains are theirs bit for bit; the inner kernel counts the sweep as its own.
         """
-        inner = self.inner
-        assert isinstance(inner, NeuralBlockKernel) and self._joints is not None
+        inner, joints = self.inner, self._joints
+        if not isinstance(inner, NeuralBlockKernel) or joints is None:  # (_one_call_sweep found both)
+            raise RuntimeError("the one-call transition needs neural replicas and compiled swaps")
         inner._calibrate_share(fg, states)
         if inner.single_site_turn():  # (as the inner kernel's transition: the turn first)
             return inner.single_site_transition(fg, states, warmup), None
@@ -622,7 +623,7 @@ class ReplicaExchange(GraphKernel):
         arguments = (*index, *rows, draws.numpy(), accept.log_().numpy(), *tail)
         (accepted, nonfinite, delta), seconds = timed_first_call(
             fused._jit_layouts, ("replica", *layout), replica_block_transition,
-            work.numpy(), arguments, self._joints[0], beta.double().numpy(), parity, log_u,
+            work.numpy(), arguments, joints[0], beta.double().numpy(), parity, log_u,
         )  # fmt: skip
         fused.compile_seconds += seconds
         inner.record_fused_sweep(0, torch.from_numpy(accepted), nonfinite, len(work) * slots, warmup)
