@@ -2,8 +2,9 @@
 
 Measures, side by side in one run (one torch thread, CPU time through the public ``kernel.sample`` API, each
 measurement in a fresh subprocess, rounds interleaved, medians reported), on the UAI Ising grids ``Grids_12``
-(10x10 torus) and ``Grids_16`` (20x20) and the UAI 2008 grid BN ``90-14-1`` (14x14, hard zeros: softened hot
-replicas, neural sweeps at ``T = 1`` only) with the settings of the replica-exchange grid study (16 temperatures
+(10x10 torus) and ``Grids_16`` (20x20) and the UAI 2008 grid BNs ``90-14-1`` and ``90-16-1`` (14x14 and 16x16,
+hard zeros: softened hot replicas, neural sweeps at ``T = 1`` only, in one compiled call with the swaps since the
+commit after d72e0a9) with the settings of the replica-exchange grid study (16 temperatures
 up to 10, 2 ensembles, 200 warmup transitions that adapt the ladder):
 
 * ``gibbs`` / ``nb``: CPU seconds per transition after warmup of ``ReplicaExchange`` with Gibbs replicas and
@@ -15,13 +16,18 @@ up to 10, 2 ensembles, 200 warmup transitions that adapt the ladder):
 * ``warmup``: CPU seconds per warmup transition after the first;
 * ``first``: the first transition after warmup (until commit 2a285a0 the neural replicas built their tempered
   proposal rows there);
-* the same arms on ``--baseline`` (checked out into a temporary ``git worktree``).
+* the same arms on ``--baseline`` (checked out into a temporary ``git worktree``);
+* ``nb one call`` / ``nb separate``: in one process, neural replicas after warmup in alternating blocks
+  (``--blocks`` of ``--block-seconds`` each) with the one-call transition and with the separate calls it
+  replaces; both make the same chain, so this times the call overhead alone, robust to the machine's load
+  drifting between subprocesses.
 
-Ratios printed: ``nb / gibbs`` per transition (current code) and ``baseline / current`` for each arm.
+Ratios printed: ``nb / gibbs`` per transition (current code), ``separate / one call, nb`` (median over the
+block pairs) and ``baseline / current`` for each arm.
 
 Run it from the repository root::
 
-    python benchmarks/replica_cost.py            # full run (about 5 minutes)
+    python benchmarks/replica_cost.py            # full run (about 8 minutes)
     python benchmarks/replica_cost.py --quick    # smoke test: Grids_12, one round, no baseline
 
 It writes ``replica_cost.json`` and ``replica_cost.md`` into ``--out`` (default ``benchmarks/results/``).
@@ -46,7 +52,7 @@ from neuralblock.diagnostics.reports import markdown_table, write_json  # noqa: 
 
 __all__ = ["main", "transition_seconds"]
 
-BASELINE = "1831c58"  # the last commit before the starts and tempered rows at setup and the one-call transition
+BASELINE = "d72e0a9"  # the last commit before the one-call transition of softened models (neural sweeps at T = 1)
 ARMS = ("gibbs", "nb")
 
 _SNIPPET = """
@@ -80,6 +86,53 @@ print(json.dumps({"start": begun, "first": first, "warmup": warm, "per_transitio
 """
 
 
+_TOGGLE_SNIPPET = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+from neuralblock import ReplicaExchange, load_pretrained
+from neuralblock.io import erg_grid, read_erg, read_uai, uai_grid
+grid, blocks, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+bn = grid.startswith("90-")
+fg = read_erg(erg_grid(grid)) if bn else read_uai(uai_grid(grid))
+torch.manual_seed(0)
+kernel = ReplicaExchange(fg, [load_pretrained("grid-bn-2x2" if bn else "grid-mrf-2x2")], replicas=16,
+                         max_temperature=10.0, chains=2)
+kernel.setup(200)
+params = kernel.initial_params
+for _ in range(400):  # warmup, then the first transitions after it (both paths compiled)
+    params = kernel.sample(params)
+    if _ == 300:
+        kernel._one_call_sweep, joined = (lambda *args: None), kernel._one_call_sweep
+    elif _ == 350:
+        kernel._one_call_sweep = joined
+times = {"one call": [], "separate": []}
+for _ in range(blocks):  # alternating blocks: slow drifts of the machine's load cancel in each pair's ratio
+    for label in times:
+        kernel._one_call_sweep = joined if label == "one call" else (lambda *args: None)
+        steps, start = 0, time.process_time()
+        while time.process_time() - start < seconds:
+            params = kernel.sample(params)
+            steps += 1
+        times[label].append((time.process_time() - start) / steps)
+print(json.dumps(times))
+"""
+
+
+def one_call_seconds(grid: str, blocks: int, seconds: float) -> dict[str, list[float]]:
+    """CPU seconds per transition of neural replicas after warmup, in alternating blocks of ``seconds`` with the
+    one-call transition and with the separate calls it replaces (the same chain: only the cost differs).
+
+    Example:
+        >>> out = one_call_seconds("Grids_12", blocks=1, seconds=0.05)
+        >>> sorted(out), len(out["separate"])
+        (['one call', 'separate'], 1)
+    """
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", _TOGGLE_SNIPPET, grid, str(blocks), str(seconds)]
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def transition_seconds(tree: Path, grid: str, arm: str, budget: float, warmup: int = 200) -> dict[str, float]:
     """CPU seconds of ``arm``'s setup with its first transition, per warmup transition after it, of the first
     transition after warmup and per transition after that.
@@ -105,15 +158,17 @@ def transition_seconds(tree: Path, grid: str, arm: str, budget: float, warmup: i
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grids", nargs="+", default=["Grids_12", "Grids_16", "90-14-1"])
+    parser.add_argument("--grids", nargs="+", default=["Grids_12", "Grids_16", "90-14-1", "90-16-1"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=3.0, help="CPU seconds of transitions per measurement")
     parser.add_argument("--baseline", default=BASELINE, help="commit to time the same arms on ('' for none)")
+    parser.add_argument("--blocks", type=int, default=10, help="alternating blocks per path (one call / separate)")
+    parser.add_argument("--block-seconds", type=float, default=0.3, help="CPU seconds per block")
     parser.add_argument("--quick", action="store_true", help="smoke test: Grids_12, one round, no baseline")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.grids, args.rounds, args.budget, args.baseline = ["Grids_12"], 1, 0.5, ""
+        args.grids, args.rounds, args.budget, args.baseline, args.blocks = ["Grids_12"], 1, 0.5, "", 2
     record: dict = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "grids": {}}
     rows = []
     with baseline_worktree(args.baseline, prefix="re-baseline-") as worktree:
@@ -128,8 +183,13 @@ def main(argv: list[str] | None = None) -> dict:
                         times.setdefault(f"{label}{arm} warmup", []).append(found["warmup"])
                         times.setdefault(f"{label}{arm} first", []).append(found["first"])
                         times.setdefault(f"{label}{arm} start", []).append(found["start"])
+            toggled = one_call_seconds(grid, args.blocks, args.block_seconds)
+            times.update({f"nb {label}": values for label, values in toggled.items()})
             median = {key: statistics.median(values) for key, values in times.items()}
-            ratios = {"nb / gibbs": paired_ratio(times, "nb", "gibbs")}
+            ratios = {
+                "nb / gibbs": paired_ratio(times, "nb", "gibbs"),
+                "separate / one call, nb": paired_ratio(times, "nb separate", "nb one call"),
+            }
             if worktree is not None:
                 for arm in ARMS:
                     ratios[f"baseline / current, {arm}"] = paired_ratio(times, f"baseline {arm}", arm)

@@ -281,11 +281,15 @@ def test_compiled_sweeps_follow_rows_filled_on_visits_and_slots(monkeypatch: pyt
         assert len(kernel.cover_classes[0]) == (2 if cover else 1)
 
 
-@pytest.mark.parametrize("cover", [False, True])
+@pytest.mark.parametrize(
+    ("cover", "case"), [(False, "every replica"), (True, "every replica"), (False, "two coldest"), (True, "softened")]
+)
 def test_one_call_replica_transition_makes_the_separate_calls_chain(
-    cover: bool, monkeypatch: pytest.MonkeyPatch
+    cover: bool, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A neural replica-exchange transition in one compiled call (sweep, then swaps) is the two calls', bit for bit."""
+    """A neural replica-exchange transition in one compiled call (the hotter replicas' single-site sweep, the block
+    sweep, then the swaps) is the separate calls', bit for bit: every replica neural, the two coldest of four, and
+    hard zeros (softened hot replicas, neural sweeps at T = 1 only)."""
     import neuralblock.kernels.replica_exchange as replica_exchange
 
     q = proposal()
@@ -297,15 +301,19 @@ def test_one_call_replica_transition_makes_the_separate_calls_chain(
         return one_call(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(replica_exchange, "replica_block_transition", counted)
+    graph = constrained_chain(seed=2) if case == "softened" else chain_graph(seed=4)
+    neural_replicas = {"every replica": None, "two coldest": 2, "softened": "auto"}[case]
 
     def chain(joined: bool) -> tuple[torch.Tensor, dict]:
         torch.manual_seed(5)
         kernel = ReplicaExchange(
-            chain_graph(seed=4), [q], replicas=4, max_temperature=5.0, chains=2, gibbs_prob=0.3, cover=cover
-        )
+            graph, [q], replicas=4, max_temperature=5.0, chains=2, gibbs_prob=0.3, cover=cover,
+            neural_replicas=neural_replicas,
+        )  # fmt: skip
         if not joined:
             monkeypatch.setattr(kernel, "_one_call_sweep", lambda *args: None)
         kernel.setup(30)
+        assert (kernel.penalty is not None) == (case == "softened")
         params, states = kernel.initial_params, []
         for _ in range(150):
             params = kernel.sample(params)
@@ -314,11 +322,14 @@ def test_one_call_replica_transition_makes_the_separate_calls_chain(
         inner = diagnostics.pop("inner")
         kept = ("swap_acceptance", "temperatures", "tempered_sweeps", "block_acceptance_by_temperature")
         counts = ("acceptance_by_proposal", "nonfinite_rejections", "single_site_sweeps")
-        return torch.stack(states), {**{k: diagnostics[k] for k in kept}, **{k: inner[k] for k in counts}}
+        replicas = kernel.replica_states.clone()
+        return torch.stack(states), {**{k: diagnostics[k] for k in kept}, **{k: inner[k] for k in counts}}, replicas
 
-    joined, joined_stats = chain(True)
-    assert 90 < len(calls) < 120  # the neural turns, warmup included (powered rows from setup; 30 % single-site)
-    separate, separate_stats = chain(False)
-    assert torch.equal(joined, separate)
-    assert joined_stats == separate_stats and joined_stats["tempered_sweeps"] > 0
+    joined, joined_stats, joined_replicas = chain(True)
+    assert 90 < len(calls) < 120  # the neural turns, warmup included (30 % single-site)
+    separate, separate_stats, separate_replicas = chain(False)
+    assert torch.equal(joined, separate) and torch.equal(joined_replicas, separate_replicas)
+    assert str(joined_stats) == str(separate_stats)  # (NaN acceptance at the temperatures without neural sweeps)
+    assert joined_stats["tempered_sweeps"] > 0 and joined_stats["acceptance_by_proposal"]
+    assert min(joined_stats["swap_acceptance"]) > 0.0
     assert len(torch.unique(joined.reshape(len(joined), -1), dim=0)) > 10

@@ -521,19 +521,27 @@ def swap_replicas(
 
 @_compiled
 def _replica_block_transition(
-    state, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values, energy,
-    beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, scopes, strides, offsets, flat, log_p, betas, parity,
-    log_u, deltas, replicas,
+    state, neural, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values, energy,
+    beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, scopes, strides, offsets, flat, log_p, zero_scopes,
+    zero_strides, zero_offsets, zero_flat, zero_count, replica_log_zero, betas, parity, log_u, deltas, replicas,
 ):  # fmt: skip
     nonfinite = _block_sweep(
-        state, ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values, energy,
-        beta_m1, slot, key_offset, zeros, log_zero, beta, accepted,
+        state[:neural], ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values,
+        energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted,
     )  # fmt: skip
     _table_log_joint(state, scopes, strides, offsets, flat, log_p)
     chains, n = state.shape[0] // replicas, state.shape[1]
-    _swap_replicas(
-        state.reshape(replicas, chains, n), log_p.reshape(replicas, chains), betas, parity, None, None, log_u, deltas
-    )
+    if zero_count is not None:  # soft zeros: each replica's target counts the state's zero entries
+        _table_log_joint(state, zero_scopes, zero_strides, zero_offsets, zero_flat, zero_count)
+        _swap_replicas(
+            state.reshape(replicas, chains, n), log_p.reshape(replicas, chains), betas, parity,
+            zero_count.reshape(replicas, chains), replica_log_zero, log_u, deltas,
+        )  # fmt: skip
+    else:
+        _swap_replicas(
+            state.reshape(replicas, chains, n), log_p.reshape(replicas, chains), betas, parity, None, None, log_u,
+            deltas,
+        )  # fmt: skip
     return nonfinite
 
 
@@ -544,35 +552,69 @@ def replica_block_transition(
     betas: np.ndarray,
     parity: int,
     log_u: np.ndarray,
+    neural: int | None = None,
+    zero_joint: TableLogJoint | None = None,
+    log_zero: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, np.ndarray]:
-    """A replica-exchange transition of neural blocks as one compiled call, in place: :func:`block_sweep`, then the
-    swaps of :func:`swap_replicas` (on models without soft zeros).
+    """A replica-exchange transition's neural block sweep and swaps as one compiled call, in place:
+    :func:`block_sweep` of the first ``neural`` states, then the swaps of :func:`swap_replicas`.
 
     The same arithmetic as those two calls one after the other, so with the same uniforms the states, counts and
-    ratios are theirs bit for bit; only the calls between them are saved.
+    ratios are theirs bit for bit; only the calls between them are saved. The states after the first ``neural``
+    (hotter replicas that took a single-site sweep before this call) are only swapped.
 
     Args:
         state: ``[R K, n]`` replica-major states (replica ``r``'s ensembles in rows ``r K .. r K + K - 1``).
-        sweep: :func:`block_sweep`'s arguments after the state, ``ids`` to ``log_zero`` (17 arrays or ``None``).
-        joint: the model's :class:`TableLogJoint` (the swaps' log densities).
+        sweep: :func:`block_sweep`'s arguments after the state, ``ids`` to ``log_zero`` (17 arrays or ``None``),
+            for the first ``neural`` states.
+        joint: the model's :class:`TableLogJoint` (the swaps' log densities; the finite part with ``zero_joint``).
         betas: ``[R]`` inverse temperatures (float64).
         parity: which neighbouring pairs propose to swap (see :func:`swap_replicas`).
         log_u: ``[P, K]`` log uniforms of the swap tests.
+        neural: how many of the first states take the block sweep (``None``: all).
+        zero_joint: soft zeros: the count of zero table entries (the zeros' graph of ``FactorGraph.split_zeros``).
+        log_zero: with ``zero_joint``, each replica's log-potential of a zero entry ``[R]`` (float64).
 
     Returns:
-        Accepted blocks per state ``[R K]``, the number of non-finite block ratios, and each attempted pair's log
-        swap ratio ``[P, K]``.
+        Accepted blocks per swept state ``[neural]``, the number of non-finite block ratios, and each attempted
+        pair's log swap ratio ``[P, K]``.
+
+    Example:
+        >>> import torch
+        >>> from neuralblock import FactorGraph
+        >>> fg = FactorGraph(); _ = fg.add_variables(1, cardinality=2)
+        >>> _ = fg.add_table_factor([0], torch.tensor([0.0, 1.0]))
+        >>> state = np.array([[0.0], [1.0]])  # two replicas, one ensemble; the first takes the block sweep
+        >>> ids, radix, block_radix = np.zeros((1, 1), np.int64), np.zeros((1, 1, 0)), np.ones(1)
+        >>> block_ids, base, sizes = np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), np.ones(1, np.int64)
+        >>> cdf, log_ratio = np.array([[0.5, 1.0]]), np.array([[0.0, 0.0]])  # propose 0 or 1; w flat (an exact q)
+        >>> draws, log_accept, values = np.array([[0.9]]), np.log(np.array([[0.5]])), np.array([[0.0], [1.0]])
+        >>> sweep = (ids, radix, block_radix, block_ids, base, sizes, cdf, log_ratio, draws, log_accept, values)
+        >>> accepted, bad, delta = replica_block_transition(state, sweep + (None,) * 6, TableLogJoint(fg),
+        ...     np.array([1.0, 0.5]), 0, np.log(np.array([[0.9]])), neural=1)
+        >>> state.ravel().tolist(), accepted.tolist(), delta.tolist()  # the block moves to 1; equal states: no swap
+        ([1.0, 1.0], [1], [[0.0]])
     """
     replicas = betas.shape[0]
     if state.shape[0] % replicas or len(sweep) != 17:
         raise ValueError(f"expected [R K, n] states for {replicas} replicas and 17 sweep arguments")
-    *head, energy, beta, slot, key_offset, zeros, log_zero = sweep
-    accepted = np.zeros(state.shape[0], dtype=np.int64)
+    if (zero_joint is None) != (log_zero is None):
+        raise ValueError("zero_joint and log_zero go together (soft zeros)")
+    neural = state.shape[0] if neural is None else neural
+    if not 0 < neural <= state.shape[0]:
+        raise ValueError(f"neural must count 1..{state.shape[0]} states, got {neural}")
+    *head, energy, beta, slot, key_offset, zeros, log_zero_rows = sweep
+    accepted = np.zeros(neural, dtype=np.int64)
     beta_m1 = None if beta is None else beta - 1  # (as block_sweep rounds it)
     deltas = np.zeros(log_u.shape, dtype=np.float64)
     log_p = np.empty(state.shape[0], dtype=np.float64)
+    count = None if zero_joint is None else np.empty(state.shape[0], dtype=np.float64)
+    zero_arrays = (None,) * 4 if zero_joint is None else (
+        zero_joint.scopes, zero_joint.strides, zero_joint.offsets, zero_joint.flat
+    )  # fmt: skip
     nonfinite = _replica_block_transition(
-        state, *head, energy, beta_m1, slot, key_offset, zeros, log_zero, beta, accepted, joint.scopes,
-        joint.strides, joint.offsets, joint.flat, log_p, betas, parity, log_u, deltas, replicas,
+        state, neural, *head, energy, beta_m1, slot, key_offset, zeros, log_zero_rows, beta, accepted, joint.scopes,
+        joint.strides, joint.offsets, joint.flat, log_p, *zero_arrays, count, log_zero, betas, parity, log_u, deltas,
+        replicas,
     )  # fmt: skip
     return accepted, int(nonfinite), deltas

@@ -60,12 +60,14 @@ compound samplers) the replicas use the untempered proposal: in warmup only the 
 coldest take neural sweeps, after it every neural one. Any proposal keeps MH exact; the block
 acceptance per temperature and the sweeps that used the tempered rows are reported.
 
-**One call per transition.** With every replica taking the neural sweeps of one proposal on the compiled path
-(a prefilled table, table factors, no soft zeros), a neural transition runs the sweep and the swaps in one
-compiled call (:func:`~neuralblock.kernels.jit.replica_block_transition`), with the uniforms of the two
-calls it replaces, drawn in their order: the same chain, bit for bit (``benchmarks/replica_cost.py`` times
-it: with the starts and rows made at setup, a neural-replica transition was 1.13x faster on ``Grids_12`` and
-1.25x on ``Grids_16`` than at commit 1831c58).
+**One call per transition.** With the neural replicas taking the sweeps of one proposal on the compiled path
+(a prefilled table, table factors), a neural transition runs the block sweep and the swaps in one compiled
+call (:func:`~neuralblock.kernels.jit.replica_block_transition`), with the uniforms of the calls it replaces,
+drawn in their order: the same chain, bit for bit. Where only the coldest replicas take neural sweeps (the
+``T = 1`` ones on softened models, or ``neural_replicas``), the others' single-site sweep comes first, as in
+the inner kernel's transition, and on softened models the swaps read the states' zero counts in the same call
+(``benchmarks/replica_cost.py`` times it: with the starts and rows made at setup, a neural-replica transition
+was 1.13x faster on ``Grids_12`` and 1.25x on ``Grids_16`` than at commit 1831c58).
 
 **Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
 constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
@@ -114,7 +116,7 @@ from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel, SoftZeros
 from neuralblock.kernels.jit import NUMBA, TableLogJoint, replica_block_transition, timed_first_call
 from neuralblock.kernels.jit import swap_replicas as swap_replicas_compiled
-from neuralblock.kernels.neural_block import NeuralBlockKernel
+from neuralblock.kernels.neural_block import NeuralBlockKernel, _RowPart
 from neuralblock.kernels.vocabulary import KernelDiagnostics
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -545,11 +547,11 @@ class ReplicaExchange(GraphKernel):
         self.inner.beta = row_beta
         parity = self._steps % 2
         states, mean_prob = replicas.reshape(size, n), None
-        fused = self._one_call_sweep(states, log_zero)
-        if fused is None:
+        one_call = self._one_call_sweep(states, log_zero)
+        if one_call is None:
             flat = self.inner._transition(states, warmup)
         else:  # (mean_prob: the swaps of a neural sweep's one call)
-            flat, mean_prob = self._one_call_transition(fg, fused, states, beta, parity, warmup)
+            flat, mean_prob = self._one_call_transition(fg, *one_call, states, beta, log_zero, parity, warmup)
         replicas = flat.reshape(self.replicas, self.chains, n)
         if self.replicas > 1:
             if mean_prob is None and self._joints is not None and replicas.dtype in (torch.float32, torch.float64):
@@ -574,37 +576,52 @@ class ReplicaExchange(GraphKernel):
         self.replica_states = replicas
         return replicas[0]
 
-    def _one_call_sweep(self, states: Tensor, log_zero: Tensor | None) -> FusedBlockSweep | None:
+    def _one_call_sweep(
+        self, states: Tensor, log_zero: Tensor | None
+    ) -> tuple[FusedBlockSweep, tuple[_RowPart, _RowPart] | None] | None:
         """The fused block sweep a transition of ``states [R K, n]`` can run in one compiled call with its swaps
-        (:func:`~neuralblock.kernels.jit.replica_block_transition`), else ``None``.
+        (:func:`~neuralblock.kernels.jit.replica_block_transition`), and the inner kernel's split of the chains
+        into those that take it and the others (``None``: all take it); else ``None``.
 
-        That holds for neural replicas of one proposal on the compiled path with a prefilled table, every replica
-        taking the neural sweeps (in warmup too where the powered rows exist then), with compiled swaps and no soft
-        zeros. The inner kernel's block time (``updates_per_second``) then includes the swaps.
+        That holds for neural replicas of one proposal on the compiled path with a prefilled table and compiled
+        swaps, the chains that take the neural sweeps (:attr:`NeuralBlockKernel.neural_rows`) the coldest replicas'
+        (the others' single-site sweep comes first, as in the inner kernel's transition). The inner kernel's block
+        time (``updates_per_second``) then includes the swaps.
         """
         inner = self.inner
         if (
             self.replicas < 2
             or not isinstance(inner, NeuralBlockKernel)
             or len(inner.fused) != 1
-            or inner.neural_rows is not None
-            or log_zero is not None
             or self._joints is None
-            or self._joints[1] is not None
+            or (self._joints[1] is None) != (log_zero is None)
             or states.dtype not in (torch.float32, torch.float64)
         ):
             return None
+        split = None if inner.neural_rows is None else inner._split_rows(inner.neural_rows)
+        if split is not None and (not len(split[0][0]) or not inner._rows_lead):  # (the coldest replicas' chains
+            return None  # come first)
         fused = inner.fused[0]
-        return fused if isinstance(fused, FusedBlockSweep) and fused.one_call(states) else None
+        return (fused, split) if isinstance(fused, FusedBlockSweep) and fused.one_call(states) else None
 
     def _one_call_transition(
-        self, fg: FactorGraph, fused: FusedBlockSweep, states: Tensor, beta: Tensor, parity: int, warmup: bool
+        self,
+        fg: FactorGraph,
+        fused: FusedBlockSweep,
+        split: tuple[_RowPart, _RowPart] | None,
+        states: Tensor,
+        beta: Tensor,
+        log_zero: Tensor | None,
+        parity: int,
+        warmup: bool,
     ) -> tuple[Tensor, np.ndarray | None]:
         """The inner kernel's transition of ``states``, and on a neural turn the swaps of ``parity`` in the same
         compiled call: the states after them (new) and each pair's mean swap acceptance (``None``: not swapped yet).
+        ``split``: the chains that take the block sweep and the others (see :meth:`_one_call_sweep`).
 
-        It draws from torch's RNG in the order of the calls it replaces (the turn, the sweep's uniforms, the swap
-        tests'), so its chains are theirs bit for bit; the inner kernel counts the sweep as its own.
+        It draws from torch's RNG in the order of the calls it replaces (the turn, the hotter chains' single-site
+        sweep, the block sweep's uniforms, the swap tests'), so its chains are theirs bit for bit; the inner kernel
+        counts the sweeps as its own.
         """
         inner, joints = self.inner, self._joints
         if not isinstance(inner, NeuralBlockKernel) or joints is None:  # (_one_call_sweep found both)
@@ -612,21 +629,35 @@ class ReplicaExchange(GraphKernel):
         inner._calibrate_share(fg, states)
         if inner.single_site_turn():  # (as the inner kernel's transition: the turn first)
             return inner.single_site_transition(fg, states, warmup), None
+        work, rows = states.clone(), None  # (updated in place through a NumPy view: the caller's tensor is never
+        # written)
+        neural_beta, neural_soft = inner.beta, inner.soft_zeros
+        if split is not None:  # the hotter chains' single-site sweep first (as the inner kernel's)
+            (rows, neural_beta, neural_soft), (single, single_beta, single_soft) = split
+            if len(single):
+                cut = len(rows)
+                work[cut:] = inner.single_site.sweep(fg, states[cut:], warmup, single_beta, single_soft)
+                if not warmup:
+                    inner._single_sweeps += len(single) / len(states)
+        neural = len(work) if rows is None else len(rows)
         classes = inner.neural_classes(0)
         first, last = (0, len(fused.sizes)) if classes is None else classes
         start = time.perf_counter()
-        draws, accept = fused.uniforms(len(states), first, last, states.device)
+        draws, accept = fused.uniforms(neural, first, last, states.device)
         pairs = len(range(parity, self.replicas - 1, 2))
         log_u = torch.rand(pairs, self.chains, dtype=torch.float64).log_().numpy()
-        index, slots, rows, tail, layout = fused.whole_arguments(states.dtype, inner.beta, None, first, last)
-        work = states.clone()  # (updated in place through a NumPy view: the caller's tensor is never written)
-        arguments = (*index, *rows, draws.numpy(), accept.log_().numpy(), *tail)
+        soft = neural_soft if fused.table.has_zeros else None  # (as the fused sweep: zeros' potentials where zeros)
+        index, slots, pair, tail, layout = fused.whole_arguments(states.dtype, neural_beta, soft, first, last)
+        zero_logs = None if log_zero is None else log_zero.double().numpy()
+        arguments = (*index, *pair, draws.numpy(), accept.log_().numpy(), *tail)
         (accepted, nonfinite, delta), seconds = timed_first_call(
-            fused._jit_layouts, ("replica", *layout), replica_block_transition,
-            work.numpy(), arguments, joints[0], beta.double().numpy(), parity, log_u,
+            fused._jit_layouts, ("replica", log_zero is None, neural == len(work), *layout), replica_block_transition,
+            work.numpy(), arguments, joints[0], beta.double().numpy(), parity, log_u, neural, joints[1], zero_logs,
         )  # fmt: skip
         fused.compile_seconds += seconds
-        inner.record_fused_sweep(0, torch.from_numpy(accepted), nonfinite, len(work) * slots, warmup)
+        inner.record_fused_sweep(
+            0, torch.from_numpy(accepted), nonfinite, neural * slots, warmup, 0, rows, 0 if rows is None else len(work)
+        )
         inner._transitions += 1
         if not warmup:
             inner._block_seconds += time.perf_counter() - start  # (with the swaps: they are the same call)
