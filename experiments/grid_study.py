@@ -37,7 +37,8 @@ first-value indicator, on draws thinned to at most ``2 x ESS_DRAWS`` per chain
 draws, marked ``>=``), over the sampling seconds.
 
 Outputs (under ``--out``, in a folder named by a hash of the config): ``grid_study.json``,
-``grid_study.md`` (table) and one PNG per instance.
+``grid_study.md`` (table) and one PNG per instance. ``--merge`` pools finished runs of the same settings
+on distinct seeds (e.g. a replication with ``--seed 5``) into one record and table (:func:`merge_records`).
 
 Usage::
 
@@ -45,6 +46,7 @@ Usage::
     python -m experiments.grid_study              # full run (about 30 minutes on 2 cores)
     python -m experiments.grid_study --arms Gibbs NB+Gibbs RE-Gibbs RE-NB --seeds 5 --seconds 60
     python -m experiments.grid_study --arms NB+Gibbs GWG DMALA PAS --chains 32 --clock cpu --seconds 8
+    python -m experiments.grid_study --merge RUN_A/grid_study.json RUN_B/grid_study.json  # pool their seeds
 """
 
 from __future__ import annotations
@@ -185,6 +187,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=["NB+Gibbs", "Gibbs"], help="samplers to run")
     add_run_options(parser, "experiments/results/grid_study", "CI scale")
     parser.add_argument("--from-json", default=None, help="rewrite the table and plots of a finished run's JSON")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="pool the seeds of finished runs with the same settings (see merge_records) into one table under --out",
+    )
     args = parse_quick(parser, argv, {**quick, "random_sizes": [6], "nd_sizes": [6]})
     if args.quick:
         args.instances = args.instances or ["Grids_12", "90-10-1", "random-bn-6", "nd-bn-6"]
@@ -688,6 +697,56 @@ def _fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+_POOLED = ("seed", "seeds", "instances", "ising", "from_json", "merge", "merged")  # may differ between pooled runs
+
+
+def merge_records(records: list[dict]) -> dict:
+    """One record from finished runs of the same settings on distinct seeds: the instances every run has, each
+    with the runs of all of them (its seeds in order).
+
+    Every setting but the seeds and the instances must agree (the fresh Ising tori's generator seed too), and no
+    seed may repeat on an instance.
+
+    Example:
+        >>> run = lambda seed: {"seed": seed, "RE-NB": {}}
+        >>> a = {"config": {"seconds": 60.0, "seed": 0, "seeds": 1},
+        ...      "instances": {"G": {"family": "mrf", "num_variables": 4, "runs": [run(0)]}}}
+        >>> b = {"config": {"seconds": 60.0, "seed": 1, "seeds": 1},
+        ...      "instances": {"G": {"family": "mrf", "num_variables": 4, "runs": [run(1)]}}}
+        >>> merged = merge_records([a, b])
+        >>> [r["seed"] for r in merged["instances"]["G"]["runs"]], merged["config"]["seeds"]
+        ([0, 1], 2)
+    """
+    if len(records) < 2:
+        raise ValueError(f"merge needs at least two records, got {len(records)}")
+    first = records[0]["config"]
+    for record in records[1:]:
+        config = record["config"]
+        keys = set(first) | set(config)
+        differ = sorted(k for k in keys if k not in _POOLED and first.get(k) != config.get(k))
+        if differ:
+            raise ValueError(f"runs to merge differ in their settings: {', '.join(differ)}")
+    names = [name for name in records[0]["instances"] if all(name in r["instances"] for r in records[1:])]
+    if not names:
+        raise ValueError("runs to merge share no instance")
+    instances = {}
+    for name in names:
+        entries = [r["instances"][name] for r in records]
+        if any(
+            (e["family"], e["num_variables"]) != (entries[0]["family"], entries[0]["num_variables"]) for e in entries
+        ):
+            raise ValueError(f"instance {name} differs between the runs to merge")
+        runs = sorted((run for e in entries for run in e["runs"]), key=lambda run: run["seed"])
+        seeds = [run["seed"] for run in runs]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"instance {name}: a seed repeats between the runs to merge ({seeds})")
+        instances[name] = {"family": entries[0]["family"], "num_variables": entries[0]["num_variables"], "runs": runs}
+    counts = {len(entry["runs"]) for entry in instances.values()}
+    config = {**first, "instances": names, "seed": min(run["seed"] for e in instances.values() for run in e["runs"])}
+    config["seeds"] = max(counts)
+    return {"config": config, "instances": instances}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.from_json:
@@ -696,8 +755,16 @@ def main(argv: list[str] | None = None) -> dict:
         table = write_outputs(record, Path(args.from_json).parent, cfg["seconds"], cfg["seeds"])
         print(table)
         return record
+    if args.merge:
+        record = merge_records([json.loads(Path(path).read_text()) for path in args.merge])
+        record["config"]["merged"] = list(args.merge)
+        out = study_folder(args.out, record["config"])
+        table = write_outputs(record, out, record["config"]["seconds"], record["config"]["seeds"])
+        print(table)
+        print(f"wrote {out}")
+        return record
     torch.set_num_threads(args.threads)
-    config = {k: v for k, v in sorted(vars(args).items()) if k != "out"}
+    config = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "merge")}
     out = study_folder(args.out, config)
     proposals = {"mrf": load_pretrained("grid-mrf-2x2"), "bn": load_pretrained("grid-bn-2x2")}
     record: dict = {"config": config, "instances": {}}

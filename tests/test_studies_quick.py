@@ -56,6 +56,36 @@ def test_grid_study_replica_exchange_arms(tmp_path: Path) -> None:
     assert record["instances"]["nd-bn-6"]["replica_summary"]["seeds_for_power"] is None  # one seed: no spread
 
 
+def test_grid_study_merge_pools_the_seeds_of_finished_runs(tmp_path: Path) -> None:
+    """Two one-seed runs merged: their seeds' times side by side, paired over both; mismatches are refused."""
+    study = load("grid_study")
+    halves, runs = [], []
+    for seed in (1, 0):
+        out = tmp_path / f"seed{seed}"
+        args = ["--quick", "--arms", "RE-Gibbs", "RE-NB", "--instances", "nd-bn-6", "--seed", str(seed)]
+        runs.append(study.main([*args, "--out", str(out)]))
+        (folder,) = list(out.iterdir())
+        halves.append(folder / "grid_study.json")
+    merged = study.main(["--merge", *map(str, halves), "--out", str(tmp_path / "merged")])
+    entry = merged["instances"]["nd-bn-6"]
+    assert [run["seed"] for run in entry["runs"]] == [0, 1] and merged["config"]["seeds"] == 2
+    alone = [run["instances"]["nd-bn-6"]["times_to_level"] for run in runs[::-1]]  # seeds 0, 1
+    times = {arm: [seed[arm][0] for seed in alone] for arm in ("RE-Gibbs", "RE-NB")}
+    assert entry["times_to_level"] == times
+    mean, se, _ = study.paired_difference(entry["times_to_level"]["RE-NB"], entry["times_to_level"]["RE-Gibbs"])
+    if None not in times["RE-NB"] + times["RE-Gibbs"]:  # (both reached the level in both seeds)
+        summary = entry["replica_summary"]
+        assert summary["re_nb_minus_re_gibbs_seconds"] == pytest.approx(mean) and summary["se"] == pytest.approx(se)
+    (folder,) = list((tmp_path / "merged").iterdir())
+    assert "2 seed(s)" in (folder / "grid_study.md").read_text() and list(folder.glob("*.png"))
+    first, second = (json.loads(path.read_text()) for path in halves)
+    with pytest.raises(ValueError, match="a seed repeats"):
+        study.merge_records([first, first])
+    second["config"]["seconds"] = 3.0
+    with pytest.raises(ValueError, match="differ in their settings: seconds"):
+        study.merge_records([first, second])
+
+
 def test_grid_study_gradient_sampler_arms(tmp_path: Path) -> None:
     study = load("grid_study")
     arms = ["NB+Gibbs", "GWG", "DMALA", "PAS"]
