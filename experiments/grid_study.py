@@ -192,7 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=None,
         metavar="JSON",
-        help="pool the seeds of finished runs with the same settings (see merge_records) into one table under --out",
+        help="pool the seeds of finished runs with the same settings (see merge_records; --instances: those to keep) "
+        "into one table under --out",
     )
     args = parse_quick(parser, argv, {**quick, "random_sizes": [6], "nd_sizes": [6]})
     if args.quick:
@@ -697,28 +698,39 @@ def _fraction(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-_POOLED = ("seed", "seeds", "instances", "ising", "from_json", "merge", "merged")  # may differ between pooled runs
+_POOLED = (
+    "seed",
+    "seeds",
+    "seed_list",
+    "instances",
+    "ising",
+    "from_json",
+    "merge",
+    "merged",
+)  # may differ between pooled runs
 
 
-def merge_records(records: list[dict]) -> dict:
-    """One record from finished runs of the same settings on distinct seeds: the instances every run has, each
-    with the runs of all of them (its seeds in order).
+def merge_records(records: list[dict], instances: list[str] | None = None, sources: list[str] | None = None) -> dict:
+    """One record from finished runs of the same settings on distinct seeds: each instance with the runs of all of
+    them (its seeds in order, each run tagged with its record's ``source`` where given).
 
-    Every setting but the seeds and the instances must agree (the fresh Ising tori's generator seed too), and no
-    seed may repeat on an instance.
+    Every setting but the seeds and the instances must agree (the fresh Ising tori's generator seed too), no seed
+    may repeat on an instance, and the runs must have the same instances, or ``instances`` names those to keep.
 
     Example:
         >>> run = lambda seed: {"seed": seed, "RE-NB": {}}
         >>> a = {"config": {"seconds": 60.0, "seed": 0, "seeds": 1},
         ...      "instances": {"G": {"family": "mrf", "num_variables": 4, "runs": [run(0)]}}}
-        >>> b = {"config": {"seconds": 60.0, "seed": 1, "seeds": 1},
-        ...      "instances": {"G": {"family": "mrf", "num_variables": 4, "runs": [run(1)]}}}
-        >>> merged = merge_records([a, b])
-        >>> [r["seed"] for r in merged["instances"]["G"]["runs"]], merged["config"]["seeds"]
-        ([0, 1], 2)
+        >>> b = {"config": {"seconds": 60.0, "seed": 5, "seeds": 1},
+        ...      "instances": {"G": {"family": "mrf", "num_variables": 4, "runs": [run(5)]}}}
+        >>> merged = merge_records([a, b], sources=["a.json", "b.json"])
+        >>> [(r["seed"], r["source"]) for r in merged["instances"]["G"]["runs"]], merged["config"]["seed_list"]
+        ([(0, 'a.json'), (5, 'b.json')], [0, 5])
     """
     if len(records) < 2:
         raise ValueError(f"merge needs at least two records, got {len(records)}")
+    if sources is not None and len(sources) != len(records):
+        raise ValueError(f"expected a source per record ({len(records)}), got {len(sources)}")
     first = records[0]["config"]
     for record in records[1:]:
         config = record["config"]
@@ -726,25 +738,34 @@ def merge_records(records: list[dict]) -> dict:
         differ = sorted(k for k in keys if k not in _POOLED and first.get(k) != config.get(k))
         if differ:
             raise ValueError(f"runs to merge differ in their settings: {', '.join(differ)}")
-    names = [name for name in records[0]["instances"] if all(name in r["instances"] for r in records[1:])]
-    if not names:
-        raise ValueError("runs to merge share no instance")
-    instances = {}
+    names = list(records[0]["instances"]) if instances is None else list(instances)
+    for record in records:
+        missing = [name for name in names if name not in record["instances"]]
+        extra = [name for name in record["instances"] if name not in names] if instances is None else []
+        if missing or extra:
+            raise ValueError(
+                f"runs to merge have different instances (missing {missing}, extra {extra}): name those to keep"
+            )
+    pooled = {}
     for name in names:
         entries = [r["instances"][name] for r in records]
         if any(
             (e["family"], e["num_variables"]) != (entries[0]["family"], entries[0]["num_variables"]) for e in entries
         ):
             raise ValueError(f"instance {name} differs between the runs to merge")
-        runs = sorted((run for e in entries for run in e["runs"]), key=lambda run: run["seed"])
+        tagged = [
+            run if sources is None else {**run, "source": sources[i]}
+            for i, e in enumerate(entries)
+            for run in e["runs"]
+        ]
+        runs = sorted(tagged, key=lambda run: run["seed"])
         seeds = [run["seed"] for run in runs]
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"instance {name}: a seed repeats between the runs to merge ({seeds})")
-        instances[name] = {"family": entries[0]["family"], "num_variables": entries[0]["num_variables"], "runs": runs}
-    counts = {len(entry["runs"]) for entry in instances.values()}
-    config = {**first, "instances": names, "seed": min(run["seed"] for e in instances.values() for run in e["runs"])}
-    config["seeds"] = max(counts)
-    return {"config": config, "instances": instances}
+        pooled[name] = {"family": entries[0]["family"], "num_variables": entries[0]["num_variables"], "runs": runs}
+    seed_list = sorted({run["seed"] for entry in pooled.values() for run in entry["runs"]})
+    config = {**first, "instances": names, "seed": seed_list[0], "seeds": len(seed_list), "seed_list": seed_list}
+    return {"config": config, "instances": pooled}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -756,7 +777,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(table)
         return record
     if args.merge:
-        record = merge_records([json.loads(Path(path).read_text()) for path in args.merge])
+        records = [json.loads(Path(path).read_text()) for path in args.merge]
+        record = merge_records(records, args.instances, sources=list(args.merge))
         record["config"]["merged"] = list(args.merge)
         out = study_folder(args.out, record["config"])
         table = write_outputs(record, out, record["config"]["seconds"], record["config"]["seeds"])

@@ -225,8 +225,10 @@ def test_replica_cost_quick(tmp_path: Path) -> None:
     assert (tmp_path / "replica_cost.md").read_text().startswith("# Replica exchange: CPU cost per transition")
     (row,) = data["grids"].values()
     parts = ("", " warmup", " first", " start")
-    assert set(row["median"]) == {f"{arm}{part}" for arm in ("gibbs", "nb") for part in parts}
+    toggled = {"nb one call", "nb separate"}  # (the one-call transition against the separate calls, one process)
+    assert set(row["median"]) == {f"{arm}{part}" for arm in ("gibbs", "nb") for part in parts} | toggled
     assert all(value > 0 for value in row["median"].values())
     assert row["ratios"]["nb / gibbs"] == result["grids"]["Grids_12"]["ratios"]["nb / gibbs"] > 0
+    assert len(row["seconds"]["nb separate"]) == 2 and row["ratios"]["separate / one call, nb"] > 0
     with pytest.raises(ValueError, match="arm must be one of"):
         bench.transition_seconds(BENCHMARKS.parent, "Grids_12", "metropolis", budget=0.1)

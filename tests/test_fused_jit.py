@@ -282,14 +282,21 @@ def test_compiled_sweeps_follow_rows_filled_on_visits_and_slots(monkeypatch: pyt
 
 
 @pytest.mark.parametrize(
-    ("cover", "case"), [(False, "every replica"), (True, "every replica"), (False, "two coldest"), (True, "softened")]
+    ("cover", "case"),
+    [
+        (False, "every replica"),
+        (True, "every replica"),
+        (True, "two coldest"),
+        (True, "softened"),
+        (False, "softened, every replica"),
+    ],
 )
 def test_one_call_replica_transition_makes_the_separate_calls_chain(
     cover: bool, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A neural replica-exchange transition in one compiled call (the hotter replicas' single-site sweep, the block
     sweep, then the swaps) is the separate calls', bit for bit: every replica neural, the two coldest of four, and
-    hard zeros (softened hot replicas, neural sweeps at T = 1 only)."""
+    hard zeros (softened hot replicas; neural sweeps at T = 1 only, or at every temperature)."""
     import neuralblock.kernels.replica_exchange as replica_exchange
 
     q = proposal()
@@ -301,11 +308,14 @@ def test_one_call_replica_transition_makes_the_separate_calls_chain(
         return one_call(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(replica_exchange, "replica_block_transition", counted)
-    graph = constrained_chain(seed=2) if case == "softened" else chain_graph(seed=4)
-    neural_replicas = {"every replica": None, "two coldest": 2, "softened": "auto"}[case]
+    softened = case.startswith("softened")
+    neural_replicas = {"every replica": None, "two coldest": 2, "softened": "auto", "softened, every replica": None}[
+        case
+    ]
 
     def chain(joined: bool) -> tuple[torch.Tensor, dict]:
         torch.manual_seed(5)
+        graph = constrained_chain(seed=2) if softened else chain_graph(seed=4)
         kernel = ReplicaExchange(
             graph, [q], replicas=4, max_temperature=5.0, chains=2, gibbs_prob=0.3, cover=cover,
             neural_replicas=neural_replicas,
@@ -313,7 +323,7 @@ def test_one_call_replica_transition_makes_the_separate_calls_chain(
         if not joined:
             monkeypatch.setattr(kernel, "_one_call_sweep", lambda *args: None)
         kernel.setup(30)
-        assert (kernel.penalty is not None) == (case == "softened")
+        assert (kernel.penalty is not None) == softened
         params, states = kernel.initial_params, []
         for _ in range(150):
             params = kernel.sample(params)
@@ -333,3 +343,22 @@ def test_one_call_replica_transition_makes_the_separate_calls_chain(
     assert joined_stats["tempered_sweeps"] > 0 and joined_stats["acceptance_by_proposal"]
     assert min(joined_stats["swap_acceptance"]) > 0.0
     assert len(torch.unique(joined.reshape(len(joined), -1), dim=0)) > 10
+
+
+def test_one_call_replica_transition_needs_the_neural_chains_first() -> None:
+    """Neural chains that do not lead the state (or a mask of another length) take the separate calls."""
+    kernel = ReplicaExchange(chain_graph(seed=4), [proposal()], replicas=4, max_temperature=5.0, chains=2)
+    kernel.setup(0)
+    params = kernel.sample(kernel.initial_params)
+    states = kernel.replica_states.reshape(8, -1)
+    assert kernel._one_call_sweep(states, None) is not None  # every replica neural
+    inner = kernel.inner
+    inner.neural_rows = torch.arange(8) < 4  # the two coldest replicas' chains, leading
+    assert kernel._one_call_sweep(states, None) is not None
+    inner.neural_rows = torch.arange(8) >= 4  # the hottest ones: not leading
+    assert kernel._one_call_sweep(states, None) is None
+    inner.neural_rows = torch.zeros(8, dtype=torch.bool)  # none
+    assert kernel._one_call_sweep(states, None) is None
+    inner.neural_rows = torch.ones(6, dtype=torch.bool)  # a mask of other chains
+    assert kernel._one_call_sweep(states, None) is None
+    assert params["x"].shape == (2, states.shape[1])

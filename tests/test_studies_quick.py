@@ -68,19 +68,25 @@ def test_grid_study_merge_pools_the_seeds_of_finished_runs(tmp_path: Path) -> No
         halves.append(folder / "grid_study.json")
     merged = study.main(["--merge", *map(str, halves), "--out", str(tmp_path / "merged")])
     entry = merged["instances"]["nd-bn-6"]
-    assert [run["seed"] for run in entry["runs"]] == [0, 1] and merged["config"]["seeds"] == 2
+    assert [run["seed"] for run in entry["runs"]] == [0, 1] and merged["config"]["seed_list"] == [0, 1]
+    assert [run["source"] for run in entry["runs"]] == [str(halves[1]), str(halves[0])]  # (seed 1 ran first)
     alone = [run["instances"]["nd-bn-6"]["times_to_level"] for run in runs[::-1]]  # seeds 0, 1
     times = {arm: [seed[arm][0] for seed in alone] for arm in ("RE-Gibbs", "RE-NB")}
     assert entry["times_to_level"] == times
     mean, se, _ = study.paired_difference(entry["times_to_level"]["RE-NB"], entry["times_to_level"]["RE-Gibbs"])
-    if None not in times["RE-NB"] + times["RE-Gibbs"]:  # (both reached the level in both seeds)
-        summary = entry["replica_summary"]
+    summary = entry["replica_summary"]
+    assert summary["se"] is not None  # (paired over the two seeds)
+    if None not in times["RE-NB"] + times["RE-Gibbs"]:  # (both reached the level in both seeds: no censoring)
         assert summary["re_nb_minus_re_gibbs_seconds"] == pytest.approx(mean) and summary["se"] == pytest.approx(se)
     (folder,) = list((tmp_path / "merged").iterdir())
     assert "2 seed(s)" in (folder / "grid_study.md").read_text() and list(folder.glob("*.png"))
     first, second = (json.loads(path.read_text()) for path in halves)
     with pytest.raises(ValueError, match="a seed repeats"):
         study.merge_records([first, first])
+    renamed = json.loads(json.dumps(second))
+    renamed["instances"]["nd-bn-7"] = renamed["instances"].pop("nd-bn-6")
+    with pytest.raises(ValueError, match="different instances"):
+        study.merge_records([first, renamed])
     second["config"]["seconds"] = 3.0
     with pytest.raises(ValueError, match="differ in their settings: seconds"):
         study.merge_records([first, second])

@@ -554,7 +554,7 @@ def replica_block_transition(
     log_u: np.ndarray,
     neural: int | None = None,
     zero_joint: TableLogJoint | None = None,
-    log_zero: np.ndarray | None = None,
+    replica_log_zero: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, np.ndarray]:
     """A replica-exchange transition's neural block sweep and swaps as one compiled call, in place:
     :func:`block_sweep` of the first ``neural`` states, then the swaps of :func:`swap_replicas`.
@@ -573,7 +573,7 @@ def replica_block_transition(
         log_u: ``[P, K]`` log uniforms of the swap tests.
         neural: how many of the first states take the block sweep (``None``: all).
         zero_joint: soft zeros: the count of zero table entries (the zeros' graph of ``FactorGraph.split_zeros``).
-        log_zero: with ``zero_joint``, each replica's log-potential of a zero entry ``[R]`` (float64).
+        replica_log_zero: with ``zero_joint``, each replica's log-potential of a zero entry ``[R]`` (float64).
 
     Returns:
         Accepted blocks per swept state ``[neural]``, the number of non-finite block ratios, and each attempted
@@ -598,12 +598,17 @@ def replica_block_transition(
     replicas = betas.shape[0]
     if state.shape[0] % replicas or len(sweep) != 17:
         raise ValueError(f"expected [R K, n] states for {replicas} replicas and 17 sweep arguments")
-    if (zero_joint is None) != (log_zero is None):
-        raise ValueError("zero_joint and log_zero go together (soft zeros)")
+    if (zero_joint is None) != (replica_log_zero is None):
+        raise ValueError("zero_joint and replica_log_zero go together (soft zeros)")
+    if replica_log_zero is not None and replica_log_zero.shape != (replicas,):
+        raise ValueError(f"replica_log_zero must be [{replicas}], got shape {replica_log_zero.shape}")
     neural = state.shape[0] if neural is None else neural
     if not 0 < neural <= state.shape[0]:
         raise ValueError(f"neural must count 1..{state.shape[0]} states, got {neural}")
     *head, energy, beta, slot, key_offset, zeros, log_zero_rows = sweep
+    draws, log_accept = head[8], head[9]
+    if draws is None or log_accept is None or draws.shape[0] != neural or log_accept.shape[0] != neural:
+        raise ValueError(f"the sweep's uniforms must have a row per swept state ({neural})")
     accepted = np.zeros(neural, dtype=np.int64)
     beta_m1 = None if beta is None else beta - 1  # (as block_sweep rounds it)
     deltas = np.zeros(log_u.shape, dtype=np.float64)
@@ -614,7 +619,7 @@ def replica_block_transition(
     )  # fmt: skip
     nonfinite = _replica_block_transition(
         state, neural, *head, energy, beta_m1, slot, key_offset, zeros, log_zero_rows, beta, accepted, joint.scopes,
-        joint.strides, joint.offsets, joint.flat, log_p, *zero_arrays, count, log_zero, betas, parity, log_u, deltas,
-        replicas,
+        joint.strides, joint.offsets, joint.flat, log_p, *zero_arrays, count, replica_log_zero, betas, parity, log_u,
+        deltas, replicas,
     )  # fmt: skip
     return accepted, int(nonfinite), deltas

@@ -67,7 +67,9 @@ drawn in their order: the same chain, bit for bit. Where only the coldest replic
 ``T = 1`` ones on softened models, or ``neural_replicas``), the others' single-site sweep comes first, as in
 the inner kernel's transition, and on softened models the swaps read the states' zero counts in the same call
 (``benchmarks/replica_cost.py`` times it: with the starts and rows made at setup, a neural-replica transition
-was 1.13x faster on ``Grids_12`` and 1.25x on ``Grids_16`` than at commit 1831c58).
+was 1.13x faster on ``Grids_12`` and 1.25x on ``Grids_16`` than at commit 1831c58; against the separate calls,
+in alternating blocks of one process, 1.07x / 1.04x there and 1.02x on the softened BNs ``90-14-1`` and
+``90-16-1``).
 
 **Hard zeros.** A power ``p(x)^beta`` keeps every zero table entry (deterministic CPTs, hard
 constraints), so hot replicas would be as stuck as the cold one. On such models the replicas at
@@ -586,7 +588,7 @@ class ReplicaExchange(GraphKernel):
         That holds for neural replicas of one proposal on the compiled path with a prefilled table and compiled
         swaps, the chains that take the neural sweeps (:attr:`NeuralBlockKernel.neural_rows`) the coldest replicas'
         (the others' single-site sweep comes first, as in the inner kernel's transition). The inner kernel's block
-        time (``updates_per_second``) then includes the swaps.
+        time (``updates_per_second``) then includes the swaps (not the others' single-site sweep).
         """
         inner = self.inner
         if (
@@ -598,6 +600,8 @@ class ReplicaExchange(GraphKernel):
             or states.dtype not in (torch.float32, torch.float64)
         ):
             return None
+        if inner.neural_rows is not None and inner.neural_rows.shape != states.shape[:1]:
+            return None  # (the inner kernel's transition names the mismatch)
         split = None if inner.neural_rows is None else inner._split_rows(inner.neural_rows)
         if split is not None and (not len(split[0][0]) or not inner._rows_lead):  # (the coldest replicas' chains
             return None  # come first)
@@ -651,7 +655,7 @@ class ReplicaExchange(GraphKernel):
         zero_logs = None if log_zero is None else log_zero.double().numpy()
         arguments = (*index, *pair, draws.numpy(), accept.log_().numpy(), *tail)
         (accepted, nonfinite, delta), seconds = timed_first_call(
-            fused._jit_layouts, ("replica", log_zero is None, neural == len(work), *layout), replica_block_transition,
+            fused._jit_layouts, ("replica", log_zero is None, *layout), replica_block_transition,
             work.numpy(), arguments, joints[0], beta.double().numpy(), parity, log_u, neural, joints[1], zero_logs,
         )  # fmt: skip
         fused.compile_seconds += seconds
