@@ -99,12 +99,10 @@ kernel = ReplicaExchange(fg, [load_pretrained("grid-bn-2x2" if bn else "grid-mrf
                          max_temperature=10.0, chains=2)
 kernel.setup(200)
 params = kernel.initial_params
-for _ in range(400):  # warmup, then the first transitions after it (both paths compiled)
+joined = kernel._one_call_sweep
+for step in range(400):  # warmup, then transitions on both paths (each compiled before it is timed)
+    kernel._one_call_sweep = (lambda *args: None) if 300 <= step < 350 else joined
     params = kernel.sample(params)
-    if _ == 300:
-        kernel._one_call_sweep, joined = (lambda *args: None), kernel._one_call_sweep
-    elif _ == 350:
-        kernel._one_call_sweep = joined
 times = {"one call": [], "separate": []}
 for _ in range(blocks):  # alternating blocks: slow drifts of the machine's load cancel in each pair's ratio
     for label in times:

@@ -65,7 +65,7 @@ __all__ = [
 _RATE_SMOOTHING = 0.05  # per class, for the running fraction of classes that accept
 _MAX_SPECULATIVE_ENTRIES = 1 << 24  # state copies (blocks x variables) one speculative batch may hold
 _Fused = FusedBlockSweep | FusedSampledSweep | FusedContinuousSweep | FusedMixtureSweep
-_RowPart = tuple[Tensor, Tensor | None, SoftZeros | None]  # some chains, their beta and their SoftZeros
+RowPart = tuple[Tensor, Tensor | None, SoftZeros | None]  # some chains, their beta and their SoftZeros
 
 
 @dataclass
@@ -441,7 +441,7 @@ class NeuralBlockKernel(GraphKernel):
         self.soft_zeros: SoftZeros | None = None  # per-chain log-potentials of zero entries (ReplicaExchange)
         # chains that take the neural sweeps (None: all); the others take a single-site sweep instead (ReplicaExchange)
         self.neural_rows: Tensor | None = None
-        self._row_split = LastInputs[tuple[_RowPart, _RowPart]]()  # the last _split_rows
+        self._row_split = LastInputs[tuple[RowPart, RowPart]]()  # the last _split_rows
         self._rows_lead = False  # whether the last _split_rows' neural chains are the first ones
         self.num_instances: list[int] = []  # set at setup
         self.fused: list[_Fused | None] = []
@@ -669,9 +669,7 @@ class NeuralBlockKernel(GraphKernel):
             single_out = neural_out = None
             if len(single):
                 mine = state[cut:] if lead else state[single]
-                single_out = self.single_site.sweep(fg, mine, warmup, single_beta, single_soft)
-                if not warmup:
-                    self._single_sweeps += len(single) / len(state)  # (in chain-sweeps of the whole state)
+                single_out = self.single_site_rows(fg, mine, single_beta, single_soft, warmup, len(state))
             if len(neural):
                 mine = state[:cut] if lead else state[neural]
                 neural_out = self._neural_sweep(fg, mine, neural_beta, neural_soft, warmup, neural, len(state))
@@ -685,6 +683,16 @@ class NeuralBlockKernel(GraphKernel):
                     state[neural] = neural_out
         self._transitions += 1
         return state
+
+    def single_site_rows(
+        self, fg: FactorGraph, rows: Tensor, beta: Tensor | None, soft: SoftZeros | None, warmup: bool, chains: int
+    ) -> Tensor:
+        """The single-site sweep of some of a transition's ``chains`` chains, ``rows [K', n]`` (the others take the
+        neural sweep), at their ``beta`` and :class:`SoftZeros`; counted in chain-sweeps of the whole state."""
+        rows = self.single_site.sweep(fg, rows, warmup, beta, soft)
+        if not warmup:
+            self._single_sweeps += len(rows) / chains
+        return rows
 
     def single_site_turn(self) -> bool:
         """Whether a transition takes the single-site sweep (probability ``gibbs_prob``; one draw of torch's RNG)."""
@@ -702,7 +710,7 @@ class NeuralBlockKernel(GraphKernel):
         bounds = self.cover_classes[i]
         return bounds[self._transitions % len(bounds)] if len(bounds) > 1 else None
 
-    def _split_rows(self, rows: Tensor) -> tuple[_RowPart, _RowPart]:
+    def _split_rows(self, rows: Tensor) -> tuple[RowPart, RowPart]:
         """The chains of the mask ``rows`` and the others, each with its chains' ``beta`` and :class:`SoftZeros`.
 
         Remembered for the last inputs (the same tensors, unchanged).
@@ -713,7 +721,7 @@ class NeuralBlockKernel(GraphKernel):
         if last is None:
             mask = rows.to(torch.bool)
 
-            def part(chains: Tensor) -> _RowPart:
+            def part(chains: Tensor) -> RowPart:
                 return (
                     chains,
                     None if beta is None else beta[chains],

@@ -118,7 +118,7 @@ from neuralblock.kernels.fused_blocks import FusedBlockSweep
 from neuralblock.kernels.gibbs import GibbsKernel, SoftZeros
 from neuralblock.kernels.jit import NUMBA, TableLogJoint, replica_block_transition, timed_first_call
 from neuralblock.kernels.jit import swap_replicas as swap_replicas_compiled
-from neuralblock.kernels.neural_block import NeuralBlockKernel, _RowPart
+from neuralblock.kernels.neural_block import NeuralBlockKernel, RowPart
 from neuralblock.kernels.vocabulary import KernelDiagnostics
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -580,7 +580,7 @@ class ReplicaExchange(GraphKernel):
 
     def _one_call_sweep(
         self, states: Tensor, log_zero: Tensor | None
-    ) -> tuple[FusedBlockSweep, tuple[_RowPart, _RowPart] | None] | None:
+    ) -> tuple[FusedBlockSweep, tuple[RowPart, RowPart] | None] | None:
         """The fused block sweep a transition of ``states [R K, n]`` can run in one compiled call with its swaps
         (:func:`~neuralblock.kernels.jit.replica_block_transition`), and the inner kernel's split of the chains
         into those that take it and the others (``None``: all take it); else ``None``.
@@ -612,7 +612,7 @@ class ReplicaExchange(GraphKernel):
         self,
         fg: FactorGraph,
         fused: FusedBlockSweep,
-        split: tuple[_RowPart, _RowPart] | None,
+        split: tuple[RowPart, RowPart] | None,
         states: Tensor,
         beta: Tensor,
         log_zero: Tensor | None,
@@ -640,9 +640,7 @@ class ReplicaExchange(GraphKernel):
             (rows, neural_beta, neural_soft), (single, single_beta, single_soft) = split
             if len(single):
                 cut = len(rows)
-                work[cut:] = inner.single_site.sweep(fg, states[cut:], warmup, single_beta, single_soft)
-                if not warmup:
-                    inner._single_sweeps += len(single) / len(states)
+                work[cut:] = inner.single_site_rows(fg, states[cut:], single_beta, single_soft, warmup, len(states))
         neural = len(work) if rows is None else len(rows)
         classes = inner.neural_classes(0)
         first, last = (0, len(fused.sizes)) if classes is None else classes
