@@ -117,6 +117,8 @@ COLORS = {NB_SET: "tab:blue", SM: "tab:orange", NB_OLD: "tab:green", GIBBS: "tab
 SHORT_NAMES = {SM: "SM", NB_SET: "set", NB_OLD: "old", GIBBS: "Gibbs"}
 """The arms in the report's per-arm columns, in this order (records before the Gibbs arm have three)."""
 RATIO_NAMES = {SM: "SM", NB_SET: "NB(set)", NB_OLD: "NB(old)", GIBBS: "Gibbs"}
+TARGET_MIXTURES = 12  # the issue's targets hold at the sizes with at least this many mixtures
+TIME_TARGET = 0.5  # NB's most time to split-merge's level there, as a share of split-merge's
 """An arm's name in the time-ratio columns and the report's title."""
 LEVEL_MARGIN = 2.0
 """Nats below split-merge's last-quarter mean log joint that the robust level sits."""
@@ -826,8 +828,34 @@ def _fmt_prob(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _fmt_ratio(value: float | None) -> str:
+def format_ratio(value: float | None) -> str:
+    """A time ratio to 2 decimals (``never``: NB's median chain never got to the level).
+
+    Example:
+        >>> format_ratio(0.1234), format_ratio(None), format_ratio(math.inf)
+        ('0.12', 'never', 'inf')
+    """
     return "never" if value is None else f"{value:.2f}"
+
+
+def worst_ratio(ratios: Sequence[float | None]) -> float | None:
+    """The largest of a size's time ratios, ``None`` (never got there) above all.
+
+    Example:
+        >>> worst_ratio([0.2, 0.4]), worst_ratio([0.2, None])
+        (0.4, None)
+    """
+    return None if any(x is None for x in ratios) else max(x for x in ratios if x is not None)
+
+
+def all_sizes_met_probability(miss_probabilities: Sequence[float]) -> float:
+    """The chance of meeting the mode target at every size, given each size's chance of a miss (independent sizes).
+
+    Example:
+        >>> all_sizes_met_probability([0.5, 0.2]), all_sizes_met_probability([])
+        (0.4, 1.0)
+    """
+    return math.prod((1.0 - p for p in miss_probabilities), start=1.0)
 
 
 def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -848,7 +876,7 @@ def case_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "level - truth": met["level - true log joint"],
                     "reach level": f"{met['chains reaching level']}/{chains}",
                     "median time (s)": met["median time to level"],
-                    "time / SM": _fmt_ratio(met["time / SM"]),
+                    "time / SM": format_ratio(met["time / SM"]),
                     "M mode": met["M mode"],
                     "P(mode)": met["M posterior"][str(met["M mode"])],
                     "mode = SM mode": f"{met['chains with mode = SM mode']}/{chains}",
@@ -903,9 +931,9 @@ def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for result in results:
         met = result["metrics"]
-        ratios = {f"{RATIO_NAMES[a]}/SM": _fmt_ratio(met[a]["time / SM"]) for a in ARMS if a in arms and a != SM}
+        ratios = {f"{RATIO_NAMES[a]}/SM": format_ratio(met[a]["time / SM"]) for a in ARMS if a in arms and a != SM}
         if GIBBS in met:
-            ratios["NB(set)/Gibbs"] = _fmt_ratio(nb_over_gibbs(result))
+            ratios["NB(set)/Gibbs"] = format_ratio(nb_over_gibbs(result))
         rows.append(
             {
                 "m": result["m"],
@@ -940,7 +968,7 @@ def distance_text(results: list[dict[str, Any]]) -> str:
         >>> distance_text([{"m": 12, "metrics": met}]).endswith("posterior: NB(set) 0.10.")  # no reference run: no SM
         True
     """
-    cases = [r for r in results if r["m"] >= 12]
+    cases = [r for r in results if r["m"] >= TARGET_MIXTURES]
     # (without a reference run split-merge's own posterior is the reference: its distance is 0 by construction)
     arms = [a for a in ARMS if cases and a in cases[0]["metrics"] and (a != SM or cases[0].get("sm_reference"))]
     if not arms:
@@ -969,16 +997,13 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m, n in sizes:
         cell = [r for r in results if (r["m"], r["n"]) == (m, n)]
 
-        def worst(ratios: list[float | None]) -> float | None:
-            return None if any(x is None for x in ratios) else max(x for x in ratios if x is not None)
-
         def counts(key: str, cases: list[dict[str, Any]] = cell) -> dict[str, int]:
             return {a: sum(r["metrics"][a][key] for r in cases) for a in arms}
 
         def joined(values: dict[str, int]) -> str:
             return " / ".join(str(values[a]) for a in arms)
 
-        set_ratio = worst([r["metrics"][NB_SET]["time / SM"] for r in cell])
+        set_ratio = worst_ratio([r["metrics"][NB_SET]["time / SM"] for r in cell])
         modes, short = counts("chains with mode = SM mode"), counts("chains with mode = SM short-run mode")
         chains = sum(len(r["metrics"][SM]["stuck"]) for r in cell)
         case_hits = {a: [r["metrics"][a]["chains with mode = SM mode"] for r in cell] for a in (NB_SET, SM)}
@@ -988,19 +1013,19 @@ def size_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         short_stuck = sum(sum(r["metrics"][NB_SET]["stuck (SM short-run posterior)"]) for r in cell)
         spread_stuck = sum(sum(r["metrics"][NB_SET]["stuck beyond SM spread"]) for r in cell)
         others = {
-            f"worst {RATIO_NAMES[a]}/SM": _fmt_ratio(worst([r["metrics"][a]["time / SM"] for r in cell]))
+            f"worst {RATIO_NAMES[a]}/SM": format_ratio(worst_ratio([r["metrics"][a]["time / SM"] for r in cell]))
             for a in ARMS
             if a in arms and a != SM
         }
         if GIBBS in arms:
-            others["worst NB(set)/Gibbs"] = _fmt_ratio(worst([nb_over_gibbs(r) for r in cell]))
+            others["worst NB(set)/Gibbs"] = format_ratio(worst_ratio([nb_over_gibbs(r) for r in cell]))
         rows.append(
             {
                 "m": m,
                 "n": n,
                 "families": ", ".join(r["family"] for r in cell),
                 **others,
-                "time target": set_ratio is not None and set_ratio <= (0.5 if m >= 12 else 1.0),
+                "time target": set_ratio is not None and set_ratio <= (TIME_TARGET if m >= TARGET_MIXTURES else 1.0),
                 f"mode = SM mode ({names})": joined(modes),
                 "mode target": modes[NB_SET] >= modes[SM],
                 "P(miss) as good as SM": round(miss, 3),
@@ -1028,13 +1053,13 @@ def mode_target_text(targets: list[dict[str, Any]]) -> str:
         (plug-in estimates, chains taken as independent); NB(set) has fewer chains at the mode than split-merge at
         p < 0.05 (`fewer at mode: p`, one-sided Fisher exact, no correction for the 1 tests) at 0.
     """
-    rows = [t for t in targets if t["m"] >= 12]
+    rows = [t for t in targets if t["m"] >= TARGET_MIXTURES]
     if not rows:
         return ""
     met = sum(bool(t["mode target"]) for t in rows)
     expected = sum(t["P(miss) as good as SM"] for t in rows)
     significant = sum(t["fewer at mode: p"] < 0.05 for t in rows)
-    all_met = math.prod(1.0 - t["P(miss) as good as SM"] for t in rows)
+    all_met = all_sizes_met_probability([t["P(miss) as good as SM"] for t in rows])
     return (
         f"Mode target at {met} of {len(rows)} sizes with m >= 12; a sampler as good as split-merge (`P(miss) as good "
         + f"as SM`, summed) would miss it at {expected:.1f} of them in expectation and meet it at every one with "
