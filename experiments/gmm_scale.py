@@ -117,9 +117,11 @@ COLORS = {NB_SET: "tab:blue", SM: "tab:orange", NB_OLD: "tab:green", GIBBS: "tab
 SHORT_NAMES = {SM: "SM", NB_SET: "set", NB_OLD: "old", GIBBS: "Gibbs"}
 """The arms in the report's per-arm columns, in this order (records before the Gibbs arm have three)."""
 RATIO_NAMES = {SM: "SM", NB_SET: "NB(set)", NB_OLD: "NB(old)", GIBBS: "Gibbs"}
-TARGET_MIXTURES = 12  # the issue's targets hold at the sizes with at least this many mixtures
-TIME_TARGET = 0.5  # NB's most time to split-merge's level there, as a share of split-merge's
 """An arm's name in the time-ratio columns and the report's title."""
+TARGET_MIXTURES = 12
+"""The issue's targets hold at the sizes with at least this many mixtures."""
+TIME_TARGET = 0.5
+"""NB's most time to split-merge's level at those sizes, as a share of split-merge's time."""
 LEVEL_MARGIN = 2.0
 """Nats below split-merge's last-quarter mean log joint that the robust level sits."""
 TIE_SE = 2.0

@@ -120,15 +120,17 @@ def _size_counts(record: dict[str, Any]) -> dict[Size, dict[str, Any]]:
             raise ValueError(f"the {size[0]} x {size[1]} cases have different numbers of chains: {sorted(chains)}")
         # (recomputed from the median times: the JSON keeps an infinite ratio as null)
         ratios = [time_ratio(m[NB_SET]["median time to level"], m[SM]["median time to level"]) for m in cell]
+        case_hits = {arm: [metrics[arm][MODE] for metrics in cell] for arm in (SM, NB_SET)}
+        case_chains = chains.pop()
         counts[size] = {
             "time": worst_ratio(ratios),
             "slower cases": sum(r is None or r > 1.0 for r in ratios),
-            "case hits": {arm: [metrics[arm][MODE] for metrics in cell] for arm in (SM, NB_SET)},
-            "mode": {arm: sum(metrics[arm][MODE] for metrics in cell) for arm in (SM, NB_SET)},
+            "case hits": case_hits,
+            "mode": {arm: sum(hits) for arm, hits in case_hits.items()},
             "mode set": {arm: sum(metrics[arm][MODE_SET] for metrics in cell) for arm in (SM, NB_SET)},
             "stuck": sum(sum(metrics[NB_SET]["stuck"]) for metrics in cell),
-            "chains": sum(len(metrics[SM]["stuck"]) for metrics in cell),
-            "case chains": chains.pop(),
+            "chains": case_chains * len(cell),
+            "case chains": case_chains,
         }
     return counts
 
