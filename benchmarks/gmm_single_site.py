@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fused_blocks import paired_ratio, write_results  # noqa: E402

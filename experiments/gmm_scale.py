@@ -661,10 +661,12 @@ def start_worker(args: argparse.Namespace) -> dict[str, str]:
 
 
 def warm_up(proposal: NeuralBlockProposal, chains: int) -> float:
-    """One sweep of ``proposal`` on a tiny GMM, so that this process's compiled loops are loaded before any clock.
+    """One sweep of ``proposal`` and of split-merge on a tiny GMM, so that this process's compiled loops are loaded
+    before any clock.
 
-    The compiled ``gmm_pair_set`` sweep (:mod:`neuralblock.kernels.jit_mixture`) is compiled once per machine
-    (cached on disk) and loaded once per process: like the imports, not part of any run's sampling time.
+    The compiled ``gmm_pair_set`` sweep (:mod:`neuralblock.kernels.jit_mixture`) and split-merge sweep
+    (:mod:`neuralblock.kernels.jit_split_merge`) are compiled once per machine (cached on disk) and loaded once per
+    process: like the imports, not part of any run's sampling time.
     Returns the seconds it took (the kernel's ``compile_seconds``).
 
     Example:
@@ -677,7 +679,11 @@ def warm_up(proposal: NeuralBlockProposal, chains: int) -> float:
     kernel.setup(0)
     kernel.sample(kernel.initial_params)
     kernel.single_site.sweep(fg, kernel.initial_params["x"], adapt=False)  # the compiled single-site sweep
-    return float(kernel.diagnostics()["compile_seconds"])
+    split_merge = SplitMergeGMM(fg, gibbs_prob=0.0, chains=chains)  # the compiled split-merge sweep
+    split_merge.initial_params = kernel.initial_params
+    split_merge.setup(0)
+    split_merge.sample(split_merge.initial_params)
+    return float(kernel.diagnostics()["compile_seconds"]) + split_merge.compile_seconds
 
 
 def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:

@@ -96,6 +96,20 @@ def test_gmm_single_site_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_split_merge_sweep_quick(tmp_path: Path) -> None:
+    bench = _load("split_merge_sweep")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "split_merge_sweep.json").read_text())
+    assert (tmp_path / "split_merge_sweep.md").read_text().startswith("# Split-merge sweeps of open-universe GMMs")
+    row = data["sizes"]["8x60"]
+    assert set(row["ms_per_sweep"]) == set(row["us_per_chain_attempt"]) == set(bench.ARMS)
+    assert all(ms > 0 for ms in row["ms_per_sweep"].values())
+    assert list(row["ratios"]) == ["compiled / eager", "compiled / eager, all-point births"]
+    assert all(ratio > 0 for ratio in row["ratios"].values())
+    assert result["sizes"] == data["sizes"]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("cover", "name", "words"), [("every", "gmm_pair_step", "every"), ("rounds", "gmm_pair_step_rounds", "one round")]
 )

@@ -153,22 +153,30 @@ def test_closed_form_matches_the_quadrature() -> None:
     assert all(abs(closed[v] - quadrature[v]) < 1e-6 for v in quadrature)
 
 
+@pytest.mark.parametrize("compiled", [None, False], ids=["compiled", "eager"])
 @pytest.mark.parametrize(
-    ("points", "m", "draws"),
+    ("points", "m", "draws", "seeds"),
     [
-        (torch.tensor([[-1.5], [-1.0], [2.0]]), 2, 1000),
-        (torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]]), 3, 600),
+        (torch.tensor([[-1.5], [-1.0], [2.0]]), 2, 1000, 64),
+        (torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]]), 3, 600, 64),
+        (torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]]), 3, 600, 2),
     ],
-    ids=["m2-1d", "m3-2d"],
+    ids=["m2-1d", "m3-2d", "m3-2d-two-seeds"],
 )
-def test_moves_alone_keep_the_exact_posterior(points: torch.Tensor, m: int, draws: int) -> None:
-    # gibbs_prob = 0: the split/merge/birth/death moves alone must leave p(v, mu | x) invariant.
+def test_moves_alone_keep_the_exact_posterior(
+    points: torch.Tensor, m: int, draws: int, seeds: int, compiled: bool | None
+) -> None:
+    # gibbs_prob = 0: the split/merge/birth/death moves alone must leave p(v, mu | x) invariant; with two birth
+    # seeds for three points, a birth's seeds are the two most poorly explained points of each state.
     fg = gmm_graph(points, m, SIGMA, TAU, P_ACTIVE)
-    kernel = SplitMergeGMM(fg, gibbs_prob=0.0, moves_per_sweep=2)
+    kernel = SplitMergeGMM(
+        fg, gibbs_prob=0.0, moves_per_sweep=2, tuning=MoveTuning(birth_seeds=seeds), compiled=compiled
+    )
     terms = _posterior_terms(points, m, SIGMA, TAU, P_ACTIVE)  # enumerated once for both references
     exact = _exact_patterns(terms), _exact_mean_moments(terms)
     z_patterns, z_means = _posterior_z_scores(kernel, fg, *exact, draws_per_chain=draws)
     accepted = kernel.diagnostics()["acceptance_by_move"]
+    assert kernel.diagnostics()["compiled_moves"] is (compiled is None)
     assert all(accepted[k] > 0.05 for k in MOVES), accepted
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means  # active means and inactive ones (which follow the prior)
@@ -272,10 +280,14 @@ def test_reports_before_setup_and_refuses_a_zero_density_start() -> None:
     ],
     ids=["moves-m3-2d", "mixed-m2-1d"],
 )
-def test_batched_chains_keep_the_exact_posterior(points: torch.Tensor, m: int, gibbs_prob: float, draws: int) -> None:
-    # chains=4: every move attempt is one batched step of all four chains (each its own move type and mixtures).
+@pytest.mark.parametrize("compiled", [None, False], ids=["compiled", "eager"])
+def test_batched_chains_keep_the_exact_posterior(
+    points: torch.Tensor, m: int, gibbs_prob: float, draws: int, compiled: bool | None
+) -> None:
+    # chains=4: every move attempt is one batched step of all four chains (each its own move type and mixtures), or
+    # one compiled call takes every chain's attempts.
     fg = gmm_graph(points, m, SIGMA, TAU, P_ACTIVE)
-    kernel = SplitMergeGMM(fg, gibbs_prob=gibbs_prob, moves_per_sweep=2, chains=4)
+    kernel = SplitMergeGMM(fg, gibbs_prob=gibbs_prob, moves_per_sweep=2, chains=4, compiled=compiled)
     terms = _posterior_terms(points, m, SIGMA, TAU, P_ACTIVE)
     z_patterns, z_means = _posterior_z_scores(
         kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), draws_per_chain=draws

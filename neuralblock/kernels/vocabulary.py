@@ -75,6 +75,7 @@ class KernelDiagnostics(TypedDict, total=False):
         proposed: SplitMergeGMM's post-warmup proposals per move type (``{move: count}``).
         unavailable: SplitMergeGMM's post-warmup attempts per move type that had no valid move
             (``{move: count}``).
+        compiled_moves: whether SplitMergeGMM's split-merge sweeps run as one compiled loop (bool).
         blocks: CompoundKernel's inner kernels' diagnostics, keyed ``"<b> (<kernel class>)"`` in block
             order (``{label: diagnostics}``: a KernelDiagnostics for our kernels, Pyro's own keys for its HMC/NUTS).
         visits: CompoundKernel's visits of each block, in block order (list of counts; warmup included).
@@ -162,6 +163,7 @@ class KernelDiagnostics(TypedDict, total=False):
     # SplitMergeGMM
     proposed: dict[str, float]
     unavailable: dict[str, float]
+    compiled_moves: bool
     # CompoundKernel
     blocks: dict[str, dict[str, Any]]
     visits: list[int]
