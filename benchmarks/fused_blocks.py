@@ -165,8 +165,12 @@ def write_results(out: str | Path, stem: str, result: dict[str, Any], markdown: 
     print(markdown)
 
 
-def sweep_seconds(kernel: Any, budget: float, clock: Callable[[], float] = time.process_time) -> float:
+def sweep_seconds(
+    kernel: Any, budget: float, clock: Callable[[], float] = time.process_time, warm: int = 2, least: int = 2
+) -> float:
     """Seconds per ``kernel.sample`` call (a full sweep of every chain), over about ``budget`` seconds.
+
+    ``warm`` untimed calls come first, and at least ``least`` calls are timed.
 
     Example:
         >>> fg = FactorGraph(); _ = fg.add_variables(2, cardinality=2)
@@ -176,11 +180,11 @@ def sweep_seconds(kernel: Any, budget: float, clock: Callable[[], float] = time.
     """
     params = kernel.initial_params
     sync = torch.cuda.synchronize if kernel.device.type == "cuda" else (lambda: None)
-    for _ in range(2):
+    for _ in range(warm):
         params = kernel.sample(params)
     sync()
     sweeps, start = 0, clock()
-    while sweeps < 2 or clock() - start < budget:
+    while sweeps < least or clock() - start < budget:
         params = kernel.sample(params)
         sweeps += 1
         if sweeps % 8 == 0:

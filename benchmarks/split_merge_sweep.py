@@ -5,11 +5,12 @@ attempts of each of ``--chains`` vectorized chains, the baseline of the GMM benc
 
 * ``compiled``: this checkout's default, one Numba call per sweep (:mod:`neuralblock.kernels.jit_split_merge`);
 * ``eager``: the batched torch moves (``compiled=False``), the same moves and births from 64 seed points;
-* ``eager, all-point births``: the eager moves with every point seeding a birth (``birth_seeds`` at least ``n``),
-  as before session 48: an ``O(n^2)`` birth proposal (the same as the others where ``n <= 64``).
+* ``eager, all-point births``: the eager moves with every point seeding a birth (``birth_seeds`` at least ``n``):
+  the ``O(n^2)`` birth proposal the kernel had before the seed points (the same as the others where ``n <= 64``).
 
-The arms run in this process, in turn within each round, from the same start (CPU time per sweep over about
-``--budget`` seconds and at least one sweep, after one untimed sweep; one torch thread); ratios are paired per round
+The arms run in this process, in turn within each round, from the same start (CPU time per ``sample`` call, a
+split-merge sweep at ``gibbs_prob=0``, over about ``--budget`` seconds and at least one call, after one untimed
+call; one torch thread); ratios are paired per round
 and their median reported. The cases are GMM benchmark cases (:func:`experiments.gmm_models.family_gmm`), started
 from the benchmark's random starts.
 
@@ -27,7 +28,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fused_blocks import paired_ratio, write_results  # noqa: E402
+from fused_blocks import paired_ratio, sweep_seconds, write_results  # noqa: E402
 from gmm_pair_step import parse_size, size_ratio_lines  # noqa: E402
 
 from experiments.gmm_models import family_gmm  # noqa: E402
@@ -45,31 +45,9 @@ from neuralblock.graph import FactorGraph  # noqa: E402
 from neuralblock.kernels.base import sequential_init  # noqa: E402
 from neuralblock.kernels.split_merge import MoveTuning, SplitMergeGMM  # noqa: E402
 
-__all__ = ["main", "time_sweeps"]
+__all__ = ["main"]
 
 ARMS = ("compiled", "eager", "eager, all-point births")
-
-
-def time_sweeps(kernel: SplitMergeGMM, fg: FactorGraph, state: torch.Tensor, budget: float) -> float:
-    """CPU seconds per split-merge sweep of a set-up ``kernel`` from ``state``, over about ``budget`` seconds.
-
-    One untimed sweep first (it loads the compiled loop), then at least one timed sweep.
-
-    Example:
-        >>> from motifs.gmm_pair import gmm_graph
-        >>> fg = gmm_graph(torch.randn(10, 2), 3, 1.0, 2.0, 0.5)
-        >>> kernel = SplitMergeGMM(fg)
-        >>> kernel.initial_params = {"x": fg.initial_state()}
-        >>> kernel.setup(0)
-        >>> time_sweeps(kernel, fg, fg.initial_state()[None], 0.01) > 0
-        True
-    """
-    state = kernel._split_merge_sweep(fg, state, warmup=True)
-    sweeps, start = 0, time.process_time()
-    while sweeps < 1 or time.process_time() - start < budget:
-        state = kernel._split_merge_sweep(fg, state, warmup=True)
-        sweeps += 1
-    return (time.process_time() - start) / sweeps
 
 
 def _kernel(fg: FactorGraph, start: torch.Tensor, arm: str, points: int) -> SplitMergeGMM:
@@ -96,7 +74,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.rounds):
             for arm in ARMS:
                 torch.manual_seed(0)
-                times[arm].append(time_sweeps(kernels[arm], fg, start, args.budget))
+                kernels[arm].initial_params = {"x": start}
+                times[arm].append(sweep_seconds(kernels[arm], args.budget, warm=1, least=1))
         attempts = m * (m - 1) // 2 * args.chains
         sizes[f"{m}x{n}"] = {
             "ms_per_sweep": {arm: 1e3 * statistics.median(values) for arm, values in times.items()},
@@ -117,7 +96,8 @@ def _markdown(result: dict[str, Any]) -> str:
         f"`SplitMergeGMM(gibbs_prob=0)`, one split-merge sweep (`m (m - 1) / 2` move attempts per chain) of "
         f"{result['chains']} vectorized chains on the GMM benchmark's `{result['family']}` cases. `compiled`: the "
         "default, one Numba call per sweep; `eager`: the batched torch moves (`compiled=False`); `eager, all-point "
-        "births`: the eager moves with every point seeding a birth (before session 48). CPU, one torch thread, CPU "
+        "births`: the eager moves with every point seeding a birth (the O(n^2) birth proposal). CPU, one torch "
+        "thread, CPU "
         f"time per sweep over about {result['budget']} s per arm and round after one untimed sweep, medians over "
         f"{result['rounds']} interleaved rounds in one process, same start and seed. Load average "
         f"{', '.join(f'{x:.2f}' for x in result['load_average'])}.",

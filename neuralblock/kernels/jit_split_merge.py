@@ -264,10 +264,12 @@ def _top_eigenvector(cov, out):
     v = np.eye(dim)
     for _ in range(50):
         off = 0.0
+        diagonal = 0.0
         for p in range(dim):
+            diagonal += a[p, p] * a[p, p]
             for q in range(p + 1, dim):
                 off += a[p, q] * a[p, q]
-        if off < 1e-30:
+        if off <= 1e-30 * diagonal:
             break
         for p in range(dim):
             for q in range(p + 1, dim):
@@ -406,11 +408,13 @@ def _birth_seeds(x, lse, slot, model, buf):
     sigma, tuning, seeds = model[4], model[5], model[6]
     split_scale, radius, prior_weight = tuning[0], tuning[3], tuning[4]
     log_w, centres, spread = buf[5][slot], buf[6][slot], buf[7][slot]
+    explained = np.empty(n)
     poorly = np.empty(n)
     for q in range(n):
-        poorly[q] = 1.0 / (1.0 + math.exp(-(_POORLY_EXPLAINED - max(lse[q], _EXPLAINED_FLOOR))))
-    if n > seeds:
-        chosen = np.argsort(-poorly, kind="mergesort")[:seeds]
+        explained[q] = max(lse[q], _EXPLAINED_FLOOR)
+        poorly[q] = 1.0 / (1.0 + math.exp(-(_POORLY_EXPLAINED - explained[q])))
+    if n > seeds:  # the least explained points (ties: the first)
+        chosen = np.argsort(explained, kind="mergesort")[:seeds]
     else:
         chosen = np.arange(n)
     count = chosen.shape[0]
@@ -567,8 +571,9 @@ def _forward_log_q(kind, i, j, mu, on, value, components, model, buf):
 def _rest_log_sums(terms, on, lse, i, j, out):
     """``out[q]``: log-sum of ``terms[k, q]`` over the active mixtures but ``i`` and ``j``, from the full ``lse``.
 
-    The pair's share is taken off the full sum; where the rest holds under :data:`SUMMED_DIRECTLY` of it, the rest
-    is summed term by term instead (a point the pair explains), so it keeps its digits either way.
+    The pair's share is taken off the full sum (``lse``, summed term by term at the current state); where the rest
+    holds under :data:`SUMMED_DIRECTLY` of it, the rest is summed term by term instead (a point the pair explains),
+    so it keeps all but about three of its digits either way.
     """
     m, n = terms.shape
     for q in range(n):
@@ -788,7 +793,7 @@ def _sweep(states, point_ids, mean_ids, active_ids, model, kind_cdf, uniforms, n
                 for q in range(n):
                     terms[i, q] = new_col_i[q]
                     terms[j, q] = new_col_j[q]
-                    lse[q] = new_lse[q]
+                _point_log_sums(terms, on, lse)  # summed afresh: no rounding carried from move to move
                 _forget_births(buf)
         for k in range(m):
             state[active_ids[k]] = 1.0 if on[k] else 0.0

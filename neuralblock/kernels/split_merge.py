@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import time
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -346,8 +347,8 @@ def _birth_dist(layout: MixtureLayout, view: _View, j: Tensor, tuning: MoveTunin
     explained = torch.logsumexp((-0.5 * d2).masked_fill(~view.on[:, None, :], -math.inf), -1).clamp(min=-1e4)
     poorly = torch.sigmoid(_POORLY_EXPLAINED - explained)  # [B, n]
     centres, weights = x, poorly
-    if x.shape[1] > tuning.birth_seeds:  # the most poorly explained points (ties: the first)
-        chosen = torch.argsort(poorly, dim=-1, descending=True, stable=True)[:, : tuning.birth_seeds]
+    if x.shape[1] > tuning.birth_seeds:  # the least explained points (ties: the first)
+        chosen = torch.argsort(explained, dim=-1, stable=True)[:, : tuning.birth_seeds]
         centres, weights = x.gather(1, chosen[..., None].expand(-1, -1, x.shape[-1])), poorly.gather(1, chosen)
     for _ in range(2):  # two mean-shift steps (a fixed count, not a loop over data)
         kernel = torch.exp(-0.5 * torch.cdist(centres, x).square() / (tuning.birth_radius * sigma) ** 2)
@@ -679,10 +680,12 @@ class SplitMergeGMM(GraphKernel):
             the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs at ``setup`` (in no
             transition's time) and replaces ``gibbs_prob``; a seed then no longer fixes the run.
         compiled: run each split-merge sweep as one compiled loop over the chains and their attempts
-            (:mod:`neuralblock.kernels.jit_split_merge`: the same moves and MH test, 10-100x faster than the
-            eager batched attempts). ``None`` (default): where Numba is installed, the state is on the CPU and
-            every factor a move changes is one the loop knows (the mixture's points, the means' Gaussian priors
-            and the bits' own factors, as in ``gmm_graph``); ``True`` refuses a graph it cannot run.
+            (:mod:`neuralblock.kernels.jit_split_merge`: the same moves and MH test, 7-33x faster than the
+            eager batched attempts at 12-32 mixtures and 60-1000 points, ``benchmarks/split_merge_sweep.py``).
+            ``None`` (default): where Numba is installed, the state is on the CPU and every factor a move
+            changes is one the loop knows (the mixture's points, the means' Gaussian priors and the bits' own
+            factors, as in ``gmm_graph``); ``True`` refuses a graph it cannot run. A state of another dtype
+            than float32 or float64 takes the eager moves.
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
@@ -732,7 +735,7 @@ class SplitMergeGMM(GraphKernel):
         if not (self.tuning.birth_radius > 0 and 0 < self.tuning.birth_prior_weight < 1):
             raise ValueError(f"tuning needs birth_radius > 0 and birth_prior_weight in (0, 1), got {self.tuning}")
         seeds = self.tuning.birth_seeds
-        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        if isinstance(seeds, bool) or not hasattr(seeds, "__index__") or operator.index(seeds) < 1:
             raise ValueError(f"tuning.birth_seeds must be a positive integer, got {seeds!r}")
         self.gibbs_prob = float(gibbs_prob)
         self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
@@ -844,7 +847,7 @@ class SplitMergeGMM(GraphKernel):
     def _split_merge_sweep(self, fg: FactorGraph, state: Tensor, warmup: bool) -> Tensor:
         """``moves_per_sweep`` batched move attempts (counted after warmup)."""
         start = time.perf_counter()
-        if self._sweep_arrays is not None:
+        if self._sweep_arrays is not None and state.dtype in (torch.float32, torch.float64):
             state, counts, nonfinite = self._compiled_sweep(state)
         else:
             counts = torch.zeros(3, len(MOVES), dtype=torch.long)
@@ -875,7 +878,7 @@ class SplitMergeGMM(GraphKernel):
         draws = draw_attempts(states.shape[0], self.moves_per_sweep, arrays.mean_ids.shape[1])
         round32 = state.dtype != torch.float64
         (counts, nonfinite), seconds = timed_first_call(
-            self._compiled_layouts, (round32,), split_merge_sweep, states, arrays, draws, round32
+            self._compiled_layouts, (), split_merge_sweep, states, arrays, draws, round32
         )
         self.compile_seconds += seconds
         new_state = torch.from_numpy(states).to(state.dtype)
