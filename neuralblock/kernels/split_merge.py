@@ -680,7 +680,7 @@ class SplitMergeGMM(GraphKernel):
             the chosen value is in ``diagnostics()["gibbs_prob"]``). The timing runs at ``setup`` (in no
             transition's time) and replaces ``gibbs_prob``; a seed then no longer fixes the run.
         compiled: run each split-merge sweep as one compiled loop over the chains and their attempts
-            (:mod:`neuralblock.kernels.jit_split_merge`: the same moves and MH test, 7-33x faster than the
+            (:mod:`neuralblock.kernels.jit_split_merge`: the same moves and MH test, 8-32x faster than the
             eager batched attempts at 12-32 mixtures and 60-1000 points, ``benchmarks/split_merge_sweep.py``).
             ``None`` (default): where Numba is installed, the state is on the CPU and every factor a move
             changes is one the loop knows (the mixture's points, the means' Gaussian priors and the bits' own
