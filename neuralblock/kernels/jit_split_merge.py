@@ -43,6 +43,7 @@ import torch
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup
 from neuralblock.kernels.jit import SUMMED_DIRECTLY, _compiled, _logaddexp
+from neuralblock.kernels.jit_mixture import _log_sum_except
 
 if TYPE_CHECKING:
     from neuralblock.kernels.split_merge import MixtureLayout, MoveTuning
@@ -510,7 +511,6 @@ def _move_params(kind, x, mu, on, i, j, col_i, col_j, lse, slot, model, buf):
 def _log_q(value, components, log_w, loc, scale, slots):
     """log density of the new means ``value [slots, D]`` under a proposal of ``components`` components."""
     dim = value.shape[1]
-    top = -math.inf
     terms = np.empty(components)
     for c in range(components):
         s = log_w[c]
@@ -519,13 +519,7 @@ def _log_q(value, components, log_w, loc, scale, slots):
                 z = (value[a, d] - loc[c, a, d]) / scale[c, a, d]
                 s += -0.5 * z * z - math.log(scale[c, a, d]) - _HALF_LOG_2PI
         terms[c] = s
-        top = max(top, s)
-    if top == -math.inf:
-        return -math.inf
-    acc = 0.0
-    for c in range(components):
-        acc += math.exp(terms[c] - top)
-    return top + math.log(acc)
+    return _log_sum_except(terms, -1, -1)
 
 
 @_compiled
@@ -540,22 +534,26 @@ def _terms_column(x, mean, sigma, out):
 
 
 @_compiled
+def _log_sum_but(terms, on, q, skip_i, skip_j):
+    """Log-sum of ``terms[k, q]`` over the active mixtures ``k`` but ``skip_i`` and ``skip_j`` (``-inf`` if none)."""
+    top = -math.inf
+    for k in range(terms.shape[0]):
+        if on[k] and k != skip_i and k != skip_j and terms[k, q] > top:
+            top = terms[k, q]
+    if top == -math.inf:
+        return -math.inf
+    acc = 0.0
+    for k in range(terms.shape[0]):
+        if on[k] and k != skip_i and k != skip_j:
+            acc += math.exp(terms[k, q] - top)
+    return top + math.log(acc)
+
+
+@_compiled
 def _point_log_sums(terms, on, out):
     """``out[q]``: log-sum of ``terms[k, q]`` over the active mixtures ``k``."""
-    m, n = terms.shape
-    for q in range(n):
-        top = -math.inf
-        for k in range(m):
-            if on[k] and terms[k, q] > top:
-                top = terms[k, q]
-        if top == -math.inf:
-            out[q] = -math.inf
-            continue
-        acc = 0.0
-        for k in range(m):
-            if on[k]:
-                acc += math.exp(terms[k, q] - top)
-        out[q] = top + math.log(acc)
+    for q in range(terms.shape[1]):
+        out[q] = _log_sum_but(terms, on, q, -1, -1)
 
 
 @_compiled
@@ -575,8 +573,7 @@ def _rest_log_sums(terms, on, lse, i, j, out):
     holds under :data:`SUMMED_DIRECTLY` of it, the rest is summed term by term instead (a point the pair explains),
     so it keeps all but about three of its digits either way.
     """
-    m, n = terms.shape
-    for q in range(n):
+    for q in range(terms.shape[1]):
         if lse[q] == -math.inf:
             out[q] = -math.inf
             continue
@@ -587,19 +584,8 @@ def _rest_log_sums(terms, on, lse, i, j, out):
             share -= math.exp(terms[j, q] - lse[q])
         if share > SUMMED_DIRECTLY:
             out[q] = lse[q] + math.log(share)
-            continue
-        top = -math.inf
-        for k in range(m):
-            if on[k] and k != i and k != j and terms[k, q] > top:
-                top = terms[k, q]
-        if top == -math.inf:
-            out[q] = -math.inf
-            continue
-        acc = 0.0
-        for k in range(m):
-            if on[k] and k != i and k != j:
-                acc += math.exp(terms[k, q] - top)
-        out[q] = top + math.log(acc)
+        else:
+            out[q] = _log_sum_but(terms, on, q, i, j)
 
 
 @_compiled
