@@ -848,7 +848,7 @@ class SplitMergeGMM(GraphKernel):
         """``moves_per_sweep`` batched move attempts (counted after warmup)."""
         start = time.perf_counter()
         if self._sweep_arrays is not None and state.dtype in (torch.float32, torch.float64):
-            state, counts, nonfinite = self._compiled_sweep(state)
+            state, counts, nonfinite = self._compiled_sweep(state, self._sweep_arrays)
         else:
             counts = torch.zeros(3, len(MOVES), dtype=torch.long)
             nonfinite = torch.zeros((), dtype=torch.long)
@@ -867,14 +867,12 @@ class SplitMergeGMM(GraphKernel):
             self._move_seconds += time.perf_counter() - start
         return state
 
-    def _compiled_sweep(self, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _compiled_sweep(self, state: Tensor, arrays: SweepArrays) -> tuple[Tensor, Tensor, Tensor]:
         """A split-merge sweep as one compiled call (:func:`~neuralblock.kernels.jit_split_merge.split_merge_sweep`).
 
         Returns the new states, the counts ``[3, moves]`` (proposed, accepted, unavailable) and the non-finite ratios.
         """
-        arrays = self._sweep_arrays
-        assert arrays is not None
-        states = state.detach().to(torch.float64).numpy().copy()
+        states = state.detach().to(torch.float64, copy=True).numpy()  # the loop's own copy, changed in place
         draws = draw_attempts(states.shape[0], self.moves_per_sweep, arrays.mean_ids.shape[1])
         round32 = state.dtype != torch.float64
         (counts, nonfinite), seconds = timed_first_call(
