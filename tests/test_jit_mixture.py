@@ -22,7 +22,14 @@ from neuralblock.kernels.jit_mixture import (
     CandidateOptions,
     MixtureNetwork,
     PairDraws,
+    PointSums,
+    TokenCache,
+    _add_candidate,
+    _exp32,
     _log_q_candidates,
+    _mirror_candidate,
+    _point_sums,
+    _rest_log_sum,
     _silu,
     _token_outputs,
     draw_pairs,
@@ -367,3 +374,95 @@ def test_the_kernel_reuses_proposals_without_changing_its_chain() -> None:
         runs[reuse] = (params["x"], sweep.computed)
     assert torch.equal(runs[True][0], runs[False][0])
     assert 0 < runs[True][1] < runs[False][1]
+
+
+def test_the_float32_exp_is_within_rounding_of_the_exact_one() -> None:
+    x = np.linspace(-80.0, 80.0, 400_001).astype(np.float32)
+    got = np.empty_like(x)
+    _exp32(x, got, np.empty(len(x), dtype=np.int32), np.float32(1.0))
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(got / exact - 1.0)) < 2e-7
+    negated = np.empty_like(x)
+    _exp32(x, negated, np.empty(len(x), dtype=np.int32), np.float32(-1.0))
+    assert np.array_equal(negated, got[::-1])  # sign -1: exp(-x), the same arithmetic
+    clamped = np.empty(3, np.float32)
+    _exp32(np.array([-1e4, np.nan, 1e4], np.float32), clamped, np.empty(3, np.int32), np.float32(1.0))
+    assert np.allclose(clamped, np.exp(np.array([-80.0, -80.0, 80.0])), rtol=2e-7)
+
+
+def _point_sums_of(terms: np.ndarray) -> PointSums:
+    n = terms.shape[0]
+    sums = PointSums(np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64), *(np.empty(n) for _ in range(4)))
+    grand = _point_sums(terms, sums)
+    with np.errstate(divide="ignore"):
+        want = np.logaddexp.reduce(terms, axis=1)
+    assert np.allclose(sums.lse, want, rtol=1e-14, atol=1e-12) and np.isclose(grand, want.sum(), rtol=1e-13)
+    return sums
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_pairs_rest_is_every_other_mixtures_log_sum(seed: int) -> None:
+    # from the per-point sums, for every pair: points the pair explains all but e^-50 of (the cancellation the
+    # top-two sums avoid), ties, inactive mixtures (-inf) and points no mixture or only the pair explains
+    rng = np.random.default_rng(seed)
+    m = 6
+    terms = -0.5 * rng.uniform(0.0, 40.0, (40, m)) ** 2 / 4.0
+    terms[rng.random((40, m)) < 0.3] = -np.inf
+    terms[0] = [-1.0, -1.0, -1.0, -np.inf, -np.inf, -np.inf]  # a tie
+    terms[1] = [-np.inf] * m  # no active mixture
+    terms[2] = [0.0, -60.0, -np.inf, -70.0, -np.inf, -np.inf]  # one mixture holds all but e^-60
+    terms[3] = [-0.1, -0.2, -55.0, -58.0, -np.inf, -61.0]  # two hold all but e^-55
+    terms[4] = [-np.inf, -2.0, -np.inf, -np.inf, -np.inf, -np.inf]  # one mixture alone
+    sums = _point_sums_of(terms)
+    for pi in range(m):
+        for pj in range(pi + 1, m):
+            others = np.delete(terms, [pi, pj], axis=1)
+            with np.errstate(divide="ignore"):
+                want = np.logaddexp.reduce(others, axis=1)
+            for j in range(len(terms)):
+                top = sums.top[j]
+                share_i = np.exp(terms[j, pi] - top) if terms[j, pi] > -np.inf else 0.0
+                share_j = np.exp(terms[j, pj] - top) if terms[j, pj] > -np.inf else 0.0
+                got = _rest_log_sum(sums, j, pi, pj, share_i, share_j)
+                if want[j] == -np.inf:
+                    assert got == -np.inf
+                else:
+                    assert abs(got - want[j]) < 1e-12 * max(1.0, abs(want[j])), (j, pi, pj, got, want[j])
+
+
+def test_a_token_cache_carried_across_sweeps_changes_no_number() -> None:
+    # the outputs kept from earlier sweeps are the ones a fresh cache computes: the same sweeps bit for bit
+    _, state, layout, net, slots = _every_pair(_set_proposal((16,), seed=7), m=6, n=40, chains=3, seed=8)
+    pairs = slots.shape[1]
+    valid = np.ones((3, pairs), np.bool_)
+    cache = TokenCache.empty(40, net.phi2_b.shape[0], net.score_b.shape[0])
+    carried, fresh = state.clone(), state.clone()
+    torch.manual_seed(9)
+    for _ in range(4):
+        draws = draw_pairs(3, pairs, net.components, 2)
+        kept = mixture_pair_sweep(carried.numpy(), slots, valid, layout, net, draws, cache=cache)
+        anew = mixture_pair_sweep(fresh.numpy(), slots, valid, layout, net, draws)
+        assert torch.equal(carried, fresh)
+        assert all(np.array_equal(a, b) for a, b in zip(kept, anew, strict=True))
+    assert int(cache.clock[0]) > 0 and not np.isnan(cache.known).all()
+    with pytest.raises(ValueError, match="token cache"):
+        mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, cache=TokenCache.empty(41, 8, 2))
+
+
+def test_a_mirrored_candidate_is_the_one_refined_for_the_other_mean() -> None:
+    # one mean active from a location: the EM steps and the points' mass are symmetric in the pair's two means
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(60, 2)) * 2.0
+    rest = np.where(rng.random(60) < 0.2, -np.inf, rng.normal(-3.0, 2.0, 60))
+    count, dim, odds_i, odds_j = 4.0, 2, -0.4, 0.7
+    c_bits, c_mean = np.zeros((3, 2), np.int64), np.zeros((3, 4))
+    c_log_sd, c_log_w = np.zeros((3, 2)), np.zeros(3)
+    start = np.array([0.5, -1.0])
+    scratch = (np.empty(2), np.empty(2))
+    args = (points, rest, 3, count, 0.04, odds_i, odds_j, 2, c_bits, c_mean, c_log_sd, c_log_w, *scratch)
+    _add_candidate(0, 1, 0, start, start, *args)
+    _add_candidate(1, 0, 1, start, start, *args)
+    _mirror_candidate(0, 2, dim, odds_i, odds_j, c_bits, c_mean, c_log_sd, c_log_w)
+    assert np.array_equal(c_bits[2], c_bits[1]) and np.array_equal(c_mean[2], c_mean[1])
+    assert np.array_equal(c_log_sd[2], c_log_sd[1]) and np.isclose(c_log_w[2], c_log_w[1], rtol=0, atol=1e-10)
+    assert np.isfinite(c_log_w[0]) and not np.array_equal(c_mean[0], c_mean[2])

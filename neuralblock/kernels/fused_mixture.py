@@ -54,7 +54,13 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup, TableGroup
 from neuralblock.kernels.functional import nonfinite_ratios, speculative_width
 from neuralblock.kernels.jit import NUMBA, timed_first_call
-from neuralblock.kernels.jit_mixture import CandidateOptions, MixtureNetwork, draw_pairs, mixture_pair_sweep
+from neuralblock.kernels.jit_mixture import (
+    CandidateOptions,
+    MixtureNetwork,
+    TokenCache,
+    draw_pairs,
+    mixture_pair_sweep,
+)
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
 
@@ -490,6 +496,8 @@ class FusedMixtureSweep:
         self.layout = mixture_layout(fg, self.proposal.motif, instances)
         self._constants: dict[torch.dtype, StepConstants] = {}
         self.network = MixtureNetwork.from_proposal(self.proposal)  # None: the eager steps only
+        # the token network's outputs per point, kept from sweep to sweep (made by the first compiled sweep)
+        self.token_cache: TokenCache | None = None
 
     def constants(self, dtype: torch.dtype) -> StepConstants:
         """The layout's :class:`StepConstants` in ``dtype`` (made at the first step of that dtype)."""
@@ -584,8 +592,11 @@ class FusedMixtureSweep:
         temperatures = None if beta is None else beta.detach().to(torch.float64).contiguous().numpy()
         layout = (out.dtype, beta is None)
         computed = np.zeros(chains, dtype=np.int64)
+        points, hidden, heads = self.layout.values.shape[0], network.phi2_b.shape[0], network.score_b.shape[0]
+        if self.token_cache is None or not self.token_cache.fits(points, hidden, heads):
+            self.token_cache = TokenCache.empty(points, hidden, heads)
         args: tuple[Any, ...] = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True)
-        args = (*args, self.candidates, self.reuse, computed)
+        args = (*args, self.candidates, self.reuse, computed, self.token_cache)
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
         self.compile_seconds += seconds
         self.computed += int(computed.sum())

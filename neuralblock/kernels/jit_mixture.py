@@ -16,20 +16,33 @@ proposal (for one step, the draws of :meth:`~neuralblock.proposals.mdn.BlockMixt
 tests' uniforms. The arithmetic is the eager step's, in float64 (features, densities, energy) and in the
 network's float32 (set encoder, trunk, heads), so from the same numbers the two make the same proposals
 and decisions up to rounding; the feature constants mirror :mod:`motifs.gmm_pair`'s, and the tests
-(``tests/test_jit_mixture.py``) compare the two on random states. Two shortcuts change only the
-rounding: a point's share from the other mixtures is all mixtures' sum less the pair's (summed directly
-where the pair holds over 99.9% of it), and the first token layer's pair-free part is computed once per
-call. The token network's outputs for a point's last 8 distinct tokens are kept and reused when the
-token comes again bitwise (only its explained density and weight depend on the pair, and a pair far from
-the point leaves their float32 values as they are; a point near several copies meets the token of each
-copy's pairs again and again), which skips most of the network's work on large models without changing
-any number (20 x 1000, 5 chains: 12% of the tokens computed, 46% with the last two kept). A pair's new tokens
-go through the network 128 at a time (:func:`_token_outputs`), each output summed in the same order whatever
-else the block holds, and SiLU takes a float32 ``exp`` whose loops vectorize (:func:`_silu`, within 3e-7
-relative of the exact one); a round of pairs at n = 1000 then costs 0.79x (12 x 1000) and 0.83x (32 x 1000) of
-the per-token loop's (``benchmarks/gmm_pair_step.py --cover rounds``, medians of 7 paired rounds, round by round
-0.55-1.14). The energy
-skips a mean's term 40 nats below the point's log-sum so far (``1 + e^-40`` rounds to 1 in float64). A
+(``tests/test_jit_mixture.py``) compare the two on random states. Shortcuts that change only the
+rounding:
+
+* a point's share from the other mixtures comes from its sums over all mixtures, kept per chain
+  (:func:`_point_sums`, summed afresh after every accepted move): the largest term's mixture, the next one's,
+  and the sums of all terms, of all but the largest and of all but both. A pair takes away only its own
+  shares, and never more than is left, so no pair re-sums a point (:func:`_rest_log_sum`);
+* the current pair's energy is the sum of the points' log-sums, already known (:func:`_current_energy`); a
+  proposed pair's, and the candidates' Laplace masses, add the pair's two terms as one ``log1p``
+  (:func:`_log_sum_over`);
+* the features' ``exp`` (the poorly explained weights, the anchors' kernels, the attention weights) is a
+  float32 one whose loops vectorize (:func:`_exp32`, within 2e-7 relative); SiLU takes it too (:func:`_silu`,
+  within 3e-7 relative of the exact one);
+* the first token layer's pair-free part is computed once per call.
+
+The token network's outputs for a point's last 8 distinct tokens are kept (:class:`TokenCache`, from sweep to
+sweep) and reused when the token comes again bitwise (only its explained density and weight depend on the
+pair, and a pair far from the point leaves their float32 values as they are; a point near several copies
+meets the token of each copy's pairs again and again), which skips most of the network's work on large models
+without changing any number (20 x 1000, 5 chains: 12% of the tokens computed, 46% with the last two kept). A
+pair's new tokens go through the network 128 at a time (:func:`_token_outputs`), each output summed in the same
+order whatever else the block holds; a round of pairs at n = 1000 then cost 0.79x (12 x 1000) and 0.83x
+(32 x 1000) of the per-token loop's (``benchmarks/gmm_pair_step.py --cover rounds``, medians of 7 paired rounds,
+round by round 0.55-1.14), and the shortcuts above with the kept cache and mirrored candidates
+(:class:`CandidateOptions`) bring it to 0.92x (12 x 240), 0.91x (12 x 1000) and 0.82x (32 x 1000) of commit
+5f10ac0's (the same benchmark, against that commit). The energy leaves out a mean's term 40 nats below the
+other mixtures' log-sum (``1 + e^-40`` rounds to 1 in float64). A
 pair's proposal reads only its conditioning set, the other mixtures' active means and bits, so pairs with no
 active member, or with the same single one, share it: it is kept and reused until an accepted move changes an
 active mixture, with the numbers the pair would compute (``reuse=False`` computes every pair; the tests compare
@@ -65,11 +78,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from neuralblock.kernels.jit import SUMMED_DIRECTLY, _compiled, _half_sq_distance, _logaddexp
+from neuralblock.kernels.jit import _compiled, _half_sq_distance, _logaddexp
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.proposals.mdn import _FEATURE_CLIP, _MAX_LOG_SCALE, _MIN_LOG_SCALE
 
-__all__ = ["CandidateOptions", "MixtureNetwork", "PairDraws", "draw_pairs", "mixture_pair_sweep", "pair_candidates"]
+__all__ = [
+    "CandidateOptions",
+    "MixtureNetwork",
+    "PairDraws",
+    "TokenCache",
+    "draw_pairs",
+    "mixture_pair_sweep",
+    "pair_candidates",
+]
 
 _EXPLAINED_FLOOR = -30.0  # the motif's (motifs.gmm_pair): floor of a point's log explained density
 _POORLY_EXPLAINED = -3.0
@@ -162,6 +183,56 @@ class MixtureNetwork(NamedTuple):
         )
 
 
+class TokenCache(NamedTuple):
+    """The token network's outputs per point, kept across sweeps (:func:`mixture_pair_sweep`'s ``cache``).
+
+    A point's token changes with the pair only through its explained density and weight, so a point meets the
+    same few tokens again and again (one for the pairs far from it, one for each pair with a mixture near it).
+    ``known`` holds the two token entries of each of ``_TOKEN_SLOTS`` slots per point (NaN: empty), ``phi`` and
+    ``scores`` their outputs, ``last_used`` each slot's last use on ``clock`` (the least recently used is
+    replaced). The outputs are a pure function of the token, the point and the network: a cache serves one
+    network and one model's points.
+
+    Example:
+        >>> cache = TokenCache.empty(points=5, hidden=4, heads=2)
+        >>> cache.phi.shape, bool(np.isnan(cache.known).all())
+        ((5, 8, 4), True)
+    """
+
+    known: np.ndarray
+    phi: np.ndarray
+    scores: np.ndarray
+    last_used: np.ndarray
+    clock: np.ndarray
+
+    @classmethod
+    def empty(cls, points: int, hidden: int, heads: int) -> TokenCache:
+        """An empty cache for ``points`` points of a network of ``hidden`` token units and ``heads`` heads."""
+        return cls(
+            np.full((points, _TOKEN_SLOTS, 2), np.nan, dtype=np.float32),
+            np.zeros((points, _TOKEN_SLOTS, hidden), dtype=np.float32),
+            np.zeros((points, _TOKEN_SLOTS, heads), dtype=np.float32),
+            np.zeros((points, _TOKEN_SLOTS), dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+        )
+
+    def fits(self, points: int, hidden: int, heads: int) -> bool:
+        """Whether this cache has the shape of ``points`` points and that network's token outputs."""
+        return self.phi.shape == (points, _TOKEN_SLOTS, hidden) and self.scores.shape[2] == heads
+
+
+class PointSums(NamedTuple):
+    """Per point, the sums of :func:`_point_sums` (arrays over the points)."""
+
+    top: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+    total: np.ndarray
+    but_first: np.ndarray
+    but_both: np.ndarray
+    lse: np.ndarray
+
+
 class PairDraws(NamedTuple):
     """The random numbers of ``W`` pair moves of ``K`` chains.
 
@@ -196,7 +267,9 @@ class CandidateOptions(NamedTuple):
     component's pair of means and from each copy paired with the heaviest component's other mean.
     The EM steps and masses read at most ``max_points`` of the points (every ``ceil(n / max_points)``-th,
     each standing for that many) and the copies are the first ``max_copies`` locations (in mixture order):
-    functions of ``C`` too, so the candidates' cost stays bounded as ``n`` and ``m`` grow. A sweep uses
+    functions of ``C`` too, so the candidates' cost stays bounded as ``n`` and ``m`` grow. From a copy's location
+    the candidate with the second mean active is the first's mirrored (the same EM steps and points' mass, the
+    other bit's prior odds), not refined again. A sweep uses
     them on models of at least ``min_points`` points and proposes from the network alone below: on the GMM
     benchmark at scale, candidates at every size bought 2x the acceptance at ``n <= 240`` for 2-7x fewer
     sweeps and lost time there, and at ``n = 1000`` crossed the copy barrier where the network alone
@@ -278,21 +351,21 @@ def pair_candidates(
 
 # ---------------------------------------------------------------------------------------------- compiled
 @_compiled
-def _silu(x, work, powers):
-    """``x * sigmoid(x)`` in place over a float32 vector, by a float32 ``exp`` whose loops vectorize.
+def _exp32(x, out, powers, sign):
+    """``out[:size] = exp(sign * x[:size])`` over float32 vectors (``size = len(x)``), by a float32 ``exp`` whose
+    loops vectorize.
 
-    ``exp(-x)`` is ``2^k exp(r)``: ``k`` the nearest integer to ``-x / ln 2`` (by the ``1.5 * 2^23`` rounding
+    ``exp(t)`` is ``2^k exp(r)``: ``k`` the nearest integer to ``t / ln 2`` (by the ``1.5 * 2^23`` rounding
     trick), ``r`` the rest in two parts (Cody and Waite), ``exp(r)`` a degree-7 polynomial (Cephes' ``expf``)
-    and ``2^k`` added to its exponent bits. ``-x`` is clamped to ``[-80, 80]``
-    first: above 80 ``silu(x) = x`` in float32; below -80 it gives ``x e^-80`` (under ``|x| 1.9e-35``, the exact
-    value being smaller still), and ``-inf`` for ``-inf`` (NaN exactly). Within 3e-7 relative of the exact SiLU on
-    ``[-80, inf)``; a pure function of each entry (the token cache reuses its outputs). ``work`` (float32) and
-    ``powers`` (int32) are scratch vectors at least as long as ``x``.
+    and ``2^k`` added to its exponent bits. ``t`` is clamped to ``[-80, 80]`` first (NaN to -80): ``exp`` of
+    anything below -80 is ``e^-80`` (1.8e-35). Within 2e-7 relative of the exact ``exp`` on ``[-80, 80]``; a pure
+    function of each entry. ``out`` (float32) and ``powers`` (int32) are vectors at least as long as ``x``, and
+    not ``x`` itself: the loops vectorize only where the compiler finds that they do not overlap.
     """
     size = x.shape[0]
     for i in range(size):
-        t = -x[i]
-        t = t if t > _EXP_LOW else _EXP_LOW  # (NaN to the low end: x / (1 + e^-80) stays NaN)
+        t = sign * x[i]
+        t = t if t > _EXP_LOW else _EXP_LOW
         t = t if t < _EXP_HIGH else _EXP_HIGH
         k = (t * _LOG2E_32 + _ROUNDING_32) - _ROUNDING_32
         r = t - k * _LN2_HIGH_32 - k * _LN2_LOW_32
@@ -302,11 +375,24 @@ def _silu(x, work, powers):
         p = p * r + np.float32(4.1665795894e-2)
         p = p * r + np.float32(1.6666665459e-1)
         p = p * r + np.float32(5.0000001201e-1)
-        work[i] = p * r * r + r + np.float32(1.0)
+        out[i] = p * r * r + r + np.float32(1.0)
         powers[i] = np.int32(k) << 23
-    bits = work.view(np.int32)
+    bits = out[:size].view(np.int32)
     for i in range(size):
         bits[i] += powers[i]
+
+
+@_compiled
+def _silu(x, work, powers):
+    """``x * sigmoid(x)`` in place over a float32 vector, by :func:`_exp32` of ``-x``.
+
+    Above 80 ``silu(x) = x`` in float32; below -80 it gives ``x e^-80`` (under ``|x| 1.9e-35``, the exact value
+    being smaller still), and ``-inf`` for ``-inf`` (NaN exactly). Within 3e-7 relative of the exact SiLU on
+    ``[-80, inf)``; a pure function of each entry (the token cache reuses its outputs). ``work`` (float32) and
+    ``powers`` (int32) are scratch vectors at least as long as ``x``.
+    """
+    size = x.shape[0]
+    _exp32(x, work, powers, np.float32(-1.0))
     for i in range(size):
         x[i] = x[i] / (np.float32(1.0) + work[i])
 
@@ -381,26 +467,31 @@ def _clip(x):  # as the MDN's input: NaN to 0, then clamped to +-_FEATURE_CLIP
 
 
 @_compiled
-def _anchor(u, weight, key, dim):
-    """Two mean-shift steps from the point of smallest key: (centre, mass, spread), as motifs.gmm_pair._anchor."""
+def _anchor(u, weight, key, dim, w, d2, arg, kernel, powers):
+    """Two mean-shift steps from the point of smallest key: (centre, mass, spread), as motifs.gmm_pair._anchor.
+
+    The Gaussian kernel's ``exp`` is :func:`_exp32`'s (a feature: within 2e-7 relative). ``w``, ``d2`` (float64),
+    ``arg``, ``kernel`` (float32) and ``powers`` (int32) are scratch vectors of ``len(u)``.
+    """
     n = u.shape[0]
     seed = 0
     for j in range(1, n):
         if key[j] < key[seed]:
             seed = j
     centre = u[seed].copy()
-    w = np.empty(n)
-    d2 = np.empty(n)
     mass = 0.0
     for _ in range(2):
-        mass = 0.0
         for j in range(n):
             s = 0.0
             for d in range(dim):
                 diff = u[j, d] - centre[d]
                 s += diff * diff
             d2[j] = s
-            w[j] = weight[j] * math.exp(s * (-0.5 / 6.25))
+            arg[j] = s * (-0.5 / 6.25)
+        _exp32(arg, kernel, powers, np.float32(1.0))
+        mass = 0.0
+        for j in range(n):
+            w[j] = weight[j] * kernel[j]
             mass += w[j]
         if mass > 1e-6:
             for d in range(dim):
@@ -416,18 +507,59 @@ def _anchor(u, weight, key, dim):
 
 
 @_compiled
-def _log_sums(terms, top, total):
-    """Per point (row of ``terms``): the largest term and the sum of ``exp(term - largest)``."""
+def _point_sums(terms, sums):
+    """Per point (row of ``terms``), summed afresh: the log-sum of all terms and what :func:`_rest_log_sum` reads.
+
+    ``sums`` is a :class:`PointSums` of arrays over the points: the largest term ``top`` (mixture ``first``), the
+    next largest's mixture ``second``, and the sums of ``exp(term - top)`` over all mixtures (``total``), all but
+    ``first`` (``but_first``) and all but both (``but_both``); ``lse`` is ``top + log(total)``. Returns the sum of
+    ``lse`` over the points.
+    """
+    grand = 0.0
     for j in range(terms.shape[0]):
-        best = -math.inf
+        a, b = 0, -1  # (one mixture: no second)
+        for mixture in range(1, terms.shape[1]):
+            if terms[j, mixture] > terms[j, a]:
+                a = mixture
         for mixture in range(terms.shape[1]):
-            best = max(best, terms[j, mixture])
-        top[j] = best
-        acc = 0.0
+            if mixture != a and (b < 0 or terms[j, mixture] > terms[j, b]):
+                b = mixture
+        best = terms[j, a]
+        sums.top[j], sums.first[j], sums.second[j] = best, a, b
+        total, but_first, but_both = 0.0, 0.0, 0.0
         if best > -math.inf:
             for mixture in range(terms.shape[1]):
-                acc += math.exp(terms[j, mixture] - best)
-        total[j] = acc
+                e = math.exp(terms[j, mixture] - best)
+                total += e
+                if mixture != a:
+                    but_first += e
+                    if mixture != b:
+                        but_both += e
+        sums.total[j], sums.but_first[j], sums.but_both[j] = total, but_first, but_both
+        sums.lse[j] = best + math.log(total) if best > -math.inf else -math.inf
+        grand += sums.lse[j]
+    return grand
+
+
+@_compiled
+def _rest_log_sum(sums, j, pi, pj, share_i, share_j):
+    """Point ``j``'s log-sum without mixtures ``pi`` and ``pj`` (shares ``exp(term - top)``; 0 if inactive).
+
+    From :func:`_point_sums`' sums with no loop over the mixtures: the sum less the pair's shares where the pair
+    holds neither the largest term nor both of the largest two, else the sum without the largest (less the other
+    member's share) or without both. Every subtraction takes away at most what is left (a term no larger than one
+    kept), so it loses under ``m`` units of rounding.
+    """
+    top = sums.top[j]
+    if top == -math.inf:
+        return -math.inf
+    a, b = sums.first[j], sums.second[j]
+    if pi == a or pj == a:
+        other, share = (pj, share_j) if pi == a else (pi, share_i)
+        left = sums.but_both[j] if other == b else sums.but_first[j] - share
+    else:
+        left = sums.total[j] - share_i - share_j
+    return top + math.log(left) if left > 0.0 else -math.inf
 
 
 @_compiled
@@ -447,6 +579,50 @@ def _log_sum_except(row, pi, pj):
 
 
 @_compiled
+def _log_sum_over(base, a, b):
+    """``log(e^base + e^a + e^b)`` as ``base + log1p(e^(a - base) + e^(b - base))`` (two ``exp`` and one ``log1p``).
+
+    A term over 40 nats below ``base`` is left out (it adds under ``e^-40 < 2^-57`` of the sum: below float64
+    rounding). Where ``base`` is ``-inf``, or a term lies over 700 nats above it (``exp`` would overflow), the sum is
+    taken term by term.
+    """
+    if base == -math.inf:
+        return _logaddexp(a, b)
+    d_a = a - base
+    d_b = b - base
+    if d_a < -_BELOW_ROUNDING and d_b < -_BELOW_ROUNDING:
+        return base
+    if d_a > 700.0 or d_b > 700.0:
+        return _logaddexp(_logaddexp(base, a), b)
+    shares = (math.exp(d_a) if d_a >= -_BELOW_ROUNDING else 0.0) + (math.exp(d_b) if d_b >= -_BELOW_ROUNDING else 0.0)
+    return base + math.log1p(shares)
+
+
+@_compiled
+def _pair_prior(block, dim, center, tau, log_odds_i, log_odds_j):
+    """The pair's prior terms: its bits' log odds and its means' Gaussian prior (up to constants)."""
+    v_i, v_j = block[dim], block[2 * dim + 1]
+    sq = 0.0
+    for d in range(dim):
+        a = block[d] - center[d]
+        b = block[dim + 1 + d] - center[d]
+        sq += a * a + b * b
+    return v_i * log_odds_i + v_j * log_odds_j - 0.5 / (tau * tau) * sq
+
+
+@_compiled
+def _current_energy(grand, n, rest_count, block, dim, center, tau, log_odds_i, log_odds_j):
+    """:func:`_pair_energy` of the chain's own pair ``block``, from ``grand``, the points' log-sums summed.
+
+    The current state's per-point log-sums hold every mixture, the pair's included, so no point is summed again.
+    """
+    count = rest_count + block[dim] + block[2 * dim + 1]
+    if count <= 0:
+        return -math.inf
+    return grand - n * math.log(max(count, 1.0)) + _pair_prior(block, dim, center, tau, log_odds_i, log_odds_j)
+
+
+@_compiled
 def _pair_energy(rest_lse, rest_count, points, block, dim, center, sigma, tau, log_odds_i, log_odds_j):
     """log p(B) up to the conditioning set's constant: the points' mixture factors and the pair's priors."""
     n = points.shape[0]
@@ -455,26 +631,17 @@ def _pair_energy(rest_lse, rest_count, points, block, dim, center, sigma, tau, l
     if count <= 0:
         return -math.inf
     total = 0.0
-    prior = v_i * log_odds_i + v_j * log_odds_j
-    sq = 0.0
+    prior = _pair_prior(block, dim, center, tau, log_odds_i, log_odds_j)
+    u_i = np.empty(dim)  # the whitened means
+    u_j = np.empty(dim)
     for d in range(dim):
-        a = block[d] - center[d]
-        b = block[dim + 1 + d] - center[d]
-        sq += a * a + b * b
-    prior -= 0.5 / (tau * tau) * sq
+        u_i[d] = (block[d] - center[d]) / sigma
+        u_j[d] = (block[dim + 1 + d] - center[d]) / sigma
+    log_v_i = math.log(v_i) if v_i > 0 else -math.inf
+    log_v_j = math.log(v_j) if v_j > 0 else -math.inf
     for j in range(n):
-        lse = rest_lse[j]
-        for which in range(2):
-            v = v_i if which == 0 else v_j
-            if v > 0:
-                s = 0.0
-                for d in range(dim):
-                    diff = points[j, d] - (block[which * (dim + 1) + d] - center[d]) / sigma
-                    s += diff * diff
-                term = math.log(v) - 0.5 * s
-                if term > lse - _BELOW_ROUNDING:  # (lse = -inf included)
-                    lse = _logaddexp(lse, term)
-        total += lse
+        a_i, a_j = _member_terms(points[j], u_i, u_j, v_i > 0, v_j > 0)
+        total += _log_sum_over(rest_lse[j], a_i + log_v_i, a_j + log_v_j)
     return total - n * math.log(max(count, 1.0)) + prior
 
 
@@ -596,7 +763,7 @@ def _laplace_mass(points, rest, stride, rest_count, act_i, act_j, mean_i, mean_j
                 return -math.inf
             gain += both
         elif a_i >= r - _NEGLIGIBLE or a_j >= r - _NEGLIGIBLE:
-            gain += _logaddexp(_logaddexp(r, a_i), a_j) - r
+            gain += _log_sum_over(r, a_i, a_j) - r
     value = stride * gain - n * math.log(max(count, 1.0)) + act_i * odds_i + act_j * odds_j
     for d in range(dim):
         value -= 0.5 * pp * (act_i * mean_i[d] * mean_i[d] + act_j * mean_j[d] * mean_j[d])
@@ -624,6 +791,20 @@ def _add_candidate(
         points, rest, stride, rest_count, act_i, act_j, mean_i, mean_j, pp, odds_i, odds_j, prec_i, prec_j
     )
     c_log_w[slot] = mass if mass == mass else -math.inf
+
+
+@_compiled
+def _mirror_candidate(source, slot, dim, odds_i, odds_j, c_bits, c_mean, c_log_sd, c_log_w):
+    """Candidate ``slot``: candidate ``source`` (the first mean active, the second not) with the means swapped.
+
+    From the same location the EM steps and the points' part of the Laplace mass are the same for either mean
+    (the pair's terms enter them symmetrically); only the active bit's prior log odds differ.
+    """
+    c_bits[slot, 0], c_bits[slot, 1] = c_bits[source, 1], c_bits[source, 0]
+    for d in range(dim):
+        c_mean[slot, d], c_mean[slot, dim + d] = c_mean[source, dim + d], c_mean[source, d]
+    c_log_sd[slot, 0], c_log_sd[slot, 1] = c_log_sd[source, 1], c_log_sd[source, 0]
+    c_log_w[slot] = c_log_w[source] - odds_i + odds_j if c_log_w[source] > -math.inf else -math.inf
 
 
 @_compiled
@@ -679,14 +860,16 @@ def _build_candidates(
     slot = 0
     _add_candidate(slot, 0, 0, zero, zero, *args)
     slot += 1
-    for which in range(2):  # one mean active: from each of its locations
-        for t in range(n_kept + n_copies):
-            if t < n_kept:
-                start = loc[kept[t], which * dim : (which + 1) * dim]
-            else:
-                start = others[copies[t - n_kept]]
-            _add_candidate(slot, 1 - which, which, start, start, *args)
-            slot += 1
+    single = n_kept + n_copies
+    for t in range(single):  # the first mean active: from each of its locations
+        start = loc[kept[t], :dim] if t < n_kept else others[copies[t - n_kept]]
+        _add_candidate(slot + t, 1, 0, start, start, *args)
+    for t in range(single):  # the second: from each of its locations
+        if t < n_kept:
+            _add_candidate(slot + single + t, 0, 1, loc[kept[t], dim:], loc[kept[t], dim:], *args)
+        else:  # a copy's location is both means': the first's candidate, mirrored
+            _mirror_candidate(slot + t, slot + single + t, dim, odds_i, odds_j, c_bits, c_mean, c_log_sd, c_log_w)
+    slot += 2 * single
     for t in range(n_kept):  # both active: each kept component's pair of means
         _add_candidate(slot, 1, 1, loc[kept[t], :dim], loc[kept[t], dim:], *args)
         slot += 1
@@ -736,7 +919,7 @@ def _mixture_pairs(
     state, slots, valid, decide, mean_ids, active_ids, pairs, block_ids, points, center, sigma, tau, log_odds, psi,
     phi1_w, phi1_b, phi2_w, phi2_b, score_w, score_b, trunk_w0, trunk_b0, trunk_w1, trunk_b1, layers,
     mix_w, mix_b, disc_w, disc_b, loc_w, loc_b, scale_w, scale_b, groups, comp_u, bit_u, normals, log_u, beta,
-    use_cand, net_share, min_log_w, merge2, em_steps, max_points, max_copies, choice, reuse,
+    use_cand, net_share, min_log_w, merge2, em_steps, max_points, max_copies, choice, reuse, cache,
     accepted, nonfinite, log_alpha_out, proposed_out, computed,
 ):  # fmt: skip
     chains, width = slots.shape
@@ -763,8 +946,15 @@ def _mixture_pairs(
         scale_vec[i] = sigma
         scale_vec[dim + 1 + i] = sigma
     terms = np.empty((n, m))
-    top_all = np.empty(n)  # per point: the largest term and the sum of exp(term - largest) over all mixtures
-    sum_all = np.empty(n)
+    sums = PointSums(  # per point: the log-sums of every mixture's terms, for every pair's rest (_rest_log_sum)
+        np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n), np.empty(n), np.empty(n),
+        np.empty(n),
+    )  # fmt: skip
+    scratch32 = np.empty(n, dtype=np.float32)  # _exp32's arguments and values over the points
+    exp32 = np.empty(n, dtype=np.float32)
+    powers32 = np.empty(n, dtype=np.int32)
+    anchor_w = np.empty(n)
+    anchor_d2 = np.empty(n)
     token_base = np.empty((n, hidden), dtype=np.float32)  # the first token layer's part that no pair changes
     for j in range(n):
         for h in range(hidden):
@@ -789,15 +979,8 @@ def _mixture_pairs(
     block_h2 = np.zeros((hidden, _TOKEN_BLOCK), dtype=np.float32)
     block_scores = np.zeros((heads, _TOKEN_BLOCK), dtype=np.float32)
     sum_phi = np.empty(hidden, dtype=np.float32)
-    lifted = np.empty(n)  # exp(score - top) of one head
-    # cached outputs of the token network per point (the token entries that depend on the pair, the outputs): one
-    # is nearly always the token of pairs far from the point, the others those of pairs with a mixture near it
-    # (a point near c copies meets c tokens of pairs with one of them again and again)
-    known = np.full((n, _TOKEN_SLOTS, 2), np.nan, dtype=np.float32)
-    cached_phi = np.empty((n, _TOKEN_SLOTS, hidden), dtype=np.float32)
-    cached_scores = np.empty((n, _TOKEN_SLOTS, heads), dtype=np.float32)
-    last_used = np.zeros((n, _TOKEN_SLOTS), dtype=np.int64)
-    clock = 0
+    known, cached_phi, cached_scores, last_used, clock_box = cache  # the token cache (TokenCache), kept across calls
+    clock = clock_box[0]
     x0 = np.empty(head_size + pooled_size, dtype=np.float32)
     width0 = trunk_b0.shape[0]
     width1 = trunk_b1.shape[0]
@@ -854,7 +1037,7 @@ def _mixture_pairs(
     for k in range(chains):
         for mixture in range(m):
             _read_mixture(state[k], mixture, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
-        _log_sums(terms, top_all, sum_all)
+        grand = _point_sums(terms, sums)  # the sum over the points of their log-sums: the current pair's energy
         kept_ok[:] = False
         for s_ in range(width):
             if not valid[k, s_]:
@@ -873,20 +1056,10 @@ def _mixture_pairs(
             for mixture in range(m):
                 if mixture != pi and mixture != pj:
                     rest_count += bits[mixture]
-            for j in range(n):  # all mixtures' sum less the pair's, unless the pair holds nearly all of it
-                if top_all[j] == -math.inf:
-                    rest[j] = -math.inf
-                    continue
-                share = 0.0
-                if bits[pi] > 0:
-                    share += math.exp(terms[j, pi] - top_all[j])
-                if bits[pj] > 0:
-                    share += math.exp(terms[j, pj] - top_all[j])
-                left = sum_all[j] - share
-                if left > SUMMED_DIRECTLY * sum_all[j]:
-                    rest[j] = top_all[j] + math.log(left)
-                else:
-                    rest[j] = _log_sum_except(terms[j], pi, pj)
+            for j in range(n):  # every point's log-sum without the pair, from its sums (no loop over the mixtures)
+                share_i = math.exp(terms[j, pi] - sums.top[j]) if bits[pi] > 0 else 0.0
+                share_j = math.exp(terms[j, pj] - sums.top[j]) if bits[pj] > 0 else 0.0
+                rest[j] = _rest_log_sum(sums, j, pi, pj, share_i, share_j)
             n_cand = 0
             if shared >= 0 and kept_ok[shared]:  # the conditioning set of a pair computed since the last change
                 log_w[:] = kept_log_w[shared]
@@ -900,11 +1073,14 @@ def _mixture_pairs(
                 c_log_w[:n_cand] = kept_c_log_w[shared, :n_cand]
             else:
                 # -- features (GmmPairSetMotif.features): the head, then one token per point
-                mass = 0.0
                 for j in range(n):
                     explained[j] = max(rest[j], _EXPLAINED_FLOOR)
                     key[j] = explained[j]
-                    poorly[j] = 1.0 / (1.0 + math.exp(explained[j] - _POORLY_EXPLAINED))
+                    scratch32[j] = explained[j] - _POORLY_EXPLAINED
+                _exp32(scratch32, exp32, powers32, np.float32(1.0))
+                mass = 0.0
+                for j in range(n):
+                    poorly[j] = 1.0 / (1.0 + exp32[j])
                     mass += poorly[j]
                 x0[0] = _clip(psi[0])
                 x0[1] = _clip(psi[1])
@@ -916,16 +1092,21 @@ def _mixture_pairs(
                     for j in range(n):
                         acc += poorly[j] * points[j, d]
                     x0[5 + d] = _clip(acc / max(mass, 1e-6) / _COORD_SCALE)
-                c1, mass1, spread1 = _anchor(points, poorly, key, dim)
+                c1, mass1, spread1 = _anchor(points, poorly, key, dim, anchor_w, anchor_d2, scratch32, exp32, powers32)
                 for j in range(n):
                     s = 0.0
                     for d in range(dim):
                         diff = points[j, d] - c1[d]
                         s += diff * diff
-                    taken = math.exp(s * (-0.5 / (_ANCHOR_RADIUS * _ANCHOR_RADIUS)))
+                    scratch32[j] = s * (-0.5 / (_ANCHOR_RADIUS * _ANCHOR_RADIUS))
+                _exp32(scratch32, exp32, powers32, np.float32(1.0))
+                for j in range(n):
+                    taken = float(exp32[j])
                     anchor_weight[j] = poorly[j] * (1.0 - taken)
                     anchor_key[j] = key[j] + 1e3 * taken
-                c2, mass2, spread2 = _anchor(points, anchor_weight, anchor_key, dim)
+                c2, mass2, spread2 = _anchor(
+                    points, anchor_weight, anchor_key, dim, anchor_w, anchor_d2, scratch32, exp32, powers32
+                )
                 at = 5 + dim
                 for d in range(dim):
                     x0[at + d] = _clip(c1[d] / _COORD_SCALE)
@@ -980,14 +1161,16 @@ def _mixture_pairs(
                     top32 = -np.inf
                     for j in range(n):
                         top32 = max(top32, cached_scores[j, slot_of[j], a])
+                    for j in range(n):
+                        scratch32[j] = cached_scores[j, slot_of[j], a] - top32
+                    _exp32(scratch32, exp32, powers32, np.float32(1.0))
                     total = 0.0
                     for j in range(n):
-                        lifted[j] = math.exp(cached_scores[j, slot_of[j], a] - top32)
-                        total += lifted[j]
+                        total += exp32[j]
                     for h in range(hidden + n_feat):
                         x0[base + h] = 0.0
                     for j in range(n):
-                        weight = np.float32(lifted[j] / total)
+                        weight = np.float32(exp32[j] / total)
                         phi_j = cached_phi[j, slot_of[j]]
                         for h in range(hidden):
                             x0[base + h] += weight * phi_j[h]
@@ -1100,7 +1283,7 @@ def _mixture_pairs(
                 log_q_rev = _log_q(u_cur, log_w, disc_logp, loc, log_scale, cont_pos, disc_pos)
             odds_i, odds_j = log_odds[pi], log_odds[pj]
             change = _pair_energy(rest, rest_count, points, proposed, dim, center, sigma, tau, odds_i, odds_j)
-            change -= _pair_energy(rest, rest_count, points, current, dim, center, sigma, tau, odds_i, odds_j)
+            change -= _current_energy(grand, n, rest_count, current, dim, center, tau, odds_i, odds_j)
             ratio = beta[k] * change + log_q_rev - log_q_fwd
             log_alpha_out[k, s_] = ratio
             for i in range(b_size):
@@ -1117,7 +1300,8 @@ def _mixture_pairs(
                 state[k, block_ids[p, i]] = stored[i]
             _read_mixture(state[k], pi, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
             _read_mixture(state[k], pj, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
-            _log_sums(terms, top_all, sum_all)
+            grand = _point_sums(terms, sums)  # summed afresh: no rounding carried from move to move
+    clock_box[0] = clock
 
 
 def mixture_pair_sweep(
@@ -1132,6 +1316,7 @@ def mixture_pair_sweep(
     candidates: CandidateOptions | None = None,
     reuse: bool = True,
     computed: np.ndarray | None = None,
+    cache: TokenCache | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The pairs ``slots [K, W]`` of each chain in turn, in place: propose, test and (``decide``) write each move.
 
@@ -1150,6 +1335,8 @@ def mixture_pair_sweep(
             odds equal). The
             numbers are the ones each pair would compute: ``False`` gives the same results, slower.
         computed: optional ``[K]`` int64 array, incremented by the proposals each chain computed (not reused).
+        cache: the token network's outputs kept from earlier sweeps of this network on this model's points
+            (:class:`TokenCache`, updated in place; ``None``: an empty one). It changes no number.
 
     Returns:
         Accepted moves per chain ``[K]``, non-finite ratios per chain ``[K]`` (rejected), and every move's log
@@ -1185,6 +1372,12 @@ def mixture_pair_sweep(
         computed = np.zeros(chains, dtype=np.int64)
     elif computed.shape != (chains,) or computed.dtype != np.int64:
         raise ValueError(f"computed must be a [{chains}] int64 array, got {computed.shape} {computed.dtype}")
+    hidden, heads = net.phi2_b.shape[0], net.score_b.shape[0]
+    if cache is None:
+        cache = TokenCache.empty(layout.values.shape[0], hidden, heads)
+    elif not cache.fits(layout.values.shape[0], hidden, heads):
+        raise ValueError(f"the token cache holds {cache.phi.shape} outputs, not {layout.values.shape[0]} points' "
+                         f"{hidden} units and {heads} heads")  # fmt: skip
     layers = len(net.trunk_w)
     empty_w, empty_b = np.zeros((1, 1), np.float32), np.zeros(1, np.float32)
     trunk = [(net.trunk_w[i], net.trunk_b[i]) if i < layers else (empty_w, empty_b) for i in range(2)]
@@ -1196,6 +1389,6 @@ def mixture_pair_sweep(
         trunk[0][0], trunk[0][1], trunk[1][0], trunk[1][1], layers, net.mix_w, net.mix_b, net.disc_w, net.disc_b,
         net.loc_w, net.loc_b, net.scale_w, net.scale_b, net.groups, draws.components.numpy(), draws.bits.numpy(),
         draws.normals.numpy(), draws.log_u.numpy(), np.ones(chains) if beta is None else beta, *options, reuse,
-        accepted, nonfinite, log_alpha, proposed, computed,
+        tuple(cache), accepted, nonfinite, log_alpha, proposed, computed,
     )  # fmt: skip
     return accepted, nonfinite, log_alpha, proposed
