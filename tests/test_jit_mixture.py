@@ -25,9 +25,12 @@ from neuralblock.kernels.jit_mixture import (
     PointSums,
     TokenCache,
     _add_candidate,
+    _current_energy,
     _exp32,
     _log_q_candidates,
+    _log_sum_over,
     _mirror_candidate,
+    _pair_energy,
     _point_sums,
     _rest_log_sum,
     _silu,
@@ -413,6 +416,8 @@ def test_a_pairs_rest_is_every_other_mixtures_log_sum(seed: int) -> None:
     terms[2] = [0.0, -60.0, -np.inf, -70.0, -np.inf, -np.inf]  # one mixture holds all but e^-60
     terms[3] = [-0.1, -0.2, -55.0, -58.0, -np.inf, -61.0]  # two hold all but e^-55
     terms[4] = [-np.inf, -2.0, -np.inf, -np.inf, -np.inf, -np.inf]  # one mixture alone
+    terms[5] = [0.0, -800.0, -900.0, -np.inf, -1e4, -np.inf]  # the others' shares underflow (summed term by term)
+    terms[6] = [-1.0, -0.5, -720.0, -730.0, -np.inf, -np.inf]  # subnormal shares
     sums = _point_sums_of(terms)
     for pi in range(m):
         for pj in range(pi + 1, m):
@@ -423,7 +428,7 @@ def test_a_pairs_rest_is_every_other_mixtures_log_sum(seed: int) -> None:
                 top = sums.top[j]
                 share_i = np.exp(terms[j, pi] - top) if terms[j, pi] > -np.inf else 0.0
                 share_j = np.exp(terms[j, pj] - top) if terms[j, pj] > -np.inf else 0.0
-                got = _rest_log_sum(sums, j, pi, pj, share_i, share_j)
+                got = _rest_log_sum(sums, terms[j], j, pi, pj, share_i, share_j)
                 if want[j] == -np.inf:
                     assert got == -np.inf
                 else:
@@ -466,3 +471,35 @@ def test_a_mirrored_candidate_is_the_one_refined_for_the_other_mean() -> None:
     assert np.array_equal(c_bits[2], c_bits[1]) and np.array_equal(c_mean[2], c_mean[1])
     assert np.array_equal(c_log_sd[2], c_log_sd[1]) and np.isclose(c_log_w[2], c_log_w[1], rtol=0, atol=1e-10)
     assert np.isfinite(c_log_w[0]) and not np.array_equal(c_mean[0], c_mean[2])
+
+
+def test_the_current_pairs_energy_from_the_point_sums_is_its_pair_energy() -> None:
+    # the points' log-sums summed (every mixture, the pair's included) against the pair's terms added to its rest
+    rng = np.random.default_rng(5)
+    n, m, dim, sigma, tau = 30, 5, 2, 1.3, 4.0
+    points, center = rng.normal(size=(n, dim)) * 2.0, np.array([0.5, -1.0])
+    means, bits = rng.normal(size=(m, dim)) * 2.0, np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    with np.errstate(divide="ignore"):
+        terms = np.log(bits) - 0.5 * ((points[:, None, :] - means[None]) ** 2).sum(-1)
+    sums = _point_sums_of(terms)
+    for pi, pj in [(0, 1), (0, 2), (1, 4), (2, 3)]:
+        block = np.concatenate([means[pi] * sigma + center, [bits[pi]], means[pj] * sigma + center, [bits[pj]]])
+        others = np.delete(terms, [pi, pj], axis=1)
+        with np.errstate(divide="ignore"):
+            rest = np.logaddexp.reduce(others, axis=1)
+        count = bits.sum() - bits[pi] - bits[pj]
+        want = _pair_energy(rest, count, points, block, dim, center, sigma, tau, -0.3, 0.2)
+        got = _current_energy(float(sums.lse.sum()), n, count, block, dim, center, tau, -0.3, 0.2)
+        assert np.isfinite(want) and abs(got - want) < 1e-9 * abs(want)
+    nothing = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert _current_energy(0.0, n, 0.0, nothing, dim, center, tau, -0.3, 0.2) == -np.inf
+
+
+def test_log_sum_over_adds_two_terms_to_a_base() -> None:
+    exact = np.logaddexp
+    for base, a, b in [(-3.0, -2.0, -5.0), (-1.0, -np.inf, -0.5), (-10.0, 800.0, -2.0), (0.0, -45.0, -39.0)]:
+        want = exact(exact(base, a), b)
+        assert abs(_log_sum_over(base, a, b) - want) < 1e-12 * max(1.0, abs(want)), (base, a, b)
+    assert _log_sum_over(-np.inf, -1.0, -2.0) == pytest.approx(exact(-1.0, -2.0), rel=1e-14)
+    assert _log_sum_over(-np.inf, -np.inf, -np.inf) == -np.inf
+    assert _log_sum_over(-2.0, -50.0, -np.inf) == -2.0  # over 40 nats below: left out

@@ -496,8 +496,10 @@ class FusedMixtureSweep:
         self.layout = mixture_layout(fg, self.proposal.motif, instances)
         self._constants: dict[torch.dtype, StepConstants] = {}
         self.network = MixtureNetwork.from_proposal(self.proposal)  # None: the eager steps only
-        # the token network's outputs per point, kept from sweep to sweep (made by the first compiled sweep)
+        # the token network's outputs per point, kept from sweep to sweep (made by the first compiled sweep), and the
+        # token network's weights they came from (the network's arrays share the proposal's parameters' memory)
         self.token_cache: TokenCache | None = None
+        self._token_weights = np.zeros(0, dtype=np.float32)
 
     def constants(self, dtype: torch.dtype) -> StepConstants:
         """The layout's :class:`StepConstants` in ``dtype`` (made at the first step of that dtype)."""
@@ -593,8 +595,11 @@ class FusedMixtureSweep:
         layout = (out.dtype, beta is None)
         computed = np.zeros(chains, dtype=np.int64)
         points, hidden, heads = self.layout.values.shape[0], network.phi2_b.shape[0], network.score_b.shape[0]
-        if self.token_cache is None or not self.token_cache.fits(points, hidden, heads):
-            self.token_cache = TokenCache.empty(points, hidden, heads)
+        token_net = (network.phi1_w, network.phi1_b, network.phi2_w, network.phi2_b, network.score_w, network.score_b)
+        weights = np.concatenate([array.ravel() for array in token_net])
+        cache = self.token_cache
+        if cache is None or not cache.fits(points, hidden, heads) or not np.array_equal(weights, self._token_weights):
+            self.token_cache, self._token_weights = TokenCache.empty(points, hidden, heads), weights
         args: tuple[Any, ...] = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True)
         args = (*args, self.candidates, self.reuse, computed, self.token_cache)
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)

@@ -27,8 +27,8 @@ rounding:
   proposed pair's, and the candidates' Laplace masses, add the pair's two terms as one ``log1p``
   (:func:`_log_sum_over`);
 * the features' ``exp`` (the poorly explained weights, the anchors' kernels, the attention weights) is a
-  float32 one whose loops vectorize (:func:`_exp32`, within 2e-7 relative); SiLU takes it too (:func:`_silu`,
-  within 3e-7 relative of the exact one);
+  float32 one whose loops vectorize (:func:`_exp32`: within 2e-7 relative of ``exp`` of its float32 argument,
+  ``e^-80`` for anything below -80); SiLU takes it too (:func:`_silu`, within 3e-7 relative of the exact one);
 * the first token layer's pair-free part is computed once per call.
 
 The token network's outputs for a point's last 8 distinct tokens are kept (:class:`TokenCache`, from sweep to
@@ -105,6 +105,7 @@ _TOKEN_BLOCK = 128  # token-network inputs evaluated together (the loops over th
 _EXP_LOW, _EXP_HIGH = np.float32(-80.0), np.float32(80.0)  # _silu's float32 exp: its argument's range
 _LOG2E_32, _ROUNDING_32 = np.float32(1.4426950408889634), np.float32(12582912.0)  # 1 / ln 2; 1.5 * 2^23
 _LN2_HIGH_32, _LN2_LOW_32 = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 in two parts
+_TINY_LEFT = 1e-300  # a point's sum without the pair below this (relative to its top term) is summed term by term
 _BELOW_ROUNDING = 40.0  # a term this far below a point's log-sum adds e^-40 < 2^-57 of it: below float64 rounding
 
 
@@ -470,7 +471,8 @@ def _clip(x):  # as the MDN's input: NaN to 0, then clamped to +-_FEATURE_CLIP
 def _anchor(u, weight, key, dim, w, d2, arg, kernel, powers):
     """Two mean-shift steps from the point of smallest key: (centre, mass, spread), as motifs.gmm_pair._anchor.
 
-    The Gaussian kernel's ``exp`` is :func:`_exp32`'s (a feature: within 2e-7 relative). ``w``, ``d2`` (float64),
+    The Gaussian kernel's ``exp`` is :func:`_exp32`'s of its float32-rounded argument (a feature: within 6e-6
+    relative for kernels over ``e^-80``, ``e^-80`` below). ``w``, ``d2`` (float64),
     ``arg``, ``kernel`` (float32) and ``powers`` (int32) are scratch vectors of ``len(u)``.
     """
     n = u.shape[0]
@@ -542,13 +544,15 @@ def _point_sums(terms, sums):
 
 
 @_compiled
-def _rest_log_sum(sums, j, pi, pj, share_i, share_j):
+def _rest_log_sum(sums, terms_j, j, pi, pj, share_i, share_j):
     """Point ``j``'s log-sum without mixtures ``pi`` and ``pj`` (shares ``exp(term - top)``; 0 if inactive).
 
     From :func:`_point_sums`' sums with no loop over the mixtures: the sum less the pair's shares where the pair
     holds neither the largest term nor both of the largest two, else the sum without the largest (less the other
     member's share) or without both. Every subtraction takes away at most what is left (a term no larger than one
-    kept), so it loses under ``m`` units of rounding.
+    kept), so it loses under ``m`` units of rounding. Where what is left is under ``_TINY_LEFT`` (the others' terms
+    lie some 690 nats or more below the pair's, where ``exp`` loses bits to underflow, or no other mixture is
+    active) the point's terms ``terms_j`` are summed without the pair instead.
     """
     top = sums.top[j]
     if top == -math.inf:
@@ -559,7 +563,9 @@ def _rest_log_sum(sums, j, pi, pj, share_i, share_j):
         left = sums.but_both[j] if other == b else sums.but_first[j] - share
     else:
         left = sums.total[j] - share_i - share_j
-    return top + math.log(left) if left > 0.0 else -math.inf
+    if left < _TINY_LEFT:
+        return _log_sum_except(terms_j, pi, pj)
+    return top + math.log(left)
 
 
 @_compiled
@@ -867,6 +873,8 @@ def _build_candidates(
     for t in range(single):  # the second: from each of its locations
         if t < n_kept:
             _add_candidate(slot + single + t, 0, 1, loc[kept[t], dim:], loc[kept[t], dim:], *args)
+        elif not (math.isfinite(odds_i) and math.isfinite(odds_j)):  # (0 * inf: each pattern's mass its own way)
+            _add_candidate(slot + single + t, 0, 1, others[copies[t - n_kept]], others[copies[t - n_kept]], *args)
         else:  # a copy's location is both means': the first's candidate, mirrored
             _mirror_candidate(slot + t, slot + single + t, dim, odds_i, odds_j, c_bits, c_mean, c_log_sd, c_log_w)
     slot += 2 * single
@@ -1059,7 +1067,7 @@ def _mixture_pairs(
             for j in range(n):  # every point's log-sum without the pair, from its sums (no loop over the mixtures)
                 share_i = math.exp(terms[j, pi] - sums.top[j]) if bits[pi] > 0 else 0.0
                 share_j = math.exp(terms[j, pj] - sums.top[j]) if bits[pj] > 0 else 0.0
-                rest[j] = _rest_log_sum(sums, j, pi, pj, share_i, share_j)
+                rest[j] = _rest_log_sum(sums, terms[j], j, pi, pj, share_i, share_j)
             n_cand = 0
             if shared >= 0 and kept_ok[shared]:  # the conditioning set of a pair computed since the last change
                 log_w[:] = kept_log_w[shared]
