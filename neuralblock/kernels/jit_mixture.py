@@ -958,7 +958,7 @@ def _mixture_pairs(
         np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n), np.empty(n), np.empty(n),
         np.empty(n),
     )  # fmt: skip
-    scratch32 = np.empty(n, dtype=np.float32)  # _exp32's arguments and values over the points
+    scratch32 = np.empty(n, dtype=np.float32)  # _exp32's arguments over the points (its values: exp32)
     exp32 = np.empty(n, dtype=np.float32)
     powers32 = np.empty(n, dtype=np.int32)
     anchor_w = np.empty(n)
