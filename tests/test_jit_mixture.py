@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from neuralblock.kernels.jit_mixture import (
     CandidateOptions,
     MixtureNetwork,
     PairDraws,
+    PairScreen,
     PointSums,
     TokenCache,
     _add_candidate,
@@ -206,16 +209,30 @@ _EVERY = CandidateOptions(min_points=1)  # the default candidates, also on tiny 
 _STRIDED = CandidateOptions(share=0.05, min_weight=0.0, em_steps=2, max_points=2, max_copies=1, min_points=1)
 
 
+_HARSH = PairScreen(radius=0.0, attempt=0.2)  # every pair of two active mixtures attempted 1 time in 5
+
+
 @pytest.mark.parametrize(
-    ("gibbs_prob", "candidates"),
-    [(0.0, _EVERY), (0.3, _EVERY), (0.0, _STRIDED), (0.0, None), (0.3, None)],
+    ("gibbs_prob", "candidates", "screen"),
+    [
+        (0.0, _EVERY, PairScreen()),
+        (0.3, _EVERY, PairScreen()),
+        (0.0, _STRIDED, PairScreen()),
+        (0.0, None, PairScreen()),
+        (0.3, None, PairScreen()),
+        (0.0, _EVERY, _HARSH),
+        (0.0, None, _HARSH),
+        (0.0, _EVERY, None),
+    ],
 )
 def test_the_compiled_sweep_keeps_the_exact_posterior(
-    gibbs_prob: float, candidates: CandidateOptions | None, monkeypatch: pytest.MonkeyPatch
+    gibbs_prob: float, candidates: CandidateOptions | None, screen: PairScreen | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a random (untrained) set proposal through the kernel, with and without the data-refined candidates
-    # (the default ones, ones that read every other point and one copy, none); tolerances: see test_split_merge.Z_MAX
+    # (the default ones, ones that read every other point and one copy, none), with the default screen, one that
+    # screens every active pair and none; tolerances: see test_split_merge.Z_MAX
     monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
+    monkeypatch.setattr(FusedMixtureSweep, "default_screen", screen)
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
     kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=4)], gibbs_prob=gibbs_prob, chains=4)
@@ -223,29 +240,39 @@ def test_the_compiled_sweep_keeps_the_exact_posterior(
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
     sweep = kernel.fused[0]
     assert isinstance(sweep, FusedMixtureSweep) and sweep._compiled_for(kernel.initial_params["x"])
-    assert sweep.candidates == candidates
+    assert sweep.candidates == candidates and sweep.screen == screen
+    assert (sweep.screened > 0) == (screen is not None)  # (active means over 3 sigma apart are common here)
     assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] > 0.02
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
 
 
-def test_candidates_raise_the_acceptance_of_a_poor_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    # an untrained network on 60 points: its own moves are rarely accepted, the candidates' more often
-    # (this case 0.094 alone, 0.225 with the candidates; three other draws of points, network and RNG:
-    # 0.09-0.12 alone, 0.25-0.48 with them, 2.3-5.0x)
-    points, _, _ = sample_gmm(8, 60, torch.Generator().manual_seed(7))
-    fg = gmm_graph(points, 8, 1.0, 5.0, 0.5)
+def test_candidates_raise_the_acceptance_of_a_poor_network() -> None:
+    # an untrained network on 60 points: every pair of 4 chains scored at the same starts (20 draws each), its own
+    # moves against the candidates' mixture (three cases: mean acceptance 0.35-0.41 alone, 0.92-0.95 with them)
     rates = {}
-    for label, candidates in (("alone", None), ("candidates", _EVERY)):
-        monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
-        kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=2)], gibbs_prob=0.0, chains=3)
-        torch.manual_seed(0)
-        kernel.setup(0)
-        state = {"x": kernel.initial_params["x"].clone()}
-        for _ in range(10):
-            state = kernel.sample(state)
-        rates[label] = kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"]
-    assert rates["candidates"] > 1.8 * rates["alone"], rates
+    for seed in (7, 3, 11):
+        points, _, _ = sample_gmm(8, 60, torch.Generator().manual_seed(seed))
+        fg = gmm_graph(points, 8, 1.0, 5.0, 0.5)
+        proposal = _set_proposal((16,), seed=2)
+        layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+        net = MixtureNetwork.from_proposal(proposal)
+        assert net is not None
+        gen = torch.Generator().manual_seed(seed)
+        state = torch.stack([gmm_initial_state(fg, gen) for _ in range(4)]).double()
+        slots = np.ascontiguousarray(np.broadcast_to(np.arange(len(layout.pairs)), (4, len(layout.pairs))))
+        for label, candidates in (("alone", None), ("candidates", _EVERY)):
+            torch.manual_seed(seed)
+            alphas = []
+            for _ in range(20):
+                draws = draw_pairs(4, slots.shape[1], net.components, 2)
+                _, _, log_alpha, _ = mixture_pair_sweep(
+                    state.numpy(), slots, slots >= 0, layout, net, draws, decide=False, candidates=candidates
+                )
+                alphas.append(np.exp(np.minimum(log_alpha, 0.0)).mean())
+            rates[label, seed] = float(np.mean(alphas))
+    for seed in (7, 3, 11):
+        assert rates["candidates", seed] > 1.8 * rates["alone", seed], rates
 
 
 def test_pair_candidates_sample_from_their_density() -> None:
@@ -285,6 +312,60 @@ def test_models_below_min_points_propose_from_the_network_alone() -> None:
                                             candidates)[2]  # fmt: skip
     assert np.array_equal(outputs["alone"], outputs["gated"])
     assert not np.allclose(outputs["alone"], outputs["on"])
+
+
+def test_the_screen_skips_far_active_pairs_and_weighs_the_rest_by_their_attempt_odds() -> None:
+    # at fixed states (decide=False): a pair is skipped iff both mixtures are active, over `radius` sigma apart and
+    # its uniform is at least `attempt`; every other pair's log ratio is the unscreened one + log s(S') - log s(S)
+    proposal = _set_proposal((16,))
+    fg, state, layout, net, slots = _every_pair(proposal, m=6, n=25, chains=4, seed=3)
+    state = state.double()
+    state[:, layout.active_ids] = 1.0  # every pair active: the screen reads their distance
+    screen = PairScreen(radius=2.0, attempt=0.3)
+    torch.manual_seed(4)
+    draws = draw_pairs(4, slots.shape[1], net.components, 2)
+    valid = slots >= 0
+    plain = mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, decide=False)
+    screened = np.zeros(4, dtype=np.int64)
+    got = mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, decide=False, screen=screen,
+                             screened=screened)  # fmt: skip
+    sigma = float(layout.sigma)
+
+    def log_s(block: np.ndarray) -> np.ndarray:  # [..., 2 D + 2] blocks (mu_i, v_i, mu_j, v_j)
+        far = ((block[..., 0:2] - block[..., 3:5]) / sigma) ** 2
+        both = (block[..., 2] > 0.5) & (block[..., 5] > 0.5)
+        return np.where(both & (far.sum(-1) > screen.radius**2), math.log(screen.attempt), 0.0)
+
+    current = state.numpy()[:, layout.block_ids.numpy()]  # [K, P, 2 D + 2]: slots are every pair in order
+    skipped = (log_s(current) < 0) & (draws.screen.numpy() >= screen.attempt)
+    assert 0 < skipped.sum() < skipped.size and screened.sum() == skipped.sum()
+    assert np.all(got[2][skipped] == -math.inf)
+    kept = ~skipped
+    want = plain[2] + log_s(plain[3]) - log_s(current)
+    assert np.allclose(got[2][kept], want[kept]) and np.array_equal(got[3][kept], plain[3][kept])
+    assert (log_s(plain[3][kept]) - log_s(current[kept]) != 0).any()  # the factor is exercised both ways
+    same = mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, decide=False,
+                              screen=PairScreen(attempt=1.0))  # fmt: skip
+    assert np.array_equal(same[2], plain[2])  # attempt 1: the screen changes nothing
+
+
+def test_bad_screen_settings_are_refused() -> None:
+    proposal = _set_proposal((8,))
+    fg, state = _case(m=4, n=6, chains=1)
+    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
+    net = MixtureNetwork.from_proposal(proposal)
+    assert net is not None
+    slots = np.zeros((1, 1), dtype=np.int64)
+    draws = draw_pairs(1, 1, net.components, 2)
+    with pytest.raises(ValueError, match="screen uniforms"):
+        mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws._replace(screen=None),
+                           screen=PairScreen())  # fmt: skip
+    for bad in (PairScreen(attempt=0.0), PairScreen(attempt=1.5), PairScreen(radius=-1.0), PairScreen(math.inf)):
+        with pytest.raises(ValueError, match="screen options out of range"):
+            mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws, screen=bad)
+    with pytest.raises(ValueError, match="screened must be"):
+        mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws, screen=PairScreen(),
+                           screened=np.zeros(2, dtype=np.int64))  # fmt: skip
 
 
 def test_bad_candidate_settings_are_refused() -> None:

@@ -57,6 +57,7 @@ from neuralblock.kernels.jit import NUMBA, timed_first_call
 from neuralblock.kernels.jit_mixture import (
     CandidateOptions,
     MixtureNetwork,
+    PairScreen,
     TokenCache,
     draw_pairs,
     mixture_pair_sweep,
@@ -447,7 +448,9 @@ class FusedMixtureSweep:
     pair's proposal on models of at least ``candidates.min_points`` points (:attr:`candidates`, default
     :attr:`default_candidates`; ``None``: the network alone) and reuses a pair's proposal for the later pairs
     with the same conditioning set (:attr:`reuse`, default :attr:`default_reuse`; :attr:`computed` counts the
-    proposals computed);
+    proposals computed), and attempts far pairs of active mixtures less often (:attr:`screen`, default
+    :attr:`default_screen`, :class:`~neuralblock.kernels.jit_mixture.PairScreen`; :attr:`screened` counts the pairs
+    skipped, which count as neither proposed nor decided);
     the eager steps (GPU states, no Numba, networks the loop does not cover) propose from the network
     alone. Both are exact MH moves.
 
@@ -462,6 +465,7 @@ class FusedMixtureSweep:
 
     default_candidates: CandidateOptions | None = CandidateOptions()
     default_reuse: bool = True
+    default_screen: PairScreen | None = PairScreen()
 
     def __init__(
         self,
@@ -484,7 +488,10 @@ class FusedMixtureSweep:
         # the compiled sweep reuses a pair's proposal for later pairs with the same conditioning set (the same
         # numbers); False computes every pair (for timing the reuse)
         self.reuse = self.default_reuse
+        # the compiled sweep attempts far pairs of active mixtures less often (PairScreen; None: every pair)
+        self.screen: PairScreen | None = self.default_screen
         self.computed = 0  # pair proposals the compiled sweeps computed (not reused)
+        self.screened = 0  # pairs the compiled sweeps' screen did not attempt
         self._jit_layouts: set[tuple] = set()
         self.rate = 1.0  # recent fraction of decided pairs that were accepted
         self.discarded = 0  # pairs the last sweep proposed but did not decide (after a chain's accepted pair)
@@ -601,8 +608,11 @@ class FusedMixtureSweep:
         if cache is None or not cache.fits(points, hidden, heads) or not np.array_equal(weights, self._token_weights):
             self.token_cache, self._token_weights = TokenCache.empty(points, hidden, heads), weights
         args: tuple[Any, ...] = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True)
-        args = (*args, self.candidates, self.reuse, computed, self.token_cache)
+        screened = np.zeros(chains, dtype=np.int64)
+        args = (*args, self.candidates, self.reuse, computed, self.token_cache, self.screen, screened)
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
         self.compile_seconds += seconds
         self.computed += int(computed.sum())
-        return out, torch.from_numpy(accepted), torch.tensor(int(nonfinite.sum())), chains * total
+        skipped = int(screened.sum())
+        self.screened += skipped
+        return out, torch.from_numpy(accepted), torch.tensor(int(nonfinite.sum())), chains * total - skipped
