@@ -290,6 +290,7 @@ def test_each_neural_sweep_decides_the_next_round_of_disjoint_pairs(
         assert rows == set(range(a, b))
     screened = kernel.fused[0].screened  # the compiled sweep's screen skips far active pairs (none on eager steps)
     assert kernel._proposed[0] + screened == 7 * 3 * 3  # 7 sweeps of one round each (3 pairs) in 3 chains
+    assert kernel._proposed_per_chain[0].sum() == kernel._proposed[0]  # each chain's own attempts
 
 
 def test_the_default_takes_rounds_on_the_mixture_path_only() -> None:

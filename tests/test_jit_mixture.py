@@ -343,23 +343,30 @@ def test_the_screen_skips_far_active_pairs_and_weighs_the_rest_by_their_attempt_
     kept = ~skipped
     want = plain[2] + log_s(plain[3]) - log_s(current)
     assert np.allclose(got[2][kept], want[kept]) and np.array_equal(got[3][kept], plain[3][kept])
-    assert (log_s(plain[3][kept]) - log_s(current[kept]) != 0).any()  # the factor is exercised both ways
+    factor = log_s(plain[3][kept]) - log_s(current[kept])
+    assert (factor > 0).any() and (factor < 0).any()  # the factor is exercised both ways
+    assert ((log_s(current) < 0) & kept).any()  # far pairs attempted anyway (their - log s(S))
     same = mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, decide=False,
                               screen=PairScreen(attempt=1.0))  # fmt: skip
     assert np.array_equal(same[2], plain[2])  # attempt 1: the screen changes nothing
 
 
-def test_bad_screen_settings_are_refused() -> None:
+def _one_pair():
+    """A one-chain, one-pair sweep's arguments on a small case: state, slots, layout, network and draws."""
     proposal = _set_proposal((8,))
     fg, state = _case(m=4, n=6, chains=1)
     layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
     net = MixtureNetwork.from_proposal(proposal)
     assert net is not None
-    slots = np.zeros((1, 1), dtype=np.int64)
-    draws = draw_pairs(1, 1, net.components, 2)
-    with pytest.raises(ValueError, match="screen uniforms"):
-        mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws._replace(screen=None),
-                           screen=PairScreen())  # fmt: skip
+    return state, np.zeros((1, 1), dtype=np.int64), layout, net, draw_pairs(1, 1, net.components, 2)
+
+
+def test_bad_screen_settings_are_refused() -> None:
+    state, slots, layout, net, draws = _one_pair()
+    for screen_u in (None, torch.rand(1, 2, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="screen uniforms"):
+            mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws._replace(screen=screen_u),
+                               screen=PairScreen())  # fmt: skip
     for bad in (PairScreen(attempt=0.0), PairScreen(attempt=1.5), PairScreen(radius=-1.0), PairScreen(math.inf)):
         with pytest.raises(ValueError, match="screen options out of range"):
             mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws, screen=bad)
@@ -369,13 +376,7 @@ def test_bad_screen_settings_are_refused() -> None:
 
 
 def test_bad_candidate_settings_are_refused() -> None:
-    proposal = _set_proposal((8,))
-    fg, state = _case(m=4, n=6, chains=1)
-    layout = mixture_layout(fg, proposal.motif, proposal.motif.find_instances(fg))
-    net = MixtureNetwork.from_proposal(proposal)
-    assert net is not None
-    slots = np.zeros((1, 1), dtype=np.int64)
-    draws = draw_pairs(1, 1, net.components, 2)
+    state, slots, layout, net, draws = _one_pair()
     with pytest.raises(ValueError, match="choice uniforms"):
         mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws._replace(choice=None), None, True,
                            CandidateOptions())  # fmt: skip

@@ -492,6 +492,7 @@ class FusedMixtureSweep:
         self.screen: PairScreen | None = self.default_screen
         self.computed = 0  # pair proposals the compiled sweeps computed (not reused)
         self.screened = 0  # pairs the compiled sweeps' screen did not attempt
+        self.offered: np.ndarray | None = None  # the last compiled sweep's pairs attempted per chain (None: all)
         self._jit_layouts: set[tuple] = set()
         self.rate = 1.0  # recent fraction of decided pairs that were accepted
         self.discarded = 0  # pairs the last sweep proposed but did not decide (after a chain's accepted pair)
@@ -531,7 +532,8 @@ class FusedMixtureSweep:
     def sweep(
         self, fg: FactorGraph, state: Tensor, beta: Tensor | None = None, classes: tuple[int, int] | None = None
     ) -> tuple[Tensor, Tensor, Tensor, int]:
-        """Decide every pair of every chain once, in sweep order (or the pairs of the classes ``first..last - 1``).
+        """Decide every pair of every chain once, in sweep order (or the pairs of the classes ``first..last - 1``),
+        but the pairs the screen skips (:attr:`offered`: each chain's pairs attempted).
 
         Returns:
             The states, accepted pairs per chain ``[K]``, the non-finite count and the pairs decided
@@ -542,6 +544,7 @@ class FusedMixtureSweep:
         if classes is not None:
             first, last = int(self.offsets[classes[0]]), int(self.offsets[classes[1]])
         self.discarded = 0
+        self.offered = None
         if self._compiled_for(state):
             return self._compiled_sweep(state, beta, first, last)
         position = torch.full((chains,), first, dtype=torch.long)
@@ -615,4 +618,5 @@ class FusedMixtureSweep:
         self.computed += int(computed.sum())
         skipped = int(screened.sum())
         self.screened += skipped
+        self.offered = total - screened
         return out, torch.from_numpy(accepted), torch.tensor(int(nonfinite.sum())), chains * total - skipped

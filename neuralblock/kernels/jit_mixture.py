@@ -1436,6 +1436,8 @@ def mixture_pair_sweep(
             raise ValueError("a screen needs the draws' screen uniforms (draw_pairs makes them)")
         if not (0.0 < screen.attempt <= 1.0 and 0.0 <= screen.radius < math.inf):
             raise ValueError(f"screen options out of range (attempt in (0, 1], radius finite, >= 0): {screen}")
+        if draws.screen.shape != (chains, width):
+            raise ValueError(f"the draws' screen uniforms must be [{chains}, {width}], got {list(draws.screen.shape)}")
         uniforms = draws.screen.to(torch.float64).contiguous().numpy()
         screening = (True, float(screen.radius) ** 2, math.log(screen.attempt), uniforms)
     if screened is None:

@@ -760,7 +760,8 @@ class NeuralBlockKernel(GraphKernel):
                 else:
                     state, per_chain, nonfinite, proposed = fused.sweep(fg, state, beta)
                 discarded = fused.discarded if isinstance(fused, FusedMixtureSweep) else 0
-                self.record_fused_sweep(i, per_chain, nonfinite, proposed, warmup, discarded, rows, chains)
+                offered = fused.offered if isinstance(fused, FusedMixtureSweep) else None  # (the screen's skips)
+                self.record_fused_sweep(i, per_chain, nonfinite, proposed, warmup, discarded, rows, chains, offered)
             else:
                 bounds = self.cover_classes[i][0] if classes is None else classes
                 state, accepted, bad, proposed, discarded = self._general_sweep(i, fg, state, bounds, beta)
@@ -781,10 +782,12 @@ class NeuralBlockKernel(GraphKernel):
         discarded: int = 0,
         rows: Tensor | None = None,
         chains: int = 0,
+        offered: np.ndarray | None = None,
     ) -> None:
         """Count a fused sweep of proposal ``i``: accepted blocks per chain ``[K']``, non-finite ratios, proposals.
 
-        With ``rows``, the sweep ran the chains ``rows`` of ``chains`` (see :meth:`_count_per_chain`).
+        With ``rows``, the sweep ran the chains ``rows`` of ``chains`` (see :meth:`_count_per_chain`); ``offered``
+        ``[K']`` is each chain's share of ``proposed`` where they differ (``None``: an equal share).
         """
         accepted: int | Tensor
         bad: int | Tensor
@@ -793,7 +796,8 @@ class NeuralBlockKernel(GraphKernel):
         else:
             accepted, bad = per_chain.sum(), nonfinite
         if not warmup:
-            self._count_per_chain(i, per_chain, proposed // len(per_chain), rows, chains)
+            share = proposed // len(per_chain) if offered is None else offered
+            self._count_per_chain(i, per_chain, share, rows, chains)
         self._record_sweep(i, accepted, bad, proposed, discarded, warmup)
 
     def _record_sweep(
@@ -808,7 +812,9 @@ class NeuralBlockKernel(GraphKernel):
             self._nonfinite[i] = self._nonfinite[i] + bad
             self._discarded[i] += discarded
 
-    def _count_per_chain(self, i: int, accepted: Tensor, offered: int, rows: Tensor | None, chains: int) -> None:
+    def _count_per_chain(
+        self, i: int, accepted: Tensor, offered: int | np.ndarray, rows: Tensor | None, chains: int
+    ) -> None:
         """Add a fused sweep's blocks accepted ``[K']`` and offered (each chain's) to proposal ``i``'s per-chain counts.
 
         With ``rows``, the sweep ran the chains ``rows`` of ``chains``; the others count 0.
