@@ -1367,6 +1367,15 @@ def _mixture_pairs(
     clock_box[0] = clock
 
 
+def _chain_counts(name: str, counts: np.ndarray | None, chains: int) -> np.ndarray:
+    """A sweep's per-chain counter: ``counts`` checked as a ``[chains]`` int64 array, or a new one of zeros."""
+    if counts is None:
+        return np.zeros(chains, dtype=np.int64)
+    if counts.shape != (chains,) or counts.dtype != np.int64:
+        raise ValueError(f"{name} must be a [{chains}] int64 array, got {counts.shape} {counts.dtype}")
+    return counts
+
+
 def mixture_pair_sweep(
     state: np.ndarray,
     slots: np.ndarray,
@@ -1440,10 +1449,7 @@ def mixture_pair_sweep(
             raise ValueError(f"the draws' screen uniforms must be [{chains}, {width}], got {list(draws.screen.shape)}")
         uniforms = draws.screen.to(torch.float64).contiguous().numpy()
         screening = (True, float(screen.radius) ** 2, math.log(screen.attempt), uniforms)
-    if screened is None:
-        screened = np.zeros(chains, dtype=np.int64)
-    elif screened.shape != (chains,) or screened.dtype != np.int64:
-        raise ValueError(f"screened must be a [{chains}] int64 array, got {screened.shape} {screened.dtype}")
+    screened = _chain_counts("screened", screened, chains)
     from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
 
     constants = step_constants(layout, torch.float64)  # whitened points, psi, bits' log odds, as the eager step
@@ -1451,10 +1457,7 @@ def mixture_pair_sweep(
     nonfinite = np.zeros(chains, dtype=np.int64)
     log_alpha = np.zeros((chains, width))
     proposed = np.zeros((chains, width, 2 * dim + 2))
-    if computed is None:
-        computed = np.zeros(chains, dtype=np.int64)
-    elif computed.shape != (chains,) or computed.dtype != np.int64:
-        raise ValueError(f"computed must be a [{chains}] int64 array, got {computed.shape} {computed.dtype}")
+    computed = _chain_counts("computed", computed, chains)
     hidden, heads = net.phi2_b.shape[0], net.score_b.shape[0]
     if cache is None:
         cache = TokenCache.empty(layout.values.shape[0], hidden, heads)
