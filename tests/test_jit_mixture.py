@@ -375,6 +375,19 @@ def test_bad_screen_settings_are_refused() -> None:
                            screened=np.zeros(2, dtype=np.int64))  # fmt: skip
 
 
+def test_kept_step_constants_give_the_same_moves_and_wrong_ones_are_refused() -> None:
+    state, slots, layout, net, draws = _one_pair()
+    fresh = mixture_pair_sweep(state.numpy().copy(), slots, slots >= 0, layout, net, draws, decide=False)
+    kept = mixture_pair_sweep(state.numpy().copy(), slots, slots >= 0, layout, net, draws, decide=False,
+                              constants=step_constants(layout, torch.float64))  # fmt: skip
+    assert all(np.array_equal(a, b) for a, b in zip(fresh, kept))
+    for dtype, size in ((torch.float32, layout.values.shape[0]), (torch.float64, 3)):
+        wrong = step_constants(layout, dtype)
+        wrong = wrong._replace(points=wrong.points[:size])
+        with pytest.raises(ValueError, match="constants must be the layout's float64 ones"):
+            mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws, constants=wrong)
+
+
 def test_bad_candidate_settings_are_refused() -> None:
     state, slots, layout, net, draws = _one_pair()
     with pytest.raises(ValueError, match="choice uniforms"):

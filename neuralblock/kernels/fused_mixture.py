@@ -613,6 +613,7 @@ class FusedMixtureSweep:
         args: tuple[Any, ...] = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True)
         screened = np.zeros(chains, dtype=np.int64)
         args = (*args, self.candidates, self.reuse, computed, self.token_cache, self.screen, screened)
+        args = (*args, self.constants(torch.float64))
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
         self.compile_seconds += seconds
         self.computed += int(computed.sum())

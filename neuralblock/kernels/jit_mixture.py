@@ -80,7 +80,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -89,6 +89,9 @@ from torch import Tensor
 from neuralblock.kernels.jit import _compiled, _half_sq_distance, _logaddexp
 from neuralblock.proposals import NeuralBlockProposal
 from neuralblock.proposals.mdn import _FEATURE_CLIP, _MAX_LOG_SCALE, _MIN_LOG_SCALE
+
+if TYPE_CHECKING:
+    from neuralblock.kernels.fused_mixture import StepConstants
 
 __all__ = [
     "CandidateOptions",
@@ -1391,6 +1394,7 @@ def mixture_pair_sweep(
     cache: TokenCache | None = None,
     screen: PairScreen | None = None,
     screened: np.ndarray | None = None,
+    constants: StepConstants | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The pairs ``slots [K, W]`` of each chain in turn, in place: propose, test and (``decide``) write each move.
 
@@ -1414,6 +1418,8 @@ def mixture_pair_sweep(
         screen: attempt far pairs of active mixtures less often (:class:`PairScreen`; ``None``: every pair);
             needs ``draws.screen``.
         screened: optional ``[K]`` int64 array, incremented by the pairs each chain did not attempt.
+        constants: the layout's float64 :class:`~neuralblock.kernels.fused_mixture.StepConstants` (``None``: made
+            here; a sweep object keeps them).
 
     Returns:
         Accepted moves per chain ``[K]``, non-finite ratios per chain ``[K]`` (rejected), and every move's log
@@ -1450,9 +1456,13 @@ def mixture_pair_sweep(
         uniforms = draws.screen.to(torch.float64).contiguous().numpy()
         screening = (True, float(screen.radius) ** 2, math.log(screen.attempt), uniforms)
     screened = _chain_counts("screened", screened, chains)
-    from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
+    if constants is None:
+        from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
 
-    constants = step_constants(layout, torch.float64)  # whitened points, psi, bits' log odds, as the eager step
+        constants = step_constants(layout, torch.float64)  # whitened points, psi, bits' log odds, as the eager step
+    elif constants.points.dtype != torch.float64 or constants.points.shape != layout.values.shape:
+        raise ValueError(f"constants must be the layout's float64 ones ({list(layout.values.shape)} points), got "
+                         f"{constants.points.dtype} {list(constants.points.shape)}")  # fmt: skip
     accepted = np.zeros(chains, dtype=np.int64)
     nonfinite = np.zeros(chains, dtype=np.int64)
     log_alpha = np.zeros((chains, width))
