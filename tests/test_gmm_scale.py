@@ -110,6 +110,7 @@ def test_workers_give_the_same_runs(tmp_path: Path) -> None:
     for workers in ("1", "2"):
         args = ["--quick", "--mixtures", "8", "--families", "overlap", "scaled", "--trace-points", "100000"]
         args += ["--gibbs-share", "0"]  # (the calibrated gibbs_prob depends on the timing)
+        args += ["--seconds", "0.4", "--max-seconds", "0.4", "--reference-factor", "0"]  # (the arms' runs alone)
         record = bench.main([*args, "--workers", workers, "--out", str(tmp_path / workers)])
         runs.append(json.loads(json.dumps(record["results"])))
     for a, b in zip(*runs, strict=True):
@@ -413,6 +414,7 @@ def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tm
     assert "gibbs_prob=0.5;" in (quick[1] / "gmm_scale.md").read_text()
     record = bench.main(
         ["--quick", "--mixtures", "8", "--families", "overlap", "--gibbs-share", "0.5", "--out", str(tmp_path)]
+        + ["--seconds", "0.4", "--max-seconds", "0.4"]
     )
     assert record["config"]["gibbs_share"] == 0.5 and "gibbs_prob" not in record["config"]
     (result,) = record["results"]
