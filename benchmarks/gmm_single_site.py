@@ -2,15 +2,19 @@
 
 Times, in interleaved rounds, one :class:`~neuralblock.kernels.single_site.SingleSiteSweep` sweep (a Gibbs
 draw of every activity bit, random-walk MH on every mean coordinate) of ``--chains`` vectorized chains, the
-single-site half of ``NeuralBlockKernel`` and ``SplitMergeGMM`` (``gibbs_prob``), in three arms:
+single-site half of ``NeuralBlockKernel`` and ``SplitMergeGMM`` (``gibbs_prob``), in four arms:
 
 * ``compiled``: :class:`~neuralblock.kernels.mixture_sites.MixtureSites` (one Numba loop, ``O(n)`` per
-  variable), without the copy-set moves;
+  variable), without the informed mean moves and the copy-set moves: the general path's updates;
 * ``general``: the general path (``mixture_sites = None``: a torch scaffold evaluation of every point's
   factor over all ``m`` mixtures per variable);
-* ``compiled + copy moves``: this checkout's default on GMM graphs, the compiled sweep followed by the
-  copy-set moves (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts), which the general
-  path does not make.
+* ``compiled + informed``: the compiled sweep with an informed MH move of each active mixture's mean (the
+  Gaussian of one EM step), which the general path does not make;
+* ``default``: this checkout's default on GMM graphs, the compiled sweep with the informed moves, followed by
+  the copy-set moves (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts), which the
+  general path does not make either.
+
+A sweep's cost is half of the story: ``benchmarks/gmm_mean_moves.py`` measures what the informed moves buy.
 
 The arms run in this process, in turn within each round, from the same start (CPU time per sweep over
 about ``--budget`` seconds, one torch thread); ratios are paired per round and their median reported. The
@@ -49,7 +53,7 @@ from neuralblock.kernels.single_site import SingleSiteSweep  # noqa: E402
 
 __all__ = ["main", "time_sweeps"]
 
-ARMS = ("compiled", "general", "compiled + copy moves")
+ARMS = ("compiled", "general", "compiled + informed", "default")
 
 
 def time_sweeps(sweep: SingleSiteSweep, fg: Any, state: torch.Tensor, budget: float) -> float:
@@ -77,9 +81,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fg, _, reference = family_gmm(args.family, m, n)
         start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=args.chains)
         sweeps = {
-            "compiled": SingleSiteSweep(fg, copy_moves=False),
-            "general": SingleSiteSweep(fg, copy_moves=False),
-            "compiled + copy moves": SingleSiteSweep(fg),
+            "compiled": SingleSiteSweep(fg, copy_moves=False, informed_means=False),
+            "general": SingleSiteSweep(fg, copy_moves=False, informed_means=False),
+            "compiled + informed": SingleSiteSweep(fg, copy_moves=False),
+            "default": SingleSiteSweep(fg),
         }
         sweeps["general"].mixture_sites = None
         if sweeps["compiled"].mixture_sites is None:
@@ -94,7 +99,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rounds_ms": {arm: [1e3 * v for v in values] for arm, values in times.items()},
             "ratios": {
                 "compiled / general": paired_ratio(times, "compiled", "general"),
-                "(compiled + copy moves) / compiled": paired_ratio(times, "compiled + copy moves", "compiled"),
+                "(compiled + informed) / compiled": paired_ratio(times, "compiled + informed", "compiled"),
+                "default / compiled": paired_ratio(times, "default", "compiled"),
             },
         }
     return {"sizes": sizes}
@@ -105,9 +111,10 @@ def _markdown(result: dict[str, Any]) -> str:
         "# The single-site sweep of open-universe GMMs: compiled against the general path",
         "",
         f"`SingleSiteSweep` (a Gibbs draw of every bit, random-walk MH on every mean coordinate), {result['chains']} "
-        f"vectorized chains, on the GMM benchmark's `{result['family']}` cases. `compiled`: the `MixtureSites` loop; "
-        "`general`: the general path (`mixture_sites = None`); `compiled + copy moves`: the default, the compiled "
-        "loop and 8 copy-set moves (`MixtureCopyMoves`). CPU, one torch thread, CPU time "
+        f"vectorized chains, on the GMM benchmark's `{result['family']}` cases. `compiled`: the `MixtureSites` loop "
+        "(the general path's updates); `general`: the general path (`mixture_sites = None`); `compiled + informed`: "
+        "the loop with an informed move of each active mean (one EM step's Gaussian); `default`: that loop and 8 "
+        "copy-set moves (`MixtureCopyMoves`). CPU, one torch thread, CPU time "
         f"per sweep over about {result['budget']} s per arm and round after one untimed sweep, medians over "
         f"{result['rounds']} interleaved rounds in one process, same start and seed. Load average "
         f"{', '.join(f'{x:.2f}' for x in result['load_average'])}.",

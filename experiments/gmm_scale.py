@@ -174,6 +174,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ["rounds", "every"],
             "the NB arms' neural sweeps: one round of disjoint pairs (the kernel's default), or every pair",
         ),
+        mean_moves=(
+            ["informed", "walk"],
+            "every arm's single-site sweep: random walk and informed moves of the means (the kernels' default, "
+            "informed_means=True), or the random walk alone (the runs before session 52)",
+        ),
     )
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
@@ -700,9 +705,10 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     start = case_starts(fg, reference["seed"], chains)
 
     def build(label: str) -> GraphKernel:
-        mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share or None}
+        informed = args.mean_moves == "informed"
+        mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share or None, "informed_means": informed}
         if label == GIBBS:  # its single-site sweeps only (the moves never run)
-            return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0)
+            return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0, informed_means=informed)
         if label == SM:
             return SplitMergeGMM(fg, chains=chains, **mix)
         return NeuralBlockKernel(
@@ -1169,6 +1175,21 @@ def cover_text(args: argparse.Namespace) -> str:
     )
 
 
+def mean_moves_text(args: argparse.Namespace) -> str:
+    """The report's words on how every arm's single-site sweep moves the means (``--mean-moves``).
+
+    Example:
+        >>> mean_moves_text(parse_args(["--mean-moves", "walk"]))
+        'the single-site sweep moves each mean by a random walk alone (`informed_means=False`, the sweep before)'
+    """
+    if args.mean_moves == "walk":
+        return "the single-site sweep moves each mean by a random walk alone (`informed_means=False`, the sweep before)"
+    return (
+        "the single-site sweep follows each active mean's random walk with an informed MH move (the Gaussian of "
+        + "one EM step; `informed_means=True`, the kernels' default)"
+    )
+
+
 def gibbs_arm_text(results: list[dict[str, Any]]) -> str:
     """The report's words on the Gibbs arm, where the record has it (else nothing).
 
@@ -1191,8 +1212,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], sources: dic
     setup = (
         f"Arms: `{NB_SET}` (`{args.proposal}`, {sources[NB_SET]}), `{SM}`, `{NB_OLD}` (`{args.old_proposal}`, "
         + f"{sources[NB_OLD]}){gibbs_arm_text(results)}; {arms_mixing}{mixing_text(args)}; {cover_text(args)}; in "
-        + "every arm each single-site sweep ends with the copy-set moves (`MixtureCopyMoves`, the kernels' "
-        + f"default). Each run is one kernel of {args.chains} vectorized "
+        + f"every arm {mean_moves_text(args)}, and each single-site sweep ends with the copy-set moves "
+        + f"(`MixtureCopyMoves`, the kernels' default). Each run is one kernel of {args.chains} vectorized "
         + f"chains, every arm from the same {args.chains} starts, for {args.seconds:g} s of {clock} scaled by "
         + f"sqrt(m n / 3840) above 16 x 240 (at most {args.max_seconds:g} s); {args.threads} thread(s). Every "
         + "chain counts as a run. The robust level is split-merge's lower median over chains of the mean log "
@@ -1250,8 +1271,11 @@ def rescore(folder: str | Path) -> dict[str, Any]:
                 metrics[label]["time / SM"] = time_ratio(metrics[label]["median time to level"], sm_time)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a gmm_scale record: {error}") from error
-    # (a record without these options ran at --gibbs-prob, its reference chains continued, NB's sweeps every pair)
-    args = parse_args(["--gibbs-share", "0", "--reference-start", "continued", "--nb-cover", "every"])
+    # (a record without these options ran at --gibbs-prob, its reference chains continued, NB's sweeps every pair,
+    # the single-site sweeps' means by random walk alone)
+    args = parse_args(
+        ["--gibbs-share", "0", "--reference-start", "continued", "--nb-cover", "every", "--mean-moves", "walk"]
+    )
     vars(args).update(config)
     record["targets"] = size_targets(results)
     write_json(path, record)
@@ -1267,6 +1291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unset = ("gibbs_share",) if not args.gibbs_share else ("gibbs_prob",)  # (earlier runs keep their folders)
     unset += ("reference_start",) if args.reference_start == "continued" else ()
     unset += ("nb_cover",) if args.nb_cover == "every" else ()
+    unset += ("mean_moves",) if args.mean_moves == "walk" else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))

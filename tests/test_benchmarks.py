@@ -88,11 +88,26 @@ def test_gmm_single_site_quick(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "gmm_single_site.json").read_text())
     assert (tmp_path / "gmm_single_site.md").read_text().startswith("# The single-site sweep of open-universe GMMs")
     row = data["sizes"]["8x60"]
-    assert set(row["ms_per_sweep"]) == {"compiled", "general", "compiled + copy moves"}
+    assert set(row["ms_per_sweep"]) == {"compiled", "general", "compiled + informed", "default"}
     assert all(ms > 0 for ms in row["ms_per_sweep"].values())
-    assert list(row["ratios"]) == ["compiled / general", "(compiled + copy moves) / compiled"]
+    assert list(row["ratios"]) == ["compiled / general", "(compiled + informed) / compiled", "default / compiled"]
     assert all(ratio > 0 for ratio in row["ratios"].values())
     assert result["sizes"] == data["sizes"]
+
+
+@pytest.mark.timeout(180)
+def test_gmm_mean_moves_quick(tmp_path: Path) -> None:
+    bench = _load("gmm_mean_moves")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "gmm_mean_moves.json").read_text())
+    assert (tmp_path / "gmm_mean_moves.md").read_text().startswith("# What the informed mean moves buy")
+    (case,) = data["cases"]
+    assert (case["m"], case["n"], case["family"]) == (8, 60, "model")
+    assert set(case["time_to_level"]) == {f"{s} ({w})" for s in bench.SAMPLERS for w in ("walk", "informed")}
+    assert case["time_to_level"]["split-merge (walk)"] is not None  # its own chains reach the level they set
+    assert all(0.0 <= rate <= 1.0 for rate in case["informed_mean_acceptance"].values())
+    assert set(data["summary"]) == set(case["ratios"])
+    assert result["summary"] == data["summary"]
 
 
 @pytest.mark.timeout(120)

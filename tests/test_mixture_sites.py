@@ -17,19 +17,37 @@ from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.split_merge import SplitMergeGMM
 
 
+def _em_gaussian(sites: MixtureSites, x: torch.Tensor, mixture: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The informed move's Gaussian (whitened ``center``, ``precision``) at the state ``x``: one EM step."""
+    points = torch.from_numpy(sites.points)
+    active = x[torch.as_tensor(sites.active_ids)] > 0
+    means = x[torch.as_tensor(sites.mean_ids)] / sites.sigma
+    terms = -0.5 * ((points[:, None, :] - means[None]) ** 2).sum(-1)
+    weights = torch.softmax(terms.masked_fill(~active, -math.inf), -1)[:, mixture]
+    prior_precision = torch.from_numpy((sites.sigma / sites.prior_scale[mixture]) ** 2)
+    precision = prior_precision + weights.sum()
+    center = (prior_precision * torch.from_numpy(sites.prior_loc[mixture]) / sites.sigma + weights @ points) / precision
+    return center, precision
+
+
+def _log_normal(x: torch.Tensor, center: torch.Tensor, precision: torch.Tensor) -> float:
+    return float(torch.distributions.Normal(center, precision.rsqrt()).log_prob(x).sum())
+
+
 def _reference_sweep(
     fg: FactorGraph, sites: MixtureSites, state: torch.Tensor, steps: torch.Tensor, draws: SiteRandoms
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sweep's updates from the graph's own log joint, mixture by mixture, with the same numbers.
 
     Proposed means are rounded to the state's dtype (as the state stores them); returns the states and the
-    acceptance probabilities ``[K, m D]``.
+    acceptance probabilities ``[K, m D]`` of the random walk and ``[K, m]`` of the informed moves (NaN: none).
     """
     dtype = state.dtype
     state = state.double().clone()
     m, dim = sites.mean_ids.shape
     steps = steps.double().reshape(m, dim)
     accept_prob = torch.zeros(state.shape[0], m * dim, dtype=torch.float64)
+    informed_prob = torch.full((state.shape[0], m), math.nan, dtype=torch.float64)
     for k in range(state.shape[0]):
         x = state[k]
         for mixture in range(m):
@@ -47,7 +65,22 @@ def _reference_sweep(
                 accept_prob[k, mixture * dim + d] = min(1.0, math.exp(min(ratio, 0.0)))
                 if float(draws.log_u[k, mixture, d]) < ratio:
                     x[var] = moved[var]
-    return state.to(dtype), accept_prob
+            if not (sites.informed and x[bit] > 0):
+                continue
+            ids = torch.as_tensor(sites.mean_ids[mixture])
+            center, precision = _em_gaussian(sites, x, mixture)
+            moved = x.clone()
+            moved[ids] = (
+                ((center + draws.informed_noise[k, mixture] * precision.rsqrt()) * sites.sigma).to(dtype).double()
+            )
+            back_center, back_precision = _em_gaussian(sites, moved, mixture)
+            ratio = float(fg.log_joint(moved, check=False) - fg.log_joint(x, check=False))
+            ratio += _log_normal(x[ids] / sites.sigma, back_center, back_precision)
+            ratio -= _log_normal(moved[ids] / sites.sigma, center, precision)
+            informed_prob[k, mixture] = min(1.0, math.exp(min(ratio, 0.0)))
+            if float(draws.informed_log_u[k, mixture]) < ratio:
+                x[ids] = moved[ids]
+    return state.to(dtype), accept_prob, informed_prob
 
 
 @pytest.mark.parametrize(("dim", "dtype"), [(1, torch.float64), (2, torch.float64), (2, torch.float32)])
@@ -61,17 +94,20 @@ def test_the_updates_are_the_graphs_conditionals(dim: int, dtype: torch.dtype) -
     state = torch.stack([gmm_initial_state(fg, gen) for _ in range(3)]).to(dtype)
     state[0, torch.as_tensor(sites.active_ids)] = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], dtype=dtype)  # one active
     steps = torch.rand(5 * dim, generator=gen, dtype=torch.float64) + 0.3
-    moved = 0
+    moved = informed = 0
     for sweep in range(4):
         torch.manual_seed(sweep)
         draws = draw_site_randoms(3, 5, dim)
-        want, want_prob = _reference_sweep(fg, sites, state, steps, draws)
-        got, accept_prob = sites.sweep(state, steps, draws)
+        want, want_prob, want_informed = _reference_sweep(fg, sites, state, steps, draws)
+        got, accept_prob, informed_prob = sites.sweep(state, steps, draws)
         assert got.dtype == dtype and torch.allclose(got.double(), want.double(), atol=1e-9), (got - want).abs().max()
-        assert torch.allclose(accept_prob, want_prob, atol=1e-6 if dtype == torch.float32 else 1e-9)
+        tolerance = 1e-6 if dtype == torch.float32 else 1e-9
+        assert torch.allclose(accept_prob, want_prob, atol=tolerance)
+        assert torch.allclose(informed_prob, want_informed, atol=tolerance, equal_nan=True)
         moved += int((got != state).sum())
+        informed += int((~informed_prob.isnan()).sum())
         state = got
-    assert moved > 20  # bits flipped and means moved
+    assert moved > 20 and informed > 10  # bits flipped, means moved, informed moves made
 
 
 def test_batch_shapes_and_bad_inputs() -> None:
@@ -79,11 +115,12 @@ def test_batch_shapes_and_bad_inputs() -> None:
     sites = MixtureSites.of(fg)
     assert sites is not None
     one = gmm_initial_state(fg, torch.Generator().manual_seed(0))
-    new, accept_prob = sites.sweep(one, torch.full((6,), 0.5))
+    new, accept_prob, informed_prob = sites.sweep(one, torch.full((6,), 0.5))
     assert new.shape == one.shape and new.dtype == torch.float32 and accept_prob.shape == (6,)
+    assert informed_prob.shape == (3,)
     grid = one.expand(2, 3, -1).clone()
-    new, accept_prob = sites.sweep(grid, torch.full((6,), 0.5))
-    assert new.shape == grid.shape and accept_prob.shape == (2, 3, 6)
+    new, accept_prob, informed_prob = sites.sweep(grid, torch.full((6,), 0.5))
+    assert new.shape == grid.shape and accept_prob.shape == (2, 3, 6) and informed_prob.shape == (2, 3, 3)
     assert bool((new[..., torch.as_tensor(sites.active_ids)].sum(-1) >= 1).all())  # the points keep an active mixture
     with pytest.raises(ValueError, match="steps must have shape"):
         sites.sweep(one, torch.full((5,), 0.5))
@@ -126,7 +163,7 @@ def test_the_steps_of_each_coordinate_adapt_through_the_compiled_sweep() -> None
     position = {v: i for i, v in enumerate(plan.variables)}
     steps = plan.adapter.step_size[[position[int(v)] for v in sites.mean_ids.reshape(-1)]]
     torch.manual_seed(3)
-    want, _ = _reference_sweep(fg, sites, state, steps, draw_site_randoms(4, 4, 2))
+    want, _, _ = _reference_sweep(fg, sites, state, steps, draw_site_randoms(4, 4, 2))
     torch.manual_seed(3)
     assert torch.allclose(sweep.sweep(fg, state, adapt=False), want, atol=1e-9)  # each coordinate its own step
     plan.adapter.log_step = torch.full((8,), math.log(20.0))
@@ -141,7 +178,9 @@ def test_the_steps_of_each_coordinate_adapt_through_the_compiled_sweep() -> None
 
 
 @pytest.mark.parametrize(
-    ("compiled", "copy_moves"), [(True, False), (False, False), (True, True)], ids=["compiled", "general", "copies"]
+    ("compiled", "copy_moves", "informed"),
+    [(True, False, True), (True, False, False), (False, False, False), (True, True, True)],
+    ids=["compiled", "walk", "general", "copies"],
 )
 @pytest.mark.parametrize(
     ("points", "m", "draws"),
@@ -152,18 +191,26 @@ def test_the_steps_of_each_coordinate_adapt_through_the_compiled_sweep() -> None
     ids=["m2-1d", "m3-2d"],
 )
 def test_single_site_sweeps_alone_keep_the_exact_posterior(
-    points: torch.Tensor, m: int, draws: int, compiled: bool, copy_moves: bool, monkeypatch: pytest.MonkeyPatch
+    points: torch.Tensor,
+    m: int,
+    draws: int,
+    compiled: bool,
+    copy_moves: bool,
+    informed: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # gibbs_prob = 1: every transition is a single-site sweep, compiled or on the general path, without the
-    # copy-set moves; then the compiled sweep with them (the default); tolerances: see test_split_merge.Z_MAX
+    # gibbs_prob = 1: every transition is a single-site sweep, compiled (with and without the informed mean
+    # moves) or on the general path, without the copy-set moves; then the compiled sweep with them (the
+    # default); tolerances: see test_split_merge.Z_MAX
     if not compiled:
-        monkeypatch.setattr(MixtureSites, "of", classmethod(lambda cls, fg: None))
+        monkeypatch.setattr(MixtureSites, "of", classmethod(lambda cls, fg, informed=True: None))
     fg = gmm_graph(points, m, SIGMA, TAU, 0.5)
-    kernel = SplitMergeGMM(fg, gibbs_prob=1.0, copy_moves=copy_moves)
+    kernel = SplitMergeGMM(fg, gibbs_prob=1.0, copy_moves=copy_moves, informed_means=informed)
     terms = _posterior_terms(points, m, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), draws)
     assert (kernel.single_site.mixture_sites is not None) == compiled
     assert (kernel.single_site.copy_moves is not None) == copy_moves
+    assert ("informed_mean_acceptance" in kernel.diagnostics()) == informed
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
 

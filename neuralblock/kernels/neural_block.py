@@ -379,6 +379,9 @@ class NeuralBlockKernel(GraphKernel):
             on seed 15, with the token network taken in blocks).
         copy_moves: on an open-universe GMM, end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`; ignored on other models).
+        informed_means: on an open-universe GMM, follow each active mixture's random-walk updates in each
+            compiled single-site sweep with an informed MH move of its mean (the Gaussian of one EM step,
+            :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -404,9 +407,11 @@ class NeuralBlockKernel(GraphKernel):
         cover: bool | str | None = None,
         copy_moves: bool = True,
         gibbs_share: float | None = None,
+        informed_means: bool = True,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
+        self._informed_means = bool(informed_means)
         self.use_fused = bool(fused)
         if not isinstance(cover, bool) and cover not in ("auto", None):
             raise TypeError(f"cover must be True, False, 'auto' or None, got {cover!r}")
@@ -534,7 +539,13 @@ class NeuralBlockKernel(GraphKernel):
                 f"no instance of the proposals' motifs was found in this model: {wanted}; {_summary(fg)}{hint}"
             )
         self.single_site = SingleSiteSweep(
-            fg, self.step_size, "NeuralBlockKernel", self.device, self.compile, copy_moves=self._copy_moves
+            fg,
+            self.step_size,
+            "NeuralBlockKernel",
+            self.device,
+            self.compile,
+            copy_moves=self._copy_moves,
+            informed_means=self._informed_means,
         )
         if self.gibbs_prob == 0.0 and self.share_calibration is None:
             covered = set()

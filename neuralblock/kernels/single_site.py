@@ -11,6 +11,9 @@ Example:
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,7 +37,8 @@ class SingleSiteSweep:
     :class:`~neuralblock.kernels.mixture_sites.MixtureSites` instead: the same conditional updates (a Gibbs
     draw of each bit, random-walk MH on each mean coordinate with the same adapted steps), scanned mixture by
     mixture (its bit, then its mean) from random numbers of their own, at ``O(n)`` rather than ``O(n m)`` per
-    variable. Each such sweep ends with copy-set moves
+    variable, and, with ``informed_means``, an informed MH move of each active mixture's mean (the Gaussian of
+    one EM step; acceptance in :meth:`report`). Each such sweep ends with copy-set moves
     (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts; attribute ``copy_moves``): exact MH
     moves that split several mixtures into copy pairs, or merge several copy pairs, at once.
 
@@ -45,6 +49,8 @@ class SingleSiteSweep:
         device: where the states live (random-walk updates run on the CPU only).
         compile: passed to the Gibbs plan.
         copy_moves: end each compiled GMM sweep with copy-set moves.
+        informed_means: in each compiled GMM sweep, follow each active mixture's random-walk updates with an
+            informed move of its mean (:mod:`neuralblock.kernels.mixture_sites`).
 
     Example:
         >>> import torch
@@ -65,6 +71,7 @@ class SingleSiteSweep:
         device: torch.device | str = "cpu",
         compile: bool = False,
         copy_moves: bool = True,
+        informed_means: bool = True,
     ) -> None:
         cards = fg.cardinalities
         discrete = [v for v in fg.latent.tolist() if cards[v] > 0]
@@ -73,7 +80,8 @@ class SingleSiteSweep:
         self.rw_plan = RandomWalkPlan(fg, continuous, step_size, 0.44) if continuous else None
         if self.rw_plan is not None and torch.device(device).type != "cpu":
             raise ValueError(f"{kernel}: random-walk updates of continuous variables run on the CPU only")
-        self.mixture_sites = MixtureSites.of(fg) if self.rw_plan is not None else None
+        self.mixture_sites = MixtureSites.of(fg, informed_means) if self.rw_plan is not None else None
+        self._informed_tally = np.zeros(2)  # the informed moves' summed acceptance probabilities and their number
         sites = self.mixture_sites
         self.copy_moves = MixtureCopyMoves(sites) if sites is not None and copy_moves else None
         self._mean_positions = torch.zeros(0, dtype=torch.long)  # each mean coordinate's step size
@@ -89,10 +97,16 @@ class SingleSiteSweep:
         return gibbs + sites + (self.copy_moves.compile_seconds if self.copy_moves is not None else 0.0)
 
     def report(self) -> KernelDiagnostics:
-        """The sweep's own diagnostics: ``copy_move_acceptance`` where it makes copy-set moves (else empty)."""
-        if self.copy_moves is None:
-            return {}
-        return {"copy_move_acceptance": self.copy_moves.acceptance()}
+        """The sweep's own diagnostics: ``copy_move_acceptance`` where it makes copy-set moves, and
+        ``informed_mean_acceptance`` (the mean acceptance probability; NaN before any) where it makes informed
+        mean moves."""
+        report: KernelDiagnostics = {}
+        if self.copy_moves is not None:
+            report["copy_move_acceptance"] = self.copy_moves.acceptance()
+        if self.mixture_sites is not None and self.mixture_sites.informed:
+            total, count = self._informed_tally
+            report["informed_mean_acceptance"] = float(total / count) if count else math.nan
+        return report
 
     def refresh(self, fg: FactorGraph) -> None:
         """Re-read table values after the graph's parameters changed."""
@@ -115,7 +129,7 @@ class SingleSiteSweep:
 
         ``beta`` (one inverse temperature per state) tempers the Gibbs conditionals and ``soft``
         softens their zero table entries (:class:`SoftZeros`); tempered random-walk updates are not supported.
-        The copy-set moves' outcomes count in :meth:`report` unless ``adapt`` or ``record=False`` (a sweep
+        The copy-set and informed moves' outcomes count in :meth:`report` unless ``adapt`` or ``record=False`` (a sweep
         whose state is discarded, e.g. one timed by :class:`~neuralblock.kernels.adaptation.GibbsShare`).
         """
         if beta is not None and self.rw_plan is not None:
@@ -123,10 +137,13 @@ class SingleSiteSweep:
         sites, rw_plan = self.mixture_sites, self.rw_plan
         if sites is not None and rw_plan is not None and soft is None and state.device.type == "cpu":
             positions = self._mean_positions
-            state, accept_prob = sites.sweep(state, rw_plan.adapter.step_size[positions])
+            state, accept_prob, informed_prob = sites.sweep(state, rw_plan.adapter.step_size[positions])
             if adapt:
                 mean_prob = accept_prob.reshape(-1, len(positions)).mean(0)
                 rw_plan.adapter.update(positions, mean_prob.to(rw_plan.adapter.log_step))
+            elif record:
+                made = informed_prob[~informed_prob.isnan()]
+                self._informed_tally += (float(made.sum()), made.numel())
             if self.copy_moves is not None:
                 state, outcome = self.copy_moves.move(state)
                 if record and not adapt:

@@ -674,6 +674,9 @@ class SplitMergeGMM(GraphKernel):
             is then ``[S, chains, N]``; with 1, ``[S, N]``).
         copy_moves: end each compiled single-site sweep with copy-set moves
             (:mod:`neuralblock.kernels.mixture_copies`).
+        informed_means: follow each active mixture's random-walk updates in each compiled single-site sweep
+            with an informed MH move of its mean (the Gaussian of one EM step,
+            :mod:`neuralblock.kernels.mixture_sites`).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -707,6 +710,7 @@ class SplitMergeGMM(GraphKernel):
         copy_moves: bool = True,
         gibbs_share: float | None = None,
         compiled: bool | None = None,
+        informed_means: bool = True,
     ) -> None:
         if not isinstance(model, FactorGraph):
             raise TypeError(
@@ -742,6 +746,7 @@ class SplitMergeGMM(GraphKernel):
         self._share_pending = False  # set by _prepare: calibrate gibbs_prob at setup
         self.step_size = float(step_size)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
+        self._informed_means = bool(informed_means)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
         if compiled not in (None, True, False):
             raise ValueError(f"compiled must be None, True or False, got {compiled!r}")
@@ -788,7 +793,9 @@ class SplitMergeGMM(GraphKernel):
         self.layout = self._checked_layout(fg)
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
-        self.single_site = SingleSiteSweep(fg, self.step_size, "SplitMergeGMM", copy_moves=self._copy_moves)
+        self.single_site = SingleSiteSweep(
+            fg, self.step_size, "SplitMergeGMM", copy_moves=self._copy_moves, informed_means=self._informed_means
+        )
         self._scaffolds = _mixture_scaffolds(fg, self.layout)
         self._sweep_arrays = None
         if self.compiled is not False and NUMBA and self.device.type == "cpu":
