@@ -19,8 +19,9 @@ proposal is ``N(c, diag(1 / P))`` with ``P = sum_j w_j / sigma^2 + 1 / tau^2`` a
 mean of the points and the prior mean. Its reverse density comes from the responsibilities at the proposed
 mean, so the MH ratio is exact. Where a cluster has a mixture of its own, the proposal is nearly the mean's
 conditional and moves it across the cluster in one step, where the random walk (a step fixed in advance:
-the adaptation runs in warmup only) needs many: on held-out cases the Gibbs-only sampler reached
-split-merge's level 1.5x sooner at the median (``MixtureSites(informed=False)`` turns it off). The energies
+the adaptation runs in warmup only) needs many: on 24 held-out cases the Gibbs-only sampler reached
+split-merge's level in 0.65x the time (geometric mean; ``benchmarks/gmm_mean_moves.py``).
+``MixtureSites(informed=False)`` turns it off. The energies
 are the graph's (points' factors with ``M = sum v``, the bits' prior tables and the means' Gaussian
 priors) up to terms no update changes; the tests compare the updates with the graph's conditionals and the
 sweep's draws with the exact posterior. The random numbers come from torch's global RNG, drawn before the
