@@ -94,7 +94,7 @@ def test_the_updates_are_the_graphs_conditionals(dim: int, dtype: torch.dtype) -
     state = torch.stack([gmm_initial_state(fg, gen) for _ in range(3)]).to(dtype)
     state[0, torch.as_tensor(sites.active_ids)] = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], dtype=dtype)  # one active
     steps = torch.rand(5 * dim, generator=gen, dtype=torch.float64) + 0.3
-    moved = informed = 0
+    moved = informed = partial = 0
     for sweep in range(4):
         torch.manual_seed(sweep)
         draws = draw_site_randoms(3, 5, dim)
@@ -106,8 +106,9 @@ def test_the_updates_are_the_graphs_conditionals(dim: int, dtype: torch.dtype) -
         assert torch.allclose(informed_prob, want_informed, atol=tolerance, equal_nan=True)
         moved += int((got != state).sum())
         informed += int((~informed_prob.isnan()).sum())
+        partial += int(((informed_prob > 0.0) & (informed_prob < 1.0)).sum())  # a wrong Hastings term shows there
         state = got
-    assert moved > 20 and informed > 10  # bits flipped, means moved, informed moves made
+    assert moved > 20 and informed > 10 and partial > 3  # bits flipped, means moved, informed moves made
 
 
 def test_batch_shapes_and_bad_inputs() -> None:
