@@ -50,7 +50,14 @@ from gmm_pair_step import parse_size  # noqa: E402
 
 from experiments.common import lower_median  # noqa: E402
 from experiments.gmm_models import GMM_FAMILIES, chain_traces, family_gmm, first_time_above, run_sampler  # noqa: E402
-from experiments.gmm_scale import case_starts, last_part_mean, load_gmm_proposal, run_seconds, warm_up  # noqa: E402
+from experiments.gmm_scale import (  # noqa: E402
+    case_starts,
+    last_part_mean,
+    load_gmm_proposal,
+    run_seconds,
+    time_ratio,
+    warm_up,
+)
 from experiments.gmm_study import censored_lower_median  # noqa: E402
 from neuralblock import NeuralBlockKernel  # noqa: E402
 from neuralblock.graph import FactorGraph  # noqa: E402
@@ -90,10 +97,6 @@ def ratio_summary(ratios: Sequence[float | None]) -> dict[str, Any]:
     }
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a / b
-
-
 def run_case(args: argparse.Namespace, proposal: NeuralBlockProposal, m: int, n: int, family: str, seed: int) -> dict:
     """Every sampler in both settings on one case; the level, the times to it and the ratios."""
     fg, _, reference = family_gmm(family, m, n, seed)
@@ -115,9 +118,10 @@ def run_case(args: argparse.Namespace, proposal: NeuralBlockProposal, m: int, n:
         )
         for sampler, setting in runs
     }
-    ratios = {f"{s}: informed / walk": _ratio(times[f"{s} (informed)"], times[f"{s} (walk)"]) for s in SAMPLERS}
+    ratios = {f"{s}: informed / walk": time_ratio(times[f"{s} (informed)"], times[f"{s} (walk)"]) for s in SAMPLERS}
     for setting in SETTINGS:
-        ratios[f"NB / split-merge ({setting})"] = _ratio(times[f"NB ({setting})"], times[f"split-merge ({setting})"])
+        nb, split_merge = times[f"NB ({setting})"], times[f"split-merge ({setting})"]
+        ratios[f"NB / split-merge ({setting})"] = time_ratio(nb, split_merge)
     return {
         "m": m,
         "n": n,
