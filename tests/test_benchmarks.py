@@ -110,6 +110,20 @@ def test_gmm_mean_moves_quick(tmp_path: Path) -> None:
     assert result["summary"] == data["summary"]
 
 
+@pytest.mark.timeout(180)
+def test_gmm_split_candidates_quick(tmp_path: Path) -> None:
+    bench = _load("gmm_split_candidates")
+    result = bench.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "gmm_split_candidates.json").read_text())
+    assert (tmp_path / "gmm_split_candidates.md").read_text().startswith("# What the split candidates buy")
+    (case,) = data["cases"]
+    assert (case["m"], case["n"], case["family"], case["seed"]) == (8, 500, "model", 106)
+    assert set(case["time_to_level"]) == set(bench.SAMPLERS)
+    assert case["time_to_level"]["split-merge"] is not None  # its own chains reach the level they set
+    assert set(case["ratios"]) == {"NB (no splits) / split-merge", "NB (splits) / split-merge", "splits / no splits"}
+    assert result["summary"] == data["summary"] and data["repeats"] == 2
+
+
 @pytest.mark.timeout(120)
 def test_split_merge_sweep_quick(tmp_path: Path) -> None:
     bench = _load("split_merge_sweep")

@@ -287,7 +287,8 @@ def test_pair_candidates_sample_from_their_density() -> None:
     assert np.isclose(np.exp(weights).sum(), 1.0) and {tuple(b) for b in bits} == {(0, 0), (1, 0), (0, 1), (1, 1)}
     # all 3 components weigh over 0.05; the copies at (4, 4) and (4.1, 3.9) are one location (merge distance
     # 0.5), (0, 0) another: (0, 0) once, each mean active alone from 3 + 2 locations, both from 3 + 2 * 2 pairs
-    assert len(bits) == 1 + 2 * (3 + 2) + 3 + 2 * 2
+    # and 2 splits with their mirrors
+    assert len(bits) == 1 + 2 * (3 + 2) + 3 + 2 * 2 + 2 * 2
     top = int(np.argmax(weights))
     draws = 20_000
     pick = gen.choice(len(weights), size=draws, p=np.exp(weights) / np.exp(weights).sum())
@@ -300,6 +301,30 @@ def test_pair_candidates_sample_from_their_density() -> None:
     log_r = -0.5 * (z**2).sum(1) - 2 * narrow.sum() - 2 * np.log(2 * np.pi)
     ratio = np.where((bits[pick] == bits[top]).all(1), np.exp(log_r - log_q), 0.0)
     assert abs(ratio.mean() - 1.0) < 5 * ratio.std() / np.sqrt(draws) + 1e-3, ratio.mean()
+
+
+def test_split_candidates_fit_a_cluster_two_means_explain_better_than_one() -> None:
+    # one wide cluster of two overlapping halves at (+-0.8, 0) and one the other mixtures explain at (8, 0): EM from
+    # a copy (both means at the network's location) keeps the means equal; a split finds the two halves
+    gen = np.random.default_rng(3)
+    halves = np.concatenate([gen.normal(size=(200, 2)) + [0.8, 0.0], gen.normal(size=(200, 2)) - [0.8, 0.0]])
+    points = np.concatenate([halves, gen.normal(size=(100, 2)) + [8.0, 0.0]])
+    rest = -0.5 * ((points - [8.0, 0.0]) ** 2).sum(1)
+    log_w, loc = np.log(np.array([0.8, 0.2])), np.array([[0.1, 0.0, 0.1, 0.0], [5.0, 5.0, -5.0, -5.0]])
+    found = {}
+    for splits in (0, 2):
+        options = CandidateOptions(splits=splits, max_points=1000)
+        other = np.array([[8.0, 0.0]])
+        bits, means, _, weights = pair_candidates(points, rest, 1.0, (0.0, 0.0), 0.04, log_w, loc, other, options)
+        both = (bits == 1).all(1)
+        found[splits] = means[both], np.exp(weights[both])
+    means, weights = found[2]
+    split = means[np.argmax(weights)]
+    assert abs(split[0] - split[2]) > 1.2 and abs(split[1] - split[3]) < 0.3  # the halves, apart along x
+    assert np.sort(weights)[-4:].sum() > 0.99  # the two splits and their mirrors: all the mass of both means
+    mirrored = np.concatenate([split[2:], split[:2]])
+    others, _ = found[0]
+    assert np.abs(others - split).max(1).min() > 0.2 and np.abs(others - mirrored).max(1).min() > 0.2  # not otherwise
 
 
 def test_models_below_min_points_propose_from_the_network_alone() -> None:

@@ -305,7 +305,11 @@ class CandidateOptions(NamedTuple):
     each standing for that many) and the copies are the first ``max_copies`` locations (in mixture order):
     functions of ``C`` too, so the candidates' cost stays bounded as ``n`` and ``m`` grow. From a copy's location
     the candidate with the second mean active is the first's mirrored (the same EM steps and points' mass, the
-    other bit's prior odds), not refined again. A sweep uses
+    other bit's prior odds), not refined again. *Splits*: from the ``splits`` first-mean locations of the largest
+    masses, both means start at the refined mean plus and minus the points' principal half-spread there (the
+    points weighted by that mean's responsibilities against the other mixtures), take the EM steps, and enter
+    with their mirror (the means swapped): a cluster that two means fit better than one, as a split-merge move
+    would split it, which EM from a copy (two equal means) never reaches. A sweep uses
     them on models of at least ``min_points`` points and proposes from the network alone below: on the GMM
     benchmark at scale, candidates at every size bought 2x the acceptance at ``n <= 240`` for 2-7x fewer
     sweeps and lost time there, and at ``n = 1000`` crossed the copy barrier where the network alone
@@ -319,6 +323,7 @@ class CandidateOptions(NamedTuple):
     em_steps: int = 1
     max_points: int = 128
     max_copies: int = 6
+    splits: int = 2
     min_points: int = 500
 
 
@@ -373,7 +378,7 @@ def pair_candidates(
     loc = np.ascontiguousarray(loc, dtype=np.float64)
     others = np.ascontiguousarray(others, dtype=np.float64).reshape(-1, dim)
     components, count = loc.shape[0], others.shape[0]
-    most = 1 + 2 * (components + count) + components + 2 * count
+    most = _most_candidates(components, count, int(options.splits))
     bits, means = np.empty((most, 2), dtype=np.int64), np.empty((most, 2 * dim))
     log_sd, weights = np.empty((most, 2)), np.empty(most)
     min_log_w = math.log(options.min_weight) if options.min_weight > 0 else -math.inf
@@ -381,9 +386,15 @@ def pair_candidates(
         points, np.ascontiguousarray(rest, dtype=np.float64), max(1, -(-n // options.max_points)), float(rest_count),
         float(log_odds[0]), float(log_odds[1]), float(prior_precision), np.ascontiguousarray(log_w, dtype=np.float64),
         loc, others, count, min_log_w, float(options.merge_distance) ** 2, int(options.em_steps),
-        int(options.max_copies), bits, means, log_sd, weights, np.empty(dim), np.empty(dim),
+        int(options.max_copies), int(options.splits), bits, means, log_sd, weights, np.empty(dim), np.empty(dim),
     )  # fmt: skip
     return bits[:size], means[:size], log_sd[:size], weights[:size]
+
+
+def _most_candidates(components: int, others: int, splits: int) -> int:
+    """The most candidates a pair builds (:func:`_build_candidates`) from ``components`` network components, ``others``
+    other active mixtures and ``splits`` split locations."""
+    return 1 + 2 * (components + others) + components + 2 * others + 2 * min(splits, components + others)
 
 
 # ---------------------------------------------------------------------------------------------- compiled
@@ -850,9 +861,65 @@ def _mirror_candidate(source, slot, dim, odds_i, odds_j, c_bits, c_mean, c_log_s
 
 
 @_compiled
+def _split_starts(points, rest, stride, center, start_i, start_j):
+    """A split's starting means: ``center`` plus and minus the principal half-spread of the points it explains.
+
+    The points (every ``stride``-th) are weighted by the responsibility of a mean at ``center`` against ``rest``;
+    the half-spread is ``sqrt(2 lambda / pi)`` along the leading eigenvector (``lambda`` its eigenvalue, by power
+    iteration): the means of a Gaussian's two halves. Returns False where the mean explains no point.
+    """
+    n, dim = points.shape
+    weight = 0.0
+    cov = np.zeros((dim, dim))
+    for j in range(0, n, stride):
+        a = _half_sq_distance(points[j], center)
+        r = rest[j]
+        if r > -math.inf and a < r - _NEGLIGIBLE:
+            continue
+        resp = 1.0 / (1.0 + math.exp(r - a)) if r > -math.inf else 1.0
+        weight += resp
+        for d in range(dim):
+            for e in range(dim):
+                cov[d, e] += resp * (points[j, d] - center[d]) * (points[j, e] - center[e])
+    if not weight > 0.0:
+        return False
+    axis = np.full(dim, 1.0 / math.sqrt(dim))
+    nxt = np.empty(dim)
+    value = 0.0
+    for _ in range(20):
+        value = 0.0
+        for d in range(dim):
+            acc = 0.0
+            for e in range(dim):
+                acc += cov[d, e] * axis[e]
+            nxt[d] = acc / weight
+            value += nxt[d] * nxt[d]
+        value = math.sqrt(value)
+        if not value > 0.0:
+            return False
+        for d in range(dim):
+            axis[d] = nxt[d] / value
+    half = math.sqrt(2.0 * value / math.pi)
+    for d in range(dim):
+        start_i[d] = center[d] + half * axis[d]
+        start_j[d] = center[d] - half * axis[d]
+    return True
+
+
+@_compiled
+def _mirror_split(source, slot, dim, c_bits, c_mean, c_log_sd, c_log_w):
+    """Candidate ``slot``: the both-active candidate ``source`` with its means swapped (the same mass)."""
+    c_bits[slot, 0], c_bits[slot, 1] = c_bits[source, 0], c_bits[source, 1]
+    for d in range(dim):
+        c_mean[slot, d], c_mean[slot, dim + d] = c_mean[source, dim + d], c_mean[source, d]
+    c_log_sd[slot, 0], c_log_sd[slot, 1] = c_log_sd[source, 1], c_log_sd[source, 0]
+    c_log_w[slot] = c_log_w[source]
+
+
+@_compiled
 def _build_candidates(
     points, rest, stride, rest_count, odds_i, odds_j, pp, log_w, loc, others, n_others, min_log_w, merge2, steps,
-    max_copies, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+    max_copies, max_splits, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
 ):  # fmt: skip
     """A pair's candidates (:class:`CandidateOptions`) into the ``c_*`` arrays; returns their number."""
     dim = points.shape[1]
@@ -921,6 +988,21 @@ def _build_candidates(
         _add_candidate(slot, 1, 1, others[copies[t]], loc[top, dim:], *args)
         _add_candidate(slot + 1, 1, 1, loc[top, :dim], others[copies[t]], *args)
         slot += 2
+    done = np.zeros(single, dtype=np.bool_)  # splits: from the first mean's refined locations of the largest masses
+    start_i = np.empty(dim)
+    start_j = np.empty(dim)
+    for _ in range(min(max_splits, single)):
+        pick = -1
+        for t in range(single):
+            if not done[t] and c_log_w[1 + t] > -math.inf and (pick < 0 or c_log_w[1 + t] > c_log_w[1 + pick]):
+                pick = t
+        if pick < 0:
+            break
+        done[pick] = True
+        if _split_starts(points, rest, stride, c_mean[1 + pick, :dim], start_i, start_j):
+            _add_candidate(slot, 1, 1, start_i, start_j, *args)
+            _mirror_split(slot, slot + 1, dim, c_bits, c_mean, c_log_sd, c_log_w)
+            slot += 2
     best = -math.inf
     for c in range(slot):
         best = max(best, c_log_w[c])
@@ -976,7 +1058,7 @@ def _mixture_pairs(
     state, slots, valid, decide, mean_ids, active_ids, pairs, block_ids, points, center, sigma, tau, log_odds, psi,
     phi1_w, phi1_b, phi2_w, phi2_b, score_w, score_b, trunk_w0, trunk_b0, trunk_w1, trunk_b1, layers,
     mix_w, mix_b, disc_w, disc_b, loc_w, loc_b, scale_w, scale_b, groups, comp_u, bit_u, normals, log_u, beta,
-    use_cand, net_share, min_log_w, merge2, em_steps, max_points, max_copies, choice, reuse, cache,
+    use_cand, net_share, min_log_w, merge2, em_steps, max_points, max_copies, max_splits, choice, reuse, cache,
     use_screen, radius2, log_attempt, screen_u, screened,
     accepted, nonfinite, log_alpha_out, proposed_out, computed,
 ):  # fmt: skip
@@ -1065,7 +1147,7 @@ def _mixture_pairs(
     pp = (sigma / tau) ** 2  # the means' prior precision, whitened
     stride = max(1, -(-n // max_points))  # the candidates read every stride-th point
     others = np.empty((m, dim))
-    most = 1 + 2 * (n_comp + m) + n_comp + 2 * m
+    most = 1 + 2 * (n_comp + m) + n_comp + 2 * m + 2 * min(max_splits, n_comp + m)  # (_most_candidates)
     c_bits = np.empty((most, 2), dtype=np.int64)
     c_mean = np.empty((most, 2 * dim))
     c_log_sd = np.empty((most, 2))
@@ -1285,7 +1367,8 @@ def _mixture_pairs(
                             n_others += 1
                     n_cand = _build_candidates(
                         points, rest, stride, rest_count, log_odds[pi], log_odds[pj], pp, log_w, loc, others, n_others,
-                        min_log_w, merge2, em_steps, max_copies, c_bits, c_mean, c_log_sd, c_log_w, acc_i, acc_j,
+                        min_log_w, merge2, em_steps, max_copies, max_splits, c_bits, c_mean, c_log_sd, c_log_w, acc_i,
+                        acc_j,
                     )  # fmt: skip
                 computed[k] += 1
                 if shared >= 0:
@@ -1437,14 +1520,16 @@ def mixture_pair_sweep(
             and candidates.merge_distance >= 0.0
             and candidates.max_points >= 1
             and candidates.max_copies >= 0
+            and candidates.splits >= 0
         ):
             raise ValueError(f"candidate options out of range: {candidates}")
         choice = draws.choice.to(torch.float64).contiguous().numpy()
         min_log_w = math.log(candidates.min_weight) if candidates.min_weight > 0 else -math.inf
         options: tuple[Any, ...] = (True, float(candidates.share), min_log_w, float(candidates.merge_distance) ** 2)
-        options += (int(candidates.em_steps), int(candidates.max_points), int(candidates.max_copies), choice)
+        options += (int(candidates.em_steps), int(candidates.max_points), int(candidates.max_copies))
+        options += (int(candidates.splits), choice)
     if candidates is None or layout.values.shape[0] < candidates.min_points:
-        options = (False, 0.5, 0.0, 0.0, 1, 1, 0, np.zeros((1, 1, 2)))
+        options = (False, 0.5, 0.0, 0.0, 1, 1, 0, 0, np.zeros((1, 1, 2)))
     screening: tuple[Any, ...] = (False, 0.0, 0.0, np.zeros((1, 1)))
     if screen is not None:
         if draws.screen is None:
