@@ -35,7 +35,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ from neuralblock.kernels.base import GraphKernel  # noqa: E402
 from neuralblock.kernels.split_merge import SplitMergeGMM  # noqa: E402
 from neuralblock.proposals import NeuralBlockProposal  # noqa: E402
 
-__all__ = ["main", "ratio_summary"]
+__all__ = ["main", "ratio_summary", "run_held_out", "summary_lines"]
 
 SAMPLERS = ("split-merge", "NB", "Gibbs only")
 SETTINGS = ("walk", "informed")
@@ -95,6 +95,26 @@ def ratio_summary(ratios: Sequence[float | None]) -> dict[str, Any]:
         "above_1": sum(r > 1 for r in finite),
         "missing": len(ratios) - len(finite),
     }
+
+
+def summary_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """The markdown table of the :func:`ratio_summary` of each ratio over the cases (after a blank line).
+
+    Example:
+        >>> summary_lines({"NB / SM": ratio_summary([0.5])})[-1]
+        '| NB / SM | 0.500 | 0.500 | 1 | 0 | 0 |'
+    """
+    lines = [
+        "",
+        "| ratio over the cases | geometric mean | median | cases | above 1 | missing |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in summary.items():
+        lines.append(
+            f"| {name} | {cell(row['geometric_mean'], '.3f')} | {cell(row['median'], '.3f')} | {row['cases']} | "
+            f"{row['above_1']} | {row['missing']} |"
+        )
+    return lines
 
 
 def run_case(args: argparse.Namespace, proposal: NeuralBlockProposal, m: int, n: int, family: str, seed: int) -> dict:
@@ -135,6 +155,25 @@ def run_case(args: argparse.Namespace, proposal: NeuralBlockProposal, m: int, n:
     }
 
 
+def run_held_out(args: argparse.Namespace, case_runner: Callable[..., dict], keys: Sequence[str]) -> dict[str, Any]:
+    """Run ``case_runner(args, proposal, m, n, family, seed)`` on every held-out case of ``args`` (the shipped
+    ``gmm_pair_copies`` proposal, one torch thread); the cases, each ratio's :func:`ratio_summary` and ``keys`` of
+    ``args``."""
+    torch.set_num_threads(1)
+    proposal, _ = load_gmm_proposal("gmm_pair_copies", quick=False)
+    warm_up(proposal, args.chains)
+    plan = [(m, n, family, seed) for seed in args.seeds for m, n in args.sizes for family in args.families]
+    cases = [case_runner(args, proposal, *case) for case in tqdm(plan, desc="cases", disable=args.quick)]
+    return {
+        "cases": cases,
+        "summary": {name: ratio_summary([case["ratios"][name] for case in cases]) for name in cases[0]["ratios"]},
+        **{key: getattr(args, key) for key in keys},
+        "sizes": [f"{m}x{n}" for m, n in args.sizes],
+        "families": args.families,
+        "load_average": list(os.getloadavg()),
+    }
+
+
 def _markdown(result: dict[str, Any]) -> str:
     labels = [f"{s} ({setting})" for s in SAMPLERS for setting in SETTINGS]
     lines = [
@@ -156,17 +195,7 @@ def _markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {case['m']}x{case['n']} | {case['family']} | {case['seed']} | " + " | ".join(times + ratios) + " |"
         )
-    lines += [
-        "",
-        "| ratio over the cases | geometric mean | median | cases | above 1 | missing |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, row in result["summary"].items():
-        lines.append(
-            f"| {name} | {cell(row['geometric_mean'], '.3f')} | {cell(row['median'], '.3f')} | {row['cases']} | "
-            f"{row['above_1']} | {row['missing']} |"
-        )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + summary_lines(result["summary"])) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -183,20 +212,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.families, args.chains, args.seconds = [(8, 60)], ["model"], 2, 0.2
-    torch.set_num_threads(1)
-    proposal, _ = load_gmm_proposal("gmm_pair_copies", quick=False)
-    warm_up(proposal, args.chains)
-    plan = [(m, n, family, seed) for seed in args.seeds for m, n in args.sizes for family in args.families]
-    cases = [run_case(args, proposal, *case) for case in tqdm(plan, desc="cases", disable=args.quick)]
-    names = list(cases[0]["ratios"])
-    result: dict[str, Any] = {
-        "cases": cases,
-        "summary": {name: ratio_summary([case["ratios"][name] for case in cases]) for name in names},
-        **{key: getattr(args, key) for key in ("seeds", "chains", "seconds", "max_seconds", "quick")},
-        "sizes": [f"{m}x{n}" for m, n in args.sizes],
-        "families": args.families,
-        "load_average": list(os.getloadavg()),
-    }
+    result = run_held_out(args, run_case, ("seeds", "chains", "seconds", "max_seconds", "quick"))
     write_results(args.out, "gmm_mean_moves", result, _markdown(result))
     return result
 

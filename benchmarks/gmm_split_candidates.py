@@ -33,21 +33,17 @@ It writes ``gmm_split_candidates.json`` and ``gmm_split_candidates.md`` into ``-
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-from tqdm import tqdm
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fused_blocks import cell, write_results  # noqa: E402
-from gmm_mean_moves import ratio_summary  # noqa: E402
+from gmm_mean_moves import run_held_out, summary_lines  # noqa: E402
 from gmm_pair_step import parse_size  # noqa: E402
 
 from experiments.common import lower_median  # noqa: E402
@@ -55,10 +51,8 @@ from experiments.gmm_models import GMM_FAMILIES, chain_traces, family_gmm, first
 from experiments.gmm_scale import (  # noqa: E402
     case_starts,
     last_part_mean,
-    load_gmm_proposal,
     run_seconds,
     time_ratio,
-    warm_up,
 )
 from experiments.gmm_study import censored_lower_median  # noqa: E402
 from neuralblock import NeuralBlockKernel  # noqa: E402
@@ -146,17 +140,7 @@ def _markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {case['m']}x{case['n']} | {case['family']} | {case['seed']} | " + " | ".join(times + ratios) + " |"
         )
-    lines += [
-        "",
-        "| ratio over the cases | geometric mean | median | cases | above 1 | missing |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, row in result["summary"].items():
-        lines.append(
-            f"| {name} | {cell(row['geometric_mean'], '.3f')} | {cell(row['median'], '.3f')} | {row['cases']} | "
-            f"{row['above_1']} | {row['missing']} |"
-        )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + summary_lines(result["summary"])) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -174,20 +158,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.families, args.seeds, args.chains, args.seconds = [(8, 500)], ["model"], [106], 2, 0.3
-    torch.set_num_threads(1)
-    proposal, _ = load_gmm_proposal("gmm_pair_copies", quick=False)
-    warm_up(proposal, args.chains)
-    plan = [(m, n, family, seed) for seed in args.seeds for m, n in args.sizes for family in args.families]
-    cases = [run_case(args, proposal, *case) for case in tqdm(plan, desc="cases", disable=args.quick)]
-    names = list(cases[0]["ratios"])
-    result: dict[str, Any] = {
-        "cases": cases,
-        "summary": {name: ratio_summary([case["ratios"][name] for case in cases]) for name in names},
-        **{key: getattr(args, key) for key in ("seeds", "chains", "repeats", "seconds", "max_seconds", "quick")},
-        "sizes": [f"{m}x{n}" for m, n in args.sizes],
-        "families": args.families,
-        "load_average": list(os.getloadavg()),
-    }
+    result = run_held_out(args, run_case, ("seeds", "chains", "repeats", "seconds", "max_seconds", "quick"))
     write_results(args.out, "gmm_split_candidates", result, _markdown(result))
     return result
 
