@@ -369,8 +369,8 @@ def pair_candidates(
         >>> points = np.array([[0.0, 0.0], [0.2, 0.1], [5.0, 5.0]])
         >>> bits, means, log_sd, log_w = pair_candidates(
         ...     points, np.full(3, -np.inf), 0.0, (0.0, 0.0), 0.04, np.zeros(1), np.zeros((1, 4)), np.zeros((0, 2)))
-        >>> bits.shape, round(float(np.exp(log_w).sum()), 6)  # (0,0), (1,0), (0,1), (1,1) from one component
-        ((4, 2), 1.0)
+        >>> bits.shape, round(float(np.exp(log_w).sum()), 6)  # (0,0), (1,0), (0,1), (1,1), a split and its mirror
+        ((6, 2), 1.0)
     """
     options = CandidateOptions() if options is None else options
     points = np.ascontiguousarray(points, dtype=np.float64)
