@@ -37,6 +37,7 @@ from neuralblock.kernels.jit_mixture import (
     _point_sums,
     _rest_log_sum,
     _silu,
+    _split_starts,
     _token_outputs,
     draw_pairs,
     mixture_pair_sweep,
@@ -325,6 +326,22 @@ def test_split_candidates_fit_a_cluster_two_means_explain_better_than_one() -> N
     mirrored = np.concatenate([split[2:], split[:2]])
     others, _ = found[0]
     assert np.abs(others - split).max(1).min() > 0.2 and np.abs(others - mirrored).max(1).min() > 0.2  # not otherwise
+
+
+def test_split_starts_lie_along_the_clusters_long_axis_also_when_it_is_the_anti_diagonal() -> None:
+    # integer points, symmetric under swapping the coordinates: the covariance is [[a, c], [c, a]] exactly, c < 0, so
+    # (1, 1) is exactly its minor eigenvector (a power iteration from there stays there); the split must go along
+    # (1, -1), by sqrt(2 lambda / pi) either side
+    t, s = np.meshgrid(np.arange(-3.0, 4.0), np.arange(-1.0, 2.0))
+    points = np.stack([t.ravel() + s.ravel(), s.ravel() - t.ravel()], 1)
+    start_i, start_j = np.empty(2), np.empty(2)
+    assert _split_starts(points, np.full(len(points), -np.inf), 1, np.zeros(2), start_i, start_j)
+    cov = points.T @ points / len(points)
+    values, vectors = np.linalg.eigh(cov)
+    offset = (start_i - start_j) / 2
+    assert abs(abs(offset @ vectors[:, 1]) - math.sqrt(2 * values[1] / math.pi)) < 1e-9
+    assert abs(offset @ vectors[:, 0]) < 1e-9
+    assert np.allclose(start_i + start_j, 0.0)
 
 
 def test_models_below_min_points_propose_from_the_network_alone() -> None:

@@ -391,13 +391,14 @@ def pair_candidates(
     return bits[:size], means[:size], log_sd[:size], weights[:size]
 
 
-def _most_candidates(components: int, others: int, splits: int) -> int:
+# ---------------------------------------------------------------------------------------------- compiled
+@_compiled
+def _most_candidates(components, others, splits):
     """The most candidates a pair builds (:func:`_build_candidates`) from ``components`` network components, ``others``
-    other active mixtures and ``splits`` split locations."""
+    other mixtures and ``splits`` split locations."""
     return 1 + 2 * (components + others) + components + 2 * others + 2 * min(splits, components + others)
 
 
-# ---------------------------------------------------------------------------------------------- compiled
 @_compiled
 def _exp32(x, out, powers, sign):
     """``out[:size] = exp(sign * x[:size])`` over float32 vectors (``size = len(x)``), by a float32 ``exp`` whose
@@ -866,7 +867,8 @@ def _split_starts(points, rest, stride, center, start_i, start_j):
 
     The points (every ``stride``-th) are weighted by the responsibility of a mean at ``center`` against ``rest``;
     the half-spread is ``sqrt(2 lambda / pi)`` along the leading eigenvector (``lambda`` its eigenvalue, by power
-    iteration): the means of a Gaussian's two halves. Returns False where the mean explains no point.
+    iteration from the coordinate axis of the covariance's longest column): the means of a Gaussian's two halves.
+    Returns False where the mean explains no point.
     """
     n, dim = points.shape
     weight = 0.0
@@ -883,7 +885,15 @@ def _split_starts(points, rest, stride, center, start_i, start_j):
                 cov[d, e] += resp * (points[j, d] - center[d]) * (points[j, e] - center[e])
     if not weight > 0.0:
         return False
-    axis = np.full(dim, 1.0 / math.sqrt(dim))
+    axis = np.zeros(dim)  # the longest column's axis: in 2 D never orthogonal to the leading eigenvector (if unequal)
+    longest, top = 0, -1.0
+    for e in range(dim):
+        size = 0.0
+        for d in range(dim):
+            size += cov[d, e] * cov[d, e]
+        if size > top:
+            longest, top = e, size
+    axis[longest] = 1.0
     nxt = np.empty(dim)
     value = 0.0
     for _ in range(20):
@@ -1147,7 +1157,7 @@ def _mixture_pairs(
     pp = (sigma / tau) ** 2  # the means' prior precision, whitened
     stride = max(1, -(-n // max_points))  # the candidates read every stride-th point
     others = np.empty((m, dim))
-    most = 1 + 2 * (n_comp + m) + n_comp + 2 * m + 2 * min(max_splits, n_comp + m)  # (_most_candidates)
+    most = _most_candidates(n_comp, m, max_splits)
     c_bits = np.empty((most, 2), dtype=np.int64)
     c_mean = np.empty((most, 2 * dim))
     c_log_sd = np.empty((most, 2))
