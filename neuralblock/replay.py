@@ -51,6 +51,7 @@ __all__ = [
     "copy_graph",
     "fast_call",
     "fast_targets",
+    "record_graph",
     "recording_failure",
     "simplify_graph",
 ]
@@ -360,6 +361,27 @@ def _fold_constants(gm: Any) -> None:
         node.replace_all_uses_with(const)
 
 
+def record_graph(fn: Callable[..., Any], *inputs: Tensor) -> Any:
+    """``make_fx(fn)(*inputs)``: the ``aten`` graph of ``fn`` at ``inputs``, with one fake-tensor mode for its metadata.
+
+    ``make_fx`` stores each node's shape and dtype as a fake tensor; outside a tracing context it makes a
+    new fake-tensor mode per node, and each mode records the Python stack where it was made. Under Pyro's
+    MCMC (a stack of 60-100 frames) that was over half of every trace's time (the README's compound
+    example: 9.5 of 17 s); one mode shared by the whole trace records it once and gives the same graph.
+
+    Example:
+        >>> gm = record_graph(lambda x: torch.sin(x) * 2.0, torch.zeros(3))
+        >>> [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        ['aten.sin.default', 'aten.mul.Tensor']
+    """
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
+        return make_fx(fn)(*inputs)
+
+
 def copy_graph(gm: Any) -> Any:
     """A deep copy of a traced graph module that shares its constant tensors no op writes to.
 
@@ -665,13 +687,11 @@ class ReplayedFunction:
     def _trace(
         self, key: tuple, tensors: tuple[Tensor, ...], want: tuple[Tensor, ...]
     ) -> Callable[..., tuple[Tensor, ...]] | None:
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         inputs = [t.detach() for t in tensors]
         _RECORDING.append(self)  # replayed functions called inside record their own operations into this graph
         try:
             with torch.no_grad():
-                gm = make_fx(lambda *t: _as_tuple(self.fn(*t)))(*inputs)
+                gm = record_graph(lambda *t: _as_tuple(self.fn(*t)), *inputs)
         finally:
             _RECORDING.pop()
         simplify_graph(gm, no_grad=True)  # replays run under torch.no_grad (see __call__)

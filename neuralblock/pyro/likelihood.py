@@ -53,6 +53,7 @@ from neuralblock.replay import (
     copy_graph,
     fast_call,
     fast_targets,
+    record_graph,
     recording_failure,
     simplify_graph,
 )
@@ -196,20 +197,18 @@ class DirectPath:
         with_global: bool,
         points: int | None,
     ) -> Callable[..., tuple[Tensor, Tensor]]:
-        from torch.fx.experimental.proxy_tensor import make_fx
-
         n = self.evaluator.num_sections
         inputs = [v.detach() for v in (*b_vals, *s_vals)]
         if size is None:  # all sections: one ordinary run
-            gm = make_fx(self._function(b_names, s_names, with_global, points, True))(*inputs)
+            gm = record_graph(self._function(b_names, s_names, with_global, points, True), *inputs)
             simplify_graph(gm)
         elif not self.plain:
             idx = _some_sections(n, size)
-            gm = make_fx(self._function(b_names, s_names, with_global, points, False))(*inputs, idx)
+            gm = record_graph(self._function(b_names, s_names, with_global, points, False), *inputs, idx)
             simplify_graph(gm)
         else:  # trace at full size, then re-index every data-sized input by the placeholder idx
             fn = self._function(b_names, s_names, with_global, points, True)
-            gm = make_fx(lambda *t: fn(*t[:-1]))(*inputs, torch.arange(n))
+            gm = record_graph(lambda *t: fn(*t[:-1]), *inputs, torch.arange(n))
             simplify_graph(gm)
             _subsample(gm, n, size, skip=len(b_vals))
         plain = copy_graph(gm)
