@@ -266,3 +266,25 @@ def test_a_block_listing_a_variable_twice_does_not_fool_the_all_conflict_shortcu
     classes = fg.color_blocks(torch.tensor([[a, a], [b, -1], [d, -1]]))  # a path a-b .. d: two colours suffice
     assert sorted(len(c) for c in classes) in ([1, 2], [3])
     assert len(classes) <= 2
+
+
+def test_check_assignment_checks_every_chain_of_a_batch_and_names_the_offending_one() -> None:
+    fg = FactorGraph()
+    fg.add_variable("a", 3)
+    fg.add_variable("rate", support=constraints.positive)
+    fg.add_variable("seen", 2)
+    fg.set_evidence({"seen": 1})
+    good = torch.tensor([[2.0, 0.5, 1.0], [0.0, 3.0, 1.0 + 1e-9]])
+    checked = fg.check_assignment(good)
+    assert torch.equal(checked, torch.stack([fg.check_assignment(row) for row in good]))
+    assert checked[:, 2].tolist() == [1.0, 1.0]  # the evidence itself, not its float rounding
+    with pytest.raises(ValueError, match=r"initial value 1.5 of discrete variable 'a' is not in 0..2 \(chain 1\)"):
+        fg.check_assignment(torch.tensor([[2.0, 0.5, 1.0], [1.5, 0.5, 1.0]]))
+    with pytest.raises(ValueError, match=r"initial value -1 of 'rate' is outside its support \(chain 2\)"):
+        fg.check_assignment(torch.tensor([[2.0, 0.5, 1.0], [1.0, 0.5, 1.0], [1.0, -1.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"observed variable 'seen' differs from its evidence 1 \(chain 0\)"):
+        fg.check_assignment(torch.tensor([[2.0, 0.5, 0.0], [1.0, 0.5, 1.0]]))
+    with pytest.raises(ValueError, match=r"outside its support$"):  # one state: no chain named
+        fg.check_assignment(torch.tensor([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match="one per chain"):
+        fg.check_assignment(torch.zeros(2, 2, 3))

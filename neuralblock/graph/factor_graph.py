@@ -437,14 +437,14 @@ class FactorGraph:
         return state
 
     def check_assignment(self, state: Tensor) -> Tensor:
-        """Validate one state ``[n]`` a chain may start from, and return it as :meth:`check_state` does.
+        """Validate the start ``[n]`` of a chain (or ``[K, n]``, one per chain); return it as :meth:`check_state` does.
 
         Beyond :meth:`check_state`: discrete values are whole numbers in ``0..k-1``,
         continuous values lie in their supports, observed variables hold their evidence.
-        It runs once per chain (at ``setup``), not per transition.
+        It runs once per run (at ``setup``), not per transition; the chains are checked together.
 
         Raises:
-            ValueError: naming the first offending variable.
+            ValueError: naming the first offending variable (and, for ``[K, n]``, its chain).
 
         Example:
             >>> fg = FactorGraph()
@@ -455,27 +455,51 @@ class FactorGraph:
             Traceback (most recent call last):
             ...
             ValueError: initial value 0.5 of discrete variable 'a' is not in 0..1
+            >>> fg.check_assignment(torch.tensor([[1.0], [2.0]]))
+            Traceback (most recent call last):
+            ...
+            ValueError: initial value 2 of discrete variable 'a' is not in 0..1 (chain 1)
         """
         state = self.check_state(state)
-        if state.dim() != 1:
-            raise ValueError(f"expected one state [{self.num_variables}], got shape {tuple(state.shape)}")
-        discrete = self._check_domains(state, "initial value")
+        if state.dim() not in (1, 2):
+            raise ValueError(f"expected a state [{self.num_variables}] or one per chain [K, {self.num_variables}], "
+                             f"got shape {tuple(state.shape)}")  # fmt: skip
+        rows = state.reshape(-1, self.num_variables)
+
+        def chain(row: int) -> str:
+            return f" (chain {row})" if state.dim() == 2 else ""
+
+        try:
+            discrete = self._check_domains(rows, "initial value")
+        except ValueError as err:
+            bad = ~self._domain_ok(rows)
+            raise ValueError(f"{err}{chain(int(bad.any(1).nonzero()[0]))}") from None
         for v in (~discrete).nonzero().flatten().tolist():
-            if not bool(self._supports[v].check(state[v])):
-                raise ValueError(f"initial value {float(state[v]):g} of {self.names[v]!r} is outside its support")
+            inside = self._supports[v].check(rows[:, v])
+            if not bool(inside.all()):
+                row = int((~inside).nonzero()[0])
+                raise ValueError(
+                    f"initial value {float(rows[row, v]):g} of {self.names[v]!r} is outside its support{chain(row)}"
+                )
         if self.evidence:  # up to float32 rounding (a state cast to float64), then exactly the evidence
             ids = torch.tensor(list(self.evidence), dtype=torch.long)
             observed = torch.tensor(list(self.evidence.values()), dtype=torch.float64)
-            wrong = (state[ids].double() - observed).abs() > 1e-6 * (1.0 + observed.abs())
+            wrong = (rows[:, ids].double() - observed).abs() > 1e-6 * (1.0 + observed.abs())
             if wrong.any():
-                v = int(ids[wrong][0])
+                row, column = (int(i) for i in wrong.nonzero()[0])
+                v = int(ids[column])
                 raise ValueError(
-                    f"initial value {float(state[v]):g} of observed variable {self.names[v]!r} differs from its "
-                    f"evidence {self.evidence[v]:g}"
+                    f"initial value {float(rows[row, v]):g} of observed variable {self.names[v]!r} differs from its "
+                    f"evidence {self.evidence[v]:g}{chain(row)}"
                 )
-            state = state.clone()
-            state[ids] = observed.to(state.dtype)
-        return state
+            rows = rows.clone()
+            rows[:, ids] = observed.to(rows.dtype)
+        return rows.reshape(state.shape)
+
+    def _domain_ok(self, state: Tensor) -> Tensor:
+        """Per entry of ``state [..., n]``: not a discrete variable, or a whole number in its domain."""
+        cards = self.cardinalities.to(state.dtype)
+        return (cards <= 0) | ((state == state.round()) & (state >= 0) & (state < cards))
 
     def _check_domains(self, state: Tensor, what: str) -> Tensor:
         """Raise unless every discrete value of ``state [..., n]`` is a whole number in its domain.
@@ -483,9 +507,8 @@ class FactorGraph:
         Returns the discrete-variable mask ``[n]``. Table lookups are flat gathers: a value
         out of its domain would read another entry (or another factor's table) silently.
         """
-        cards = self.cardinalities.to(state.dtype)
-        discrete = cards > 0
-        bad = discrete & ((state != state.round()) | (state < 0) | (state >= cards))
+        discrete = self.cardinalities > 0
+        bad = ~self._domain_ok(state)
         if bad.any():
             where = bad.nonzero()[0]
             v = int(where[-1])

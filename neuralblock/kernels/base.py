@@ -262,11 +262,8 @@ class GraphKernel(MCMCKernel):
         """Called at the end of :meth:`setup` with every chain's start (default: nothing); one-off work goes here."""
 
     def _checked_start(self, state: Tensor) -> Tensor:
-        """A user's start, each chain's row checked by :meth:`FactorGraph.check_assignment`."""
-        fg = self._graph()
-        if state.dim() == 1:
-            return fg.check_assignment(state.cpu()).to(self.device)
-        return torch.stack([fg.check_assignment(row) for row in state.cpu()]).to(self.device)
+        """A user's start (``[n]`` or ``[K, n]``), checked by :meth:`FactorGraph.check_assignment`."""
+        return self._graph().check_assignment(state.cpu()).to(self.device)
 
     def _valid_start(self, state: Tensor) -> Tensor:
         """Repair chains that start at zero or NaN density; raise if no start of positive density is found.
