@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from neuralblock.kernels import RandomWalkMH
-from neuralblock.replay import FusedPotential, ReplayedFunction
+from neuralblock.replay import FusedPotential, ReplayedFunction, record_graph
 
 
 def counted(fn):
@@ -351,3 +351,33 @@ def test_a_constant_written_in_place_is_not_taken_as_neutral() -> None:
     gm = make_fx(fn)(torch.ones(3))
     simplify_graph(gm)
     assert any(str(node.target).startswith("aten.sub") for node in gm.graph.nodes)
+
+
+def test_record_graph_is_make_fx_with_one_fake_tensor_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same graph as make_fx; one fake-tensor mode for its metadata, not one per node (each records the stack)."""
+    from torch._subclasses import fake_tensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        for _ in range(20):
+            x = torch.tanh(x @ w) + x.sum(-1, keepdim=True)
+        return x
+
+    x, w = torch.randn(4, 3), torch.randn(3, 3)
+    plain = make_fx(fn)(x, w)
+    made = []
+    original = fake_tensor.FakeTensorMode.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(fake_tensor.FakeTensorMode, "__init__", counting_init)
+    gm = record_graph(fn, x, w)
+    assert len(made) == 1  # make_fx alone makes one per recorded tensor (over 60 here)
+    assert [str(n.target) for n in gm.graph.nodes] == [str(n.target) for n in plain.graph.nodes]
+    assert all("val" in n.meta for n in gm.graph.nodes if n.op == "call_function")
+    assert torch.equal(gm(x, w), fn(x, w))
+    made.clear()
+    make_fx(fn)(x, w)
+    assert len(made) > 60  # make_fx alone: a mode per recorded tensor, what the shared one saves
