@@ -12,7 +12,7 @@ into a :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel`:
 Values are returned as floats (discrete values are whole numbers). Kernels work in
 the constrained space, so ``transforms`` is empty.
 
-**Vectorized chains.** Kernels that support it (``GibbsKernel``, ``NeuralBlockKernel``) take
+**Vectorized chains.** Kernels that support it (``GibbsKernel``, ``NeuralBlockKernel``, ``RandomWalkMH``, ...) take
 ``chains=K``: K independent chains share one state tensor ``[K, n]`` and every update is
 batched over them. Each sample site then carries a leading chain dimension
 (``get_samples()["x"]`` is ``[S, K, n]``); with ``chains=1`` (the default) sites keep their
@@ -354,13 +354,14 @@ class GraphKernel(MCMCKernel):
         """The state of a user's (or another sampler's) state site: shape, dtype and finiteness checked."""
         fg = self._graph()
         if self.batched_state:
+            given = tuple(x.shape)
             if x.dim() == 1 and self.chains == 1:
                 x = x.unsqueeze(0)
             if x.shape != (self.chains, fg.num_variables):
                 raise ValueError(
                     f"site {STATE_SITE!r} must have shape [{self.chains}, {fg.num_variables}] (chains, variables)"
                     + (f" or [{fg.num_variables}]" if self.chains == 1 else "")
-                    + f", got {tuple(x.shape)}"
+                    + f", got {given}"
                 )
         else:
             x = x.reshape(-1)

@@ -233,7 +233,23 @@ class RandomWalkMH(GraphKernel):
         step_size: initial unconstrained step size.
         target_accept: warmup adaptation target.
         adapt_step_size: whether to adapt during warmup.
+        chains: independent chains run as one ``[K, n]`` state (see
+            :mod:`neuralblock.kernels.base`); they share each variable's step size, which
+            adapts to their mean acceptance. The state stays on the CPU.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> from pyro.infer import MCMC
+        >>> def model():
+        ...     pyro.sample("mu", dist.Normal(0.0, 1.0))
+        >>> kernel = RandomWalkMH(model, chains=3)
+        >>> mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+        >>> mcmc.run()
+        >>> mcmc.get_samples()["mu"].shape  # [samples, chains]
+        torch.Size([5, 3])
     """
+
+    batched_state = True
 
     def __init__(
         self,
@@ -242,8 +258,9 @@ class RandomWalkMH(GraphKernel):
         step_size: float = 0.5,
         target_accept: float = 0.44,
         adapt_step_size: bool = True,
+        chains: int = 1,
     ) -> None:
-        super().__init__(model)
+        super().__init__(model, chains=chains)
         if not (_is_real(step_size) and math.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step_size must be a positive finite number, got {step_size!r}")
         if not (_is_real(target_accept) and 0.0 < target_accept < 1.0):
