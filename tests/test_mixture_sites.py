@@ -202,11 +202,12 @@ def test_single_site_sweeps_alone_keep_the_exact_posterior(
 ) -> None:
     # gibbs_prob = 1: every transition is a single-site sweep, compiled (with and without the informed mean
     # moves) or on the general path, without the copy-set moves; then the compiled sweep with them (the
-    # default); tolerances: see test_split_merge.Z_MAX
+    # default); tolerances: see test_split_merge.Z_MAX. The general path runs the 4 chains as one batched state.
     if not compiled:
         monkeypatch.setattr(MixtureSites, "of", classmethod(lambda cls, fg, informed=True: None))
     fg = gmm_graph(points, m, SIGMA, TAU, 0.5)
-    kernel = SplitMergeGMM(fg, gibbs_prob=1.0, copy_moves=copy_moves, informed_means=informed)
+    chains = 1 if compiled else 4
+    kernel = SplitMergeGMM(fg, gibbs_prob=1.0, copy_moves=copy_moves, informed_means=informed, chains=chains)
     terms = _posterior_terms(points, m, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), draws)
     assert (kernel.single_site.mixture_sites is not None) == compiled
