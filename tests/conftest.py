@@ -1,11 +1,56 @@
 """Shared fixtures: every test starts from a fixed seed."""
 
+import fcntl
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
 import pyro
 import pytest
 import torch
 
 # Kernels work on small tensors, where intra-op threads only add contention.
 torch.set_num_threads(1)
+
+
+def _compile_each_numba_function_once_across_workers() -> None:
+    """Under pytest-xdist, a worker compiles a cached Numba function (per signature) after any worker compiling it.
+
+    Numba's disk cache has no cross-process lock, so two workers reaching a function at once both compile it
+    (a minute for the compiled mixture sweeps). A file lock per function makes the second wait and then load
+    the first one's cache entry (``Dispatcher.compile`` reads the disk cache before compiling). The call graph
+    of compiled functions has no cycles, so nested locks cannot deadlock.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    try:
+        from numba.core import dispatcher
+        from numba.core.caching import NullCache
+    except ImportError:  # pragma: no cover - Numba is optional
+        return
+    original = dispatcher.Dispatcher.compile
+    held: set[str] = set()
+    locks = Path(tempfile.gettempdir()) / "neuralblock-numba-compile-locks"
+    locks.mkdir(exist_ok=True)
+
+    def compile_once(self: Any, sig: Any) -> Any:
+        key = f"{self.py_func.__module__}.{self.py_func.__qualname__}{sig}"
+        if isinstance(self._cache, NullCache) or key in held:
+            return original(self, sig)
+        with open(locks / hashlib.sha1(key.encode()).hexdigest(), "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held.add(key)
+            try:
+                return original(self, sig)
+            finally:
+                held.discard(key)
+
+    dispatcher.Dispatcher.compile = compile_once
+
+
+_compile_each_numba_function_once_across_workers()
 
 
 @pytest.fixture(autouse=True)
