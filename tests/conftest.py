@@ -33,10 +33,14 @@ def _compile_each_numba_function_once_across_workers() -> None:
     original = dispatcher.Dispatcher.compile
     held: set[str] = set()
     locks = Path(tempfile.gettempdir()) / "neuralblock-numba-compile-locks"
-    locks.mkdir(exist_ok=True)
+    try:
+        locks.mkdir(exist_ok=True)
+    except OSError:  # no shared temporary folder: workers compile as Numba does by itself
+        return
 
     def compile_once(self: Any, sig: Any) -> Any:
-        key = f"{self.py_func.__module__}.{self.py_func.__qualname__}{sig}"
+        code = self.py_func.__code__  # (the file path keeps other checkouts' sessions apart)
+        key = f"{code.co_filename}:{self.py_func.__qualname__}{sig}"
         if isinstance(self._cache, NullCache) or key in held:
             return original(self, sig)
         with open(locks / hashlib.sha1(key.encode()).hexdigest(), "w") as handle:
