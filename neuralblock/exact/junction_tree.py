@@ -455,8 +455,7 @@ class _Engine:
                 self.messages.pop(c, None)
                 cache.pop(c, None)
                 del delta
-            del sep_sums
-            del ops, child_msgs
+            del sep_sums, ops, child_msgs
 
 
 def _check_size(problem: _Problem, order: list[int], max_clique_states: int) -> None:
