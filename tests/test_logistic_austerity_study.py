@@ -57,7 +57,10 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
         assert len(rep["curve_seconds"]) == len(rep["mean_risk"]["exact MH"]) == 200
         assert rep["exact_mean_final_risk"] > 0 and rep["end_seconds"] > 0
     assert set(record["targets"]["time_fraction_of_exact_mean_risk"]) == {d["N"] for d in saved["datasets"][:2]}
-    # first-draw crossing times never exceed the checkpoint curves' (a checkpoint sees a draw at or before it)
+    # first-draw crossing times never exceed the checkpoint curves' (a checkpoint sees a draw at or before it). The
+    # saved curves carry 4 significant digits: an error of 0.10004 reads 0.1, so the curves' crossing is taken at
+    # 0.1 less that rounding (a clean-clone CI run read a checkpoint's rounded 0.1 at 0.39 s, the first draw below
+    # 0.1 came at 0.46 s)
     for d in saved["datasets"]:
         for run in d["runs"].values():
             timing = run["timing"]  # the harness's split: the clock counts setup (and NUTS warmup) before the draws
@@ -66,7 +69,7 @@ def test_logistic_austerity_quick_writes_outputs(tmp_path: Path) -> None:
             if not run["transitions"]:
                 continue
             curve = ErrorTrace(run["curves"]["seconds"], run["curves"]["mean_error"])
-            dense, coarse = run.get("seconds_to_0.1_sd"), first_time(curve, 0.1, for_good=False)
+            dense, coarse = run.get("seconds_to_0.1_sd"), first_time(curve, 0.1 * (1 - 1e-3), for_good=False)
             if coarse is not None:
                 assert dense is not None and dense <= coarse * (1 + 1e-3)
 
