@@ -191,3 +191,65 @@ def test_plain_plate_model_is_lazy_through_the_direct_path() -> None:
         warnings.simplefilter("error")  # no "not sublinear" warning: the direct path re-indexes the data
         log_lik = LogLikelihood(model)
     assert log_lik.evaluator.lazy and log_lik.evaluator.direct.plain
+
+
+def test_a_new_evaluator_reuses_the_graphs_of_the_same_model_and_data_and_no_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from neuralblock.pyro.likelihood import DirectPath, _sharing_key, shared_graphs
+
+    y = torch.randn(200, generator=torch.Generator().manual_seed(3))
+    scale = torch.tensor(1.5)
+
+    def noise() -> torch.Tensor:  # the model reads `scale` through a helper: its key cannot see it
+        return scale
+
+    def model(y: torch.Tensor, shift: float | list[float]) -> None:
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        offset = shift[0] if isinstance(shift, list) else shift
+        with pyro.plate("data", len(y)) as idx:
+            pyro.sample("y", dist.Normal(mu + offset, noise()), obs=y[idx])
+
+    built: list[None] = []
+    build = DirectPath._build
+
+    def counted(self: DirectPath, *args: object) -> object:
+        built.append(None)
+        return build(self, *args)
+
+    idx, params = torch.tensor([3, 7, 11]), {"mu": torch.tensor([0.0, 0.5])}
+
+    def new_traces(*args: object) -> int:
+        """How many graphs a new LogLikelihood traces for one evaluation (which must equal Pyro's terms)."""
+        before = len(built)
+        got = LogLikelihood(model, *args)(params, idx)
+        data, shift = args
+        offset = shift[0] if isinstance(shift, list) else shift
+        assert torch.allclose(got, dist.Normal(params["mu"][:, None] + offset, scale).log_prob(data[idx]))
+        return len(built) - before
+
+    shared_graphs(clear=True)
+    monkeypatch.setattr(DirectPath, "_build", counted)
+    try:
+        per_model = new_traces(y, 0.25)
+        assert per_model > 0 and shared_graphs() == per_model
+        assert new_traces(y, 0.25) == 0  # the same model and data: nothing traced again
+        assert new_traces(y, 0.5) == per_model  # another argument value
+        assert new_traces(y.clone(), 0.25) == per_model  # another data tensor
+        assert new_traces(y, [0.25]) == new_traces(y, [0.25]) == per_model  # a list can change unseen: never shared
+        y.mul_(2.0)  # changed in place: its version counter moved
+        assert new_traces(y, 0.25) == per_model
+        scale = torch.tensor(0.5)  # the same key, other terms: the reused graph fails the new evaluator's check
+        assert new_traces(y, 0.25) == per_model and new_traces(y, 0.25) == 0
+    finally:
+        shared_graphs(clear=True)
+
+    def direct(y: torch.Tensor) -> None:  # a tensor in the model's own closure is part of its key
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)) as idx:
+            pyro.sample("y", dist.Normal(mu, scale), obs=y[idx])
+
+    key = _sharing_key(LogLikelihood(direct, y).evaluator)
+    assert key is not None and key == _sharing_key(LogLikelihood(direct, y).evaluator)
+    scale = torch.tensor(2.0)
+    assert key != _sharing_key(LogLikelihood(direct, y).evaluator)

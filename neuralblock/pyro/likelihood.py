@@ -17,7 +17,10 @@ parameter values and index sets:
   dimension of the plate's size gets an ``index_select``), so it too costs O(k) per call;
 * every graph is checked against the Pyro run at a second parameter value and index set before
   it is used; a graph that disagrees (data-dependent Python control flow, randomness inside the
-  model) is not used, and the evaluator falls back to Pyro runs with a warning naming the reason.
+  model) is not used, and the evaluator falls back to Pyro runs with a warning naming the reason;
+* graphs are shared between evaluators of the same model on the same data (the same function and
+  argument objects, unmodified): a new kernel on a model that an earlier one compiled checks the
+  earlier graphs against its own Pyro runs instead of tracing them again (:func:`shared_graphs`).
 
 Subgraphs that do not depend on the inputs (prior constants, ``log σ`` of fixed scales, copies of
 constants) are folded once, and identity views are dropped, so a call does about the operations a
@@ -38,8 +41,9 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from pyro import poutine
@@ -58,11 +62,13 @@ from neuralblock.replay import (
     simplify_graph,
 )
 
-__all__ = ["CompileError", "DirectPath", "LogLikelihood", "bucket_size"]
+__all__ = ["CompileError", "DirectPath", "LogLikelihood", "bucket_size", "shared_graphs"]
 
 _MIN_BUCKET = 16
 _CHECK_RTOL, _CHECK_ATOL = 1e-4, 1e-4
 _BUILTIN_TYPES = ("builtin_function_or_method", "method_descriptor")
+_SHARED_MODELS = 4  # models (with their data) whose graphs are kept for new evaluators, least recently used dropped
+_SHARED_MAX_BYTES = 1 << 30  # a model whose data tensors take more is not kept (its graphs would hold them alive)
 
 
 class CompileError(ValueError):
@@ -78,6 +84,83 @@ def bucket_size(k: int, num_sections: int) -> int:
     """
     size = max(_MIN_BUCKET, 1 << max(k - 1, 0).bit_length())
     return k if size >= num_sections else size
+
+
+class _SharedGraphs(NamedTuple):
+    owners: tuple[Any, ...]  # the model and the objects its key names by id, kept alive so no other object takes an id
+    graphs: dict[tuple, Callable[..., tuple[Tensor, Tensor]]]
+
+
+_SHARED: OrderedDict[tuple, _SharedGraphs] = OrderedDict()
+
+
+def shared_graphs(clear: bool = False) -> int:
+    """How many graphs are kept for new evaluators (all of them dropped first with ``clear=True``).
+
+    A :class:`DirectPath` that needs a graph first looks for one built by an evaluator of the same
+    model on the same data: the same model function, the same argument objects (tensors, or ``None``,
+    numbers and strings) unmodified since (their version counters), the same tensors in the model's
+    globals and closure, the same plate, local dims and input layout. Such a graph is used only after
+    it passes the new evaluator's own check against Pyro runs; one that fails it is traced anew. Graphs
+    of the last few models are kept (the model and its data with them); a model with other arguments
+    (lists, arrays, objects that can change without a version counter) is never shared.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist
+        >>> y = torch.randn(50)
+        >>> def model(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        ...     with pyro.plate("data", len(y)) as idx:
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+        >>> _ = shared_graphs(clear=True)
+        >>> first = LogLikelihood(model, y)({"mu": torch.zeros(2)}, torch.tensor([1, 2]))
+        >>> built = shared_graphs()
+        >>> again = LogLikelihood(model, y)({"mu": torch.zeros(2)}, torch.tensor([1, 2]))
+        >>> shared_graphs() == built > 0, torch.equal(first, again)
+        (True, True)
+    """
+    if clear:
+        _SHARED.clear()
+    return sum(len(entry.graphs) for entry in _SHARED.values())
+
+
+def _sharing_key(evaluator: SectionEvaluator) -> tuple[tuple, tuple[Any, ...]] | None:
+    """``(key, owners)`` naming the evaluator's model and data by identity and version, or ``None`` if not shareable."""
+    model = evaluator.model
+    named: list[tuple[str, Any]] = [(f"arg{k}", v) for k, v in enumerate(evaluator.args)]
+    named += [(f"kw:{k}", v) for k, v in evaluator.kwargs.items()]
+    code, scope = getattr(model, "__code__", None), getattr(model, "__globals__", {})
+    if code is not None:  # the tensors the model's own code reads from its globals and closure
+        named += [(f"global:{n}", scope[n]) for n in code.co_names if isinstance(scope.get(n), Tensor)]
+        cells = zip(code.co_freevars, getattr(model, "__closure__", None) or (), strict=False)
+        named += [(f"cell:{n}", _cell(c)) for n, c in cells if isinstance(_cell(c), Tensor)]
+    parts: list[tuple[Any, ...]] = []
+    owners: list[Any] = [model]
+    size = 0
+    for name, value in named:
+        if isinstance(value, Tensor):
+            try:
+                version = value._version
+            except RuntimeError:  # an inference-mode tensor has no version counter
+                return None
+            parts.append((name, id(value), version))
+            owners.append(value)
+            size += value.numel() * value.element_size()
+        elif value is None or isinstance(value, bool | int | float | str):
+            parts.append((name, type(value), value))
+        else:
+            return None
+    if size > _SHARED_MAX_BYTES:
+        return None
+    local = tuple(sorted(evaluator.local_dims.items()))
+    return (id(model), evaluator.plate, evaluator.num_sections, local, evaluator.validate, *parts), tuple(owners)
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
 class DirectPath:
@@ -132,7 +215,7 @@ class DirectPath:
         key = (*batch, None, *shared, shapes, points, size, with_global)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._build(tuple(batch), tuple(shared), b_vals, s_vals, size, with_global, points)
+            graph = self._graph(key, tuple(batch), tuple(shared), b_vals, s_vals, size, with_global, points)
             self._graphs[key] = graph
         if idx is None:
             return SectionTerms(*graph(*b_vals, *s_vals))
@@ -142,6 +225,41 @@ class DirectPath:
         return SectionTerms(glob, sections[..., :k])
 
     # -- building ---------------------------------------------------------------------------
+    def _graph(
+        self,
+        key: tuple,
+        b_names: tuple[str, ...],
+        s_names: tuple[str, ...],
+        b_vals: list[Tensor],
+        s_vals: list[Tensor],
+        size: int | None,
+        with_global: bool,
+        points: int | None,
+    ) -> Callable[..., tuple[Tensor, Tensor]]:
+        """The graph an evaluator of the same model and data built, if it passes this one's check; else a new one."""
+        ev = self.evaluator
+        sharing = _sharing_key(ev)
+        if sharing is None:
+            return self._build(b_names, s_names, b_vals, s_vals, size, with_global, points)
+        model_key, owners = sharing
+        layout = (self.plain, ev.vectorized, ev._nesting, tuple(sorted(ev._event_dims.items())), *key)
+        entry = _SHARED.get(model_key)
+        graph = None if entry is None else entry.graphs.get(layout)
+        if graph is not None:
+            _SHARED.move_to_end(model_key)
+            try:
+                self._check(graph, b_names, s_names, b_vals, s_vals, size, with_global, points)
+                return graph
+            except Exception:  # noqa: BLE001 - something the key cannot see changed (e.g. a helper's global): trace anew
+                pass
+        graph = self._build(b_names, s_names, b_vals, s_vals, size, with_global, points)
+        if entry is None:
+            entry = _SHARED[model_key] = _SharedGraphs(owners, {})
+            while len(_SHARED) > _SHARED_MODELS:
+                _SHARED.popitem(last=False)
+        entry.graphs[layout] = graph
+        return graph
+
     def _build(
         self,
         b_names: tuple[str, ...],
