@@ -253,3 +253,12 @@ def test_a_new_evaluator_reuses_the_graphs_of_the_same_model_and_data_and_no_oth
     assert key is not None and key == _sharing_key(LogLikelihood(direct, y).evaluator)
     scale = torch.tensor(2.0)
     assert key != _sharing_key(LogLikelihood(direct, y).evaluator)
+    key = _sharing_key(LogLikelihood(direct, y).evaluator)
+    pyro.param("offset", torch.zeros(()))  # Pyro's parameter store is part of every key
+    assert key != _sharing_key(LogLikelihood(direct, y).evaluator)
+
+    class Model:
+        def __call__(self, y: torch.Tensor) -> None:
+            direct(y)
+
+    assert _sharing_key(LogLikelihood(Model(), y).evaluator) is None  # an object's state can change unseen

@@ -41,10 +41,12 @@ Example:
 from __future__ import annotations
 
 import functools
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import pyro
 import torch
 from pyro import poutine
 from torch import Tensor
@@ -100,10 +102,12 @@ def shared_graphs(clear: bool = False) -> int:
     A :class:`DirectPath` that needs a graph first looks for one built by an evaluator of the same
     model on the same data: the same model function, the same argument objects (tensors, or ``None``,
     numbers and strings) unmodified since (their version counters), the same tensors in the model's
-    globals and closure, the same plate, local dims and input layout. Such a graph is used only after
-    it passes the new evaluator's own check against Pyro runs; one that fails it is traced anew. Graphs
-    of the last few models are kept (the model and its data with them); a model with other arguments
-    (lists, arrays, objects that can change without a version counter) is never shared.
+    globals and closure and in Pyro's parameter store, the same plate, local dims and input layout; the
+    model must be a plain function (a module's or a bound method's state can change unseen). Such a
+    graph is used only after it passes the new evaluator's own check against Pyro runs; one that fails
+    it is traced anew. Graphs of the last few models are kept (the model and its data with them); a
+    model with other arguments (lists, arrays, objects that can change without a version counter) is
+    never shared.
 
     Example:
         >>> import pyro, pyro.distributions as dist
@@ -127,13 +131,15 @@ def shared_graphs(clear: bool = False) -> int:
 def _sharing_key(evaluator: SectionEvaluator) -> tuple[tuple, tuple[Any, ...]] | None:
     """``(key, owners)`` naming the evaluator's model and data by identity and version, or ``None`` if not shareable."""
     model = evaluator.model
+    if not isinstance(model, types.FunctionType):  # a module or bound method: its state can change unseen
+        return None
     named: list[tuple[str, Any]] = [(f"arg{k}", v) for k, v in enumerate(evaluator.args)]
     named += [(f"kw:{k}", v) for k, v in evaluator.kwargs.items()]
-    code, scope = getattr(model, "__code__", None), getattr(model, "__globals__", {})
-    if code is not None:  # the tensors the model's own code reads from its globals and closure
-        named += [(f"global:{n}", scope[n]) for n in code.co_names if isinstance(scope.get(n), Tensor)]
-        cells = zip(code.co_freevars, getattr(model, "__closure__", None) or (), strict=False)
-        named += [(f"cell:{n}", _cell(c)) for n, c in cells if isinstance(_cell(c), Tensor)]
+    code, scope = model.__code__, model.__globals__  # the tensors the model's own code reads from globals and closure
+    named += [(f"global:{n}", scope[n]) for n in code.co_names if isinstance(scope.get(n), Tensor)]
+    cells = zip(code.co_freevars, model.__closure__ or (), strict=False)
+    named += [(f"cell:{n}", _cell(c)) for n, c in cells if isinstance(_cell(c), Tensor)]
+    named += [(f"param:{n}", v) for n, v in pyro.get_param_store().named_parameters()]  # pyro.params it may read
     parts: list[tuple[Any, ...]] = []
     owners: list[Any] = [model]
     size = 0
