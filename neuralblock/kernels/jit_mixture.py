@@ -1282,7 +1282,7 @@ def _mixture_pairs(
                     tokens[j, dim + 2] = 1.0
                 # -- set encoder: phi of every token, its mean, attention pooling per head
                 clock += 1
-                missed = 0
+                missed = np.int64(0)  # (an int64 from the start: a literal 0 made Numba compile the callee twice)
                 for j in range(n):
                     # phi and scores are a pure function of the token: reuse them for a token met before (bitwise)
                     slot = -1
@@ -1369,7 +1369,7 @@ def _mixture_pairs(
                         log_scale[c, i] = min(max(ls, _MIN_LOG_SCALE), _MAX_LOG_SCALE)
                 # -- the data-refined candidates (CandidateOptions), from the conditioning set alone
                 if use_cand:
-                    n_others = 0
+                    n_others = np.int64(0)
                     for mixture in range(m):
                         if mixture != pi and mixture != pj and bits[mixture] > 0:
                             for d in range(dim):
