@@ -94,6 +94,8 @@ class _SharedGraphs(NamedTuple):
 
 
 _SHARED: OrderedDict[tuple, _SharedGraphs] = OrderedDict()
+# a graph's request: batch and shared site names, their values, the index bucket, whether the global term, the points
+_Request = tuple[tuple[str, ...], tuple[str, ...], list[Tensor], list[Tensor], int | None, bool, int | None]
 
 
 def shared_graphs(clear: bool = False) -> int:
@@ -221,7 +223,7 @@ class DirectPath:
         key = (*batch, None, *shared, shapes, points, size, with_global)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graph(key, tuple(batch), tuple(shared), b_vals, s_vals, size, with_global, points)
+            graph = self._graph(key, (tuple(batch), tuple(shared), b_vals, s_vals, size, with_global, points))
             self._graphs[key] = graph
         if idx is None:
             return SectionTerms(*graph(*b_vals, *s_vals))
@@ -231,22 +233,15 @@ class DirectPath:
         return SectionTerms(glob, sections[..., :k])
 
     # -- building ---------------------------------------------------------------------------
-    def _graph(
-        self,
-        key: tuple,
-        b_names: tuple[str, ...],
-        s_names: tuple[str, ...],
-        b_vals: list[Tensor],
-        s_vals: list[Tensor],
-        size: int | None,
-        with_global: bool,
-        points: int | None,
-    ) -> Callable[..., tuple[Tensor, Tensor]]:
-        """The graph an evaluator of the same model and data built, if it passes this one's check; else a new one."""
+    def _graph(self, key: tuple, request: _Request) -> Callable[..., tuple[Tensor, Tensor]]:
+        """The graph an evaluator of the same model and data built, if it passes this one's check; else a new one.
+
+        ``request`` is :meth:`_build`'s arguments.
+        """
         ev = self.evaluator
         sharing = _sharing_key(ev)
         if sharing is None:
-            return self._build(b_names, s_names, b_vals, s_vals, size, with_global, points)
+            return self._build(*request)
         model_key, owners = sharing
         layout = (self.plain, ev.vectorized, ev._nesting, tuple(sorted(ev._event_dims.items())), *key)
         entry = _SHARED.get(model_key)
@@ -254,11 +249,11 @@ class DirectPath:
         if graph is not None:
             _SHARED.move_to_end(model_key)
             try:
-                self._check(graph, b_names, s_names, b_vals, s_vals, size, with_global, points)
+                self._check(graph, *request)
                 return graph
             except Exception:  # noqa: BLE001 - something the key cannot see changed (e.g. a helper's global): trace anew
                 pass
-        graph = self._build(b_names, s_names, b_vals, s_vals, size, with_global, points)
+        graph = self._build(*request)
         if entry is None:
             entry = _SHARED[model_key] = _SharedGraphs(owners, {})
             while len(_SHARED) > _SHARED_MODELS:
