@@ -694,7 +694,7 @@ def _pair_energy(rest_lse, rest_count, points, block, dim, center, sigma, tau, l
     log_v_i = math.log(v_i) if v_i > 0 else -math.inf
     log_v_j = math.log(v_j) if v_j > 0 else -math.inf
     for j in range(n):
-        a_i, a_j = _member_terms(points[j], u_i, u_j, v_i > 0, v_j > 0)
+        a_i, a_j = _member_terms(points[j], u_i, u_j, int(v_i > 0), int(v_j > 0))  # (ints, as the other callers)
         total += _log_sum_over(rest_lse[j], a_i + log_v_i, a_j + log_v_j)
     return total - n * math.log(max(count, 1.0)) + prior
 

@@ -55,6 +55,7 @@ _REVERSE = (DUMB_MERGE, SMART_SPLIT, SMART_MERGE, DUMB_SPLIT, DEATH, BIRTH)
 _POORLY_EXPLAINED = -3.0  # as split_merge's
 _POINT_FLOOR = 0.01
 _EXPLAINED_FLOOR = -1e4
+_NO_MIXTURE = np.int64(-1)  # "no mixture" for _member and the log-sums (int64, not a literal: one signature)
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _UNIFORMS = 5  # per attempt: move type, first and second choice, component, test
 
@@ -519,7 +520,7 @@ def _log_q(value, components, log_w, loc, scale, slots):
                 z = (value[a, d] - loc[c, a, d]) / scale[c, a, d]
                 s += -0.5 * z * z - math.log(scale[c, a, d]) - _HALF_LOG_2PI
         terms[c] = s
-    return _log_sum_except(terms, -1, -1)
+    return _log_sum_except(terms, _NO_MIXTURE, _NO_MIXTURE)
 
 
 @_compiled
@@ -553,7 +554,7 @@ def _log_sum_but(terms, on, q, skip_i, skip_j):
 def _point_log_sums(terms, on, out):
     """``out[q]``: log-sum of ``terms[k, q]`` over the active mixtures ``k``."""
     for q in range(terms.shape[1]):
-        out[q] = _log_sum_but(terms, on, q, -1, -1)
+        out[q] = _log_sum_but(terms, on, q, _NO_MIXTURE, _NO_MIXTURE)
 
 
 @_compiled
@@ -673,12 +674,12 @@ def _choose(kind, on, movable, mu, u1, u2, bandwidth, pairs):
         if on[k]:
             total_on += 1
     if kind in (SMART_SPLIT, DUMB_SPLIT):
-        i, j = _member(u1, usable, -1), _member(u2, free, -1)
+        i, j = _member(u1, usable, _NO_MIXTURE), _member(u2, free, _NO_MIXTURE)
         return (i, j) if i >= 0 and j >= 0 else (-1, -1)
     if kind == DUMB_MERGE:
         if n_on < 2:
             return -1, -1
-        i = _member(u1, usable, -1)
+        i = _member(u1, usable, _NO_MIXTURE)
         return i, _member(u2, usable, i)
     if kind == SMART_MERGE:
         if n_on < 2:
@@ -696,11 +697,11 @@ def _choose(kind, on, movable, mu, u1, u2, bandwidth, pairs):
                         return a, b
         return last // m, last % m
     if kind == BIRTH:
-        j = _member(u1, free, -1)
+        j = _member(u1, free, _NO_MIXTURE)
         return j, j
     if n_on < 1 or total_on < 2:  # death: never of the last active mixture
         return -1, -1
-    j = _member(u1, usable, -1)
+    j = _member(u1, usable, _NO_MIXTURE)
     return j, j
 
 

@@ -212,7 +212,7 @@ def _copy_moves(
                     means[mixture, d] = state[k, mean_ids[mixture, d]]
                     new_means[mixture, d] = means[mixture, d]
             order = np.argsort(keys[k, attempt])
-            active = 0
+            active = np.int64(0)  # (int64 from the start: a literal 0 made Numba compile _log_choose twice)
             for mixture in range(m):
                 if bits[mixture] > 0:
                     active += 1
