@@ -139,8 +139,8 @@ def _sharing_key(evaluator: SectionEvaluator) -> tuple[tuple, tuple[Any, ...]] |
     named += [(f"kw:{k}", v) for k, v in evaluator.kwargs.items()]
     code, scope = model.__code__, model.__globals__  # the tensors the model's own code reads from globals and closure
     named += [(f"global:{n}", scope[n]) for n in code.co_names if isinstance(scope.get(n), Tensor)]
-    cells = zip(code.co_freevars, model.__closure__ or (), strict=False)
-    named += [(f"cell:{n}", _cell(c)) for n, c in cells if isinstance(_cell(c), Tensor)]
+    cells = [(n, _cell(c)) for n, c in zip(code.co_freevars, model.__closure__ or (), strict=False)]
+    named += [(f"cell:{n}", value) for n, value in cells if isinstance(value, Tensor)]
     named += [(f"param:{n}", v) for n, v in pyro.get_param_store().named_parameters()]  # pyro.params it may read
     parts: list[tuple[Any, ...]] = []
     owners: list[Any] = [model]
