@@ -11,6 +11,7 @@ import itertools
 
 import pyro
 import pyro.distributions as dist
+import pytest
 import torch
 from pyro.infer import MCMC
 from scipy import stats
@@ -60,3 +61,38 @@ def test_gibbs_on_handwritten_pyro_model_matches_exact_marginals() -> None:
     z = (mean - exact) / torch.maximum(mcse, iid)
     limit = stats.t.ppf(1 - 1e-3 / (2 * len(exact)), df=79)
     assert z.abs().max() <= limit, f"z = {z}"
+
+
+def test_sites_handed_back_are_taken_as_returned_and_a_changed_site_is_read(monkeypatch) -> None:
+    """Pyro hands sample() its last output back: the kernel keeps its state without reading the sites again.
+
+    The chain equals the one that copies of those sites make (read and checked site by site); a site another
+    sampler changed is read, and a site set to NaN is refused.
+    """
+    from neuralblock.kernels import base
+
+    reads = []
+    read = base.GraphKernel._pyro_params_to_state
+    monkeypatch.setattr(base.GraphKernel, "_pyro_params_to_state", lambda self, p: reads.append(1) or read(self, p))
+
+    def chain(copy: bool) -> torch.Tensor:
+        pyro.set_rng_seed(0)
+        kernel = GibbsKernel(ising_model)
+        kernel.setup(0)
+        params, draws = kernel.initial_params, []
+        for _ in range(30):
+            params = kernel.sample({k: v.clone() for k, v in params.items()} if copy else params)
+            draws.append(torch.stack([params[f"s_{r}_{c}"] for r in range(SIZE) for c in range(SIZE)]))
+        return torch.stack(draws)
+
+    handed_back = chain(copy=False)
+    assert len(reads) == 1  # the first step only (the start is not yet a returned output)
+    assert torch.equal(handed_back, chain(copy=True)) and len(reads) == 1 + 30
+    kernel = GibbsKernel(ising_model)
+    kernel.setup(0)
+    params = kernel.sample(kernel.initial_params)
+    changed = {**params, "s_0_0": 1.0 - params["s_0_0"], "other_site": torch.tensor(0.5)}  # (other sites ignored)
+    state = kernel._params_to_state(changed)
+    assert float(state.reshape(-1)[kernel._graph().variable_id("s_0_0")]) == float(changed["s_0_0"])
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kernel.sample({**params, "s_1_1": torch.tensor(float("nan"))})

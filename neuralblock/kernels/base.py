@@ -78,7 +78,7 @@ class GraphKernel(MCMCKernel):
         self.fg: FactorGraph | None = model if isinstance(model, FactorGraph) else None
         self._pending_init: dict[str, Tensor] | None = None
         self._state: Tensor | None = None
-        self._returned: Tensor | None = None  # the state site this kernel last returned (checked when it was made)
+        self._returned: dict[str, Tensor] | None = None  # the params this kernel last returned (checked when made)
         self._warmup_steps = 0
         self._t = 0
         self._elapsed = 0.0
@@ -331,21 +331,23 @@ class GraphKernel(MCMCKernel):
             self.end_warmup()
         self._state = state
         params = self._state_to_params(state)
-        self._returned = None if self.from_pyro else params[STATE_SITE]
+        self._returned = dict(params)
         return params
 
     # -- params <-> state -------------------------------------------------------------
     def _params_to_state(self, params: dict[str, Tensor]) -> Tensor:
         """The kernel's state (``[n]``, or ``[K, n]`` for batched chains) from Pyro's params."""
-        if self.from_pyro:
+        returned = self._returned
+        if self._state is not None and returned is not None and all(params.get(k) is v for k, v in returned.items()):
+            state = self._state.clone()  # Pyro hands back what sample() returned (other sites aside): no new check
+            if self.from_pyro:
+                return state
+        elif self.from_pyro:
             return self._pyro_params_to_state(params)
-        if STATE_SITE not in params:
+        elif STATE_SITE not in params:
             raise ValueError(f"expected a {STATE_SITE!r} site in params, got {sorted(params)}")
-        x = params[STATE_SITE]
-        if x is self._returned and self._state is not None:  # Pyro hands back what sample() returned: no new check
-            state = self._state.clone()
         else:
-            state = self._checked_params_state(torch.as_tensor(x))
+            state = self._checked_params_state(torch.as_tensor(params[STATE_SITE]))
         if self._evidence is not None:  # observed variables hold the graph's current evidence
             state[..., self._evidence[0]] = self._evidence[1].to(state)
         return state
