@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -275,3 +276,13 @@ def test_replica_cost_quick(tmp_path: Path) -> None:
     assert len(row["seconds"]["nb separate"]) == 2 and row["ratios"]["separate / one call, nb"] > 0
     with pytest.raises(ValueError, match="arm must be one of"):
         bench.transition_seconds(BENCHMARKS.parent, "Grids_12", "metropolis", budget=0.1)
+
+
+def test_mcmc_overhead_quick(tmp_path: Path) -> None:
+    rows = _load("mcmc_overhead").main(["--quick", "--out", str(tmp_path)])
+    assert [row["arms"] for row in rows] == ["handed back / sites read"] * 2 + ["logging on / logging off"]
+    assert all(row["us per step (first)"] > 0 and row["us per step (second)"] > 0 for row in rows)
+    data = json.loads((tmp_path / "mcmc_overhead.json").read_text())
+    assert set(data["raw"]) == {row["case"] for row in rows} and data["config"]["rounds"] == 1
+    assert (tmp_path / "mcmc_overhead.md").read_text().startswith("# Pyro's MCMC loop around a GibbsKernel")
+    assert logging.getLogger("pyro.infer.mcmc").level == logging.WARNING  # (the tests' level is restored)
