@@ -3,10 +3,11 @@
 Two framework costs around a :class:`~neuralblock.GibbsKernel`, measured side by side in one run (interleaved
 rounds, CPU time per step, one torch thread, medians over rounds):
 
-* ``handed back`` vs ``sites read``: on Pyro models written with scalar sites (an 8x8 Ising grid, a 50-step
-  HMM), ``pyro.infer.MCMC`` hands ``sample()`` the sites it returned and the kernel keeps its state; with its
-  record of what it returned cleared before each call, the kernel reads and checks every site (the path that a
-  site changed by another sampler takes, and every step's path before this benchmark's commit);
+* ``handed back`` vs ``sites read``: on Pyro models written with scalar sites (``benchmarks/pyro_models.py``'s
+  10x10 ``pyro.factor`` Ising and its 3-state HMM, 50 steps), ``pyro.infer.MCMC`` hands ``sample()`` the sites
+  it returned and the kernel keeps its state; with its record of what it returned cleared before each call, the
+  kernel reads and checks every site (the path that a site changed by another sampler takes, and every step's path
+  before this benchmark's commit);
 * ``logging on`` vs ``logging off``: ``MCMC(..., disable_progbar=True)`` on the ``Grids_11`` factor graph with
   the ``pyro.infer.mcmc`` logger at Pyro's INFO level (one diagnostics record per step) and at WARNING.
 
@@ -30,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro.infer import MCMC
 
@@ -38,35 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.pyro_models import EMIT, hmm, ising  # noqa: E402  (the models as users write them)
 from neuralblock import GibbsKernel  # noqa: E402
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report  # noqa: E402
 from neuralblock.io import read_uai, uai_grid  # noqa: E402
 
-__all__ = ["hmm_sites", "ising_sites", "main"]
+__all__ = ["main", "mcmc_logging", "site_reads"]
 
 COLUMNS = ["case", "arms", "us per step (first)", "us per step (second)", "second / first"]
-
-
-def ising_sites(size: int, coupling: float) -> None:
-    """An Ising grid written as a user would: one Bernoulli site per spin, one ``pyro.factor`` per edge."""
-    spins = {}
-    for i in range(size):
-        for j in range(size):
-            spins[i, j] = pyro.sample(f"s_{i}_{j}", dist.Bernoulli(0.5))
-            if i:
-                pyro.factor(f"v_{i}_{j}", coupling * (2 * spins[i, j] - 1) * (2 * spins[i - 1, j] - 1))
-            if j:
-                pyro.factor(f"h_{i}_{j}", coupling * (2 * spins[i, j] - 1) * (2 * spins[i, j - 1] - 1))
-
-
-def hmm_sites(obs: torch.Tensor) -> None:
-    """A two-state HMM with one Categorical site per step and Gaussian emissions."""
-    trans = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
-    z = pyro.sample("z0", dist.Categorical(torch.tensor([0.5, 0.5])))
-    for t in range(len(obs)):
-        if t:
-            z = pyro.sample(f"z{t}", dist.Categorical(trans[z]))
-        pyro.sample(f"y{t}", dist.Normal(2.0 * z - 1.0, 1.0), obs=obs[t])
 
 
 def _cpu_seconds_per_step(run: Callable[[], None], steps: int) -> float:
@@ -143,9 +122,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         args.steps, args.rounds = 20, 1
     torch.set_num_threads(1)
     pyro.set_rng_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    field = 0.3 * torch.randn(10, 10, generator=gen)
+    tones = torch.bernoulli(EMIT[torch.randint(0, 3, (50,), generator=gen)], generator=gen)
     cases = {
-        "Ising 8x8, 64 scalar sites": (ising_sites, (8, 0.3)),
-        "HMM T=50, 50 scalar sites": (hmm_sites, (torch.randn(50, generator=torch.Generator().manual_seed(0)),)),
+        "Ising 10x10, 100 scalar sites": (ising, (10, 0.3, field)),
+        "HMM K=3 T=50, 50 scalar sites": (hmm, (tones,)),
     }
     raw = {case: site_reads(model, model_args, args.steps, args.rounds) for case, (model, model_args) in cases.items()}
     raw["Grids_11 factor graph, MCMC"] = mcmc_logging(args.steps, args.rounds)

@@ -15,9 +15,9 @@ import torch
 # Kernels work on small tensors, where intra-op threads only add contention.
 torch.set_num_threads(1)
 
-# pyro.infer.MCMC logs every step's kernel.logging() as an INFO record (its progress bar's postfix), about 40 us a
-# step (Gibbs on Grids_11: 200 -> 155 us a step without it). The tests never read those records; hook_fn and the
-# JSON encoding of kernel.logging() still run on every step.
+# pyro.infer.MCMC logs every step's kernel.logging() as an INFO record (its progress bar's postfix), a fifth of a
+# Gibbs step on Grids_11 (benchmarks/mcmc_overhead.py). The tests never read those records; hook_fn and the JSON
+# encoding of kernel.logging() still run on every step.
 logging.getLogger("pyro.infer.mcmc").setLevel(logging.WARNING)
 
 
