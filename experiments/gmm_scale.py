@@ -108,8 +108,6 @@ from neuralblock.diagnostics.plots import save_figure
 from neuralblock.diagnostics.reports import markdown_table, write_json, write_report
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.base import GraphKernel, sequential_init
-from neuralblock.kernels.fused_mixture import FusedMixtureSweep
-from neuralblock.kernels.jit_mixture import PairSelection
 from neuralblock.kernels.split_merge import SplitMergeGMM
 from neuralblock.proposals import NeuralBlockProposal, load_proposal
 
@@ -175,11 +173,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nb_cover=(
             ["rounds", "every"],
             "the NB arms' neural sweeps: one round of disjoint pairs (the kernel's default), or every pair",
-        ),
-        nb_pairs=(
-            ["in-turn", "drawn"],
-            "the NB(set) arm's pair moves: the round's pairs in turn, or as many pairs drawn from each chain's state "
-            "(PairSelection: nearby active pairs more often, inactive ones less)",
         ),
         mean_moves=(
             ["informed", "walk"],
@@ -726,14 +719,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     continued = args.reference_factor > 0 and args.reference_start == "continued"
     for label in ARMS:
         keep_final = continued and label == SM
-        # the kernel's sweeps take the class's default selection at setup, inside the run
-        drawn = PairSelection() if label == NB_SET and args.nb_pairs == "drawn" else None
-        default, FusedMixtureSweep.default_selection = FusedMixtureSweep.default_selection, drawn
-        try:
-            run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock,
-                              keep_final=keep_final)  # fmt: skip
-        finally:
-            FusedMixtureSweep.default_selection = default
+        run = run_sampler(build(label), start, seconds, seed=reference["seed"], clock=args.clock, keep_final=keep_final)
         diag = run.pop("diagnostics")
         run["acceptance"] = arm_acceptance(label, diag, args)
         run["gibbs_prob"] = diag["gibbs_prob"]  # (with --gibbs-share, the calibrated one)
@@ -1180,19 +1166,12 @@ def cover_text(args: argparse.Namespace) -> str:
         >>> cover_text(parse_args(["--nb-cover", "every"]))
         'each neural sweep of the NB arms visits every pair of mixtures (m (m - 1) / 2 pair moves)'
     """
-    drawn = (
-        "; NB(set)'s sweeps make as many moves, each of a pair drawn from the chain's state (`PairSelection()`: "
-        + "nearby active pairs more often, inactive ones less; `--nb-pairs drawn`)"
-        if args.nb_pairs == "drawn"
-        else ""
-    )
     if args.nb_cover == "every":
-        return "each neural sweep of the NB arms visits every pair of mixtures (m (m - 1) / 2 pair moves)" + drawn
+        return "each neural sweep of the NB arms visits every pair of mixtures (m (m - 1) / 2 pair moves)"
     return (
         "each neural sweep of the NB arms is one round of a round-robin tournament over the mixtures (m / 2 "
         + "disjoint pairs, each mixture in one; every pair once in m - 1 rounds, taken in turn: the kernel's "
         + "default, `cover=None`)"
-        + drawn
     )
 
 
@@ -1312,7 +1291,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unset = ("gibbs_share",) if not args.gibbs_share else ("gibbs_prob",)  # (earlier runs keep their folders)
     unset += ("reference_start",) if args.reference_start == "continued" else ()
     unset += ("nb_cover",) if args.nb_cover == "every" else ()
-    unset += ("nb_pairs",) if args.nb_pairs == "in-turn" else ()
     unset += ("mean_moves",) if args.mean_moves == "walk" else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"

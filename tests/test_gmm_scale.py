@@ -401,30 +401,6 @@ def test_nb_cover_sets_the_nb_arms_sweeps(cover: str, tmp_path: Path, monkeypatc
     assert ("visits every pair of mixtures" in text) == (cover == "every")
 
 
-@pytest.mark.parametrize("pairs", ["in-turn", "drawn"])
-def test_nb_pairs_sets_the_nb_set_arms_pair_selection(
-    pairs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``--nb-pairs drawn``: the NB(set) arm's sweeps draw their pairs from the state; no other arm's do."""
-    seen: dict[str, set] = {}
-    sweep = bench.FusedMixtureSweep.sweep
-
-    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.setdefault(self.proposal.motif.name, set()).add(self.selection)
-        return sweep(self, *args, **kwargs)
-
-    monkeypatch.setattr(bench.FusedMixtureSweep, "sweep", recorded)
-    argv = ["--quick", "--mixtures", "8", "--families", "overlap", "--seconds", "0.2", "--max-seconds", "0.2"]
-    record = bench.main([*argv, "--reference-factor", "0", "--nb-pairs", pairs, "--out", str(tmp_path)])
-    drawn = {bench.PairSelection()} if pairs == "drawn" else set()
-    assert seen["gmm_pair_set"] == {None, *drawn}  # the NB(set) arm's (None: the worker's warm-up before the clock)
-    assert seen["gmm_pair"] == {None}  # the old arm's
-    assert bench.FusedMixtureSweep.default_selection is None  # (set for the arm's run only)
-    assert ("nb_pairs" in record["config"]) == (pairs == "drawn")  # (earlier runs keep their folders)
-    (folder,) = list(tmp_path.iterdir())
-    assert ("each of a pair drawn from the chain's state" in (folder / "gmm_scale.md").read_text()) == bool(drawn)
-
-
 def test_doctests() -> None:
     """experiments/ is outside the doctest paths of the pytest config, so the examples run here."""
     result = doctest.testmod(bench)

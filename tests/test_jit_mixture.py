@@ -25,7 +25,6 @@ from neuralblock.kernels.jit_mixture import (
     MixtureNetwork,
     PairDraws,
     PairScreen,
-    PairSelection,
     PointSums,
     TokenCache,
     _add_candidate,
@@ -192,7 +191,7 @@ def test_one_call_over_the_pairs_is_the_calls_pair_by_pair(candidates: Candidate
     one_by_one = state.clone()
     count = np.zeros(4, dtype=np.int64)
     for p in range(pairs):
-        part = PairDraws(*(None if d is None else d[:, p : p + 1].contiguous() for d in draws))
+        part = PairDraws(*(d[:, p : p + 1].contiguous() for d in draws))
         got, _, _, _ = mixture_pair_sweep(
             one_by_one.numpy(),
             np.ascontiguousarray(slots[:, p : p + 1]),
@@ -212,40 +211,29 @@ _STRIDED = CandidateOptions(share=0.05, min_weight=0.0, em_steps=2, max_points=2
 
 
 _HARSH = PairScreen(radius=0.0, attempt=0.2)  # every pair of two active mixtures attempted 1 time in 5
-_SKEWED = PairSelection(radius=1.0, close=20.0, far=0.05, inactive=0.1)  # draws far from uniform at these states
 
 
 @pytest.mark.parametrize(
-    ("gibbs_prob", "candidates", "screen", "selection"),
+    ("gibbs_prob", "candidates", "screen"),
     [
-        (0.0, _EVERY, PairScreen(), None),
-        (0.3, _EVERY, PairScreen(), None),
-        (0.0, _STRIDED, PairScreen(), None),
-        (0.0, None, PairScreen(), None),
-        (0.3, None, PairScreen(), None),
-        (0.0, _EVERY, _HARSH, None),
-        (0.0, None, _HARSH, None),
-        (0.0, _EVERY, None, None),
-        (0.0, _EVERY, PairScreen(), PairSelection()),
-        (0.0, None, None, PairSelection()),
-        (0.3, None, None, _SKEWED),  # (skewed at gibbs_prob 0, the chain mixes too slowly for 600 draws' batch means:
-        (0.3, None, _HARSH, _SKEWED),  # |z| up to 5.6 at 600 draws, under 3.1 at 60000, with and without the screen)
+        (0.0, _EVERY, PairScreen()),
+        (0.3, _EVERY, PairScreen()),
+        (0.0, _STRIDED, PairScreen()),
+        (0.0, None, PairScreen()),
+        (0.3, None, PairScreen()),
+        (0.0, _EVERY, _HARSH),
+        (0.0, None, _HARSH),
+        (0.0, _EVERY, None),
     ],
 )
 def test_the_compiled_sweep_keeps_the_exact_posterior(
-    gibbs_prob: float,
-    candidates: CandidateOptions | None,
-    screen: PairScreen | None,
-    selection: PairSelection | None,
-    monkeypatch: pytest.MonkeyPatch,
+    gibbs_prob: float, candidates: CandidateOptions | None, screen: PairScreen | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a random (untrained) set proposal through the kernel, with and without the data-refined candidates
     # (the default ones, ones that read every other point and one copy, none), with the default screen, one that
-    # screens every active pair and none, with the pairs in turn or drawn from the state (the default selection and
-    # a skewed one); tolerances: see test_split_merge.Z_MAX
+    # screens every active pair and none; tolerances: see test_split_merge.Z_MAX
     monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
     monkeypatch.setattr(FusedMixtureSweep, "default_screen", screen)
-    monkeypatch.setattr(FusedMixtureSweep, "default_selection", selection)
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
     kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=4)], gibbs_prob=gibbs_prob, chains=4)
@@ -253,7 +241,7 @@ def test_the_compiled_sweep_keeps_the_exact_posterior(
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
     sweep = kernel.fused[0]
     assert isinstance(sweep, FusedMixtureSweep) and sweep._compiled_for(kernel.initial_params["x"])
-    assert sweep.candidates == candidates and sweep.screen == screen and sweep.selection == selection
+    assert sweep.candidates == candidates and sweep.screen == screen
     assert (sweep.screened > 0) == (screen is not None)  # (active means over 3 sigma apart are common here)
     assert kernel.diagnostics()["acceptance_by_proposal"]["gmm_pair_set"] > 0.02
     assert z_patterns.abs().max() < Z_MAX, z_patterns
@@ -405,51 +393,6 @@ def test_the_screen_skips_far_active_pairs_and_weighs_the_rest_by_their_attempt_
     assert np.array_equal(same[2], plain[2])  # attempt 1: the screen changes nothing
 
 
-def _selection_log_p(selection: PairSelection, blocks: np.ndarray, sigma: float) -> np.ndarray:
-    """``log P(pair | S)`` of every pair (:class:`PairSelection`) from its blocks ``[..., P, 2 D + 2]``, in NumPy."""
-    both = (blocks[..., 2] > 0.5) & (blocks[..., 5] > 0.5)
-    one = (blocks[..., 2] > 0.5) | (blocks[..., 5] > 0.5)
-    d2 = (((blocks[..., 0:2] - blocks[..., 3:5]) / sigma) ** 2).sum(-1)
-    near = selection.far + (selection.close - selection.far) * np.exp(-d2 / (2 * selection.radius**2))
-    weight = np.where(both, near, np.where(one, 1.0, selection.inactive))
-    return np.log(weight / weight.sum(-1, keepdims=True))
-
-
-def test_a_selection_draws_pairs_by_their_weight_and_weighs_each_move_by_its_reverse_draw() -> None:
-    # at fixed states (decide=False): slot s takes the pair where the weights' running sum first passes u_s times
-    # their sum; its log ratio is the same pair's without a selection + log P(pair | S') - log P(pair | S), where S'
-    # changes the pair's two mixtures (so every pair that shares one with it)
-    proposal = _set_proposal((16,))
-    fg, state, layout, net, _ = _every_pair(proposal, m=6, n=25, chains=4, seed=3)
-    state = state.double()
-    state[:, layout.active_ids[:4]] = 1.0  # pairs of every kind: both active, one, none
-    state[:, layout.active_ids[4:]] = 0.0
-    selection = PairSelection(radius=1.5, close=6.0, far=0.3, inactive=0.2)
-    torch.manual_seed(5)
-    width = 40
-    draws = draw_pairs(4, width, net.components, 2, selection=True)
-    slots = np.full((4, width), -1, dtype=np.int64)
-    valid = np.ones((4, width), dtype=np.bool_)
-    got = mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, decide=False, selection=selection)
-    sigma = float(layout.sigma)
-    blocks = state.numpy()[:, layout.block_ids.numpy()]  # [K, P, 2 D + 2]
-    log_p = _selection_log_p(selection, blocks, sigma)
-    cumulative = np.cumsum(np.exp(log_p), -1)
-    want_slots = (draws.selection.numpy()[..., None] >= cumulative[:, None, :]).sum(-1)
-    assert np.array_equal(slots, want_slots) and len(np.unique(slots)) > 10
-    plain = mixture_pair_sweep(state.numpy(), slots, valid, layout, net, draws, decide=False)  # the same pairs
-    assert np.array_equal(got[3], plain[3])
-    reverse = np.empty((4, width))
-    for k in range(4):
-        for s in range(width):
-            p = slots[k, s]
-            moved = state.numpy()[k].copy()
-            moved[layout.block_ids.numpy()[p]] = got[3][k, s]
-            log_p_moved = _selection_log_p(selection, moved[layout.block_ids.numpy()], sigma)
-            reverse[k, s] = log_p_moved[p] - log_p[k, p]
-    assert np.allclose(got[2], plain[2] + reverse) and (reverse > 0.1).any() and (reverse < -0.1).any()
-
-
 def _one_pair():
     """A one-chain, one-pair sweep's arguments on a small case: state, slots, layout, network and draws."""
     proposal = _set_proposal((8,))
@@ -472,19 +415,6 @@ def test_bad_screen_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="screened must be"):
         mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws, screen=PairScreen(),
                            screened=np.zeros(2, dtype=np.int64))  # fmt: skip
-
-
-def test_bad_selection_settings_are_refused() -> None:
-    state, slots, layout, net, draws = _one_pair()
-    for selection_u in (None, torch.rand(1, 2, dtype=torch.float64)):
-        with pytest.raises(ValueError, match="selection uniforms"):
-            mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws._replace(selection=selection_u),
-                               selection=PairSelection())  # fmt: skip
-    draws = draw_pairs(1, 1, net.components, 2, selection=True)
-    for bad in (PairSelection(radius=0.0), PairSelection(close=-1.0), PairSelection(far=0.0),
-                PairSelection(inactive=math.inf), PairSelection(radius=math.nan)):  # fmt: skip
-        with pytest.raises(ValueError, match="selection options out of range"):
-            mixture_pair_sweep(state.numpy(), slots, slots >= 0, layout, net, draws, selection=bad)
 
 
 def test_kept_step_constants_give_the_same_moves_and_wrong_ones_are_refused() -> None:

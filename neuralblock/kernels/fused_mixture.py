@@ -58,7 +58,6 @@ from neuralblock.kernels.jit_mixture import (
     CandidateOptions,
     MixtureNetwork,
     PairScreen,
-    PairSelection,
     TokenCache,
     draw_pairs,
     mixture_pair_sweep,
@@ -451,11 +450,9 @@ class FusedMixtureSweep:
     with the same conditioning set (:attr:`reuse`, default :attr:`default_reuse`; :attr:`computed` counts the
     proposals computed), and attempts far pairs of active mixtures less often (:attr:`screen`, default
     :attr:`default_screen`, :class:`~neuralblock.kernels.jit_mixture.PairScreen`; :attr:`screened` counts the pairs
-    skipped, which count as neither proposed nor decided) and, with :attr:`selection` set (default
-    :attr:`default_selection`, off; :class:`~neuralblock.kernels.jit_mixture.PairSelection`), draws each move's pair
-    from the chain's state instead of taking the range's pairs in order (as many moves as the range has pairs);
+    skipped, which count as neither proposed nor decided);
     the eager steps (GPU states, no Numba, networks the loop does not cover) propose from the network
-    alone, the range's pairs in order. Both are exact MH moves.
+    alone. Both are exact MH moves.
 
     Args:
         fg: the graph (see :func:`supports_fused_mixture`).
@@ -469,7 +466,6 @@ class FusedMixtureSweep:
     default_candidates: CandidateOptions | None = CandidateOptions()
     default_reuse: bool = True
     default_screen: PairScreen | None = PairScreen()
-    default_selection: PairSelection | None = None
 
     def __init__(
         self,
@@ -494,9 +490,6 @@ class FusedMixtureSweep:
         self.reuse = self.default_reuse
         # the compiled sweep attempts far pairs of active mixtures less often (PairScreen; None: every pair)
         self.screen: PairScreen | None = self.default_screen
-        # the compiled sweep draws each move's pair from the chain's state (PairSelection): a sweep of a range of
-        # classes makes as many moves as the range has pairs, each of any pair; None: the range's pairs in order
-        self.selection: PairSelection | None = self.default_selection
         self.computed = 0  # pair proposals the compiled sweeps computed (not reused)
         self.screened = 0  # pairs the compiled sweeps' screen did not attempt
         self.offered: np.ndarray | None = None  # the last compiled sweep's pairs attempted per chain (None: all)
@@ -606,7 +599,7 @@ class FusedMixtureSweep:
         chains, total = state.shape[0], last - first
         slots = np.ascontiguousarray(np.broadcast_to(np.arange(first, last, dtype=np.int64), (chains, total)))
         valid = np.ones((chains, total), dtype=np.bool_)
-        draws = draw_pairs(chains, total, network.components, self.layout.values.shape[1], self.selection is not None)
+        draws = draw_pairs(chains, total, network.components, self.layout.values.shape[1])
         out = state.detach().clone().contiguous()
         temperatures = None if beta is None else beta.detach().to(torch.float64).contiguous().numpy()
         layout = (out.dtype, beta is None)
@@ -620,7 +613,7 @@ class FusedMixtureSweep:
         args: tuple[Any, ...] = (out.numpy(), slots, valid, self.layout, network, draws, temperatures, True)
         screened = np.zeros(chains, dtype=np.int64)
         args = (*args, self.candidates, self.reuse, computed, self.token_cache, self.screen, screened)
-        args = (*args, self.constants(torch.float64), self.selection)
+        args = (*args, self.constants(torch.float64))
         (accepted, nonfinite, _, _), seconds = timed_first_call(self._jit_layouts, layout, mixture_pair_sweep, *args)
         self.compile_seconds += seconds
         self.computed += int(computed.sum())

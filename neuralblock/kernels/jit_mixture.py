@@ -59,11 +59,6 @@ pairs for 15% of the accepted moves at 16 x 1000 (scaled), over 3 sigma 31% for 
 probabilities of both states into the MH ratio, so the pair's conditional stays invariant; a skipped pair costs
 its block's read.
 
-A sweep can also draw each move's pair from the chain's state instead of taking its pairs in order
-(:class:`PairSelection`, off by default): nearby active pairs (copies, a merge's candidates) come up more often and
-pairs of two inactive mixtures less; the draw's probability at both states enters the MH ratio (its weights read
-only the pair's bits and active means, ``O(P)`` per move).
-
 Example:
     >>> import torch
     >>> from motifs.gmm_pair import gmm_graph, gmm_initial_state
@@ -103,7 +98,6 @@ __all__ = [
     "MixtureNetwork",
     "PairDraws",
     "PairScreen",
-    "PairSelection",
     "TokenCache",
     "draw_pairs",
     "mixture_pair_sweep",
@@ -263,7 +257,6 @@ class PairDraws(NamedTuple):
         choice: ``[K, W, 2]`` uniforms (float64) of the data-refined candidates (:class:`CandidateOptions`):
             the network or the candidates, then which candidate (``None``: the network alone).
         screen: ``[K, W]`` uniforms (float64) of the screen's attempts (:class:`PairScreen`; ``None``: no screen).
-        selection: ``[K, W]`` uniforms (float64) of the pairs drawn (:class:`PairSelection`; ``None``: the slots').
     """
 
     components: Tensor
@@ -272,7 +265,6 @@ class PairDraws(NamedTuple):
     log_u: Tensor
     choice: Tensor | None = None
     screen: Tensor | None = None
-    selection: Tensor | None = None
 
 
 class PairScreen(NamedTuple):
@@ -294,31 +286,6 @@ class PairScreen(NamedTuple):
 
     radius: float = 3.0
     attempt: float = 0.25
-
-
-class PairSelection(NamedTuple):
-    """Each move's pair drawn from the current state, with the draw's probability at both states in the MH ratio.
-
-    The slots of a sweep name how many moves it makes, not which pairs: each move draws a pair of the
-    model's ``P`` pairs with probability ``w(S, pair) / sum_pairs w(S, pair)``, where ``w`` is ``1`` for a
-    pair with one active mixture, ``inactive`` for two inactive ones and, for two active mixtures
-    ``d`` sigma apart, ``far + (close - far) exp(-d^2 / (2 radius^2))``: nearby copies (a merge or a
-    re-split) come up more often than in a fixed order, where a given pair comes once per ``m - 1`` rounds,
-    and pairs of two inactive mixtures (their move only redraws inactive means, unless it births two)
-    less often. The weights read the pair's bits and active means only, so the move's reverse draw has
-    the weights at the proposed state; an attempted move is accepted with
-    ``min(1, p(S') q(S | S') P(pair | S') / (p(S) q(S' | S) P(pair | S)))``: exact for any positive weights.
-
-    Example:
-        >>> selection = PairSelection()
-        >>> selection.radius, selection.close, selection.far, selection.inactive
-        (2.0, 4.0, 0.5, 0.25)
-    """
-
-    radius: float = 2.0
-    close: float = 4.0
-    far: float = 0.5
-    inactive: float = 0.25
 
 
 class CandidateOptions(NamedTuple):
@@ -360,9 +327,8 @@ class CandidateOptions(NamedTuple):
     min_points: int = 500
 
 
-def draw_pairs(chains: int, width: int, components: int, dim: int, selection: bool = False) -> PairDraws:
-    """Fresh :class:`PairDraws` from torch's global RNG (the proposal's three draws, the tests', the candidates',
-    the screen's and, with ``selection``, the pairs' draws: :class:`PairSelection`)."""
+def draw_pairs(chains: int, width: int, components: int, dim: int) -> PairDraws:
+    """Fresh :class:`PairDraws` from torch's global RNG (the proposal's three draws, the tests', the candidates')."""
     return PairDraws(
         torch.rand(chains, width, components),
         torch.rand(chains, width, 2, 2),
@@ -370,7 +336,6 @@ def draw_pairs(chains: int, width: int, components: int, dim: int, selection: bo
         torch.rand(chains, width, dtype=torch.float64).log(),
         torch.rand(chains, width, 2, dtype=torch.float64),
         torch.rand(chains, width, dtype=torch.float64),
-        torch.rand(chains, width, dtype=torch.float64) if selection else None,
     )
 
 
@@ -1099,48 +1064,12 @@ def _screen_log(block, dim, sigma, radius2, log_attempt):
 
 
 @_compiled
-def _pair_weight(bit_a, mean_a, bit_b, mean_b, weights):
-    """A pair's selection weight (:class:`PairSelection`) from its bits and whitened means; ``weights`` holds
-    ``(1 / (2 radius^2), close, far, inactive)``."""
-    if bit_a > 0 and bit_b > 0:
-        s = 0.0
-        for d in range(mean_a.shape[0]):
-            diff = mean_a[d] - mean_b[d]
-            s += diff * diff
-        return weights[2] + (weights[1] - weights[2]) * math.exp(-s * weights[0])
-    if bit_a > 0 or bit_b > 0:
-        return 1.0
-    return weights[3]
-
-
-@_compiled
-def _selection_total(pairs, bits, u_means, weights, pi, pj, bit_i, mean_i, bit_j, mean_j, out):
-    """Every pair's selection weight into ``out`` (mixtures ``pi``, ``pj`` at ``bit_i, mean_i, bit_j, mean_j``, the
-    others as ``bits``, ``u_means``; ``pi = -1``: all as they are) and their sum, in pair order."""
-    total = 0.0
-    for q in range(pairs.shape[0]):
-        a, b = pairs[q, 0], pairs[q, 1]
-        bit_a, mean_a, bit_b, mean_b = bits[a], u_means[a], bits[b], u_means[b]
-        if a == pi:
-            bit_a, mean_a = bit_i, mean_i
-        elif a == pj:
-            bit_a, mean_a = bit_j, mean_j
-        if b == pi:
-            bit_b, mean_b = bit_i, mean_i
-        elif b == pj:
-            bit_b, mean_b = bit_j, mean_j
-        out[q] = _pair_weight(bit_a, mean_a, bit_b, mean_b, weights)
-        total += out[q]
-    return total
-
-
-@_compiled
 def _mixture_pairs(
     state, slots, valid, decide, mean_ids, active_ids, pairs, block_ids, points, center, sigma, tau, log_odds, psi,
     phi1_w, phi1_b, phi2_w, phi2_b, score_w, score_b, trunk_w0, trunk_b0, trunk_w1, trunk_b1, layers,
     mix_w, mix_b, disc_w, disc_b, loc_w, loc_b, scale_w, scale_b, groups, comp_u, bit_u, normals, log_u, beta,
     use_cand, net_share, min_log_w, merge2, em_steps, max_points, max_copies, max_splits, choice, reuse, cache,
-    use_screen, radius2, log_attempt, screen_u, screened, use_select, select_weights, select_u,
+    use_screen, radius2, log_attempt, screen_u, screened,
     accepted, nonfinite, log_alpha_out, proposed_out, computed,
 ):  # fmt: skip
     chains, width = slots.shape
@@ -1255,37 +1184,15 @@ def _mixture_pairs(
     kept_c_mean = np.empty((m + 1, most, 2 * dim))
     kept_c_log_sd = np.empty((m + 1, most, 2))
     kept_c_log_w = np.empty((m + 1, most))
-    n_pairs = pairs.shape[0]
-    pair_w = np.empty(n_pairs)  # each pair's selection weight at the chain's state (PairSelection)
-    pair_w_new = np.empty(n_pairs)
-    new_mean_i = np.empty(dim)
-    new_mean_j = np.empty(dim)
     for k in range(chains):
         for mixture in range(m):
             _read_mixture(state[k], mixture, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
         grand = _point_sums(terms, sums)  # the sum over the points of their log-sums: the current pair's energy
         kept_ok[:] = False
-        pair_total = 0.0
-        if use_select:
-            pair_total = _selection_total(pairs, bits, u_means, select_weights, -1, -1, 0.0, new_mean_i, 0.0,
-                                          new_mean_j, pair_w)  # fmt: skip
         for s_ in range(width):
             if not valid[k, s_]:
                 continue
-            log_select = 0.0
-            if use_select:  # the pair drawn from the state: slot s_ records it
-                target = select_u[k, s_] * pair_total
-                p = n_pairs - 1
-                acc = 0.0
-                for q in range(n_pairs):
-                    acc += pair_w[q]
-                    if target < acc:
-                        p = q
-                        break
-                slots[k, s_] = p
-                log_select = math.log(pair_w[p] / pair_total)
-            else:
-                p = slots[k, s_]
+            p = slots[k, s_]
             pi, pj = pairs[p, 0], pairs[p, 1]
             for i in range(b_size):
                 current[i] = state[k, block_ids[p, i]]
@@ -1537,13 +1444,6 @@ def _mixture_pairs(
             ratio = beta[k] * change + log_q_rev - log_q_fwd
             if use_screen:  # the reverse move's attempt probability over this one's
                 ratio += _screen_log(proposed, dim, sigma, radius2, log_attempt) - log_s
-            if use_select:  # the reverse move's draw of this pair over this one's
-                for d in range(dim):
-                    new_mean_i[d] = (proposed[d] - center[d]) / sigma
-                    new_mean_j[d] = (proposed[dim + 1 + d] - center[d]) / sigma
-                total_new = _selection_total(pairs, bits, u_means, select_weights, pi, pj, proposed[dim], new_mean_i,
-                                             proposed[2 * dim + 1], new_mean_j, pair_w_new)  # fmt: skip
-                ratio += math.log(pair_w_new[p] / total_new) - log_select
             log_alpha_out[k, s_] = ratio
             for i in range(b_size):
                 proposed_out[k, s_, i] = proposed[i]
@@ -1560,9 +1460,6 @@ def _mixture_pairs(
             _read_mixture(state[k], pi, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
             _read_mixture(state[k], pj, mean_ids, active_ids, center, sigma, points, bits, u_means, terms)
             grand = _point_sums(terms, sums)  # summed afresh: no rounding carried from move to move
-            if use_select:  # the weights at the new state (its stored values, as the reverse draw read them)
-                pair_total = _selection_total(pairs, bits, u_means, select_weights, -1, -1, 0.0, new_mean_i, 0.0,
-                                              new_mean_j, pair_w)  # fmt: skip
     clock_box[0] = clock
 
 
@@ -1591,7 +1488,6 @@ def mixture_pair_sweep(
     screen: PairScreen | None = None,
     screened: np.ndarray | None = None,
     constants: StepConstants | None = None,
-    selection: PairSelection | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The pairs ``slots [K, W]`` of each chain in turn, in place: propose, test and (``decide``) write each move.
 
@@ -1617,8 +1513,6 @@ def mixture_pair_sweep(
         screened: optional ``[K]`` int64 array, incremented by the pairs each chain did not attempt.
         constants: the layout's float64 :class:`~neuralblock.kernels.fused_mixture.StepConstants` (``None``: made
             here; a sweep object keeps them).
-        selection: draw each move's pair from the chain's state (:class:`PairSelection`; ``None``: the slots' pairs);
-            needs ``draws.selection``, and writes the pairs drawn into ``slots``.
 
     Returns:
         Accepted moves per chain ``[K]``, non-finite ratios per chain ``[K]`` (rejected), and every move's log
@@ -1657,17 +1551,6 @@ def mixture_pair_sweep(
         uniforms = draws.screen.to(torch.float64).contiguous().numpy()
         screening = (True, float(screen.radius) ** 2, math.log(screen.attempt), uniforms)
     screened = _chain_counts("screened", screened, chains)
-    selecting: tuple[Any, ...] = (False, np.zeros(4), np.zeros((1, 1)))
-    if selection is not None:
-        if draws.selection is None or draws.selection.shape != (chains, width):
-            shape = None if draws.selection is None else list(draws.selection.shape)
-            raise ValueError(f"a selection needs the draws' [{chains}, {width}] selection uniforms, got {shape}")
-        weights = (selection.close, selection.far, selection.inactive)
-        if not (0.0 < selection.radius < math.inf and all(0.0 < w < math.inf for w in weights)):
-            raise ValueError(f"selection options out of range (radius and weights positive, finite): {selection}")
-        half_inverse = 0.5 / float(selection.radius) ** 2
-        uniforms = draws.selection.to(torch.float64).contiguous().numpy()
-        selecting = (True, np.array([half_inverse, *weights], dtype=np.float64), uniforms)
     if constants is None:
         from neuralblock.kernels.fused_mixture import step_constants  # (that module imports this one)
 
@@ -1697,6 +1580,6 @@ def mixture_pair_sweep(
         trunk[0][0], trunk[0][1], trunk[1][0], trunk[1][1], layers, net.mix_w, net.mix_b, net.disc_w, net.disc_b,
         net.loc_w, net.loc_b, net.scale_w, net.scale_b, net.groups, draws.components.numpy(), draws.bits.numpy(),
         draws.normals.numpy(), draws.log_u.numpy(), np.ones(chains) if beta is None else beta, *options, reuse,
-        tuple(cache), *screening, screened, *selecting, accepted, nonfinite, log_alpha, proposed, computed,
+        tuple(cache), *screening, screened, accepted, nonfinite, log_alpha, proposed, computed,
     )  # fmt: skip
     return accepted, nonfinite, log_alpha, proposed
