@@ -9,8 +9,8 @@ family appears at every m and every n (:func:`cell_families`); ``--families`` ru
 every cell. Four arms run on every case, each one kernel of ``--chains K`` vectorized chains from
 the same K starts, for the same sampling time (``--clock cpu`` by default):
 
-* ``NB(set) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--proposal`` (``gmm_pair_copies``; the
-  first set-encoder proposal, ``gmm_pair_set``, can take either NB arm);
+* ``NB(set) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--proposal`` (``gmm_pair_copies16``, since
+  session 62; ``gmm_pair_copies`` or the first set-encoder proposal, ``gmm_pair_set``, can take either NB arm);
 * ``split-merge + Gibbs``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`;
 * ``NB(old) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--old-proposal`` (``gmm_pair``);
 * ``Gibbs only``: the single-site sweep every arm mixes in, copy-set moves included, and nothing else
@@ -146,7 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ([8], [60], 2, 1.0)
     """
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--proposal", default="gmm_pair_copies", help="the new proposal: shipped name or file path")
+    parser.add_argument("--proposal", default="gmm_pair_copies16", help="the new proposal: shipped name or file path")
     parser.add_argument("--old-proposal", default="gmm_pair", help="the old proposal: shipped name or file path")
     parser.add_argument("--mixtures", type=int, nargs="+", default=[8, 12, 16, 20, 32])
     parser.add_argument("--points", type=int, nargs="+", default=[60, 240, 1000])
