@@ -70,7 +70,7 @@ Usage::
 
     python -m experiments.gmm_scale --quick
     python -m experiments.gmm_scale --workers 2
-    python -m experiments.gmm_scale --workers 2 --old-proposal gmm_pair_set --seed 2  # the two set proposals
+    python -m experiments.gmm_scale --workers 2 --old-proposal gmm_pair_copies --seed 38  # the two copies proposals
     python -m experiments.gmm_scale --mixtures 16 20 --points 240 --families unequal overlap --seconds 10
     python -m experiments.gmm_scale --workers 2 --reference-factor 0  # split-merge's short runs as the reference
     python -m experiments.gmm_scale --workers 2 --reference-start continued  # the arm's chains continued (< session 42)

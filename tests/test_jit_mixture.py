@@ -138,9 +138,10 @@ def test_the_float32_silu_is_within_rounding_of_the_exact_one() -> None:
     assert -100.0 * 1.9e-35 < special[4] < 0.0 and -1000.0 * 1.9e-35 < special[5] < 0.0
 
 
-def test_token_outputs_are_a_pure_function_of_each_token() -> None:
+@pytest.mark.parametrize("name", ["gmm_pair_copies", "gmm_pair_copies16"])
+def test_token_outputs_are_a_pure_function_of_each_token(name: str) -> None:
     # the cache reuses a token's outputs bitwise: a token's outputs must not depend on the block it came in
-    net = MixtureNetwork.from_proposal(load_pretrained("gmm_pair_copies"))
+    net = MixtureNetwork.from_proposal(load_pretrained(name))
     assert net is not None
     rng = np.random.default_rng(0)
     n, hidden, heads = 300, net.phi2_b.shape[0], net.score_b.shape[0]
