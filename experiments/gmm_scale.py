@@ -133,6 +133,10 @@ TIME_DIGITS = 6
 LOG_DIGITS = 2
 """Decimals of the seconds kept in a stored trace (microseconds: the metrics are computed before, from every record)."""
 FRESH_SEED_OFFSET = 500_000
+# --schedule auto: the arms' single-site sweeps alternate with their moves on models of fewer points than this, and
+# come at random above (session 63: alternating took NB 0.75-0.83 of its time to the level at n <= 240 and 1.07-1.13
+# at n = 1000 on fresh seeds 41-43; the neural sweep's data-refined candidates start at the same size)
+ALTERNATE_BELOW = 500
 """Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
 
 
@@ -178,6 +182,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ["informed", "walk"],
             "every arm's single-site sweep: random walk and informed moves of the means (the kernels' default, "
             "informed_means=True), or the random walk alone (the runs before session 52)",
+        ),
+        schedule=(
+            ["auto", "random", "alternate"],
+            "which transitions of every arm take the single-site sweep (the kernels' schedule): alternate below "
+            f"{ALTERNATE_BELOW} points and at random above (auto), at random (the runs before session 63), or "
+            "alternating at every size",
         ),
     )
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
@@ -707,6 +717,7 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     def build(label: str) -> GraphKernel:
         informed = args.mean_moves == "informed"
         mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share or None, "informed_means": informed}
+        mix["schedule"] = case_schedule(args.schedule, n)
         if label == GIBBS:  # its single-site sweeps only (the moves never run)
             return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0, informed_means=informed)
         if label == SM:
@@ -747,6 +758,18 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
     result["metrics"] = case_metrics(result)  # from every transition, before the traces are thinned
     runs.update({label: [thin_run(run, args.trace_points)] for label, (run,) in runs.items()})
     return index, result
+
+
+def case_schedule(option: str, points: int) -> str:
+    """The kernels' ``schedule`` of a case of ``points`` points under ``--schedule option``.
+
+    Example:
+        >>> case_schedule("auto", 240), case_schedule("auto", 1000), case_schedule("random", 240)
+        ('alternate', 'random', 'random')
+    """
+    if option == "auto":
+        return "alternate" if points < ALTERNATE_BELOW else "random"
+    return option
 
 
 def case_starts(fg: FactorGraph, seed: int, chains: int) -> torch.Tensor:
@@ -1142,11 +1165,11 @@ def mixing_text(args: argparse.Namespace) -> str:
     """How the arms mix single-site sweeps with their moves: ``--gibbs-prob``, or ``--gibbs-share`` and what it does.
 
     Example:
-        >>> mixing_text(parse_args(["--gibbs-share", "0"]))
+        >>> mixing_text(parse_args(["--gibbs-share", "0", "--schedule", "random"]))
         'gibbs_prob=0.5'
     """
     if not args.gibbs_share:
-        return f"gibbs_prob={args.gibbs_prob:g}"
+        return f"gibbs_prob={args.gibbs_prob:g}" + schedule_text(args)
     return (
         f"gibbs_share={args.gibbs_share:g} (each kernel times one single-site sweep and one sweep of its moves at "
         + "its start and sets its probability of a single-site sweep so that those take this share of the time: "
@@ -1156,7 +1179,23 @@ def mixing_text(args: argparse.Namespace) -> str:
             if getattr(args, "share_calibration", None) == "setup"
             else "the timing ran in the first transition and counts in every arm's time to the level)"
         )
+        + schedule_text(args)
     )
+
+
+def schedule_text(args: argparse.Namespace) -> str:
+    """The report's words on which transitions take the single-site sweep (``--schedule``; none: at random).
+
+    Example:
+        >>> schedule_text(parse_args([]))
+        ', single-site sweeps alternating with the moves under 500 points (`schedule="alternate"`), at random above'
+    """
+    option = getattr(args, "schedule", "random")
+    if option == "random":
+        return ""
+    where = f" under {ALTERNATE_BELOW} points" if option == "auto" else ""
+    above = ", at random above" if option == "auto" else ""
+    return f', single-site sweeps alternating with the moves{where} (`schedule="alternate"`){above}'
 
 
 def cover_text(args: argparse.Namespace) -> str:
@@ -1272,9 +1311,10 @@ def rescore(folder: str | Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not a gmm_scale record: {error}") from error
     # (a record without these options ran at --gibbs-prob, its reference chains continued, NB's sweeps every pair,
-    # the single-site sweeps' means by random walk alone)
+    # the single-site sweeps' means by random walk alone, at random transitions)
     args = parse_args(
         ["--gibbs-share", "0", "--reference-start", "continued", "--nb-cover", "every", "--mean-moves", "walk"]
+        + ["--schedule", "random"]
     )
     vars(args).update(config)
     record["targets"] = size_targets(results)
@@ -1292,6 +1332,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unset += ("reference_start",) if args.reference_start == "continued" else ()
     unset += ("nb_cover",) if args.nb_cover == "every" else ()
     unset += ("mean_moves",) if args.mean_moves == "walk" else ()
+    unset += ("schedule",) if args.schedule == "random" else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))

@@ -215,29 +215,35 @@ _HARSH = PairScreen(radius=0.0, attempt=0.2)  # every pair of two active mixture
 
 
 @pytest.mark.parametrize(
-    ("gibbs_prob", "candidates", "screen"),
+    ("gibbs_prob", "candidates", "screen", "schedule"),
     [
-        (0.0, _EVERY, PairScreen()),
-        (0.3, _EVERY, PairScreen()),
-        (0.0, _STRIDED, PairScreen()),
-        (0.0, None, PairScreen()),
-        (0.3, None, PairScreen()),
-        (0.0, _EVERY, _HARSH),
-        (0.0, None, _HARSH),
-        (0.0, _EVERY, None),
+        (0.0, _EVERY, PairScreen(), "random"),
+        (0.3, _EVERY, PairScreen(), "random"),
+        (0.3, _EVERY, PairScreen(), "alternate"),
+        (0.0, _STRIDED, PairScreen(), "random"),
+        (0.0, None, PairScreen(), "random"),
+        (0.3, None, PairScreen(), "random"),
+        (0.0, _EVERY, _HARSH, "random"),
+        (0.0, None, _HARSH, "random"),
+        (0.0, _EVERY, None, "random"),
     ],
 )
 def test_the_compiled_sweep_keeps_the_exact_posterior(
-    gibbs_prob: float, candidates: CandidateOptions | None, screen: PairScreen | None, monkeypatch: pytest.MonkeyPatch
+    gibbs_prob: float,
+    candidates: CandidateOptions | None,
+    screen: PairScreen | None,
+    schedule: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a random (untrained) set proposal through the kernel, with and without the data-refined candidates
     # (the default ones, ones that read every other point and one copy, none), with the default screen, one that
-    # screens every active pair and none; tolerances: see test_split_merge.Z_MAX
+    # screens every active pair and none, with the single-site sweeps at random or alternating; tolerances: see
+    # test_split_merge.Z_MAX
     monkeypatch.setattr(FusedMixtureSweep, "default_candidates", candidates)
     monkeypatch.setattr(FusedMixtureSweep, "default_screen", screen)
     points = torch.tensor([[-1.5, 0.5], [-1.0, -0.5], [2.0, 1.0]])
     fg = gmm_graph(points, 3, SIGMA, TAU, 0.5)
-    kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=4)], gibbs_prob=gibbs_prob, chains=4)
+    kernel = NeuralBlockKernel(fg, [_set_proposal((16,), seed=4)], gibbs_prob=gibbs_prob, chains=4, schedule=schedule)
     terms = _posterior_terms(points, 3, SIGMA, TAU, 0.5)
     z_patterns, z_means = posterior_z_scores(kernel, fg, _exact_patterns(terms), _exact_mean_moments(terms), 600)
     sweep = kernel.fused[0]

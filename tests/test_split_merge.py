@@ -183,14 +183,18 @@ def test_moves_alone_keep_the_exact_posterior(
     assert z_means.abs().max() < Z_MAX, z_means  # active means and inactive ones (which follow the prior)
 
 
-def test_mixed_with_single_site_keeps_the_exact_gmm_posterior() -> None:
+@pytest.mark.parametrize("schedule", ["random", "alternate"])
+def test_mixed_with_single_site_keeps_the_exact_gmm_posterior(schedule: str) -> None:
     points = torch.tensor([[-1.5], [-1.0], [2.0]])
     exact = _exact_bit_marginals(points[:, 0], SIGMA, TAU, P_ACTIVE)
     fg = gmm_graph(points, 2, SIGMA, TAU, P_ACTIVE)
-    kernel = SplitMergeGMM(fg, gibbs_prob=0.3)
+    kernel = SplitMergeGMM(fg, gibbs_prob=0.3, schedule=schedule)
     moments = _exact_mean_moments(_posterior_terms(points, 2, SIGMA, TAU, P_ACTIVE))
     z_patterns, z_means = _posterior_z_scores(kernel, fg, exact, moments, draws_per_chain=500)
-    assert kernel.diagnostics()["single_site_sweeps"] > 0
+    sweeps = kernel.diagnostics()["single_site_sweeps"]
+    assert sweeps > 0
+    if schedule == "alternate":  # 3 in every 10 transitions of each of the 4 runs (550 each, warmup included)
+        assert kernel._turns == 550 and sweeps == 150
     assert z_patterns.abs().max() < Z_MAX, z_patterns
     assert z_means.abs().max() < Z_MAX, z_means
 
@@ -251,6 +255,8 @@ def test_bad_input_raises_clear_errors() -> None:
         SplitMergeGMM(gmm, move_weights={"teleport": 1.0})
     with pytest.raises(ValueError, match="reverse"):
         SplitMergeGMM(gmm, move_weights={"birth": 1.0})
+    with pytest.raises(ValueError, match="schedule"):
+        SplitMergeGMM(gmm, schedule="cyclic")
     with pytest.raises(ValueError, match="birth_prior_weight"):
         SplitMergeGMM(gmm, tuning=MoveTuning(birth_prior_weight=0.0))
     gmm.set_evidence({"v[0]": 1.0})

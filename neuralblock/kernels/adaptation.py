@@ -11,7 +11,7 @@ from torch import Tensor
 
 from neuralblock.kernels.base import check_probability
 
-__all__ = ["GibbsShare", "StepSizeAdapter", "gibbs_prob_for_share"]
+__all__ = ["SCHEDULES", "GibbsShare", "StepSizeAdapter", "check_schedule", "gibbs_prob_for_share", "single_site_turn"]
 
 
 class StepSizeAdapter:
@@ -53,6 +53,38 @@ class StepSizeAdapter:
         self.count[index] += 1
         rate = self.count[index].pow(-self.kappa)
         self.log_step[index] = (self.log_step[index] + rate * (accept_prob - self.target)).clamp(-12.0, 6.0)
+
+
+SCHEDULES = ("random", "alternate")
+
+
+def check_schedule(schedule: object) -> str:
+    """``schedule`` if it names one of :data:`SCHEDULES`, else a ``ValueError`` (``TypeError`` for a non-string)."""
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be one of {SCHEDULES}, got {type(schedule).__name__}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    return schedule
+
+
+def single_site_turn(schedule: str, prob: float, turn: int) -> bool:
+    """Whether transition ``turn`` (``0, 1, ...``) of a kernel takes its single-site sweep, at the rate ``prob``.
+
+    ``"random"``: with probability ``prob`` (one draw of torch's RNG), a random scan of the two sweeps.
+    ``"alternate"``: deterministically, when ``floor((turn + 1) prob) > floor(turn prob)``: the kernel's own
+    sweep first, the single-site sweeps spread evenly among them at the same long-run share, and no draw of the
+    RNG. Both leave the target invariant, since each sweep does; the alternate schedule takes away the chance of
+    long runs of one kind (which all of a kernel's chains share).
+
+    Example:
+        >>> [single_site_turn("alternate", 0.5, t) for t in range(4)]
+        [False, True, False, True]
+        >>> [single_site_turn("alternate", 0.25, t) for t in range(8)]
+        [False, False, False, True, False, False, False, True]
+    """
+    if schedule == "random":
+        return float(torch.rand(())) < prob
+    return math.floor((turn + 1) * prob + 1e-9) > math.floor(turn * prob + 1e-9)
 
 
 def gibbs_prob_for_share(share: float, single_seconds: float, move_seconds: float) -> float:

@@ -40,7 +40,7 @@ from torch import Tensor
 from neuralblock._memo import LastInputs
 from neuralblock.graph import BlockScaffold, FactorGraph
 from neuralblock.graph.supports import is_real
-from neuralblock.kernels.adaptation import GibbsShare
+from neuralblock.kernels.adaptation import GibbsShare, check_schedule, single_site_turn
 from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import MHInfo, mh_accept, nonfinite_ratios, speculative_width
 from neuralblock.kernels.fused_blocks import FusedBlockSweep, supports_fused
@@ -389,6 +389,10 @@ class NeuralBlockKernel(GraphKernel):
             transition's time) and replaces ``gibbs_prob``; a seed then no longer fixes the run. Where a
             neural sweep costs many single-site sweeps (a GMM's pairs at n = 1000 points), ``gibbs_prob = 0.5``
             spends nearly all the time on neural sweeps.
+        schedule: which transitions take the single-site sweep: ``"random"`` (each with probability
+            ``gibbs_prob``) or ``"alternate"`` (deterministically at the same rate, the neural sweep first:
+            :func:`~neuralblock.kernels.adaptation.single_site_turn`). On the GMM benchmark at scale the alternate
+            schedule cut NB's time to split-merge's level (see ``experiments/results/gmm_scale/README.md``).
     """
 
     batched_state = True
@@ -408,8 +412,11 @@ class NeuralBlockKernel(GraphKernel):
         copy_moves: bool = True,
         gibbs_share: float | None = None,
         informed_means: bool = True,
+        schedule: str = "random",
     ) -> None:
         super().__init__(model, chains=chains, device=device)
+        self.schedule = check_schedule(schedule)
+        self._turns = 0  # transitions whose turn was decided since setup (the alternate schedule's clock)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._informed_means = bool(informed_means)
         self.use_fused = bool(fused)
@@ -650,6 +657,7 @@ class NeuralBlockKernel(GraphKernel):
         self._proposed_per_chain: list[np.ndarray] = [np.zeros(()) for _ in range(n)]
 
     def _started(self, fg: FactorGraph, state: Tensor) -> None:
+        self._turns = 0
         self._calibrate_share(fg, state)  # at setup: not part of any transition's time
 
     def _calibrate_share(self, fg: FactorGraph, state: Tensor) -> None:
@@ -706,8 +714,9 @@ class NeuralBlockKernel(GraphKernel):
         return rows
 
     def single_site_turn(self) -> bool:
-        """Whether a transition takes the single-site sweep (probability ``gibbs_prob``; one draw of torch's RNG)."""
-        return float(torch.rand(())) < self.gibbs_prob
+        """Whether this transition takes the single-site sweep (at the rate ``gibbs_prob``, by :attr:`schedule`)."""
+        self._turns += 1
+        return single_site_turn(self.schedule, self.gibbs_prob, self._turns - 1)
 
     def single_site_transition(self, fg: FactorGraph, state: Tensor, warmup: bool) -> Tensor:
         """A transition's single-site sweep of every chain (at the chains' :attr:`beta` and :attr:`soft_zeros`)."""
@@ -939,6 +948,7 @@ class NeuralBlockKernel(GraphKernel):
             "discarded_proposals": float(sum(self._discarded)),
             "single_site_sweeps": float(self._single_sweeps),
             "gibbs_prob": self.gibbs_prob,
+            "schedule": self.schedule,
             "gibbs_share_seconds": dict(self.share_calibration.seconds) if self.share_calibration else {},
             "fused": {self._label(i): f is not None for i, f in enumerate(self.fused)},
             "proposal_cache": cache,

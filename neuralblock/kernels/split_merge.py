@@ -67,7 +67,7 @@ import torch
 from torch import Tensor
 
 from neuralblock.graph import FactorGraph, GaussianMixtureGroup, LinearGaussianGroup
-from neuralblock.kernels.adaptation import GibbsShare
+from neuralblock.kernels.adaptation import GibbsShare, check_schedule, single_site_turn
 from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.jit import NUMBA, timed_first_call
@@ -689,6 +689,9 @@ class SplitMergeGMM(GraphKernel):
             changes is one the loop knows (the mixture's points, the means' Gaussian priors and the bits' own
             factors, as in ``gmm_graph``); ``True`` refuses a graph it cannot run. A state of another dtype
             than float32 or float64 takes the eager moves.
+        schedule: which transitions take the single-site sweep: ``"random"`` (each with probability
+            ``gibbs_prob``) or ``"alternate"`` (deterministically at the same rate, the split-merge sweep first:
+            :func:`~neuralblock.kernels.adaptation.single_site_turn`).
 
     Raises:
         TypeError: ``model`` is not a :class:`FactorGraph`.
@@ -711,6 +714,7 @@ class SplitMergeGMM(GraphKernel):
         gibbs_share: float | None = None,
         compiled: bool | None = None,
         informed_means: bool = True,
+        schedule: str = "random",
     ) -> None:
         if not isinstance(model, FactorGraph):
             raise TypeError(
@@ -742,6 +746,8 @@ class SplitMergeGMM(GraphKernel):
         if isinstance(seeds, bool) or not hasattr(seeds, "__index__") or operator.index(seeds) < 1:
             raise ValueError(f"tuning.birth_seeds must be a positive integer, got {seeds!r}")
         self.gibbs_prob = float(gibbs_prob)
+        self.schedule = check_schedule(schedule)
+        self._turns = 0  # transitions whose turn was decided since setup (the alternate schedule's clock)
         self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
         self._share_pending = False  # set by _prepare: calibrate gibbs_prob at setup
         self.step_size = float(step_size)
@@ -774,6 +780,7 @@ class SplitMergeGMM(GraphKernel):
                 "SplitMergeGMM: the starting state has zero density (e.g. no active mixture for the points); "
                 "start from a state with a finite log density, such as neuralblock.kernels.base.sequential_init(fg)"
             )
+        self._turns = 0
         if self._share_pending and self.share_calibration is not None:  # at setup: not in any transition's time
             self._share_pending = False
             self.gibbs_prob = self.share_calibration.calibrate(
@@ -844,7 +851,8 @@ class SplitMergeGMM(GraphKernel):
 
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
-        if float(torch.rand(())) < self.gibbs_prob:
+        self._turns += 1
+        if single_site_turn(self.schedule, self.gibbs_prob, self._turns - 1):
             state = self.single_site.sweep(fg, state, adapt=warmup)
             if not warmup:
                 self._single_sweeps += 1
@@ -913,6 +921,7 @@ class SplitMergeGMM(GraphKernel):
             "compiled_moves": self._sweep_arrays is not None,
             "compile_seconds": self.compile_seconds,
             "gibbs_prob": self.gibbs_prob,
+            "schedule": self.schedule,
             "gibbs_share_seconds": dict(self.share_calibration.seconds) if self.share_calibration else {},
             **(self.single_site.report() if hasattr(self, "single_site") else {}),
         }
