@@ -49,6 +49,8 @@ class KernelDiagnostics(TypedDict, total=False):
         single_site_sweeps: post-warmup single-site sweeps interleaved with block moves (count).
         gibbs_prob: the probability of a single-site sweep per transition in use (NeuralBlockKernel,
             SplitMergeGMM; with ``gibbs_share``, the calibrated one).
+        schedule: which transitions take the single-site sweep, ``"random"`` or ``"alternate"``
+            (NeuralBlockKernel, SplitMergeGMM; :func:`~neuralblock.kernels.adaptation.single_site_turn`).
         gibbs_share_seconds: with ``gibbs_share``, the timed seconds of one single-site sweep and one sweep
             of the kernel's moves (``{"single_site": s, "moves": s}``; empty otherwise).
         transitions: post-warmup transitions (AusterityMH; count).
@@ -149,6 +151,7 @@ class KernelDiagnostics(TypedDict, total=False):
     mean_step_size: float
     single_site_sweeps: float
     gibbs_prob: float
+    schedule: str
     gibbs_share_seconds: dict[str, float]
     transitions: float
     copy_move_acceptance: dict[str, float]
