@@ -18,7 +18,9 @@ the same K starts, for the same sampling time (``--clock cpu`` by default):
   how much of an arm's speed its own moves give.
 
 The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``. Each
-arm but ``Gibbs only`` takes a single-site sweep with probability ``--gibbs-prob`` (0.5), or, with
+arm but ``Gibbs only`` takes a single-site sweep with probability ``--gibbs-prob`` (0.5; which transitions: the
+kernels' ``schedule`` by ``--schedule``, in turn with the moves on models under 500 points and at random above by
+default, at random in the runs before session 63), or, with
 ``--gibbs-share S``, mixes its moves with single-site sweeps so that those take share S of its time (each
 kernel's ``gibbs_share``: a move can cost from one to fifty single-site sweeps). The share's calibration (two
 sweeps of each kind) runs at the kernel's setup, outside the sampling time, and its cost is recorded per run

@@ -13,7 +13,7 @@ from motifs.gmm_pair import gmm_graph
 from neuralblock import NeuralBlockKernel, load_pretrained
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels import adaptation
-from neuralblock.kernels.adaptation import GibbsShare, gibbs_prob_for_share
+from neuralblock.kernels.adaptation import GibbsShare, check_schedule, gibbs_prob_for_share, single_site_turn
 from neuralblock.kernels.base import sequential_init
 from neuralblock.kernels.split_merge import SplitMergeGMM
 
@@ -185,3 +185,26 @@ def test_the_timed_single_site_sweeps_count_no_copy_moves() -> None:
         assert moves is not None
         tallies.append(int(moves.tally.sum()))
     assert tallies[0] == tallies[1] > 0  # one sweep's attempts, with or without the two timed sweeps
+
+
+@pytest.mark.parametrize("prob", [0.0, 0.1, 0.3, 0.5, 0.75, 0.9, 1.0])
+def test_the_alternate_schedule_keeps_the_share_evenly_and_draws_nothing(prob: float) -> None:
+    state = torch.random.get_rng_state()
+    turns = [single_site_turn("alternate", prob, t) for t in range(1000)]
+    assert torch.equal(torch.random.get_rng_state(), state)  # no draw of torch's RNG
+    assert not turns[0] or prob == 1.0  # the kernel's own sweep first
+    for length in (10, 100, 1000):  # every prefix holds floor(length * prob) single-site sweeps
+        assert sum(turns[:length]) == int(length * prob + 1e-9)
+    random_share = sum(single_site_turn("random", prob, t) for t in range(4000)) / 4000
+    assert abs(random_share - prob) < 4 * (prob * (1 - prob) / 4000) ** 0.5 + 1e-12
+
+
+def test_kernels_refuse_unknown_schedules_and_report_theirs() -> None:
+    fg = gmm_graph(POINTS, 3, SIGMA, TAU, 0.5)
+    with pytest.raises(ValueError, match="schedule"):
+        NeuralBlockKernel(fg, [load_pretrained("gmm_pair_set")], schedule="cyclic")
+    with pytest.raises(TypeError, match="schedule"):
+        check_schedule(None)
+    kernel = SplitMergeGMM(fg, schedule="alternate")
+    assert kernel.diagnostics()["schedule"] == "alternate"
+    assert NeuralBlockKernel(fg, [load_pretrained("gmm_pair_set")]).diagnostics()["schedule"] == "random"
