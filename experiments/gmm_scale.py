@@ -131,15 +131,16 @@ TIE_SE = 2.0
 REFERENCE_SIZE = 16 * 240
 """``m * n`` up to which a run gets ``--seconds``; larger cells get more, as the square root of ``m n``."""
 TIME_DIGITS = 6
-# log joints and likelihoods in a stored trace (the metrics are computed before, from every record)
-LOG_DIGITS = 2
 """Decimals of the seconds kept in a stored trace (microseconds: the metrics are computed before, from every record)."""
+LOG_DIGITS = 2
+"""Decimals of the log joints and likelihoods in a stored trace (the metrics are computed before, from every record)."""
 FRESH_SEED_OFFSET = 500_000
-# --schedule auto: the arms' single-site sweeps alternate with their moves on models of fewer points than this, and
-# come at random above (session 63: alternating took NB 0.75-0.83 of its time to the level at n <= 240 and 1.07-1.13
-# at n = 1000 on fresh seeds 41-43; the neural sweep's data-refined candidates start at the same size)
-ALTERNATE_BELOW = 500
 """Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
+ALTERNATE_BELOW = 500
+"""``--schedule auto``: every arm's single-site sweeps alternate with its moves on models of fewer points than this
+and come at random above (session 63: NB's time to the level alternating over its time at random was 0.75-0.84 at
+n = 60-240 on fresh seeds 41 and 43 and 1.07-1.12 at n = 1000 on seeds 41-43; the neural sweep's data-refined
+candidates start at the same size)."""
 
 
 # ------------------------------------------------------------------------------ options
@@ -1186,7 +1187,7 @@ def mixing_text(args: argparse.Namespace) -> str:
 
 
 def schedule_text(args: argparse.Namespace) -> str:
-    """The report's words on which transitions take the single-site sweep (``--schedule``; none: at random).
+    """The report's words on which transitions take the single-site sweep (``--schedule``; empty for ``random``).
 
     Example:
         >>> schedule_text(parse_args([]))

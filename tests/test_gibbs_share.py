@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from pyro.infer import MCMC
 from test_split_merge import SIGMA, TAU, Z_MAX, _exact_mean_moments, _exact_patterns, _posterior_terms
 from test_split_merge import _posterior_z_scores as posterior_z_scores
 
@@ -208,3 +209,7 @@ def test_kernels_refuse_unknown_schedules_and_report_theirs() -> None:
     kernel = SplitMergeGMM(fg, schedule="alternate")
     assert kernel.diagnostics()["schedule"] == "alternate"
     assert NeuralBlockKernel(fg, [load_pretrained("gmm_pair_set")]).diagnostics()["schedule"] == "random"
+    neural = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_set")], schedule="alternate")
+    for _ in range(2):  # each run's schedule starts again at its setup: the neural sweep first
+        MCMC(neural, num_samples=3, warmup_steps=2, disable_progbar=True).run()
+        assert neural._turns == 5 and neural.diagnostics()["single_site_sweeps"] == 1  # turn 3 (turn 1 is a warmup one)

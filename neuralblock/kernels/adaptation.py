@@ -55,11 +55,21 @@ class StepSizeAdapter:
         self.log_step[index] = (self.log_step[index] + rate * (accept_prob - self.target)).clamp(-12.0, 6.0)
 
 
-SCHEDULES = ("random", "alternate")
+SCHEDULES: tuple[str, ...] = ("random", "alternate")
+"""The kernels' schedules of their single-site sweeps (:func:`single_site_turn`)."""
 
 
 def check_schedule(schedule: object) -> str:
-    """``schedule`` if it names one of :data:`SCHEDULES`, else a ``ValueError`` (``TypeError`` for a non-string)."""
+    """``schedule`` if it names one of :data:`SCHEDULES`.
+
+    Example:
+        >>> check_schedule("alternate")
+        'alternate'
+
+    Raises:
+        TypeError: ``schedule`` is not a string.
+        ValueError: it names no schedule.
+    """
     if not isinstance(schedule, str):
         raise TypeError(f"schedule must be one of {SCHEDULES}, got {type(schedule).__name__}")
     if schedule not in SCHEDULES:
@@ -72,9 +82,10 @@ def single_site_turn(schedule: str, prob: float, turn: int) -> bool:
 
     ``"random"``: with probability ``prob`` (one draw of torch's RNG), a random scan of the two sweeps.
     ``"alternate"``: deterministically, when ``floor((turn + 1) prob) > floor(turn prob)``: the kernel's own
-    sweep first, the single-site sweeps spread evenly among them at the same long-run share, and no draw of the
-    RNG. Both leave the target invariant, since each sweep does; the alternate schedule takes away the chance of
-    long runs of one kind (which all of a kernel's chains share).
+    sweep first (for ``prob < 1``), the single-site sweeps spread evenly among its sweeps at the same long-run
+    share (strictly in turn at 0.5), and no draw of the RNG. Both leave the target invariant, since each sweep
+    does; the alternate schedule takes away the chance of long runs of one kind (which all of a kernel's chains
+    share).
 
     Example:
         >>> [single_site_turn("alternate", 0.5, t) for t in range(4)]
@@ -84,7 +95,9 @@ def single_site_turn(schedule: str, prob: float, turn: int) -> bool:
     """
     if schedule == "random":
         return float(torch.rand(())) < prob
-    return math.floor((turn + 1) * prob + 1e-9) > math.floor(turn * prob + 1e-9)
+    if schedule == "alternate":
+        return math.floor((turn + 1) * prob + 1e-9) > math.floor(turn * prob + 1e-9)
+    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
 def gibbs_prob_for_share(share: float, single_seconds: float, move_seconds: float) -> float:
@@ -114,7 +127,8 @@ class GibbsShare:
     """Sets a kernel's probability of a single-site sweep from the measured cost of its two kinds of sweep.
 
     A kernel that mixes single-site sweeps with its own moves (neural block sweeps, split-merge sweeps)
-    picks one per transition with a fixed probability ``gibbs_prob``. Where the moves cost far more than a
+    picks one per transition with a fixed probability ``gibbs_prob`` (or, with ``schedule="alternate"``,
+    deterministically at that rate: :func:`single_site_turn`). Where the moves cost far more than a
     single-site sweep (at n = 1000 points a GMM's pair sweep costs ~50 single-site sweeps), ``gibbs_prob =
     0.5`` spends nearly all the time on the moves. :meth:`calibrate` times both sweeps ``repeats`` times
     on copies of the starting state (the least wall time of each, the first call possibly loading caches;

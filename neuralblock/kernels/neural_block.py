@@ -309,10 +309,10 @@ class NeuralBlockKernel(GraphKernel):
     (any size). Instances are coloured so that no instance writes a variable another
     one in its class reads (block, Markov blanket or motif context); each class is
     then proposed and accepted as one batch, in all chains at once. Each
-    transition is, with probability ``gibbs_prob``, a single-site sweep (Gibbs for
-    discrete latent variables, random-walk MH for continuous ones) and otherwise a
-    neural sweep over all proposals' classes. Both are exact MH/Gibbs kernels, so
-    the mixture leaves the target invariant.
+    transition is, with probability ``gibbs_prob`` (or, with ``schedule="alternate"``, deterministically at that
+    rate), a single-site sweep (Gibbs for discrete latent variables, random-walk MH for continuous ones) and
+    otherwise a neural sweep over all proposals' classes. Both are exact MH/Gibbs kernels, so
+    the mixture (or the sequence) leaves the target invariant.
 
     **Fused path.** Discrete blocks of at most 512 joint values on table factors (e.g. the
     ``grid`` motifs) are updated by one fused function per class
@@ -351,7 +351,8 @@ class NeuralBlockKernel(GraphKernel):
     Args:
         model: a :class:`FactorGraph` or a Pyro model.
         proposals: the neural block proposals (e.g. from :func:`neuralblock.load_pretrained`).
-        gibbs_prob: probability of a single-site sweep per transition.
+        gibbs_prob: probability of a single-site sweep per transition (the share of such transitions, with
+            ``schedule="alternate"``).
         step_size: initial random-walk step for continuous single-site updates.
         window: classes per speculative batch (``1`` turns batching of classes off);
             ``None`` adapts it to the recent fraction of classes that accept
@@ -391,8 +392,9 @@ class NeuralBlockKernel(GraphKernel):
             spends nearly all the time on neural sweeps.
         schedule: which transitions take the single-site sweep: ``"random"`` (each with probability
             ``gibbs_prob``) or ``"alternate"`` (deterministically at the same rate, the neural sweep first:
-            :func:`~neuralblock.kernels.adaptation.single_site_turn`). On the GMM benchmark at scale the alternate
-            schedule cut NB's time to split-merge's level (see ``experiments/results/gmm_scale/README.md``).
+            :func:`~neuralblock.kernels.adaptation.single_site_turn`). On the GMM benchmark's fresh cases it took
+            NB 0.75-0.84 of its time to split-merge's level with random transitions on models of 60-240 points,
+            and 1.07-1.12 at 1000 points (``experiments/results/gmm_scale/README.md``, session 63).
     """
 
     batched_state = True
@@ -642,6 +644,7 @@ class NeuralBlockKernel(GraphKernel):
         )
 
     def _reset_stats(self) -> None:
+        self._turns = 0  # (a wrapper that prepares the kernel without its setup resets it here)
         n = len(self.proposals)
         self._proposed = [0] * n
         self._accepted: list[int | Tensor] = [0] * n
@@ -714,7 +717,10 @@ class NeuralBlockKernel(GraphKernel):
         return rows
 
     def single_site_turn(self) -> bool:
-        """Whether this transition takes the single-site sweep (at the rate ``gibbs_prob``, by :attr:`schedule`)."""
+        """Whether this transition takes the single-site sweep (at the rate ``gibbs_prob``, by :attr:`schedule`).
+
+        It advances the schedule: call it once per transition.
+        """
         self._turns += 1
         return single_site_turn(self.schedule, self.gibbs_prob, self._turns - 1)
 

@@ -643,7 +643,8 @@ def _energy_change(scaffolds: _Scaffolds, current: Tensor, proposed: Tensor, mix
 class SplitMergeGMM(GraphKernel):
     """Smart-Dumb/Dumb-Smart split-merge MCMC for an open-universe GMM, mixed with single-site updates.
 
-    Each transition is, with probability ``gibbs_prob``, a single-site sweep (Gibbs on the
+    Each transition is, with probability ``gibbs_prob`` (or, with ``schedule="alternate"``, deterministically
+    at that rate), a single-site sweep (Gibbs on the
     bits, random-walk MH on the mean coordinates, as in
     :class:`~neuralblock.kernels.NeuralBlockKernel`), and otherwise ``moves_per_sweep``
     split/merge/birth/death attempts (module docstring), each an exact MH move whose type
@@ -655,14 +656,15 @@ class SplitMergeGMM(GraphKernel):
     cannot apply rejects it), and the single-site sweep is batched over the chains too. By default
     (``compiled``) a whole split-merge sweep of every chain is one compiled call instead, with the
     same moves and test (:mod:`neuralblock.kernels.jit_split_merge`). Each
-    chain's transition is the one-chain transition; the chains share the per-transition draw
+    chain's transition is the one-chain transition; the chains share the per-transition choice
     between a single-site sweep and a split-merge sweep (as ``NeuralBlockKernel``'s do).
 
     Args:
         model: a :class:`FactorGraph` with one :class:`~neuralblock.graph.GaussianMixtureGroup`
             whose means have ``N(c, tau^2)`` priors (e.g. ``motifs.gmm_pair.gmm_graph``); a Pyro
             model has no such group, so it is refused.
-        gibbs_prob: probability of a single-site sweep per transition.
+        gibbs_prob: probability of a single-site sweep per transition (the share of such transitions, with
+            ``schedule="alternate"``).
         moves_per_sweep: move attempts per split-merge transition (default: the number of
             pairs of all ``m`` mixtures, movable or not, as many as a neural block sweep over
             all pairs proposes).
