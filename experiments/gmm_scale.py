@@ -139,7 +139,7 @@ FRESH_SEED_OFFSET = 500_000
 ALTERNATE_BELOW = 500
 """``--schedule auto``: every arm's single-site sweeps alternate with its moves on models of fewer points than this
 and come at random above (session 63: NB's time to the level alternating over its time at random was 0.75-0.84 at
-n = 60-240 on fresh seeds 41 and 43 and 1.07-1.12 at n = 1000 on seeds 41-43; the neural sweep's data-refined
+n = 60-240 on fresh seeds 41 and 43 and 0.94-1.12 at n = 1000 on seeds 41-43 and 45; the neural sweep's data-refined
 candidates start at the same size)."""
 
 

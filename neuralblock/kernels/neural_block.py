@@ -394,7 +394,7 @@ class NeuralBlockKernel(GraphKernel):
             ``gibbs_prob``) or ``"alternate"`` (deterministically at the same rate, the neural sweep first:
             :func:`~neuralblock.kernels.adaptation.single_site_turn`). On the GMM benchmark's fresh cases it took
             NB 0.75-0.84 of its time to split-merge's level with random transitions on models of 60-240 points,
-            and 1.07-1.12 at 1000 points (``experiments/results/gmm_scale/README.md``, session 63).
+            and 0.94-1.12 at 1000 points (``experiments/results/gmm_scale/README.md``, session 63).
     """
 
     batched_state = True
