@@ -418,7 +418,6 @@ class NeuralBlockKernel(GraphKernel):
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self.schedule = check_schedule(schedule)
-        self._turns = 0  # transitions whose turn was decided since setup (the alternate schedule's clock)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._informed_means = bool(informed_means)
         self.use_fused = bool(fused)
@@ -644,7 +643,7 @@ class NeuralBlockKernel(GraphKernel):
         )
 
     def _reset_stats(self) -> None:
-        self._turns = 0  # (a wrapper that prepares the kernel without its setup resets it here)
+        self._turns = 0  # transitions whose turn was decided since setup (the alternate schedule's clock)
         n = len(self.proposals)
         self._proposed = [0] * n
         self._accepted: list[int | Tensor] = [0] * n
@@ -660,7 +659,6 @@ class NeuralBlockKernel(GraphKernel):
         self._proposed_per_chain: list[np.ndarray] = [np.zeros(()) for _ in range(n)]
 
     def _started(self, fg: FactorGraph, state: Tensor) -> None:
-        self._turns = 0
         self._calibrate_share(fg, state)  # at setup: not part of any transition's time
 
     def _calibrate_share(self, fg: FactorGraph, state: Tensor) -> None:

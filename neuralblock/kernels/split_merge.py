@@ -749,7 +749,6 @@ class SplitMergeGMM(GraphKernel):
             raise ValueError(f"tuning.birth_seeds must be a positive integer, got {seeds!r}")
         self.gibbs_prob = float(gibbs_prob)
         self.schedule = check_schedule(schedule)
-        self._turns = 0  # transitions whose turn was decided since setup (the alternate schedule's clock)
         self.share_calibration = None if gibbs_share is None else GibbsShare(gibbs_share)
         self._share_pending = False  # set by _prepare: calibrate gibbs_prob at setup
         self.step_size = float(step_size)
@@ -782,7 +781,6 @@ class SplitMergeGMM(GraphKernel):
                 "SplitMergeGMM: the starting state has zero density (e.g. no active mixture for the points); "
                 "start from a state with a finite log density, such as neuralblock.kernels.base.sequential_init(fg)"
             )
-        self._turns = 0
         if self._share_pending and self.share_calibration is not None:  # at setup: not in any transition's time
             self._share_pending = False
             self.gibbs_prob = self.share_calibration.calibrate(
@@ -824,6 +822,7 @@ class SplitMergeGMM(GraphKernel):
             self._sweep_arrays = sweep_arrays(fg, self.layout, self.tuning, self._move_log_probs.exp())
 
     def _reset_stats(self) -> None:
+        self._turns = 0  # transitions whose turn was decided since setup (the alternate schedule's clock)
         self._counts = torch.zeros(3, len(MOVES), dtype=torch.long)  # proposed, accepted, unavailable
         self._recent = dict.fromkeys(MOVES, 0.0)
         self._nonfinite = torch.zeros((), dtype=torch.long)
