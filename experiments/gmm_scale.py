@@ -193,6 +193,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "alternating at every size",
         ),
     )
+    parser.add_argument(
+        "--label-steps", type=int, default=2,
+        help="every arm's label steps per single-site sweep (the kernels' label_steps; 0: the runs before session 64)",
+    )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
     parser.add_argument(
@@ -212,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--reference-factor must be a non-negative number")
     if not 0.0 <= args.gibbs_share <= 1.0:
         parser.error("--gibbs-share must be in [0, 1]")
+    if args.label_steps < 0:
+        parser.error("--label-steps must be at least 0")
     return args
 
 
@@ -721,8 +727,11 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
         informed = args.mean_moves == "informed"
         mix = {"gibbs_prob": args.gibbs_prob, "gibbs_share": args.gibbs_share or None, "informed_means": informed}
         mix["schedule"] = case_schedule(args.schedule, n)
+        mix["label_steps"] = args.label_steps
         if label == GIBBS:  # its single-site sweeps only (the moves never run)
-            return SplitMergeGMM(fg, chains=chains, gibbs_prob=1.0, informed_means=informed)
+            return SplitMergeGMM(
+                fg, chains=chains, gibbs_prob=1.0, informed_means=informed, label_steps=args.label_steps
+            )
         if label == SM:
             return SplitMergeGMM(fg, chains=chains, **mix)
         return NeuralBlockKernel(
@@ -1168,11 +1177,11 @@ def mixing_text(args: argparse.Namespace) -> str:
     """How the arms mix single-site sweeps with their moves: ``--gibbs-prob``, or ``--gibbs-share`` and what it does.
 
     Example:
-        >>> mixing_text(parse_args(["--gibbs-share", "0", "--schedule", "random"]))
+        >>> mixing_text(parse_args(["--gibbs-share", "0", "--schedule", "random", "--label-steps", "0"]))
         'gibbs_prob=0.5'
     """
     if not args.gibbs_share:
-        return f"gibbs_prob={args.gibbs_prob:g}" + schedule_text(args)
+        return f"gibbs_prob={args.gibbs_prob:g}" + schedule_text(args) + label_text(args)
     return (
         f"gibbs_share={args.gibbs_share:g} (each kernel times one single-site sweep and one sweep of its moves at "
         + "its start and sets its probability of a single-site sweep so that those take this share of the time: "
@@ -1183,7 +1192,21 @@ def mixing_text(args: argparse.Namespace) -> str:
             else "the timing ran in the first transition and counts in every arm's time to the level)"
         )
         + schedule_text(args)
+        + label_text(args)
     )
+
+
+def label_text(args: argparse.Namespace) -> str:
+    """The report's words on the label steps of every arm's single-site sweeps (``--label-steps``; empty for 0).
+
+    Example:
+        >>> label_text(parse_args([]))
+        ', 2 label steps per single-site sweep (`label_steps=2`)'
+    """
+    steps = getattr(args, "label_steps", 0)
+    if not steps:
+        return ""
+    return f", {steps} label step{'s' if steps > 1 else ''} per single-site sweep (`label_steps={steps}`)"
 
 
 def schedule_text(args: argparse.Namespace) -> str:
@@ -1317,7 +1340,7 @@ def rescore(folder: str | Path) -> dict[str, Any]:
     # the single-site sweeps' means by random walk alone, at random transitions)
     args = parse_args(
         ["--gibbs-share", "0", "--reference-start", "continued", "--nb-cover", "every", "--mean-moves", "walk"]
-        + ["--schedule", "random"]
+        + ["--schedule", "random", "--label-steps", "0"]
     )
     vars(args).update(config)
     record["targets"] = size_targets(results)
@@ -1336,6 +1359,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unset += ("nb_cover",) if args.nb_cover == "every" else ()
     unset += ("mean_moves",) if args.mean_moves == "walk" else ()
     unset += ("schedule",) if args.schedule == "random" else ()
+    unset += ("label_steps",) if args.label_steps == 0 else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))

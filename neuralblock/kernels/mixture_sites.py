@@ -348,8 +348,8 @@ class MixtureSites:
         self.prior_loc = np.array([float(g.bias[row]) for g, row in gaussians]).reshape(shape)
         self.prior_scale = np.array([float(g.scale[row]) for g, row in gaussians]).reshape(shape)
         self.log_odds = np.array(odds)
-        self._whitened_loc = self.prior_loc / self.sigma  # the means' priors in units of sigma (informed moves)
-        self._whitened_precision = (self.sigma / self.prior_scale) ** 2
+        self.whitened_loc = self.prior_loc / self.sigma  # the priors in units of sigma (informed, label moves)
+        self.whitened_precision = (self.sigma / self.prior_scale) ** 2
         return bool(np.isfinite(self.log_odds).all())
 
     @classmethod
@@ -418,8 +418,8 @@ class MixtureSites:
         args = (
             out.numpy(), self.mean_ids, self.active_ids, self.points, self.sigma, self.prior_loc, self.prior_scale,
             self.log_odds, np.ascontiguousarray(steps.double().numpy().reshape(m, dim)), draws.bit_u.numpy(),
-            draws.noise.numpy(), draws.log_u.numpy(), accept_prob, self.informed, self._whitened_loc,
-            self._whitened_precision, draws.informed_noise.numpy(), draws.informed_log_u.numpy(), informed_prob,
+            draws.noise.numpy(), draws.log_u.numpy(), accept_prob, self.informed, self.whitened_loc,
+            self.whitened_precision, draws.informed_noise.numpy(), draws.informed_log_u.numpy(), informed_prob,
         )  # fmt: skip
         _, seconds = timed_first_call(self._layouts, (out.dtype,), _mixture_sites, *args)
         self.compile_seconds += seconds

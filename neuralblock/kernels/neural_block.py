@@ -48,6 +48,7 @@ from neuralblock.kernels.fused_continuous import FusedContinuousSweep, supports_
 from neuralblock.kernels.fused_mixture import FusedMixtureSweep, mixture_layout, pair_rounds, supports_fused_mixture
 from neuralblock.kernels.fused_sampled import FusedSampledSweep, supports_fused_sampled
 from neuralblock.kernels.gibbs import SoftZeros, resolve_compile
+from neuralblock.kernels.mixture_labels import check_label_steps
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.motif import Motif, MotifInstances
@@ -383,6 +384,9 @@ class NeuralBlockKernel(GraphKernel):
         informed_means: on an open-universe GMM, follow each active mixture's random-walk updates in each
             compiled single-site sweep with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
+        label_steps: on an open-universe GMM, label steps at the end of each compiled single-site sweep: exact
+            Gibbs draws of the points' labels, then of every active mean at once
+            (:mod:`neuralblock.kernels.mixture_labels`; 0: none; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -415,11 +419,13 @@ class NeuralBlockKernel(GraphKernel):
         gibbs_share: float | None = None,
         informed_means: bool = True,
         schedule: str = "random",
+        label_steps: int = 2,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self.schedule = check_schedule(schedule)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._informed_means = bool(informed_means)
+        self._label_steps = check_label_steps(label_steps)  # (the moves themselves: single_site.label_moves)
         self.use_fused = bool(fused)
         if not isinstance(cover, bool) and cover not in ("auto", None):
             raise TypeError(f"cover must be True, False, 'auto' or None, got {cover!r}")
@@ -554,6 +560,7 @@ class NeuralBlockKernel(GraphKernel):
             self.compile,
             copy_moves=self._copy_moves,
             informed_means=self._informed_means,
+            label_steps=self._label_steps,
         )
         if self.gibbs_prob == 0.0 and self.share_calibration is None:
             covered = set()

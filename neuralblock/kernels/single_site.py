@@ -20,6 +20,7 @@ from torch import Tensor
 from neuralblock.graph import FactorGraph
 from neuralblock.kernels.gibbs import GibbsPlan, SoftZeros
 from neuralblock.kernels.mixture_copies import MixtureCopyMoves
+from neuralblock.kernels.mixture_labels import MixtureLabelMoves, check_label_steps
 from neuralblock.kernels.mixture_sites import MixtureSites
 from neuralblock.kernels.random_walk import RandomWalkPlan, continuous_latent
 from neuralblock.kernels.vocabulary import KernelDiagnostics
@@ -40,7 +41,9 @@ class SingleSiteSweep:
     variable, and, with ``informed_means``, an informed MH move of each active mixture's mean (the Gaussian of
     one EM step; acceptance in :meth:`report`). Each such sweep ends with copy-set moves
     (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts; attribute ``copy_moves``): exact MH
-    moves that split several mixtures into copy pairs, or merge several copy pairs, at once.
+    moves that split several mixtures into copy pairs, or merge several copy pairs, at once; then with
+    ``label_steps`` label steps (:class:`~neuralblock.kernels.mixture_labels.MixtureLabelMoves`; attribute
+    ``label_moves``): exact Gibbs draws of the points' labels and then of every active mean at once.
 
     Args:
         fg: the graph.
@@ -51,6 +54,7 @@ class SingleSiteSweep:
         copy_moves: end each compiled GMM sweep with copy-set moves.
         informed_means: in each compiled GMM sweep, follow each active mixture's random-walk updates with an
             informed move of its mean (:mod:`neuralblock.kernels.mixture_sites`).
+        label_steps: label steps at the end of each compiled GMM sweep (0: none).
 
     Example:
         >>> import torch
@@ -72,6 +76,7 @@ class SingleSiteSweep:
         compile: bool = False,
         copy_moves: bool = True,
         informed_means: bool = True,
+        label_steps: int = 2,
     ) -> None:
         cards = fg.cardinalities
         discrete = [v for v in fg.latent.tolist() if cards[v] > 0]
@@ -84,6 +89,8 @@ class SingleSiteSweep:
         self._informed_tally = np.zeros(2)  # the informed moves' summed acceptance probabilities and their number
         sites = self.mixture_sites
         self.copy_moves = MixtureCopyMoves(sites) if sites is not None and copy_moves else None
+        check_label_steps(label_steps)
+        self.label_moves = MixtureLabelMoves(sites, label_steps) if sites is not None and label_steps else None
         self._mean_positions = torch.zeros(0, dtype=torch.long)  # each mean coordinate's step size
         if self.mixture_sites is not None and self.rw_plan is not None:
             position = {v: i for i, v in enumerate(self.rw_plan.variables)}
@@ -94,7 +101,8 @@ class SingleSiteSweep:
         """Time spent compiling (or loading) the compiled updates: Gibbs's and the mixture sweep's (0 when eager)."""
         gibbs = self.gibbs_plan.compile_seconds if self.gibbs_plan is not None else 0.0
         sites = self.mixture_sites.compile_seconds if self.mixture_sites is not None else 0.0
-        return gibbs + sites + (self.copy_moves.compile_seconds if self.copy_moves is not None else 0.0)
+        copies = self.copy_moves.compile_seconds if self.copy_moves is not None else 0.0
+        return gibbs + sites + copies + (self.label_moves.compile_seconds if self.label_moves is not None else 0.0)
 
     def report(self) -> KernelDiagnostics:
         """The sweep's own diagnostics: ``copy_move_acceptance`` where it makes copy-set moves, and
@@ -115,6 +123,7 @@ class SingleSiteSweep:
         if self.mixture_sites is not None and not self.mixture_sites.refresh(fg):
             self.mixture_sites = None  # values the compiled sweep does not cover (a bit fixed by its prior)
             self.copy_moves = None
+            self.label_moves = None
 
     def sweep(
         self,
@@ -148,6 +157,8 @@ class SingleSiteSweep:
                 state, outcome = self.copy_moves.move(state)
                 if record and not adapt:
                     self.copy_moves.record(outcome)
+            if self.label_moves is not None:
+                state = self.label_moves.move(state)
             return state
         if self.gibbs_plan is not None:
             state, _ = self.gibbs_plan.sweep(fg, state, beta, soft)

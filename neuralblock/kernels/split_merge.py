@@ -72,6 +72,7 @@ from neuralblock.kernels.base import GraphKernel, check_probability
 from neuralblock.kernels.functional import mh_decide
 from neuralblock.kernels.jit import NUMBA, timed_first_call
 from neuralblock.kernels.jit_split_merge import SweepArrays, draw_attempts, split_merge_sweep, sweep_arrays
+from neuralblock.kernels.mixture_labels import check_label_steps
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 
@@ -679,6 +680,8 @@ class SplitMergeGMM(GraphKernel):
         informed_means: follow each active mixture's random-walk updates in each compiled single-site sweep
             with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`).
+        label_steps: label steps at the end of each compiled single-site sweep: exact Gibbs draws of the
+            points' labels, then of every active mean at once (:mod:`neuralblock.kernels.mixture_labels`; 0: none).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -717,6 +720,7 @@ class SplitMergeGMM(GraphKernel):
         compiled: bool | None = None,
         informed_means: bool = True,
         schedule: str = "random",
+        label_steps: int = 2,
     ) -> None:
         if not isinstance(model, FactorGraph):
             raise TypeError(
@@ -754,6 +758,7 @@ class SplitMergeGMM(GraphKernel):
         self.step_size = float(step_size)
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._informed_means = bool(informed_means)
+        self._label_steps = check_label_steps(label_steps)  # (the moves themselves: single_site.label_moves)
         self._moves_arg = None if moves_per_sweep is None else int(moves_per_sweep)
         if compiled not in (None, True, False):
             raise ValueError(f"compiled must be None, True or False, got {compiled!r}")
@@ -801,7 +806,12 @@ class SplitMergeGMM(GraphKernel):
         m = len(self.layout.active)
         self.moves_per_sweep = self._moves_arg if self._moves_arg is not None else m * (m - 1) // 2
         self.single_site = SingleSiteSweep(
-            fg, self.step_size, "SplitMergeGMM", copy_moves=self._copy_moves, informed_means=self._informed_means
+            fg,
+            self.step_size,
+            "SplitMergeGMM",
+            copy_moves=self._copy_moves,
+            informed_means=self._informed_means,
+            label_steps=self._label_steps,
         )
         self._scaffolds = _mixture_scaffolds(fg, self.layout)
         self._sweep_arrays = None

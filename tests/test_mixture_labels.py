@@ -1,0 +1,114 @@
+"""Label moves of open-universe GMMs: exact samples stay exact, each draw is the conditional, bad input is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pyro.infer import MCMC
+from test_mixture_copies import Z_MAX, _exact_draws, _z_scores
+from test_split_merge import SIGMA, TAU, _posterior_terms
+
+from motifs.gmm_pair import gmm_graph, gmm_initial_state
+from neuralblock import NeuralBlockKernel, load_pretrained
+from neuralblock.kernels.mixture_labels import LabelRandoms, MixtureLabelMoves, check_label_steps, draw_label_randoms
+from neuralblock.kernels.mixture_sites import MixtureSites
+from neuralblock.kernels.single_site import SingleSiteSweep
+from neuralblock.kernels.split_merge import SplitMergeGMM
+
+
+def _moves(points: torch.Tensor, m: int, steps: int) -> tuple[MixtureLabelMoves, tuple[torch.Tensor, ...]]:
+    fg = gmm_graph(points, m, SIGMA, TAU, 0.5)
+    sites = MixtureSites.of(fg)
+    assert sites is not None
+    return MixtureLabelMoves(sites, steps), (fg, *_posterior_terms(points, m, SIGMA, TAU, 0.5))
+
+
+@pytest.mark.parametrize(
+    ("points", "m"),
+    [
+        (torch.tensor([[-0.4], [0.1], [0.5]]), 3),
+        (torch.tensor([[-0.3, 0.2], [0.2, -0.1], [0.4, 0.3]]), 3),
+        (torch.tensor([[-1.5], [-1.2], [1.4], [1.6]]), 4),
+    ],
+    ids=["m3-1d", "m3-2d", "m4-1d"],
+)
+def test_label_steps_keep_exact_draws_exact(points: torch.Tensor, m: int) -> None:
+    # 40,000 independent exact draws, then 3 label steps each: still exact draws (|z| < 5 for every pattern
+    # probability and mean moment, as in test_mixture_copies). The bits never change, and every active mean does.
+    moves, (fg, *terms) = _moves(points, m, steps=3)
+    before = _exact_draws(fg, tuple(terms), 40_000, seed=11 + len(points))
+    torch.manual_seed(3)
+    after = moves.move(before)
+    bits, means = moves.sites.active_ids, torch.from_numpy(moves.sites.mean_ids.reshape(-1))
+    assert torch.equal(after[:, bits], before[:, bits])
+    on = before[:, bits].repeat_interleave(moves.sites.mean_ids.shape[1], -1) > 0
+    moved = after[:, means] != before[:, means]
+    assert bool(moved[on].all()) and not bool(moved[~on].any())
+    z = _z_scores(fg, after, tuple(terms))
+    assert z.abs().max() < Z_MAX, z
+
+
+def test_a_wrong_conditional_fails_the_same_check() -> None:
+    # the check has power: draws of the means at 1.5x their conditional's spread move the mean moments by |z| > 5
+    points = torch.tensor([[-0.3, 0.2], [0.2, -0.1], [0.4, 0.3]])
+    moves, (fg, *terms) = _moves(points, 3, steps=1)
+    before = _exact_draws(fg, tuple(terms), 40_000, seed=5)
+    torch.manual_seed(4)
+    draws = draw_label_randoms(len(before), 1, 3, 3, 2)
+    after = moves.move(before, LabelRandoms(draws.label_u, 1.5 * draws.normals))
+    assert _z_scores(fg, after, tuple(terms)).abs().max() > Z_MAX
+
+
+def test_one_active_mixture_takes_every_point_and_its_conjugate_mean() -> None:
+    # with the normals at 0 a mean lands on its conditional's centre: (sum x / sigma^2 + loc / tau^2) / precision
+    points = torch.tensor([[1.0, 2.0], [3.0, -1.0], [2.0, 0.5]], dtype=torch.float64)
+    sigma, tau = 0.5, 2.0
+    fg = gmm_graph(points, 3, sigma, tau, 0.5)
+    sites = MixtureSites.of(fg)
+    assert sites is not None
+    moves = MixtureLabelMoves(sites, steps=1)
+    state = gmm_initial_state(fg).double()
+    state[torch.from_numpy(sites.active_ids)] = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    draws = LabelRandoms(torch.rand(1, 1, 3, dtype=torch.float64), torch.zeros(1, 1, 3, 2, dtype=torch.float64))
+    new = moves.move(state[None], draws)[0]
+    precision = 3 / sigma**2 + 1 / tau**2
+    expected = (points.sum(0) / sigma**2) / precision
+    assert torch.allclose(new[torch.from_numpy(sites.mean_ids[1])], expected, atol=1e-12)
+    inactive = torch.from_numpy(sites.mean_ids[[0, 2]].reshape(-1))
+    assert torch.equal(new[inactive], state[inactive])
+
+
+def test_bad_inputs_and_options() -> None:
+    for bad, error in ((-1, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError)):
+        with pytest.raises(error, match="label_steps must"):
+            check_label_steps(bad)
+    fg = gmm_graph(torch.randn(5, 1), 3, 1.0, 2.0, 0.5)
+    sites = MixtureSites.of(fg)
+    assert sites is not None
+    with pytest.raises(ValueError, match="at least 1"):
+        MixtureLabelMoves(sites, 0)
+    moves = MixtureLabelMoves(sites, 2)
+    state = torch.stack([gmm_initial_state(fg)] * 3)
+    with pytest.raises(ValueError, match="draws must be float64 arrays"):
+        moves.move(state, draw_label_randoms(3, 1, 5, 3, 1))
+    assert moves.move(state.reshape(1, 3, -1)).shape == (1, 3, fg.num_variables)
+    with pytest.raises(ValueError, match="label_steps must be at least 0"):
+        SplitMergeGMM(fg, label_steps=-2)
+    with pytest.raises(TypeError, match="label_steps must be an integer"):
+        NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], label_steps=0.5)  # type: ignore[arg-type]
+
+
+def test_the_kernels_run_them() -> None:
+    gen = torch.Generator().manual_seed(0)
+    points = torch.cat([torch.randn(30, 2, generator=gen) * 0.5, torch.randn(30, 2, generator=gen) * 0.5 + 4.0])
+    fg = gmm_graph(points, 6, 0.5, 5.0, 0.5)
+    assert SingleSiteSweep(fg, label_steps=0).label_moves is None
+    default = SingleSiteSweep(fg).label_moves
+    assert default is not None and default.steps == 2
+    kernel = SplitMergeGMM(fg, gibbs_prob=1.0, chains=2, label_steps=3)
+    MCMC(kernel, num_samples=5, warmup_steps=1, disable_progbar=True).run()
+    moves = kernel.single_site.label_moves
+    assert moves is not None and moves.steps == 3
+    off = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], gibbs_prob=1.0, label_steps=0)
+    MCMC(off, num_samples=3, warmup_steps=1, disable_progbar=True).run()
+    assert off.single_site.label_moves is None
