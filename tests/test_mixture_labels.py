@@ -112,3 +112,22 @@ def test_the_kernels_run_them() -> None:
     off = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], gibbs_prob=1.0, label_steps=0)
     MCMC(off, num_samples=3, warmup_steps=1, disable_progbar=True).run()
     assert off.single_site.label_moves is None
+
+
+@pytest.mark.parametrize("kind", ["neural", "split-merge"])
+def test_every_transition_of_the_kernels_ends_with_label_steps(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # with gibbs_prob=0 no single-site sweep runs: the label steps come after the kernel's own moves alone
+    gen = torch.Generator().manual_seed(1)
+    points = torch.cat([torch.randn(20, 2, generator=gen) * 0.5, torch.randn(20, 2, generator=gen) * 0.5 + 4.0])
+    fg = gmm_graph(points, 4, 0.5, 5.0, 0.5)
+    calls: list[int] = []
+    original = MixtureLabelMoves.move
+    monkeypatch.setattr(
+        MixtureLabelMoves, "move", lambda self, state, draws=None: calls.append(1) or original(self, state)
+    )
+    if kind == "neural":
+        kernel = NeuralBlockKernel(fg, [load_pretrained("gmm_pair_copies")], gibbs_prob=0.0, chains=2)
+    else:
+        kernel = SplitMergeGMM(fg, gibbs_prob=0.0, chains=2)
+    MCMC(kernel, num_samples=4, warmup_steps=2, disable_progbar=True).run()
+    assert len(calls) == 6

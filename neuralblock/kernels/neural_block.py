@@ -384,9 +384,10 @@ class NeuralBlockKernel(GraphKernel):
         informed_means: on an open-universe GMM, follow each active mixture's random-walk updates in each
             compiled single-site sweep with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
-        label_steps: on an open-universe GMM, label steps at the end of each compiled single-site sweep: exact
-            Gibbs draws of the points' labels, then of every active mean at once
-            (:mod:`neuralblock.kernels.mixture_labels`; 0: none; ignored on other models).
+        label_steps: on an open-universe GMM, label steps at the end of every transition (each compiled
+            single-site sweep, and each neural sweep of a kernel that is not tempered): exact Gibbs draws of the
+            points' labels, then of every active mean at once (:mod:`neuralblock.kernels.mixture_labels`; 0: none;
+            ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -686,6 +687,8 @@ class NeuralBlockKernel(GraphKernel):
             return self.single_site_transition(fg, state, warmup)
         if self.neural_rows is None:
             state = self._neural_sweep(fg, state, self.beta, self.soft_zeros, warmup)
+            if self.beta is None and self.soft_zeros is None:  # (the label steps' target is the untempered one)
+                state = self.single_site.label_steps_after(state)
         else:  # the chains of neural_rows take the neural sweep, the others a single-site sweep
             if self.neural_rows.shape != state.shape[:1]:
                 shape = tuple(self.neural_rows.shape)

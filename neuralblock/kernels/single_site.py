@@ -125,6 +125,16 @@ class SingleSiteSweep:
             self.copy_moves = None
             self.label_moves = None
 
+    def label_steps_after(self, state: Tensor) -> Tensor:
+        """The state after the label steps that end a kernel's own moves (unchanged without label moves).
+
+        A GMM kernel's transitions all end with label steps: each single-site sweep runs them itself, and the
+        kernel calls this after its own moves (a round of pairs, a split-merge sweep), for CPU states only.
+        """
+        if self.label_moves is None or state.device.type != "cpu":
+            return state
+        return self.label_moves.move(state)
+
     def sweep(
         self,
         fg: FactorGraph,

@@ -680,8 +680,9 @@ class SplitMergeGMM(GraphKernel):
         informed_means: follow each active mixture's random-walk updates in each compiled single-site sweep
             with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`).
-        label_steps: label steps at the end of each compiled single-site sweep: exact Gibbs draws of the
-            points' labels, then of every active mean at once (:mod:`neuralblock.kernels.mixture_labels`; 0: none).
+        label_steps: label steps at the end of every transition (each compiled single-site sweep and each
+            split-merge sweep): exact Gibbs draws of the points' labels, then of every active mean at once
+            (:mod:`neuralblock.kernels.mixture_labels`; 0: none).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -868,7 +869,7 @@ class SplitMergeGMM(GraphKernel):
             if not warmup:
                 self._single_sweeps += 1
             return state
-        return self._split_merge_sweep(fg, state, warmup)
+        return self.single_site.label_steps_after(self._split_merge_sweep(fg, state, warmup))
 
     def _split_merge_sweep(self, fg: FactorGraph, state: Tensor, warmup: bool) -> Tensor:
         """``moves_per_sweep`` batched move attempts (counted after warmup)."""
