@@ -195,7 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--label-steps", type=int, default=2,
-        help="every arm's label steps per single-site sweep (the kernels' label_steps; 0: the runs before session 64)",
+        help="label steps ending every arm's transitions (the kernels' label_steps; 0: the runs before session 64)",
     )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
@@ -1197,16 +1197,16 @@ def mixing_text(args: argparse.Namespace) -> str:
 
 
 def label_text(args: argparse.Namespace) -> str:
-    """The report's words on the label steps of every arm's single-site sweeps (``--label-steps``; empty for 0).
+    """The report's words on the label steps that end every arm's transitions (``--label-steps``; empty for 0).
 
     Example:
         >>> label_text(parse_args([]))
-        ', 2 label steps per single-site sweep (`label_steps=2`)'
+        ', 2 label steps at the end of every transition (`label_steps=2`)'
     """
     steps = getattr(args, "label_steps", 0)
     if not steps:
         return ""
-    return f", {steps} label step{'s' if steps > 1 else ''} per single-site sweep (`label_steps={steps}`)"
+    return f", {steps} label step{'s' if steps > 1 else ''} at the end of every transition (`label_steps={steps}`)"
 
 
 def schedule_text(args: argparse.Namespace) -> str:

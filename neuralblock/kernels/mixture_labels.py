@@ -15,6 +15,11 @@ mean at a time against the others' current positions. On a held-out 20 x 240 GMM
 reached the right mixtures after about 3 transitions but sat 5-20 nats below the posterior's typical log joint
 for 5-10 more, with every mean off its conditional: that relaxation is what these steps speed up.
 
+Both GMM kernels (:class:`~neuralblock.NeuralBlockKernel`, :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`)
+end every transition with ``label_steps=2`` of them: each single-site sweep, each round of pairs and each
+split-merge sweep. On fresh GMMs of 240 and 1000 points they took the neural sampler to split-merge's level in
+about half its time without them (``experiments/results/gmm_scale/README.md``, session 64).
+
 The random numbers come from torch's global RNG, drawn before the loop (:func:`draw_label_randoms`); the
 tests compare the steps' draws with the exact posterior of tiny GMMs.
 
