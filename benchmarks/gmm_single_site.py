@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fg, _, reference = family_gmm(args.family, m, n)
         start = sequential_init(fg, torch.Generator().manual_seed(reference["seed"]), chains=args.chains)
         sweeps = {
-            "compiled": SingleSiteSweep(fg, copy_moves=False, informed_means=False),
-            "general": SingleSiteSweep(fg, copy_moves=False, informed_means=False),
-            "compiled + informed": SingleSiteSweep(fg, copy_moves=False),
+            "compiled": SingleSiteSweep(fg, copy_moves=False, informed_means=False, label_steps=0),
+            "general": SingleSiteSweep(fg, copy_moves=False, informed_means=False, label_steps=0),
+            "compiled + informed": SingleSiteSweep(fg, copy_moves=False, label_steps=0),
             "default": SingleSiteSweep(fg),
         }
         sweeps["general"].mixture_sites = None

@@ -13,7 +13,7 @@ the same K starts, for the same sampling time (``--clock cpu`` by default):
   session 62; ``gmm_pair_copies`` or the first set-encoder proposal, ``gmm_pair_set``, can take either NB arm);
 * ``split-merge + Gibbs``: :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`;
 * ``NB(old) + Gibbs``: :class:`~neuralblock.NeuralBlockKernel` with ``--old-proposal`` (``gmm_pair``);
-* ``Gibbs only``: the single-site sweep every arm mixes in, copy-set moves included, and nothing else
+* ``Gibbs only``: the single-site sweep every arm mixes in, copy-set moves and label steps included, and nothing else
   (:class:`~neuralblock.kernels.split_merge.SplitMergeGMM` at ``gibbs_prob=1``): the baseline that tells
   how much of an arm's speed its own moves give.
 
@@ -1265,8 +1265,8 @@ def gibbs_arm_text(results: list[dict[str, Any]]) -> str:
     if GIBBS not in report_arms(results):
         return ""
     return (
-        f" and `{GIBBS}` (split-merge's kernel at gibbs_prob=1: the single-site sweeps with their copy-set moves, "
-        + "no other move)"
+        f" and `{GIBBS}` (split-merge's kernel at gibbs_prob=1: the single-site sweeps with their copy-set moves "
+        + "and, where the runs have them, label steps; no other move)"
     )
 
 

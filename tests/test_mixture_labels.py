@@ -131,3 +131,71 @@ def test_every_transition_of_the_kernels_ends_with_label_steps(kind: str, monkey
         kernel = SplitMergeGMM(fg, gibbs_prob=0.0, chains=2)
     MCMC(kernel, num_samples=4, warmup_steps=2, disable_progbar=True).run()
     assert len(calls) == 6
+
+
+def _reference_step(moves: MixtureLabelMoves, state: torch.Tensor, draws: LabelRandoms) -> torch.Tensor:
+    """One label step of one float64 state ``[N]`` written out in torch (labels by inversion, then every mean)."""
+    sites = moves.sites
+    sigma, points = sites.sigma, torch.from_numpy(sites.points)
+    loc, precision0 = torch.from_numpy(sites.whitened_loc), torch.from_numpy(sites.whitened_precision)
+    active = [k for k in range(len(sites.active_ids)) if state[int(sites.active_ids[k])] > 0]
+    means = torch.stack([state[torch.from_numpy(sites.mean_ids[k])] / sigma for k in active])
+    out = state.clone()
+    counts = torch.zeros(len(active), dtype=torch.float64)
+    sums = torch.zeros(len(active), points.shape[1], dtype=torch.float64)
+    for j in range(len(points)):
+        terms = -0.5 * (points[j] - means).square().sum(-1)
+        weights = (terms - terms.max()).exp()
+        running = torch.cumsum(weights, 0)
+        hits = (draws.label_u[0, 0, j] * weights.sum() < running).nonzero()
+        label = int(hits[0]) if len(hits) else len(active) - 1
+        counts[label] += 1
+        sums[label] += points[j]
+    for i, k in enumerate(active):
+        precision = counts[i] + precision0[k]
+        centre = (sums[i] + loc[k] * precision0[k]) / precision
+        out[torch.from_numpy(sites.mean_ids[k])] = (centre + draws.normals[0, 0, k] / precision.sqrt()) * sigma
+    return out
+
+
+def test_a_step_is_the_written_out_gibbs_draws() -> None:
+    # sigma != 1, a prior mean away from 0 and priors that differ by mixture: the labels and the means as written
+    # out from the conditionals, with the same random numbers (a slip of sigma, of a prior term or of a mixture's
+    # index would show)
+    gen = torch.Generator().manual_seed(2)
+    centres = torch.tensor([[0.0, 0.0], [3.0, 1.0], [-2.0, 2.5]], dtype=torch.float64)
+    points = torch.cat([c + 0.7 * torch.randn(6, 2, generator=gen, dtype=torch.float64) for c in centres])
+    fg = gmm_graph(points, 5, 0.7, 3.0, 0.5, prior_mean=torch.tensor([1.0, -0.5]))
+    sites = MixtureSites.of(fg)
+    assert sites is not None
+    sites.whitened_precision = sites.whitened_precision * torch.linspace(0.5, 4.0, 10).reshape(5, 2).numpy()
+    sites.whitened_loc = sites.whitened_loc + torch.linspace(-1.0, 1.0, 10).reshape(5, 2).numpy()
+    moves = MixtureLabelMoves(sites, steps=1)
+    state = gmm_initial_state(fg).double()
+    state[torch.from_numpy(sites.active_ids)] = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    state[torch.from_numpy(sites.mean_ids.reshape(-1))] = torch.cat([centres, centres[:1] + 0.4, centres[1:2]]).reshape(
+        -1
+    )
+    for seed in range(5):
+        torch.manual_seed(seed)
+        draws = draw_label_randoms(1, 1, len(points), 5, 2)
+        new = moves.move(state[None], draws)[0]
+        assert torch.allclose(new, _reference_step(moves, state, draws), atol=1e-10), seed
+        single = moves.move(state[None].float(), draws)[0]
+        assert single.dtype == torch.float32 and torch.allclose(single.double(), new, atol=1e-4)
+
+
+def test_states_it_cannot_read_are_refused() -> None:
+    fg = gmm_graph(torch.randn(5, 2), 3, 1.0, 2.0, 0.5)
+    sites = MixtureSites.of(fg)
+    assert sites is not None
+    moves = MixtureLabelMoves(sites, 1)
+    state = gmm_initial_state(fg)
+    with pytest.raises(ValueError, match="N >= "):
+        moves.move(state[:5])
+    bad = state.clone()
+    bad[int(sites.mean_ids[0, 0])] = float("nan")
+    with pytest.raises(ValueError, match="finite means"):
+        moves.move(bad)
+    with pytest.raises(ValueError, match="CPU states only"):
+        moves.move(torch.empty(fg.num_variables, device="meta"))

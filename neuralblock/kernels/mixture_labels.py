@@ -16,9 +16,10 @@ reached the right mixtures after about 3 transitions but sat 5-20 nats below the
 for 5-10 more, with every mean off its conditional: that relaxation is what these steps speed up.
 
 Both GMM kernels (:class:`~neuralblock.NeuralBlockKernel`, :class:`~neuralblock.kernels.split_merge.SplitMergeGMM`)
-end every transition with ``label_steps=2`` of them: each single-site sweep, each round of pairs and each
-split-merge sweep. On fresh GMMs of 240 and 1000 points they took the neural sampler to split-merge's level in
-about half its time without them (``experiments/results/gmm_scale/README.md``, session 64).
+end every transition of CPU states with ``label_steps=2`` of them: each compiled single-site sweep, each round of
+pairs and each split-merge sweep (not the neural sweeps of a tempered kernel, or of the chains a replica-exchange
+ladder splits off with ``neural_rows``). On fresh GMMs of 240 and 1000 points they took the neural sampler to
+split-merge's level in about half its time without them (``experiments/results/gmm_scale/README.md``, session 64).
 
 The random numbers come from torch's global RNG, drawn before the loop (:func:`draw_label_randoms`); the
 tests compare the steps' draws with the exact posterior of tiny GMMs.
@@ -72,7 +73,7 @@ def draw_label_randoms(chains: int, steps: int, points: int, mixtures: int, dim:
 
 
 def check_label_steps(steps: object) -> int:
-    """``steps`` as a number of label steps per sweep (0: none).
+    """``steps`` as a number of label steps (0: none): the kernels' ``label_steps``, per transition.
 
     Example:
         >>> check_label_steps(2)
@@ -156,8 +157,8 @@ class MixtureLabelMoves:
     """
 
     def __init__(self, sites: MixtureSites, steps: int = 2) -> None:
-        if check_label_steps(steps) == 0:
-            raise ValueError("label steps must be at least 1 (a sweep without them builds no MixtureLabelMoves)")
+        if check_label_steps(steps) < 1:
+            raise ValueError(f"label steps must be at least 1 (without them build no MixtureLabelMoves), got {steps}")
         self.sites = sites
         self.steps = int(steps)
         self.compile_seconds = 0.0  # the compiled loop's first call of each state dtype
@@ -169,7 +170,16 @@ class MixtureLabelMoves:
         sites = self.sites
         m, dim = sites.mean_ids.shape
         n = sites.points.shape[0]
+        if state.device.type != "cpu":
+            raise ValueError(f"label steps run on CPU states only, got a state on {state.device}")
+        width = int(max(sites.mean_ids.max(), sites.active_ids.max())) + 1
+        if state.dim() == 0 or state.shape[-1] < width:
+            raise ValueError(
+                f"states must be [..., N] with N >= {width} (the graph's variables), got {tuple(state.shape)}"
+            )
         batch = state.reshape(-1, state.shape[-1])
+        if not torch.isfinite(batch[:, torch.from_numpy(sites.mean_ids.reshape(-1))]).all():
+            raise ValueError("label steps need finite means (a state holds NaN or inf)")
         chains = batch.shape[0]
         if draws is None:
             draws = draw_label_randoms(chains, self.steps, n, m, dim)

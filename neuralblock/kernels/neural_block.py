@@ -384,10 +384,10 @@ class NeuralBlockKernel(GraphKernel):
         informed_means: on an open-universe GMM, follow each active mixture's random-walk updates in each
             compiled single-site sweep with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
-        label_steps: on an open-universe GMM, label steps at the end of every transition (each compiled
-            single-site sweep, and each neural sweep of a kernel that is not tempered): exact Gibbs draws of the
-            points' labels, then of every active mean at once (:mod:`neuralblock.kernels.mixture_labels`; 0: none;
-            ignored on other models).
+        label_steps: on an open-universe GMM, label steps at the end of every transition of CPU states (each
+            compiled single-site sweep, and each neural sweep of a kernel that is not tempered and not split by
+            ``neural_rows``): exact Gibbs draws of the points' labels, then of every active mean at once
+            (:mod:`neuralblock.kernels.mixture_labels`; 0: none; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
@@ -676,7 +676,7 @@ class NeuralBlockKernel(GraphKernel):
             beta, soft = self.beta, self.soft_zeros
             self.gibbs_prob = self.share_calibration.calibrate(
                 lambda: self.single_site.sweep(fg, state.clone(), False, beta, soft, record=False),
-                lambda: self._neural_sweep(fg, state.clone(), beta, soft, warmup=True),
+                lambda: self.single_site.label_steps_after(self._neural_sweep(fg, state.clone(), beta, soft, True)),
                 state.device,
             )
 

@@ -54,7 +54,8 @@ class SingleSiteSweep:
         copy_moves: end each compiled GMM sweep with copy-set moves.
         informed_means: in each compiled GMM sweep, follow each active mixture's random-walk updates with an
             informed move of its mean (:mod:`neuralblock.kernels.mixture_sites`).
-        label_steps: label steps at the end of each compiled GMM sweep (0: none).
+        label_steps: label steps at the end of each compiled GMM sweep (0: none; the kernels' transitions end
+            with them too, :meth:`label_steps_after`).
 
     Example:
         >>> import torch
@@ -89,8 +90,8 @@ class SingleSiteSweep:
         self._informed_tally = np.zeros(2)  # the informed moves' summed acceptance probabilities and their number
         sites = self.mixture_sites
         self.copy_moves = MixtureCopyMoves(sites) if sites is not None and copy_moves else None
-        check_label_steps(label_steps)
-        self.label_moves = MixtureLabelMoves(sites, label_steps) if sites is not None and label_steps else None
+        steps = check_label_steps(label_steps)
+        self.label_moves = MixtureLabelMoves(sites, steps) if sites is not None and steps else None
         self._mean_positions = torch.zeros(0, dtype=torch.long)  # each mean coordinate's step size
         if self.mixture_sites is not None and self.rw_plan is not None:
             position = {v: i for i, v in enumerate(self.rw_plan.variables)}

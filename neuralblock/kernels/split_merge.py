@@ -680,8 +680,8 @@ class SplitMergeGMM(GraphKernel):
         informed_means: follow each active mixture's random-walk updates in each compiled single-site sweep
             with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`).
-        label_steps: label steps at the end of every transition (each compiled single-site sweep and each
-            split-merge sweep): exact Gibbs draws of the points' labels, then of every active mean at once
+        label_steps: label steps at the end of every transition of CPU states (each compiled single-site sweep
+            and each split-merge sweep): exact Gibbs draws of the points' labels, then of every active mean at once
             (:mod:`neuralblock.kernels.mixture_labels`; 0: none).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
@@ -791,7 +791,7 @@ class SplitMergeGMM(GraphKernel):
             self._share_pending = False
             self.gibbs_prob = self.share_calibration.calibrate(
                 lambda: self.single_site.sweep(fg, state.clone(), adapt=False, record=False),
-                lambda: self._split_merge_sweep(fg, state.clone(), warmup=True),
+                lambda: self.single_site.label_steps_after(self._split_merge_sweep(fg, state.clone(), warmup=True)),
             )
 
     @staticmethod
