@@ -99,7 +99,6 @@ def _label_steps(state, mean_ids, active_ids, points, sigma, whitened_loc, white
     weights = np.empty(m)
     counts = np.empty(m)
     sums = np.empty((m, dim))
-    stored = np.empty(1, dtype=state.dtype)  # a drawn mean as the state stores it (the next step reads that)
     for k in range(chains):
         size = 0
         for mixture in range(m):
@@ -140,8 +139,10 @@ def _label_steps(state, mean_ids, active_ids, points, sigma, whitened_loc, white
                 for d in range(dim):
                     precision = counts[i] + whitened_precision[mixture, d]
                     center = (sums[i, d] + whitened_loc[mixture, d] * whitened_precision[mixture, d]) / precision
-                    stored[0] = (center + normals[k, step, mixture, d] / math.sqrt(precision)) * sigma
-                    state[k, mean_ids[mixture, d]] = stored[0]
+                    # (stored in the state's dtype: the next step reads the rounded value, as the state holds it)
+                    state[k, mean_ids[mixture, d]] = (
+                        center + normals[k, step, mixture, d] / math.sqrt(precision)
+                    ) * sigma
 
 
 class MixtureLabelMoves:
@@ -163,6 +164,8 @@ class MixtureLabelMoves:
         self.steps = int(steps)
         self.compile_seconds = 0.0  # the compiled loop's first call of each state dtype
         self._layouts: set[tuple] = set()
+        self._mean_columns = torch.from_numpy(sites.mean_ids.reshape(-1))  # (the state's columns of the means)
+        self._width = int(max(sites.mean_ids.max(), sites.active_ids.max())) + 1  # the least state width read
 
     def move(self, state: Tensor, draws: LabelRandoms | None = None) -> Tensor:
         """The CPU states ``[..., N]`` after :attr:`steps` label steps (``draws`` default to
@@ -172,13 +175,13 @@ class MixtureLabelMoves:
         n = sites.points.shape[0]
         if state.device.type != "cpu":
             raise ValueError(f"label steps run on CPU states only, got a state on {state.device}")
-        width = int(max(sites.mean_ids.max(), sites.active_ids.max())) + 1
+        width = self._width
         if state.dim() == 0 or state.shape[-1] < width:
             raise ValueError(
                 f"states must be [..., N] with N >= {width} (the graph's variables), got {tuple(state.shape)}"
             )
         batch = state.reshape(-1, state.shape[-1])
-        if not torch.isfinite(batch[:, torch.from_numpy(sites.mean_ids.reshape(-1))]).all():
+        if not torch.isfinite(batch[:, self._mean_columns]).all():
             raise ValueError("label steps need finite means (a state holds NaN or inf)")
         chains = batch.shape[0]
         if draws is None:

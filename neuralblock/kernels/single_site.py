@@ -168,9 +168,7 @@ class SingleSiteSweep:
                 state, outcome = self.copy_moves.move(state)
                 if record and not adapt:
                     self.copy_moves.record(outcome)
-            if self.label_moves is not None:
-                state = self.label_moves.move(state)
-            return state
+            return self.label_steps_after(state)
         if self.gibbs_plan is not None:
             state, _ = self.gibbs_plan.sweep(fg, state, beta, soft)
         if self.rw_plan is not None:
