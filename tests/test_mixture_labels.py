@@ -34,16 +34,15 @@ def _moves(points: torch.Tensor, m: int, steps: int) -> tuple[MixtureLabelMoves,
 )
 def test_label_steps_keep_exact_draws_exact(points: torch.Tensor, m: int) -> None:
     # 40,000 independent exact draws, then 3 label steps each: still exact draws (|z| < 5 for every pattern
-    # probability and mean moment, as in test_mixture_copies). The bits never change, and every active mean does.
+    # probability and mean moment, as in test_mixture_copies). The bits never change, and every mean does (an
+    # inactive one is a fresh draw from its prior).
     moves, (fg, *terms) = _moves(points, m, steps=3)
     before = _exact_draws(fg, tuple(terms), 40_000, seed=11 + len(points))
     torch.manual_seed(3)
     after = moves.move(before)
     bits, means = moves.sites.active_ids, torch.from_numpy(moves.sites.mean_ids.reshape(-1))
     assert torch.equal(after[:, bits], before[:, bits])
-    on = before[:, bits].repeat_interleave(moves.sites.mean_ids.shape[1], -1) > 0
-    moved = after[:, means] != before[:, means]
-    assert bool(moved[on].all()) and not bool(moved[~on].any())
+    assert bool((after[:, means] != before[:, means]).all())
     z = _z_scores(fg, after, tuple(terms))
     assert z.abs().max() < Z_MAX, z
 
@@ -75,7 +74,28 @@ def test_one_active_mixture_takes_every_point_and_its_conjugate_mean() -> None:
     expected = (points.sum(0) / sigma**2) / precision
     assert torch.allclose(new[torch.from_numpy(sites.mean_ids[1])], expected, atol=1e-12)
     inactive = torch.from_numpy(sites.mean_ids[[0, 2]].reshape(-1))
-    assert torch.equal(new[inactive], state[inactive])
+    assert torch.equal(new[inactive], torch.zeros(4, dtype=torch.float64))  # (their prior's centre)
+
+
+def test_inactive_means_are_fresh_draws_from_their_prior() -> None:
+    # states whose inactive means all sit far out in their prior's tail (3 tau from its centre): after one step
+    # they are draws from the prior N(c, tau^2) -- a step that kept them, or moved them a little, fails this
+    gen = torch.Generator().manual_seed(8)
+    points = torch.randn(12, 2, generator=gen, dtype=torch.float64)
+    centre, tau = torch.tensor([1.0, -0.5], dtype=torch.float64), 2.0
+    fg = gmm_graph(points, 4, 0.8, tau, 0.5, prior_mean=centre)
+    sites = MixtureSites.of(fg)
+    assert sites is not None
+    states = gmm_initial_state(fg).double().repeat(20_000, 1)
+    states[:, torch.from_numpy(sites.active_ids)] = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    inactive = torch.from_numpy(sites.mean_ids[[1, 3]].reshape(-1))
+    states[:, inactive] = (centre + 3 * tau).repeat(2)
+    torch.manual_seed(9)
+    after = MixtureLabelMoves(sites, steps=1).move(states)[:, inactive] - centre.repeat(2)  # [K, 4]: N(0, tau^2)
+    count = len(after)
+    z_mean = after.mean(0) / (tau / count**0.5)
+    z_var = (after.square().mean(0) - tau**2) / (tau**2 * (2 / count) ** 0.5)
+    assert z_mean.abs().max() < 5 and z_var.abs().max() < 5, (z_mean, z_var)
 
 
 def test_bad_inputs_and_options() -> None:
@@ -134,7 +154,8 @@ def test_every_transition_of_the_kernels_ends_with_label_steps(kind: str, monkey
 
 
 def _reference_step(moves: MixtureLabelMoves, state: torch.Tensor, draws: LabelRandoms) -> torch.Tensor:
-    """One label step of one float64 state ``[N]`` written out in torch (labels by inversion, then every mean)."""
+    """One label step of one float64 state ``[N]`` written out in torch (labels by inversion, then every mean, an
+    inactive one from its prior)."""
     sites = moves.sites
     sigma, points = sites.sigma, torch.from_numpy(sites.points)
     loc, precision0 = torch.from_numpy(sites.whitened_loc), torch.from_numpy(sites.whitened_precision)
@@ -151,9 +172,10 @@ def _reference_step(moves: MixtureLabelMoves, state: torch.Tensor, draws: LabelR
         label = int(hits[0]) if len(hits) else len(active) - 1
         counts[label] += 1
         sums[label] += points[j]
-    for i, k in enumerate(active):
-        precision = counts[i] + precision0[k]
-        centre = (sums[i] + loc[k] * precision0[k]) / precision
+    for k in range(len(sites.active_ids)):  # an inactive mean has no points: its conditional is its prior
+        i = active.index(k) if k in active else None
+        precision = precision0[k] + (0.0 if i is None else counts[i])
+        centre = (loc[k] * precision0[k] + (0.0 if i is None else sums[i])) / precision
         out[torch.from_numpy(sites.mean_ids[k])] = (centre + draws.normals[0, 0, k] / precision.sqrt()) * sigma
     return out
 

@@ -386,8 +386,8 @@ class NeuralBlockKernel(GraphKernel):
             :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
         label_steps: on an open-universe GMM, label steps at the end of every transition of CPU states (each
             compiled single-site sweep, and each neural sweep of a kernel that is not tempered and not split by
-            ``neural_rows``): exact Gibbs draws of the points' labels, then of every active mean at once
-            (:mod:`neuralblock.kernels.mixture_labels`; 0: none; ignored on other models).
+            ``neural_rows``): exact Gibbs draws of the points' labels, then of every mean at once (an inactive one
+            from its prior; :mod:`neuralblock.kernels.mixture_labels`; 0: none; ignored on other models).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;

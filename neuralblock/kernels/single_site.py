@@ -43,7 +43,8 @@ class SingleSiteSweep:
     (:class:`~neuralblock.kernels.mixture_copies.MixtureCopyMoves`, 8 attempts; attribute ``copy_moves``): exact MH
     moves that split several mixtures into copy pairs, or merge several copy pairs, at once; then with
     ``label_steps`` label steps (:class:`~neuralblock.kernels.mixture_labels.MixtureLabelMoves`; attribute
-    ``label_moves``): exact Gibbs draws of the points' labels and then of every active mean at once.
+    ``label_moves``): exact Gibbs draws of the points' labels and then of every mean at once (an inactive one from
+    its prior).
 
     Args:
         fg: the graph.

@@ -681,8 +681,8 @@ class SplitMergeGMM(GraphKernel):
             with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`).
         label_steps: label steps at the end of every transition of CPU states (each compiled single-site sweep
-            and each split-merge sweep): exact Gibbs draws of the points' labels, then of every active mean at once
-            (:mod:`neuralblock.kernels.mixture_labels`; 0: none).
+            and each split-merge sweep): exact Gibbs draws of the points' labels, then of every mean at once (an
+            inactive one from its prior; :mod:`neuralblock.kernels.mixture_labels`; 0: none).
         gibbs_share: instead of ``gibbs_prob``, the share of the sampling time single-site sweeps should
             take: before the first transition both sweeps are timed on copies of the start, and
             ``gibbs_prob`` is set from their costs and kept (:class:`~neuralblock.kernels.adaptation.GibbsShare`;
