@@ -96,6 +96,12 @@ def test_inactive_means_are_fresh_draws_from_their_prior() -> None:
     z_mean = after.mean(0) / (tau / count**0.5)
     z_var = (after.square().mean(0) - tau**2) / (tau**2 * (2 / count) ** 0.5)
     assert z_mean.abs().max() < 5 and z_var.abs().max() < 5, (z_mean, z_var)
+    # with no mixture active (no labels to draw) every mean still gets its draw: at normals of 1, c + tau
+    off = gmm_initial_state(fg).double()
+    off[torch.from_numpy(sites.active_ids)] = 0.0
+    ones = LabelRandoms(torch.rand(1, 1, 12, dtype=torch.float64), torch.ones(1, 1, 4, 2, dtype=torch.float64))
+    new = MixtureLabelMoves(sites, steps=1).move(off[None], ones)[0]
+    assert torch.allclose(new[torch.from_numpy(sites.mean_ids.reshape(-1))], (centre + tau).repeat(4))
 
 
 def test_bad_inputs_and_options() -> None:
