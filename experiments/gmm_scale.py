@@ -197,6 +197,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--label-steps", type=int, default=2,
         help="label steps ending every arm's transitions (the kernels' label_steps; 0: the runs before session 64)",
     )  # fmt: skip
+    parser.add_argument(
+        "--nb-split-moves", type=int, default=0,
+        help="smart-split / dumb-merge attempts ending the NB arms' transitions (NeuralBlockKernel's split_moves)",
+    )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")
     parser.add_argument(
@@ -218,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--gibbs-share must be in [0, 1]")
     if args.label_steps < 0:
         parser.error("--label-steps must be at least 0")
+    if args.nb_split_moves < 0:
+        parser.error("--nb-split-moves must be at least 0")
     return args
 
 
@@ -734,9 +740,9 @@ def run_case(case: tuple[int, int, int, str]) -> tuple[int, dict[str, Any]]:
             )
         if label == SM:
             return SplitMergeGMM(fg, chains=chains, **mix)
-        return NeuralBlockKernel(
-            fg, proposals=[_WORKER[label]], chains=chains, cover=None if args.nb_cover == "rounds" else False, **mix
-        )
+        cover = None if args.nb_cover == "rounds" else False
+        split = getattr(args, "nb_split_moves", 0)  # (0 in the records before session 65)
+        return NeuralBlockKernel(fg, proposals=[_WORKER[label]], chains=chains, cover=cover, split_moves=split, **mix)
 
     runs: dict[str, list[dict[str, Any]]] = {}
     continued = args.reference_factor > 0 and args.reference_start == "continued"
@@ -1181,7 +1187,7 @@ def mixing_text(args: argparse.Namespace) -> str:
         'gibbs_prob=0.5'
     """
     if not args.gibbs_share:
-        return f"gibbs_prob={args.gibbs_prob:g}" + schedule_text(args) + label_text(args)
+        return f"gibbs_prob={args.gibbs_prob:g}" + schedule_text(args) + label_text(args) + split_text(args)
     return (
         f"gibbs_share={args.gibbs_share:g} (each kernel times one single-site sweep and one sweep of its moves at "
         + "its start and sets its probability of a single-site sweep so that those take this share of the time: "
@@ -1193,7 +1199,23 @@ def mixing_text(args: argparse.Namespace) -> str:
         )
         + schedule_text(args)
         + label_text(args)
+        + split_text(args)
     )
+
+
+def split_text(args: argparse.Namespace) -> str:
+    """The report's words on the split moves ending the NB arms' transitions (``--nb-split-moves``; empty for 0).
+
+    Example:
+        >>> split_text(parse_args(["--nb-split-moves", "8"]))
+        ", the NB arms' transitions ending with 8 smart-split / dumb-merge attempts (`split_moves=8`)"
+        >>> split_text(parse_args([]))
+        ''
+    """
+    count = getattr(args, "nb_split_moves", 0)
+    if not count:
+        return ""
+    return f", the NB arms' transitions ending with {count} smart-split / dumb-merge attempts (`split_moves={count}`)"
 
 
 def label_text(args: argparse.Namespace) -> str:
@@ -1360,6 +1382,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unset += ("mean_moves",) if args.mean_moves == "walk" else ()
     unset += ("schedule",) if args.schedule == "random" else ()
     unset += ("label_steps",) if args.label_steps == 0 else ()
+    unset += ("nb_split_moves",) if args.nb_split_moves == 0 else ()
     if args.gibbs_share:  # the calibration runs at setup (the records before session 36: in the first transition)
         args.share_calibration = "setup"
     config, folder = open_study(args, drop=("out", "threads", "workers", "rescore", *unset), arms=list(ARMS))

@@ -49,7 +49,9 @@ from neuralblock.kernels.fused_mixture import FusedMixtureSweep, mixture_layout,
 from neuralblock.kernels.fused_sampled import FusedSampledSweep, supports_fused_sampled
 from neuralblock.kernels.gibbs import SoftZeros, resolve_compile
 from neuralblock.kernels.mixture_labels import check_label_steps
+from neuralblock.kernels.mixture_sites import MixtureSites
 from neuralblock.kernels.single_site import SingleSiteSweep
+from neuralblock.kernels.split_merge import MixtureSplitMoves
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
 from neuralblock.motif import Motif, MotifInstances
 from neuralblock.proposals import NeuralBlockProposal
@@ -384,6 +386,14 @@ class NeuralBlockKernel(GraphKernel):
         informed_means: on an open-universe GMM, follow each active mixture's random-walk updates in each
             compiled single-site sweep with an informed MH move of its mean (the Gaussian of one EM step,
             :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
+        split_moves: on an open-universe GMM on the CPU, this many smart-split / dumb-merge attempts
+            (:class:`~neuralblock.kernels.split_merge.MixtureSplitMoves`) end every transition of an untempered
+            kernel not split by ``neural_rows`` (0, the default: none). On a held-out 20 x 1000 GMM, 8 of them
+            took 4 chains that had settled at too few copies of the large clusters (M = 9-10, where split-merge's
+            posterior puts 14-15) to M >= 13 within 3-22 transitions, where without them none left in 678. But they
+            cost about 11 ms for 10 chains there, and on a fresh seed's cases without such chains NB took about
+            1.5x its time to split-merge's level with them, so they are off by default
+            (``experiments/results/gmm_scale/README.md``, session 65).
         label_steps: on an open-universe GMM, label steps at the end of every transition of CPU states (each
             compiled single-site sweep, and each neural sweep of a kernel that is not tempered and not split by
             ``neural_rows``): exact Gibbs draws of the points' labels, then of every mean at once (an inactive one
@@ -421,9 +431,16 @@ class NeuralBlockKernel(GraphKernel):
         informed_means: bool = True,
         schedule: str = "random",
         label_steps: int = 2,
+        split_moves: int = 0,
     ) -> None:
         super().__init__(model, chains=chains, device=device)
         self.schedule = check_schedule(schedule)
+        if isinstance(split_moves, bool) or not isinstance(split_moves, int):
+            raise TypeError(f"split_moves must be an int, got {type(split_moves).__name__}")
+        if split_moves < 0:
+            raise ValueError(f"split_moves must be at least 0, got {split_moves}")
+        self._split_arg = split_moves  # (the moves themselves: split_moves, set at setup)
+        self.split_moves: MixtureSplitMoves | None = None
         self._copy_moves = bool(copy_moves)  # (the moves themselves: single_site.copy_moves)
         self._informed_means = bool(informed_means)
         self._label_steps = check_label_steps(label_steps)  # (the moves themselves: single_site.label_moves)
@@ -563,6 +580,9 @@ class NeuralBlockKernel(GraphKernel):
             informed_means=self._informed_means,
             label_steps=self._label_steps,
         )
+        self.split_moves = None
+        if self._split_arg and self.device.type == "cpu" and MixtureSites.of(fg) is not None:  # an open-universe GMM
+            self.split_moves = MixtureSplitMoves.of(fg, self._split_arg)
         if self.gibbs_prob == 0.0 and self.share_calibration is None:
             covered = set()
             for proposal in self.proposals:
@@ -683,6 +703,13 @@ class NeuralBlockKernel(GraphKernel):
     def _transition(self, state: Tensor, warmup: bool) -> Tensor:
         fg = self._graph()
         self._calibrate_share(fg, state)
+        state = self._kernel_transition(fg, state, warmup)
+        if self.split_moves is not None and self.neural_rows is None and self.beta is None and self.soft_zeros is None:
+            state = self.split_moves.move(state)
+        return state
+
+    def _kernel_transition(self, fg: FactorGraph, state: Tensor, warmup: bool) -> Tensor:
+        """A single-site sweep or a neural sweep (ending with the label steps), or both split by ``neural_rows``."""
         if self.single_site_turn():
             return self.single_site_transition(fg, state, warmup)
         if self.neural_rows is None:
@@ -967,8 +994,10 @@ class NeuralBlockKernel(GraphKernel):
             "fused": {self._label(i): f is not None for i, f in enumerate(self.fused)},
             "proposal_cache": cache,
             "compile_seconds": sum(f.compile_seconds for f in self.fused if f is not None)
-            + (self.single_site.compile_seconds if hasattr(self, "single_site") else 0.0),
+            + (self.single_site.compile_seconds if hasattr(self, "single_site") else 0.0)
+            + (self.split_moves.compile_seconds if self.split_moves is not None else 0.0),
             **(self.single_site.report() if hasattr(self, "single_site") else {}),
+            **({"split_move_acceptance": self.split_moves.acceptance()} if self.split_moves is not None else {}),
         }
 
 

@@ -899,15 +899,11 @@ class SplitMergeGMM(GraphKernel):
 
         Returns the new states, the counts ``[3, moves]`` (proposed, accepted, unavailable) and the non-finite ratios.
         """
-        states = state.detach().to(torch.float64, copy=True).numpy()  # the loop's own copy, changed in place
-        draws = draw_attempts(states.shape[0], self.moves_per_sweep, arrays.mean_ids.shape[1])
-        round32 = state.dtype != torch.float64
-        (counts, nonfinite), seconds = timed_first_call(
-            self._compiled_layouts, (), split_merge_sweep, states, arrays, draws, round32
+        new_state, counts, nonfinite, seconds = _compiled_attempts(
+            state, arrays, self.moves_per_sweep, self._compiled_layouts
         )
         self.compile_seconds += seconds
-        new_state = torch.from_numpy(states).to(state.dtype)
-        return new_state, torch.from_numpy(counts), torch.tensor(nonfinite)
+        return new_state, counts, nonfinite
 
     def logging(self) -> dict[str, float]:
         """Latest acceptance per move type (last split-merge sweep) and the number of active mixtures (chain mean)."""
@@ -937,3 +933,84 @@ class SplitMergeGMM(GraphKernel):
             "gibbs_share_seconds": dict(self.share_calibration.seconds) if self.share_calibration else {},
             **(self.single_site.report() if hasattr(self, "single_site") else {}),
         }
+
+
+def _compiled_attempts(
+    state: Tensor, arrays: SweepArrays, attempts: int, layouts: set[tuple]
+) -> tuple[Tensor, Tensor, Tensor, float]:
+    """``attempts`` compiled move attempts on every chain of ``state [K, N]`` (a CPU tensor).
+
+    Returns the new states, the counts ``[3, moves]``, the non-finite ratios and the seconds of a first compile.
+    """
+    states = state.detach().to(torch.float64, copy=True).numpy()  # the loop's own copy, changed in place
+    draws = draw_attempts(states.shape[0], attempts, arrays.mean_ids.shape[1])
+    round32 = state.dtype != torch.float64
+    (counts, nonfinite), seconds = timed_first_call(layouts, (), split_merge_sweep, states, arrays, draws, round32)
+    return torch.from_numpy(states).to(state.dtype), torch.from_numpy(counts), torch.tensor(nonfinite), seconds
+
+
+class MixtureSplitMoves:
+    """Smart splits and dumb merges of an open-universe GMM, compiled, for other kernels' transitions to end with.
+
+    The data-driven pair of :class:`SplitMergeGMM`'s moves (``smart_split``: an active mixture's points split along
+    their principal axis, the two means drawn around the halves' centroids; its reverse ``dumb_merge``), each
+    attempt an exact MH move with probability 1/2 each. On a held-out 20 x 1000 GMM, chains of the neural sampler
+    that had settled at too few copies of the large clusters (M = 9-10, where split-merge's posterior puts 14-15)
+    stayed there for 40 s of its own moves; a split-merge kernel with only these two kinds took them to M >= 13
+    in one or two transitions (:class:`~neuralblock.NeuralBlockKernel`'s ``split_moves``).
+
+    Args:
+        arrays: the compiled sweep's view of the graph (:meth:`of` builds it, with only these two kinds).
+        attempts: attempts per :meth:`move` (each one batched over the chains).
+
+    Example:
+        >>> from motifs.gmm_pair import gmm_graph, gmm_initial_state
+        >>> fg = gmm_graph(torch.cat([torch.randn(20, 2) - 4, torch.randn(20, 2) + 4]), 4, 1.0, 5.0, 0.5)
+        >>> moves = MixtureSplitMoves.of(fg, attempts=3)
+        >>> moves.move(torch.stack([gmm_initial_state(fg)] * 2)).shape
+        torch.Size([2, 92])
+        >>> sorted(moves.acceptance())
+        ['dumb_merge', 'smart_split']
+    """
+
+    KINDS = ("smart_split", "dumb_merge")
+
+    def __init__(self, arrays: SweepArrays, attempts: int) -> None:
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ValueError(f"attempts must be a positive int, got {attempts!r}")
+        self.arrays, self.attempts = arrays, attempts
+        self.compile_seconds = 0.0
+        self.counts = torch.zeros(3, len(MOVES), dtype=torch.long)  # proposed, accepted, unavailable (all calls)
+        self._layouts: set[tuple] = set()
+
+    @classmethod
+    def of(cls, fg: FactorGraph, attempts: int, tuning: MoveTuning | None = None) -> MixtureSplitMoves | None:
+        """The moves of ``fg`` with ``attempts`` per call and the shapes ``tuning`` (``None`` where the compiled
+        sweep does not cover the graph or Numba is missing).
+
+        Raises:
+            ValueError: ``fg`` is not an open-universe GMM (:func:`mixture_layout`), or ``attempts`` is not positive.
+        """
+        if not NUMBA:  # pragma: no cover - numba is a dependency
+            return None
+        probs = torch.tensor([0.5 if kind in cls.KINDS else 0.0 for kind in MOVES], dtype=torch.float64)
+        arrays = sweep_arrays(fg, mixture_layout(fg), MoveTuning() if tuning is None else tuning, probs)
+        return None if arrays is None else cls(arrays, attempts)
+
+    def move(self, state: Tensor) -> Tensor:
+        """The CPU states ``[..., N]`` after :attr:`attempts` attempts in every chain (counted in :attr:`counts`)."""
+        if state.device.type != "cpu" or state.dim() == 0:
+            raise ValueError(f"split moves run on CPU states [..., N], got {tuple(state.shape)} on {state.device}")
+        batch = state.reshape(-1, state.shape[-1])
+        new_state, counts, _, seconds = _compiled_attempts(batch, self.arrays, self.attempts, self._layouts)
+        self.compile_seconds += seconds
+        self.counts += counts
+        return new_state.reshape(state.shape)
+
+    def acceptance(self) -> dict[str, float]:
+        """Acceptance of each kind over the calls so far (NaN where none was proposed)."""
+        out = {}
+        for kind in self.KINDS:
+            proposed, accepted = int(self.counts[0, MOVES.index(kind)]), int(self.counts[1, MOVES.index(kind)])
+            out[kind] = accepted / proposed if proposed else math.nan
+        return out

@@ -57,6 +57,8 @@ class KernelDiagnostics(TypedDict, total=False):
         copy_move_acceptance: post-warmup acceptance of the copy-set moves that end the compiled single-site
             sweeps of an open-universe GMM (NeuralBlockKernel, SplitMergeGMM; ``{"split": fraction, "merge":
             fraction}``, NaN where none was attempted; see :mod:`neuralblock.kernels.mixture_copies`).
+        split_move_acceptance: acceptance of each kind of the smart splits and dumb merges that end a
+            :class:`~neuralblock.NeuralBlockKernel`'s transitions (``split_moves > 0``), warmup included.
         informed_mean_acceptance: post-warmup mean acceptance probability of the informed mean moves of the
             compiled single-site sweeps of an open-universe GMM (NeuralBlockKernel, SplitMergeGMM; NaN before
             any; see :mod:`neuralblock.kernels.mixture_sites`).
@@ -155,6 +157,7 @@ class KernelDiagnostics(TypedDict, total=False):
     gibbs_share_seconds: dict[str, float]
     transitions: float
     copy_move_acceptance: dict[str, float]
+    split_move_acceptance: dict[str, float]
     informed_mean_acceptance: float
     # GibbsKernel and the gradient kernels
     sweeps: float
