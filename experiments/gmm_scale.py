@@ -199,7 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--nb-split-moves", type=int, default=0,
-        help="smart-split / dumb-merge attempts ending the NB arms' transitions (NeuralBlockKernel's split_moves)",
+        help="smart-split / dumb-merge attempts ending the NB arms' transitions (NeuralBlockKernel's split_moves; "
+        "0, the default: none)",
     )  # fmt: skip
     parser.add_argument("--trace-points", type=int, default=200, help="records per run kept in the JSON and plots")
     parser.add_argument("--workers", type=int, default=1, help="processes running cases (spawned, --threads each)")

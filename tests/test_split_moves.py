@@ -10,7 +10,7 @@ from test_mixture_copies import Z_MAX, _exact_draws, _z_scores
 from test_split_merge import SIGMA, TAU, _exact_mean_moments, _exact_patterns, _posterior_terms
 from test_split_merge import _posterior_z_scores as posterior_z_scores
 
-from motifs.gmm_pair import gmm_graph, sample_gmm
+from motifs.gmm_pair import gmm_graph, gmm_initial_state, sample_gmm
 from neuralblock import NeuralBlockKernel
 from neuralblock.kernels.split_merge import MixtureSplitMoves
 
@@ -67,6 +67,30 @@ def test_every_transition_ends_with_them_when_asked() -> None:
         assert kernel.split_moves is not None and "split_move_acceptance" in kernel.diagnostics()
         # every attempt of each of the 5 transitions of both chains: proposed, or unavailable
         assert int(kernel.split_moves.counts[0].sum() + kernel.split_moves.counts[2].sum()) == attempts * 2 * 5
+
+
+def test_a_refreshed_graph_is_read_again() -> None:
+    # the moves score against the graph's current sigma: after the kernel's graph is updated they read the new one
+    points, _, _ = sample_gmm(4, 40, torch.Generator().manual_seed(1))
+    kernel = NeuralBlockKernel(gmm_graph(points, 4, 1.0, 5.0, 0.5), [_set_proposal((16,))], chains=2, split_moves=2)
+    kernel.setup(0)
+    assert kernel.split_moves is not None and kernel.split_moves.arrays.sigma == 1.0
+    kernel.update_graph(gmm_graph(points, 4, 2.0, 5.0, 0.5))
+    assert kernel.split_moves.arrays.sigma == 2.0
+
+
+def test_one_chain_states_and_the_moves_change_them() -> None:
+    # a one-chain state [N] keeps its shape, and the accepted moves change the states they return
+    points, _, _ = sample_gmm(4, 40, torch.Generator().manual_seed(2))
+    fg = gmm_graph(points, 4, 1.0, 5.0, 0.5)
+    moves = MixtureSplitMoves.of(fg, attempts=4)
+    assert moves is not None
+    states = torch.stack([gmm_initial_state(fg, torch.Generator().manual_seed(s)) for s in range(50)])
+    torch.manual_seed(0)
+    after = moves.move(states)
+    accepted = int(moves.counts[1].sum())
+    assert accepted > 0 and int((after != states).any(-1).sum()) >= min(accepted, 1)
+    assert moves.move(states[0]).shape == states[0].shape
 
 
 def test_bad_options_are_refused() -> None:

@@ -388,12 +388,13 @@ class NeuralBlockKernel(GraphKernel):
             :mod:`neuralblock.kernels.mixture_sites`; ignored on other models).
         split_moves: on an open-universe GMM on the CPU, this many smart-split / dumb-merge attempts
             (:class:`~neuralblock.kernels.split_merge.MixtureSplitMoves`) end every transition of an untempered
-            kernel not split by ``neural_rows`` (0, the default: none). On a held-out 20 x 1000 GMM, 8 of them
-            took 4 chains that had settled at too few copies of the large clusters (M = 9-10, where split-merge's
-            posterior puts 14-15) to M >= 13 within 3-22 transitions, where without them none left in 678. But they
-            cost about 11 ms for 10 chains there, and on a fresh seed's cases without such chains NB took about
-            1.5x its time to split-merge's level with them, so they are off by default
-            (``experiments/results/gmm_scale/README.md``, session 65).
+            kernel not split by ``neural_rows`` (0, the default: none; ignored with a warning on other models and
+            devices; not part of ``gibbs_share``'s timing). On a held-out 20 x 1000 GMM, 8 of them took 4 chains that
+            had settled at too few copies of the large clusters (M = 9-10, where split-merge's reference chains sat
+            at 14-16) to M >= 13 within 3-22 transitions, where without them none left in 678. But they cost about
+            11 ms for 10 chains there, and on a fresh seed's cases without such chains NB took 1.44x its time to
+            split-merge's level with them, so they are off by default (``experiments/results/gmm_scale/README.md``,
+            session 65).
         label_steps: on an open-universe GMM, label steps at the end of every transition of CPU states (each
             compiled single-site sweep, and each neural sweep of a kernel that is not tempered and not split by
             ``neural_rows``): exact Gibbs draws of the points' labels, then of every mean at once (an inactive one
@@ -583,6 +584,13 @@ class NeuralBlockKernel(GraphKernel):
         self.split_moves = None
         if self._split_arg and self.device.type == "cpu" and MixtureSites.of(fg) is not None:  # an open-universe GMM
             self.split_moves = MixtureSplitMoves.of(fg, self._split_arg)
+        if self._split_arg and self.split_moves is None:
+            warnings.warn(
+                f"NeuralBlockKernel(split_moves={self._split_arg}) is ignored: the moves run on open-universe GMMs "
+                f"(motifs.gmm_pair.gmm_graph) on the CPU, and this is {_summary(fg)} on {self.device}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if self.gibbs_prob == 0.0 and self.share_calibration is None:
             covered = set()
             for proposal in self.proposals:
@@ -615,6 +623,8 @@ class NeuralBlockKernel(GraphKernel):
     def _refresh(self, fg: FactorGraph) -> None:
         """Re-read the instances' parameters (same blocks, classes, scaffolds and step sizes)."""
         self.single_site.refresh(fg)
+        if self.split_moves is not None:
+            self.split_moves.refresh(fg)
         for proposal, classes, sweep, fused in zip(self.proposals, self.block_classes, self.sweeps, self.fused):
             instances = proposal.motif.find_instances(fg)
             if fused is not None:

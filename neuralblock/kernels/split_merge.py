@@ -997,6 +997,17 @@ class MixtureSplitMoves:
         arrays = sweep_arrays(fg, mixture_layout(fg), MoveTuning() if tuning is None else tuning, probs)
         return None if arrays is None else cls(arrays, attempts)
 
+    def refresh(self, fg: FactorGraph, tuning: MoveTuning | None = None) -> None:
+        """Re-read the graph's parameters (sigma, the priors, the bits' odds) after an update of the same layout.
+
+        Raises:
+            ValueError: the compiled sweep no longer covers the graph.
+        """
+        fresh = MixtureSplitMoves.of(fg, self.attempts, tuning)
+        if fresh is None:
+            raise ValueError("the split moves' compiled sweep does not cover the updated graph")
+        self.arrays = fresh.arrays
+
     def move(self, state: Tensor) -> Tensor:
         """The CPU states ``[..., N]`` after :attr:`attempts` attempts in every chain (counted in :attr:`counts`)."""
         if state.device.type != "cpu" or state.dim() == 0:
