@@ -49,7 +49,6 @@ from neuralblock.kernels.fused_mixture import FusedMixtureSweep, mixture_layout,
 from neuralblock.kernels.fused_sampled import FusedSampledSweep, supports_fused_sampled
 from neuralblock.kernels.gibbs import SoftZeros, resolve_compile
 from neuralblock.kernels.mixture_labels import check_label_steps
-from neuralblock.kernels.mixture_sites import MixtureSites
 from neuralblock.kernels.single_site import SingleSiteSweep
 from neuralblock.kernels.split_merge import MixtureSplitMoves
 from neuralblock.kernels.vocabulary import KernelDiagnostics, per_second
@@ -582,7 +581,7 @@ class NeuralBlockKernel(GraphKernel):
             label_steps=self._label_steps,
         )
         self.split_moves = None
-        if self._split_arg and self.device.type == "cpu" and MixtureSites.of(fg) is not None:  # an open-universe GMM
+        if self._split_arg and self.device.type == "cpu" and self.single_site.mixture_sites is not None:  # a GMM
             self.split_moves = MixtureSplitMoves.of(fg, self._split_arg)
         if self._split_arg and self.split_moves is None:
             warnings.warn(
