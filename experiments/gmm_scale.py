@@ -19,8 +19,8 @@ the same K starts, for the same sampling time (``--clock cpu`` by default):
 
 The budget of a run is ``--seconds * max(1, m n / (16 * 240)) ** 0.5``, at most ``--max-seconds``. Each
 arm but ``Gibbs only`` takes a single-site sweep with probability ``--gibbs-prob`` (0.5; which transitions: the
-kernels' ``schedule`` by ``--schedule``, in turn with the moves on models under 500 points and at random above by
-default, at random in the runs before session 63), or, with
+kernels' ``schedule`` by ``--schedule``: in turn with the moves at every size by default since session 66, in turn
+under 500 points and at random above in sessions 63-65 (``auto``), at random before), or, with
 ``--gibbs-share S``, mixes its moves with single-site sweeps so that those take share S of its time (each
 kernel's ``gibbs_share``: a move can cost from one to fifty single-site sweeps). The share's calibration (two
 sweeps of each kind) runs at the kernel's setup, outside the sampling time, and its cost is recorded per run
@@ -137,10 +137,11 @@ LOG_DIGITS = 2
 FRESH_SEED_OFFSET = 500_000
 """Split-merge's fresh reference chains start from the case's seed plus this (the arms' starts: the seed itself)."""
 ALTERNATE_BELOW = 500
-"""``--schedule auto``: every arm's single-site sweeps alternate with its moves on models of fewer points than this
-and come at random above (session 63: NB's time to the level alternating over its time at random was 0.75-0.84 at
-n = 60-240 on fresh seeds 41 and 43 and 0.94-1.12 at n = 1000 on seeds 41-43 and 45; the neural sweep's data-refined
-candidates start at the same size)."""
+"""``--schedule auto`` (the default of sessions 63-65): every arm's single-site sweeps alternate with its moves on
+models of fewer points than this and come at random above (session 63: NB's time to the level alternating over its
+time at random was 0.75-0.84 at n = 60-240 on fresh seeds 41 and 43 and 0.94-1.12 at n = 1000 on seeds 41-43 and 45,
+before the label steps; session 66, with them: 0.63 at n = 1000 on fresh seed 66, so the default alternates at every
+size)."""
 
 
 # ------------------------------------------------------------------------------ options
@@ -187,10 +188,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "informed_means=True), or the random walk alone (the runs before session 52)",
         ),
         schedule=(
-            ["auto", "random", "alternate"],
-            "which transitions of every arm take the single-site sweep (the kernels' schedule): alternate below "
-            f"{ALTERNATE_BELOW} points and at random above (auto), at random (the runs before session 63), or "
-            "alternating at every size",
+            ["alternate", "auto", "random"],
+            "which transitions of every arm take the single-site sweep (the kernels' schedule): alternating at "
+            f"every size (the default since session 66), alternate below {ALTERNATE_BELOW} points and at random "
+            "above (auto: sessions 63-65), or at random (the runs before session 63)",
         ),
     )
     parser.add_argument(
@@ -1237,6 +1238,8 @@ def schedule_text(args: argparse.Namespace) -> str:
 
     Example:
         >>> schedule_text(parse_args([]))
+        ', single-site sweeps alternating with the moves (`schedule="alternate"`)'
+        >>> schedule_text(parse_args(["--schedule", "auto"]))
         ', single-site sweeps alternating with the moves under 500 points (`schedule="alternate"`), at random above'
     """
     option = getattr(args, "schedule", "random")

@@ -412,9 +412,9 @@ def test_gibbs_share_calibrates_every_arm(quick: tuple[dict[str, Any], Path], tm
     assert "gibbs_share" not in quick[0]["config"] and quick[0]["config"]["gibbs_prob"] == 0.5
     for result in quick[0]["results"]:
         assert [run["gibbs_prob"] for (run,) in result["runs"].values()] == [0.5, 0.5, 0.5, 1.0]  # Gibbs: 1
-    assert quick[0]["config"]["schedule"] == "auto"  # (a record without the key ran at random transitions)
+    assert quick[0]["config"]["schedule"] == "alternate"  # (a record without the key ran at random transitions)
     assert (
-        "gibbs_prob=0.5, single-site sweeps alternating with the moves under 500 points"
+        'gibbs_prob=0.5, single-site sweeps alternating with the moves (`schedule="alternate"`)'
         in (quick[1] / "gmm_scale.md").read_text()
     )
     record = bench.main(

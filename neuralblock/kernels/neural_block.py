@@ -408,8 +408,10 @@ class NeuralBlockKernel(GraphKernel):
         schedule: which transitions take the single-site sweep: ``"random"`` (each with probability
             ``gibbs_prob``) or ``"alternate"`` (deterministically at the same rate, the neural sweep first:
             :func:`~neuralblock.kernels.adaptation.single_site_turn`). On the GMM benchmark's fresh cases it took
-            NB 0.75-0.84 of its time to split-merge's level with random transitions on models of 60-240 points,
-            and 0.94-1.12 at 1000 points (``experiments/results/gmm_scale/README.md``, session 63).
+            NB 0.75-0.84 of its time to split-merge's level with random transitions on models of 60-240 points
+            (session 63), and 0.63-0.77 at 1000 points with the label steps (session 66: a single-site sweep
+            first prunes a random start to a few mixtures; ``experiments/results/gmm_scale/README.md``). On
+            open-universe GMMs use ``"alternate"``.
     """
 
     batched_state = True
