@@ -140,8 +140,8 @@ ALTERNATE_BELOW = 500
 """``--schedule auto`` (the default of sessions 63-65): every arm's single-site sweeps alternate with its moves on
 models of fewer points than this and come at random above (session 63: NB's time to the level alternating over its
 time at random was 0.75-0.84 at n = 60-240 on fresh seeds 41 and 43 and 0.94-1.12 at n = 1000 on seeds 41-43 and 45,
-before the label steps; session 66, with them: 0.63 at n = 1000 on fresh seed 66, so the default alternates at every
-size)."""
+before the label steps; session 66, with them: 0.63 and 0.77 at n = 1000 on fresh seeds 66 and 67, so the default
+alternates at every size)."""
 
 
 # ------------------------------------------------------------------------------ options
